@@ -1,0 +1,163 @@
+//! `sharedos-ipc`: the async side of the IPC contract, shared by broker and shim.
+//!
+//! Owns reading and writing [`sharedos_proto::frame`] frames on any tokio stream, and the rule
+//! that says where the runtime directory and its sockets are. Holds no authority and makes no
+//! decision: it moves bytes.
+//!
+//! # Layout
+//! - [`FrameReader`] / [`write_frame`]: frames over `AsyncRead` / `AsyncWrite`.
+//! - [`runtime`]: the runtime directory rule and socket names.
+//! - [`connect`]: connect to a socket path.
+
+use std::io;
+use std::path::Path;
+
+use interprocess::local_socket::tokio::Stream;
+use interprocess::local_socket::tokio::prelude::*;
+use interprocess::local_socket::{GenericFilePath, ToFsName};
+use serde::{Serialize, de::DeserializeOwned};
+use sharedos_proto::frame::{self, FrameError, HEADER_BYTES, MAX_FRAME_BYTES};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+pub mod runtime;
+
+/// Bytes read from the socket at a time. The buffer grows only as bytes actually arrive, never
+/// to the length a header claims.
+const READ_CHUNK: usize = 64 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IpcError {
+    #[error("connection closed")]
+    Closed,
+    #[error("connection closed in the middle of a frame ({0} bytes pending)")]
+    Truncated(usize),
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    #[error("i/o error: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Reads frames from a stream, one message at a time.
+pub struct FrameReader<R> {
+    inner: R,
+    buf: Vec<u8>,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    pub fn new(inner: R) -> Self {
+        Self {
+            inner,
+            buf: Vec::with_capacity(4096),
+        }
+    }
+
+    /// The next message. `Err(IpcError::Closed)` on a clean end of stream between frames.
+    pub async fn next<T: DeserializeOwned>(&mut self) -> Result<T, IpcError> {
+        loop {
+            if let Some((msg, used)) = frame::decode::<T>(&self.buf)? {
+                self.buf.drain(..used);
+                return Ok(msg);
+            }
+            // Read no more than the current frame still needs (or a header), bounded by a chunk.
+            let want = match frame::body_len(&self.buf)? {
+                Some(len) => HEADER_BYTES + len - self.buf.len(),
+                None => HEADER_BYTES - self.buf.len(),
+            }
+            .clamp(1, READ_CHUNK);
+            let start = self.buf.len();
+            self.buf.resize(start + want, 0);
+            let n = self.inner.read(&mut self.buf[start..]).await;
+            let n = match n {
+                Ok(n) => n,
+                Err(e) => {
+                    self.buf.truncate(start);
+                    return Err(e.into());
+                }
+            };
+            self.buf.truncate(start + n);
+            if n == 0 {
+                return Err(if self.buf.is_empty() {
+                    IpcError::Closed
+                } else {
+                    IpcError::Truncated(self.buf.len())
+                });
+            }
+            debug_assert!(self.buf.len() <= HEADER_BYTES + MAX_FRAME_BYTES);
+        }
+    }
+}
+
+/// Writes one message as a frame and flushes it.
+pub async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(
+    out: &mut W,
+    message: &T,
+) -> Result<(), IpcError> {
+    let bytes = frame::encode(message)?;
+    out.write_all(&bytes).await?;
+    out.flush().await?;
+    Ok(())
+}
+
+/// Connects to the local socket at `path`.
+pub async fn connect(path: &Path) -> io::Result<Stream> {
+    let name = path.to_fs_name::<GenericFilePath>()?;
+    Stream::connect(name).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sharedos_proto::ipc::ControlRequest;
+
+    #[tokio::test]
+    async fn reads_frames_split_anywhere() {
+        let a = frame::encode(&ControlRequest::ListTurns).expect("enc");
+        let b = frame::encode(&ControlRequest::PolicyReload).expect("enc");
+        let all = [a, b].concat();
+        let (mut tx, rx) = tokio::io::duplex(3);
+        let writer = tokio::spawn(async move {
+            for chunk in all.chunks(5) {
+                tx.write_all(chunk).await.expect("write");
+            }
+        });
+        let mut reader = FrameReader::new(rx);
+        assert_eq!(
+            reader.next::<ControlRequest>().await.expect("1"),
+            ControlRequest::ListTurns
+        );
+        assert_eq!(
+            reader.next::<ControlRequest>().await.expect("2"),
+            ControlRequest::PolicyReload
+        );
+        writer.await.expect("join");
+        assert!(matches!(
+            reader.next::<ControlRequest>().await,
+            Err(IpcError::Closed)
+        ));
+    }
+
+    #[tokio::test]
+    async fn oversized_claim_fails_without_reading_the_body() {
+        let (mut tx, rx) = tokio::io::duplex(64);
+        tx.write_all(&[0xff, 0xff, 0xff, 0xff])
+            .await
+            .expect("write");
+        let mut reader = FrameReader::new(rx);
+        assert!(matches!(
+            reader.next::<ControlRequest>().await,
+            Err(IpcError::Frame(FrameError::Oversized { .. }))
+        ));
+    }
+
+    #[tokio::test]
+    async fn truncated_frame_is_reported() {
+        let (mut tx, rx) = tokio::io::duplex(64);
+        tx.write_all(&[0, 0, 0, 10, b'{']).await.expect("write");
+        drop(tx);
+        let mut reader = FrameReader::new(rx);
+        assert!(matches!(
+            reader.next::<ControlRequest>().await,
+            Err(IpcError::Truncated(5))
+        ));
+    }
+}

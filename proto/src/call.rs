@@ -1,0 +1,156 @@
+//! A call as the harness made it ([`ToolCall`]) and what became of it ([`Outcome`]).
+//!
+//! `ToolCall.tool` is deliberately a plain string, not a [`crate::ToolName`]: a guess at a
+//! malformed or unpublished name must reach the kernel to be refused and recorded. This module
+//! never decides anything; it only names the outcomes.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One `tools/call`, exactly as the harness sent it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolCall {
+    /// The raw tool string. Not validated here.
+    pub tool: String,
+    /// The arguments as given (absent when the harness sent none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<Value>,
+    /// The MCP request id, rendered as text (numbers and strings both occur).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+}
+
+/// Why a call was denied: the kernel processed it and the answer is no.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DenyCode {
+    /// The tool string is not a valid ToolName.
+    MalformedToolName,
+    /// The tool is not in this turn's catalogue.
+    UnpublishedTool,
+    /// The arguments do not name a resource the kernel can decide on (e.g. a path escaping the
+    /// root).
+    UnresolvableRequirement,
+    /// No policy permits the request.
+    NoPermit,
+    /// A `forbid` policy applies.
+    Forbidden,
+}
+
+/// Why a call failed: it was permitted (or could not be checked) and then did not succeed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailCode {
+    /// The arguments do not satisfy the tool's inputSchema.
+    InvalidArguments,
+    /// The resource does not exist.
+    NotFound,
+    /// The result would exceed the output bound.
+    TooLarge,
+    /// The resource is not of the kind the tool works on (a folder given to read, ...).
+    WrongKind,
+    /// The provider reported an error (I/O, ...).
+    ProviderError,
+    /// The upstream MCP server answered with `isError`.
+    UpstreamError,
+    /// The upstream MCP server is not available.
+    UpstreamUnavailable,
+    /// The call ran past its time limit.
+    Timeout,
+    /// The broker could not process the call (it went away, an internal error).
+    BrokerUnavailable,
+    Internal,
+}
+
+/// Why a call was cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelCode {
+    /// The client sent `notifications/cancelled`.
+    ClientCancelled,
+    /// The turn closed (host request, TTL, broker shutdown) while the call ran.
+    TurnClosed,
+    /// The bridge connection went away while the call ran.
+    Disconnected,
+}
+
+/// The kernel's outcome of one call. denied and failed are never merged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "outcome", content = "code", rename_all = "snake_case")]
+pub enum Outcome {
+    Succeeded,
+    Denied(DenyCode),
+    Failed(FailCode),
+    Cancelled(CancelCode),
+}
+
+impl Outcome {
+    /// `succeeded`, `denied`, `failed` or `cancelled`.
+    pub fn word(&self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Denied(_) => "denied",
+            Outcome::Failed(_) => "failed",
+            Outcome::Cancelled(_) => "cancelled",
+        }
+    }
+
+    /// The code in snake_case (`ok` for success).
+    pub fn code(&self) -> String {
+        let value = match self {
+            Outcome::Succeeded => return "ok".to_owned(),
+            Outcome::Denied(c) => serde_json::to_value(c),
+            Outcome::Failed(c) => serde_json::to_value(c),
+            Outcome::Cancelled(c) => serde_json::to_value(c),
+        };
+        match value {
+            Ok(Value::String(s)) => s,
+            _ => "unknown".to_owned(),
+        }
+    }
+
+    pub fn is_error(&self) -> bool {
+        !matches!(self, Outcome::Succeeded)
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.word(), self.code())
+    }
+}
+
+/// What the kernel resolved a call to require: an action on a resource.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Requirement {
+    /// Cedar action id (`read`, `list`, `search`, `write`, `call`, ...).
+    pub action: String,
+    /// The resource, as `Type::"id"` text for people (`SharedOS::File::"/public/a.txt"`).
+    pub resource: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcome_wire_form() {
+        let v = serde_json::to_value(Outcome::Denied(DenyCode::NoPermit)).expect("ser");
+        assert_eq!(
+            v,
+            serde_json::json!({"outcome": "denied", "code": "no_permit"})
+        );
+        assert_eq!(
+            Outcome::Failed(FailCode::InvalidArguments).code(),
+            "invalid_arguments"
+        );
+        assert_eq!(Outcome::Succeeded.code(), "ok");
+        assert_ne!(
+            Outcome::Denied(DenyCode::NoPermit).word(),
+            Outcome::Failed(FailCode::NotFound).word()
+        );
+    }
+}

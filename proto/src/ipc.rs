@@ -1,0 +1,327 @@
+//! The messages carried in frames ([`crate::frame`]) on the two local sockets.
+//!
+//! - Bridge (`bridge.sock`, shim ↔ broker): the shim opens with [`BridgeRequest::Hello`] carrying
+//!   its turn token and the protocol version; the broker answers [`BridgeEvent::Welcome`] with
+//!   the published catalogue, or [`BridgeEvent::Refused`].
+//! - Control (`control.sock`, host ↔ broker): the host opens with [`ControlRequest::Hello`]; then
+//!   one response per request, in order.
+//!
+//! Nothing here carries authority: the shim can only present a token and forward calls; who the
+//! principal is, and what the catalogue holds, the broker decides.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::call::{Outcome, Requirement, ToolCall};
+use crate::catalog::CatalogHash;
+use crate::declaration::{SystemIdentity, ToolPolicy};
+use crate::definition::PublishedToolDefinition;
+
+/// The IPC protocol version, carried in the first frame of each connection.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The `_meta` key under which an MCP result carries the machine form of an outcome.
+pub const META_KEY: &str = "sharedos";
+
+/// A turn's bearer token. Its `Debug` never shows the secret; there is no `Display`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct TurnToken(String);
+
+impl TurnToken {
+    pub fn new(secret: String) -> Self {
+        Self(secret)
+    }
+    /// The secret text, for the few places that must send or compare it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for TurnToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TurnToken(<redacted>)")
+    }
+}
+
+/// What the shim knows about the client that spawned it (for diagnostics on `bridge_connected`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShimInfo {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shim_version: Option<String>,
+}
+
+/// Shim → broker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum BridgeRequest {
+    Hello {
+        protocol: u32,
+        token: TurnToken,
+        #[serde(default)]
+        client: ShimInfo,
+    },
+    /// A `tools/call`. `id` is the shim's own, unique on this connection.
+    Call { id: u64, call: ToolCall },
+    /// The client cancelled call `id`.
+    Cancel { id: u64 },
+    /// The MCP client introduced itself (after `initialize`): recorded for diagnostics only.
+    ClientInfo {
+        name: String,
+        version: String,
+        #[serde(default)]
+        protocol_version: Option<String>,
+    },
+}
+
+/// Why the broker refused a bridge connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalCode {
+    ProtocolVersion,
+    BadToken,
+    TurnClosed,
+    NotHello,
+    Busy,
+}
+
+/// Broker → shim.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum BridgeEvent {
+    Welcome {
+        protocol: u32,
+        turn: String,
+        catalog_hash: CatalogHash,
+        tools: Vec<PublishedToolDefinition>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expires_at: Option<String>,
+    },
+    Refused {
+        code: RefusalCode,
+        message: String,
+    },
+    Answer {
+        id: u64,
+        answer: CallAnswer,
+    },
+    /// The turn closed: the shim must stop serving.
+    TurnClosed {
+        reason: String,
+    },
+}
+
+/// The broker's answer to one call: the kernel outcome in the one form both sides share.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallAnswer {
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    pub call_id: String,
+    /// The tool string as the harness sent it.
+    pub tool: String,
+    /// For denied and failed: the sentence a model can act on, starting with the outcome word.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// For succeeded: MCP content blocks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub content: Vec<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_content: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requirement: Option<Requirement>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<String>,
+}
+
+impl CallAnswer {
+    /// The machine form carried under `_meta[META_KEY]`:
+    /// `{outcome, code, callId, tool, action?, resource?, policies?}`.
+    pub fn meta(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("outcome".into(), Value::from(self.outcome.word()));
+        m.insert("code".into(), Value::from(self.outcome.code()));
+        m.insert("callId".into(), Value::from(self.call_id.clone()));
+        m.insert("tool".into(), Value::from(self.tool.clone()));
+        if let Some(req) = &self.requirement {
+            m.insert("action".into(), Value::from(req.action.clone()));
+            m.insert("resource".into(), Value::from(req.resource.clone()));
+        }
+        if !self.policies.is_empty() {
+            m.insert("policies".into(), Value::from(self.policies.clone()));
+        }
+        m
+    }
+}
+
+/// Host → broker: a request to open a turn (ADR step 1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct OpenTurn {
+    pub principal: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attributes: Option<Map<String, Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_policy: Option<ToolPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_identity: Option<SystemIdentity>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub harness: Option<String>,
+}
+
+/// Broker → host: a turn was opened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnOpened {
+    pub turn: String,
+    pub token: TurnToken,
+    pub catalog_hash: CatalogHash,
+    pub tools: Vec<PublishedToolDefinition>,
+    pub expires_at: String,
+}
+
+/// One open turn, as `turn list` shows it (never the token).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnSummary {
+    pub turn: String,
+    pub principal: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    pub catalog_hash: CatalogHash,
+    pub tools: usize,
+    pub opened_at: String,
+    pub expires_at: String,
+    pub bridges: usize,
+    pub calls: u64,
+}
+
+/// Host → broker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ControlRequest {
+    Hello {
+        protocol: u32,
+    },
+    OpenTurn(Box<OpenTurn>),
+    CloseTurn {
+        turn: String,
+    },
+    ListTurns,
+    Catalog {
+        principal: String,
+        #[serde(default)]
+        agent: Option<String>,
+    },
+    /// Record lines with `seq > after_seq`, at most `limit` of them.
+    Records {
+        #[serde(default)]
+        turn: Option<String>,
+        #[serde(default)]
+        after_seq: u64,
+        #[serde(default)]
+        limit: Option<u32>,
+    },
+    PolicyCheck {
+        principal: String,
+        #[serde(default)]
+        agent: Option<String>,
+        tool: String,
+        #[serde(default)]
+        arguments: Option<Value>,
+    },
+    PolicyReload,
+}
+
+/// Broker → host.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ControlResponse {
+    Welcome {
+        protocol: u32,
+        broker_version: String,
+    },
+    TurnOpened(TurnOpened),
+    TurnClosed {
+        turn: String,
+    },
+    Turns {
+        turns: Vec<TurnSummary>,
+    },
+    Catalog {
+        catalog_hash: CatalogHash,
+        tools: Vec<PublishedToolDefinition>,
+    },
+    Records {
+        lines: Vec<Value>,
+        /// Pass as `after_seq` to continue.
+        last_seq: u64,
+        more: bool,
+    },
+    Decision {
+        decision: String,
+        outcome: Outcome,
+        #[serde(default)]
+        requirement: Option<Requirement>,
+        policies: Vec<String>,
+        message: String,
+    },
+    PolicyReloaded {
+        version: u64,
+        policies: usize,
+    },
+    Error {
+        code: String,
+        message: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_debug_is_redacted() {
+        let t = TurnToken::new("s3cr3t".into());
+        assert!(!format!("{t:?}").contains("s3cr3t"));
+        let hello = BridgeRequest::Hello {
+            protocol: 1,
+            token: t,
+            client: ShimInfo::default(),
+        };
+        assert!(!format!("{hello:?}").contains("s3cr3t"));
+    }
+
+    #[test]
+    fn answer_meta_has_the_machine_form() {
+        let a = CallAnswer {
+            outcome: Outcome::Denied(crate::call::DenyCode::NoPermit),
+            call_id: "c1".into(),
+            tool: "files.read".into(),
+            message: Some("denied: ...".into()),
+            content: vec![],
+            structured_content: None,
+            requirement: Some(Requirement {
+                action: "read".into(),
+                resource: "SharedOS::File::\"/private/a\"".into(),
+            }),
+            policies: vec![],
+        };
+        let m = a.meta();
+        assert_eq!(m["outcome"], "denied");
+        assert_eq!(m["code"], "no_permit");
+        assert_eq!(m["action"], "read");
+        let wire = serde_json::to_value(&a).expect("ser");
+        assert_eq!(wire["outcome"], "denied");
+        assert_eq!(wire["code"], "no_permit");
+    }
+}

@@ -1,0 +1,28 @@
+//! `sharedos-proto`: the contract both processes and every outside checker rely on.
+//!
+//! Pure types, validation, canonical JSON, catalogue hash and the IPC frame codec. No IO, no
+//! tokio, and no authority: anything that carries authority (required capability, requirement
+//! resolution, grants, handler references, credentials) lives in the broker.
+//!
+//! # Layout
+//! - [`name`]: `ToolName` (ToolNameSchema) and `Identifier`.
+//! - [`definition`]: registered and published tool definitions, the fixed projection.
+//! - [`catalog`]: RFC 8785 canonical JSON and `catalogHash`.
+//! - [`call`]: `ToolCall` (raw tool string) and outcomes with codes.
+//! - [`declaration`]: `ToolPolicy` and `SystemIdentity` with their rules.
+//! - [`frame`]: the length-prefixed frame codec.
+//! - [`ipc`]: the messages on the bridge and control sockets.
+
+pub mod call;
+pub mod catalog;
+pub mod declaration;
+pub mod definition;
+pub mod frame;
+pub mod ipc;
+pub mod name;
+
+pub use call::{CancelCode, DenyCode, FailCode, Outcome, Requirement, ToolCall};
+pub use catalog::{CatalogHash, canonical_catalog, catalog_hash};
+pub use declaration::{McpSupport, PolicyMode, SystemIdentity, ToolPolicy};
+pub use definition::{CATALOG_HASH_FIELDS, PublishedToolDefinition, ToolDefinition, ToolMetadata};
+pub use name::{Identifier, ToolName};
