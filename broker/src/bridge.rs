@@ -1,0 +1,245 @@
+//! One bridge connection: a shim presents a turn token, receives the turn's catalogue, and
+//! forwards calls and cancellations.
+//!
+//! Owns the connection's loop (one `select!` over frames in, the turn's end) and its bounded
+//! in-flight set. The shim cannot widen anything: the principal and the catalogue come from the
+//! turn the token names, and every call goes through `Kernel::invoke`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use interprocess::local_socket::tokio::Stream;
+use interprocess::local_socket::traits::StreamCommon as _;
+use serde_json::json;
+use sharedos_ipc::{FrameReader, IpcError, write_frame};
+use sharedos_proto::CancelCode;
+use sharedos_proto::ipc::{BridgeEvent, BridgeRequest, PROTOCOL_VERSION, RefusalCode};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::kernel::CallSite;
+use crate::server::Broker;
+use crate::turn::{Turn, rfc3339};
+
+/// How long a new connection has to say hello.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Calls in flight per bridge; the reader waits beyond it (backpressure, nothing dropped).
+pub const MAX_INFLIGHT_PER_BRIDGE: usize = 256;
+/// Frames queued to the writer.
+pub const OUT_QUEUE: usize = 256;
+
+pub async fn serve(broker: Arc<Broker>, stream: Stream) {
+    let creds = stream.peer_creds().ok();
+    let uid = creds.as_ref().and_then(|c| c.euid());
+    let pid = creds.as_ref().and_then(|c| c.pid());
+    let (recv, mut send) = tokio::io::split(stream);
+    let mut reader = FrameReader::new(recv);
+    if !broker.harness_allowed(uid) {
+        tracing::warn!(
+            ?uid,
+            "bridge connection from a uid that is not a harness uid: refused"
+        );
+        let _ = write_frame(
+            &mut send,
+            &BridgeEvent::Refused {
+                code: RefusalCode::BadToken,
+                message: "this uid may not use the bridge socket".into(),
+            },
+        )
+        .await;
+        return;
+    }
+    let hello = tokio::time::timeout(HELLO_TIMEOUT, reader.next::<BridgeRequest>()).await;
+    let refuse = |code, message: &str| BridgeEvent::Refused {
+        code,
+        message: message.to_owned(),
+    };
+    let (turn, client) = match hello {
+        Ok(Ok(BridgeRequest::Hello {
+            protocol,
+            token,
+            client,
+        })) => {
+            if protocol != PROTOCOL_VERSION {
+                let msg = format!(
+                    "protocol version {protocol} is not supported; this broker speaks {PROTOCOL_VERSION}"
+                );
+                let _ = write_frame(&mut send, &refuse(RefusalCode::ProtocolVersion, &msg)).await;
+                return;
+            }
+            match broker.turns.by_token(token.expose()) {
+                Some(turn) => (turn, client),
+                None => {
+                    let _ = write_frame(
+                        &mut send,
+                        &refuse(
+                            RefusalCode::BadToken,
+                            "the turn token is unknown, expired or closed",
+                        ),
+                    )
+                    .await;
+                    tracing::info!(
+                        ?pid,
+                        "bridge hello with an unknown or closed token: refused"
+                    );
+                    return;
+                }
+            }
+        }
+        Ok(Ok(_)) => {
+            let _ = write_frame(
+                &mut send,
+                &refuse(RefusalCode::NotHello, "the first frame must be hello"),
+            )
+            .await;
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::info!(error = %e, "bridge connection ended before hello");
+            let _ = write_frame(
+                &mut send,
+                &refuse(RefusalCode::NotHello, &format!("bad hello: {e}")),
+            )
+            .await;
+            return;
+        }
+        Err(_) => {
+            let _ = write_frame(
+                &mut send,
+                &refuse(RefusalCode::NotHello, "no hello within 10 s"),
+            )
+            .await;
+            return;
+        }
+    };
+    let welcome = BridgeEvent::Welcome {
+        protocol: PROTOCOL_VERSION,
+        turn: turn.id.clone(),
+        catalog_hash: turn.catalog.hash.clone(),
+        tools: turn.catalog.tools.clone(),
+        expires_at: Some(rfc3339(turn.expires_at)),
+    };
+    if write_frame(&mut send, &welcome).await.is_err() {
+        return;
+    }
+    turn.bridges.fetch_add(1, Ordering::Relaxed);
+    let connected = json!({"kind": "bridge_connected", "turn": turn.id,
+                           "peer": {"pid": pid, "uid": uid}, "shim": client,
+                           "catalogHash": turn.catalog.hash});
+    if let Some(obj) = connected.as_object() {
+        let _ = broker.kernel.recorder.append(obj.clone()).await;
+    }
+    run_connection(broker.clone(), turn.clone(), reader, send).await;
+    turn.bridges.fetch_sub(1, Ordering::Relaxed);
+}
+
+async fn run_connection(
+    broker: Arc<Broker>,
+    turn: Arc<Turn>,
+    mut reader: FrameReader<tokio::io::ReadHalf<Stream>>,
+    mut send: tokio::io::WriteHalf<Stream>,
+) {
+    let (out_tx, mut out_rx) = mpsc::channel::<BridgeEvent>(OUT_QUEUE);
+    let writer = tokio::spawn(async move {
+        while let Some(event) = out_rx.recv().await {
+            let last = matches!(event, BridgeEvent::TurnClosed { .. });
+            if write_frame(&mut send, &event).await.is_err() || last {
+                break;
+            }
+        }
+    });
+    let conn = turn.cancel.child_token();
+    let disconnected = Arc::new(AtomicBool::new(false));
+    let inflight: Arc<Mutex<HashMap<u64, CancellationToken>>> = Arc::default();
+    let limit = Arc::new(Semaphore::new(MAX_INFLIGHT_PER_BRIDGE));
+    enum Event {
+        Frame(Result<BridgeRequest, IpcError>),
+        TurnEnded,
+    }
+    loop {
+        let event = tokio::select! {
+            f = reader.next::<BridgeRequest>() => Event::Frame(f),
+            _ = turn.cancel.cancelled() => Event::TurnEnded,
+        };
+        match event {
+            Event::TurnEnded => {
+                let reason = turn.closed_reason().unwrap_or_else(|| "closed".into());
+                let _ = out_tx.send(BridgeEvent::TurnClosed { reason }).await;
+                break;
+            }
+            Event::Frame(Ok(BridgeRequest::Call { id, call })) => {
+                let Ok(permit) = limit.clone().acquire_owned().await else {
+                    break;
+                };
+                let token = conn.child_token();
+                if let Ok(mut m) = inflight.lock() {
+                    m.insert(id, token.clone());
+                }
+                let (broker, turn2, out, inflight, disc) = (
+                    broker.clone(),
+                    turn.clone(),
+                    out_tx.clone(),
+                    inflight.clone(),
+                    disconnected.clone(),
+                );
+                turn.tracker.spawn(async move {
+                    let t = turn2.clone();
+                    let cause = move || {
+                        if t.cancel.is_cancelled() {
+                            CancelCode::TurnClosed
+                        } else if disc.load(Ordering::Relaxed) {
+                            CancelCode::Disconnected
+                        } else {
+                            CancelCode::ClientCancelled
+                        }
+                    };
+                    let site = CallSite {
+                        turn: &turn2.id,
+                        call_id: turn2.next_call_id(),
+                        context: &turn2.context,
+                        catalog: &turn2.catalog,
+                        stamp: turn2.stamp.as_ref(),
+                    };
+                    let answer = broker.kernel.invoke(site, call, token, cause).await;
+                    if let Ok(mut m) = inflight.lock() {
+                        m.remove(&id);
+                    }
+                    let _ = out.send(BridgeEvent::Answer { id, answer }).await;
+                    drop(permit);
+                });
+            }
+            Event::Frame(Ok(BridgeRequest::Cancel { id })) => {
+                if let Some(t) = inflight.lock().ok().and_then(|m| m.get(&id).cloned()) {
+                    t.cancel();
+                }
+            }
+            Event::Frame(Ok(BridgeRequest::ClientInfo {
+                name,
+                version,
+                protocol_version,
+            })) => {
+                tracing::info!(turn = %turn.id, %name, %version, ?protocol_version, "MCP client on bridge");
+                let line = json!({"kind": "bridge_client", "turn": turn.id, "client": {"name": name, "version": version, "protocolVersion": protocol_version}});
+                if let Some(obj) = line.as_object() {
+                    let _ = broker.kernel.recorder.append(obj.clone()).await;
+                }
+            }
+            Event::Frame(Ok(BridgeRequest::Hello { .. })) => {
+                tracing::warn!(turn = %turn.id, "second hello on a bridge connection: closing it");
+                break;
+            }
+            Event::Frame(Err(IpcError::Closed)) => break,
+            Event::Frame(Err(e)) => {
+                tracing::warn!(turn = %turn.id, error = %e, "bad frame on bridge: closing it");
+                break;
+            }
+        }
+    }
+    // The shim is gone (or the turn closed): in-flight calls end as cancelled, and are recorded.
+    disconnected.store(true, Ordering::Relaxed);
+    conn.cancel();
+    drop(out_tx);
+    let _ = writer.await;
+}

@@ -1,0 +1,578 @@
+//! The `sharedos-broker` command line: `serve`, `demo`, host commands that talk to a running
+//! broker over its control socket, and `catalog hash` for outside checkers.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context as _, bail};
+use clap::{Args, Parser, Subcommand};
+use serde_json::Value;
+use sharedos_ipc::runtime;
+use sharedos_proto::ipc::{ControlRequest, ControlResponse, OpenTurn};
+use sharedos_proto::{PublishedToolDefinition, ToolDefinition};
+use tokio_util::sync::CancellationToken;
+
+use crate::client::ControlClient;
+use crate::config::Config;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sharedos-broker",
+    version,
+    about = "SharedOS broker: the kernel behind the MCP toolshare boundary",
+    long_about = "The SharedOS broker holds the tool registry, the Cedar policy, the turns and the record. \
+Harnesses reach it through `sharedos-mcp-shim` with a per-turn token; hosts open and close turns with the commands below."
+)]
+pub struct Cli {
+    /// The broker's runtime directory (sockets live here). Default: $XDG_RUNTIME_DIR/sharedos, else /tmp/sharedos-$UID.
+    #[arg(long, global = true, env = "SHAREDOS_RUNTIME_DIR", value_name = "DIR")]
+    pub runtime_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the broker until SIGINT or SIGTERM.
+    Serve {
+        /// Config file (TOML). Without it: the embedded default (alice may read /public).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Also write logs to this file (logs always go to stderr).
+        #[arg(long, value_name = "FILE")]
+        log_file: Option<PathBuf>,
+    },
+    /// Start a broker on the embedded default, drive the real shim through one turn, print what happened.
+    Demo,
+    /// The effective catalogue of a principal, or `catalog hash FILE` for any tool list.
+    #[command(args_conflicts_with_subcommands = true)]
+    Catalog {
+        #[command(subcommand)]
+        command: Option<CatalogCommand>,
+        #[command(flatten)]
+        query: CatalogQuery,
+    },
+    /// Open, close and list turns.
+    #[command(subcommand)]
+    Turn(TurnCommand),
+    /// Read the record.
+    Records {
+        /// Only this turn's lines.
+        #[arg(long)]
+        turn: Option<String>,
+        /// Print JSON Lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check a decision or reload the policy.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct CatalogQuery {
+    /// The principal whose catalogue to compute.
+    #[arg(long)]
+    principal: Option<String>,
+    #[arg(long)]
+    agent: Option<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CatalogCommand {
+    /// Print the catalogHash of a JSON array of tool definitions (FILE, or - for stdin).
+    Hash {
+        file: PathBuf,
+        /// Print the RFC 8785 canonical JSON instead of the hash.
+        #[arg(long)]
+        canonical: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TurnCommand {
+    /// Open a turn and print its id, token and catalogHash.
+    Open {
+        #[arg(long)]
+        principal: String,
+        #[arg(long)]
+        agent: Option<String>,
+        /// Lifetime in seconds (default 3600).
+        #[arg(long, value_name = "SECONDS")]
+        ttl: Option<u64>,
+        /// The harness this turn is for (recorded).
+        #[arg(long)]
+        harness: Option<String>,
+        /// ToolPolicy as JSON: {"mode":"strict","harnessLocal":[...],"externalDirect":[...]}.
+        #[arg(long, value_name = "JSON")]
+        tool_policy: Option<String>,
+        /// SystemIdentity as JSON (stamped on every record line of the turn).
+        #[arg(long, value_name = "JSON")]
+        system_identity: Option<String>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Close a turn: its shims exit and its token dies.
+    Close { turn: String },
+    /// List open turns (never their tokens).
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Decide a call without running it. Exit status 0 when allowed, 3 when refused.
+    Check {
+        #[arg(long)]
+        principal: String,
+        #[arg(long)]
+        agent: Option<String>,
+        #[arg(long)]
+        tool: String,
+        /// The call's arguments as a JSON object.
+        #[arg(long, value_name = "JSON", default_value = "{}")]
+        args: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-read the policy file; a file that fails to parse or validate is refused and the old set stays.
+    Reload,
+}
+
+fn init_logging(
+    default: &str,
+    file: Option<&Path>,
+) -> anyhow::Result<Option<tracing_appender::non_blocking::WorkerGuard>> {
+    use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+    let filter =
+        EnvFilter::try_from_env("SHAREDOS_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let stderr = fmt::layer().with_writer(std::io::stderr).with_target(false);
+    let (file_layer, guard) = match file {
+        Some(path) => {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("cannot open log file `{}`", path.display()))?;
+            let (w, g) = tracing_appender::non_blocking(f);
+            (Some(fmt::layer().with_writer(w).with_ansi(false)), Some(g))
+        }
+        None => (None, None),
+    };
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(stderr)
+        .with(file_layer)
+        .try_init();
+    Ok(guard)
+}
+
+pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
+    let runtime_dir = runtime::resolve_runtime_dir(cli.runtime_dir.as_deref());
+    if let Command::Catalog {
+        command: Some(CatalogCommand::Hash { file, canonical }),
+        ..
+    } = &cli.command
+    {
+        return catalog_hash(file, *canonical);
+    }
+    let log_file = match &cli.command {
+        Command::Serve { log_file, .. } => log_file.clone(),
+        _ => None,
+    };
+    let default_level = if matches!(cli.command, Command::Serve { .. }) {
+        "info"
+    } else {
+        "warn"
+    };
+    let _guard = init_logging(default_level, log_file.as_deref())?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(async move {
+        match cli.command {
+            Command::Serve { config, .. } => serve(config, runtime_dir).await,
+            Command::Demo => crate::demo::run().await,
+            command => host_command(command, &runtime_dir).await,
+        }
+    })
+}
+
+async fn serve(config: Option<PathBuf>, runtime_dir: PathBuf) -> anyhow::Result<ExitCode> {
+    let config = match config {
+        Some(path) => Config::from_file(&path)?,
+        None => Config::embedded(&runtime_dir.join("default"))?,
+    };
+    let shutdown = CancellationToken::new();
+    let running = crate::server::start(config, runtime_dir.clone(), shutdown.clone()).await?;
+    eprintln!(
+        "sharedos-broker: serving; control socket {}, bridge socket {}",
+        runtime::control_socket(&runtime_dir).display(),
+        runtime::bridge_socket(&runtime_dir).display()
+    );
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+    shutdown.cancel();
+    running.wait().await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn catalog_hash(file: &Path, canonical: bool) -> anyhow::Result<ExitCode> {
+    let text = if file.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("reading stdin")?;
+        s
+    } else {
+        std::fs::read_to_string(file)
+            .with_context(|| format!("cannot read `{}`", file.display()))?
+    };
+    let tools = parse_tool_list(&text).with_context(|| format!("`{}`", file.display()))?;
+    if canonical {
+        println!("{}", sharedos_proto::canonical_catalog(&tools)?);
+    } else {
+        println!("{}", sharedos_proto::catalog_hash(&tools)?);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Reads a JSON array of tool definitions; any invalid entry rejects the whole input.
+pub fn parse_tool_list(text: &str) -> anyhow::Result<Vec<PublishedToolDefinition>> {
+    let value: Value = serde_json::from_str(text).context("not JSON")?;
+    let Value::Array(items) = value else {
+        bail!("expected a JSON array of tool definitions");
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        let shown_name = item
+            .get("name")
+            .map(|n| n.to_string())
+            .unwrap_or_else(|| "(no name)".into());
+        let def: ToolDefinition = serde_json::from_value(item)
+            .with_context(|| format!("tool #{i} {shown_name} is rejected"))?;
+        if !seen.insert(def.name.to_string()) {
+            bail!(
+                "tool #{i} `{}` is rejected: the name appears twice",
+                def.name
+            );
+        }
+        out.push(def.publish());
+    }
+    Ok(out)
+}
+
+fn unexpected(r: ControlResponse) -> anyhow::Error {
+    anyhow::anyhow!("unexpected answer from the broker: {r:?}")
+}
+
+fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<ExitCode> {
+    let mut client = ControlClient::connect(runtime_dir).await?;
+    match command {
+        Command::Catalog { query, .. } => {
+            let Some(principal) = query.principal else {
+                bail!("`catalog` needs --principal ID (or use `catalog hash FILE`)");
+            };
+            match client
+                .call(&ControlRequest::Catalog {
+                    principal,
+                    agent: query.agent,
+                })
+                .await?
+            {
+                ControlResponse::Catalog {
+                    catalog_hash,
+                    tools,
+                } => {
+                    if query.json {
+                        print_json(
+                            &serde_json::json!({"catalogHash": catalog_hash, "tools": tools}),
+                        )?;
+                    } else {
+                        println!("catalogHash: {catalog_hash}");
+                        for t in &tools {
+                            println!(
+                                "  {:<24} {}",
+                                t.name,
+                                t.description.as_deref().unwrap_or("")
+                            );
+                        }
+                        if tools.is_empty() {
+                            println!(
+                                "  (no tools: no policy could permit this principal anything)"
+                            );
+                        }
+                    }
+                }
+                r => return Err(unexpected(r)),
+            }
+        }
+        Command::Turn(TurnCommand::Open {
+            principal,
+            agent,
+            ttl,
+            harness,
+            tool_policy,
+            system_identity,
+            json,
+        }) => {
+            let tool_policy = tool_policy
+                .map(|s| {
+                    serde_json::from_str(&s).context("--tool-policy is not a valid ToolPolicy")
+                })
+                .transpose()?;
+            let system_identity = system_identity
+                .map(|s| {
+                    serde_json::from_str(&s)
+                        .context("--system-identity is not a valid SystemIdentity")
+                })
+                .transpose()?;
+            let req = OpenTurn {
+                principal,
+                agent,
+                ttl_seconds: ttl,
+                harness,
+                tool_policy,
+                system_identity,
+                ..Default::default()
+            };
+            match client
+                .call(&ControlRequest::OpenTurn(Box::new(req)))
+                .await?
+            {
+                ControlResponse::TurnOpened(t) => {
+                    if json {
+                        print_json(&t)?;
+                    } else {
+                        println!("turn:        {}", t.turn);
+                        println!("token:       {}", t.token.expose());
+                        println!("catalogHash: {}", t.catalog_hash);
+                        println!("expiresAt:   {}", t.expires_at);
+                        let names: Vec<String> =
+                            t.tools.iter().map(|t| t.name.to_string()).collect();
+                        println!("tools:       {}", names.join(", "));
+                    }
+                }
+                r => return Err(unexpected(r)),
+            }
+        }
+        Command::Turn(TurnCommand::Close { turn }) => {
+            match client.call(&ControlRequest::CloseTurn { turn }).await? {
+                ControlResponse::TurnClosed { turn } => println!("closed {turn}"),
+                r => return Err(unexpected(r)),
+            }
+        }
+        Command::Turn(TurnCommand::List { json }) => {
+            match client.call(&ControlRequest::ListTurns).await? {
+                ControlResponse::Turns { turns } => {
+                    if json {
+                        print_json(&turns)?;
+                    } else if turns.is_empty() {
+                        println!("no open turns");
+                    } else {
+                        println!(
+                            "{:<20} {:<12} {:<12} {:>5} {:>7} {:>6}  expires",
+                            "turn", "principal", "catalog", "tools", "bridges", "calls"
+                        );
+                        for t in turns {
+                            println!(
+                                "{:<20} {:<12} {:<12} {:>5} {:>7} {:>6}  {}",
+                                t.turn,
+                                t.principal,
+                                &t.catalog_hash.as_str()[..12],
+                                t.tools,
+                                t.bridges,
+                                t.calls,
+                                t.expires_at
+                            );
+                        }
+                    }
+                }
+                r => return Err(unexpected(r)),
+            }
+        }
+        Command::Records { turn, json } => {
+            let mut after_seq = 0;
+            if !json {
+                println!("{}", record_header());
+            }
+            loop {
+                let req = ControlRequest::Records {
+                    turn: turn.clone(),
+                    after_seq,
+                    limit: None,
+                };
+                match client.call(&req).await? {
+                    ControlResponse::Records {
+                        lines,
+                        last_seq,
+                        more,
+                    } => {
+                        for line in &lines {
+                            if json {
+                                println!("{}", serde_json::to_string(line)?);
+                            } else {
+                                println!("{}", record_row(line));
+                            }
+                        }
+                        after_seq = last_seq;
+                        if !more {
+                            break;
+                        }
+                    }
+                    r => return Err(unexpected(r)),
+                }
+            }
+        }
+        Command::Policy(PolicyCommand::Check {
+            principal,
+            agent,
+            tool,
+            args,
+            json,
+        }) => {
+            let arguments: Value =
+                serde_json::from_str(&args).context("--args is not valid JSON")?;
+            match client
+                .call(&ControlRequest::PolicyCheck {
+                    principal,
+                    agent,
+                    tool,
+                    arguments: Some(arguments),
+                })
+                .await?
+            {
+                r @ ControlResponse::Decision { .. } => {
+                    let ControlResponse::Decision {
+                        decision,
+                        outcome,
+                        requirement,
+                        policies,
+                        message,
+                    } = &r
+                    else {
+                        return Err(unexpected(r));
+                    };
+                    if json {
+                        print_json(
+                            &serde_json::json!({"decision": decision, "outcome": outcome.word(), "code": outcome.code(),
+                                                       "requirement": requirement, "policies": policies, "message": message}),
+                        )?;
+                    } else {
+                        println!("{message}");
+                        if let Some(req) = requirement {
+                            println!("requirement: {} on {}", req.action, req.resource);
+                        }
+                        println!(
+                            "policies: {}",
+                            if policies.is_empty() {
+                                "(none: default deny)".to_owned()
+                            } else {
+                                policies.join(", ")
+                            }
+                        );
+                    }
+                    if decision != "allow" {
+                        return Ok(ExitCode::from(3));
+                    }
+                }
+                r => return Err(unexpected(r)),
+            }
+        }
+        Command::Policy(PolicyCommand::Reload) => {
+            match client.call(&ControlRequest::PolicyReload).await? {
+                ControlResponse::PolicyReloaded { version, policies } => {
+                    println!("policy reloaded: version {version}, {policies} policies")
+                }
+                r => return Err(unexpected(r)),
+            }
+        }
+        Command::Serve { .. } | Command::Demo => bail!("not a host command"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn record_header() -> String {
+    format!(
+        "{:>5}  {:<15}  {:<18}  {:<28}  {:<30}  {}",
+        "seq", "at", "kind", "tool", "outcome", "resource / detail"
+    )
+}
+
+/// One record line as a table row.
+pub fn record_row(line: &Value) -> String {
+    let s = |k: &str| line.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+    let at = s("at");
+    let time = at
+        .split('T')
+        .nth(1)
+        .unwrap_or(&at)
+        .chars()
+        .take(15)
+        .collect::<String>();
+    let kind = s("kind");
+    let (tool, outcome, detail) = match kind.as_str() {
+        "call" => {
+            let resource = line
+                .get("requirement")
+                .and_then(|r| r.get("resource"))
+                .and_then(Value::as_str)
+                .unwrap_or("-")
+                .to_owned();
+            let mut tool = format!("{:?}", s("tool"));
+            if tool.len() > 28 {
+                tool.truncate(27);
+                tool.push('…');
+            }
+            (tool, format!("{}/{}", s("outcome"), s("code")), resource)
+        }
+        "turn_opened" => (
+            String::new(),
+            String::new(),
+            format!(
+                "{} principal={} catalogHash={}",
+                s("turn"),
+                line.pointer("/accessContext/principal")
+                    .and_then(Value::as_str)
+                    .unwrap_or(""),
+                &s("catalogHash").chars().take(16).collect::<String>()
+            ),
+        ),
+        "turn_closed" => (
+            String::new(),
+            String::new(),
+            format!("{} reason={}", s("turn"), s("reason")),
+        ),
+        "bridge_connected" => (
+            String::new(),
+            String::new(),
+            format!(
+                "{} pid={}",
+                s("turn"),
+                line.pointer("/peer/pid")
+                    .map(|v| v.to_string())
+                    .unwrap_or_default()
+            ),
+        ),
+        _ => (String::new(), String::new(), s("turn")),
+    };
+    let seq = line.get("seq").and_then(Value::as_u64).unwrap_or(0);
+    format!("{seq:>5}  {time:<15}  {kind:<18}  {tool:<28}  {outcome:<30}  {detail}")
+}

@@ -1,0 +1,257 @@
+//! The broker's configuration: a TOML file, or the embedded default.
+//!
+//! Owns parsing and path resolution (relative paths are relative to the config file). It never
+//! loads policies or opens the record: it only says where they are.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::record::RecordSync;
+
+/// The embedded default policy: `alice` may read, list and search `/public/...`, nothing else.
+pub const DEFAULT_POLICY: &str = r#"// Embedded default policy of `sharedos-broker serve` without --config.
+@id("alice-public")
+permit(
+  principal == SharedOS::User::"alice",
+  action in [SharedOS::Action::"read", SharedOS::Action::"list", SharedOS::Action::"search"],
+  resource is SharedOS::File
+) when { resource.path == "/public" || resource.path like "/public/*" };
+"#;
+
+/// Default lifetime of a turn when the host gives none.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
+/// Longest lifetime a host may ask for.
+pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config `{path}`: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config `{path}`: {detail}")]
+    Parse { path: String, detail: String },
+    #[error("cannot prepare the embedded default in `{path}`: {source}")]
+    Default {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ProviderConfig {
+    Files {
+        #[serde(default = "default_files_namespace")]
+        namespace: String,
+        root: PathBuf,
+        #[serde(default)]
+        writable: bool,
+        /// Milliseconds added before every call: fault injection for testing timeouts and
+        /// cancellation. Leave unset in production.
+        #[serde(default)]
+        latency_ms: Option<u64>,
+    },
+}
+
+fn default_files_namespace() -> String {
+    "files".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    record: PathBuf,
+    #[serde(default)]
+    record_sync: RecordSync,
+    policy: PathBuf,
+    #[serde(default)]
+    schema: Option<PathBuf>,
+    #[serde(default)]
+    redact_arguments: bool,
+    #[serde(default)]
+    host_uids: Vec<u32>,
+    #[serde(default)]
+    harness_uids: Vec<u32>,
+    #[serde(default)]
+    default_ttl_seconds: Option<u64>,
+    #[serde(default)]
+    call_timeout_seconds: Option<u64>,
+    #[serde(default)]
+    providers: Vec<ProviderConfig>,
+}
+
+/// A resolved configuration (all paths absolute or relative to the working directory).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where it came from, for messages (`<embedded default>` or the file).
+    pub source: String,
+    pub record: PathBuf,
+    pub record_sync: RecordSync,
+    pub policy: PathBuf,
+    pub schema: Option<PathBuf>,
+    pub redact_arguments: bool,
+    /// Uids allowed on the control socket (empty: the broker's own uid).
+    pub host_uids: Vec<u32>,
+    /// Uids allowed on the bridge socket (empty: the broker's own uid).
+    pub harness_uids: Vec<u32>,
+    pub default_ttl: Duration,
+    pub call_timeout: Duration,
+    pub providers: Vec<ProviderConfig>,
+}
+
+impl Config {
+    /// Reads a config file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        let raw: RawConfig = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: shown.clone(),
+            detail: e.to_string(),
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let rel = |p: &Path| {
+            if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                base.join(p)
+            }
+        };
+        if raw.providers.is_empty() {
+            return Err(ConfigError::Parse {
+                path: shown,
+                detail: "no [[providers]]: a broker with no tools publishes an empty catalogue"
+                    .into(),
+            });
+        }
+        Ok(Config {
+            source: shown,
+            record: rel(&raw.record),
+            record_sync: raw.record_sync,
+            policy: rel(&raw.policy),
+            schema: raw.schema.as_deref().map(rel),
+            redact_arguments: raw.redact_arguments,
+            host_uids: raw.host_uids,
+            harness_uids: raw.harness_uids,
+            default_ttl: raw
+                .default_ttl_seconds
+                .map_or(DEFAULT_TTL, Duration::from_secs)
+                .min(MAX_TTL),
+            call_timeout: raw
+                .call_timeout_seconds
+                .map_or(crate::kernel::DEFAULT_CALL_TIMEOUT, Duration::from_secs),
+            providers: raw
+                .providers
+                .into_iter()
+                .map(|p| match p {
+                    ProviderConfig::Files {
+                        namespace,
+                        root,
+                        writable,
+                        latency_ms,
+                    } => ProviderConfig::Files {
+                        namespace,
+                        root: rel(&root),
+                        writable,
+                        latency_ms,
+                    },
+                })
+                .collect(),
+        })
+    }
+
+    /// The embedded default, laid out in `dir`: `data/public/hello.txt`,
+    /// `data/private/secret.txt`, `policy.cedar`, `record.jsonl`. Existing files are kept.
+    pub fn embedded(dir: &Path) -> Result<Self, ConfigError> {
+        let err = |source| ConfigError::Default {
+            path: dir.display().to_string(),
+            source,
+        };
+        let data = dir.join("data");
+        std::fs::create_dir_all(data.join("public")).map_err(err)?;
+        std::fs::create_dir_all(data.join("private")).map_err(err)?;
+        let seed = [
+            (
+                data.join("public/hello.txt"),
+                "Hello from SharedOS. This file is public.\n",
+            ),
+            (
+                data.join("private/secret.txt"),
+                "This file is private: alice may not read it.\n",
+            ),
+            (dir.join("policy.cedar"), DEFAULT_POLICY),
+        ];
+        for (path, text) in seed {
+            if !path.exists() {
+                std::fs::write(&path, text).map_err(err)?;
+            }
+        }
+        Ok(Config {
+            source: "<embedded default>".into(),
+            record: dir.join("record.jsonl"),
+            record_sync: RecordSync::Always,
+            policy: dir.join("policy.cedar"),
+            schema: None,
+            redact_arguments: false,
+            host_uids: vec![],
+            harness_uids: vec![],
+            default_ttl: DEFAULT_TTL,
+            call_timeout: crate::kernel::DEFAULT_CALL_TIMEOUT,
+            providers: vec![ProviderConfig::Files {
+                namespace: "files".into(),
+                root: data,
+                writable: false,
+                latency_ms: None,
+            }],
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_and_errors() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("broker.toml");
+        std::fs::write(
+            &path,
+            "record = \"rec.jsonl\"\npolicy = \"p.cedar\"\n[[providers]]\ntype = \"files\"\nroot = \"data\"\n",
+        )
+        .expect("w");
+        let c = Config::from_file(&path).expect("config");
+        assert_eq!(c.record, dir.path().join("rec.jsonl"));
+        assert_eq!(
+            c.providers,
+            vec![ProviderConfig::Files {
+                namespace: "files".into(),
+                root: dir.path().join("data"),
+                writable: false,
+                latency_ms: None,
+            }]
+        );
+        std::fs::write(
+            &path,
+            "record = \"r\"\npolicy = \"p\"\n[[providers]]\ntype = \"ftp\"\n",
+        )
+        .expect("w");
+        let msg = Config::from_file(&path)
+            .expect_err("unknown type")
+            .to_string();
+        assert!(
+            msg.contains("broker.toml") && msg.contains("line 4") && msg.contains("ftp"),
+            "{msg}"
+        );
+        let msg = Config::from_file(&dir.path().join("missing.toml"))
+            .expect_err("missing")
+            .to_string();
+        assert!(msg.contains("missing.toml"), "{msg}");
+    }
+}

@@ -1,0 +1,313 @@
+//! The control socket: the host's requests (open and close turns, catalogue, records, policy).
+//!
+//! Whoever may connect here may name any principal: only host uids get in. One response per
+//! request, in order. Malformed input gets an `error` response naming the problem.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use interprocess::local_socket::tokio::Stream;
+use interprocess::local_socket::traits::StreamCommon as _;
+use serde_json::{Map, Value, json};
+use sharedos_ipc::{FrameReader, IpcError, write_frame};
+use sharedos_proto::ipc::{
+    ControlRequest, ControlResponse, OpenTurn, PROTOCOL_VERSION, TurnOpened,
+};
+use sharedos_proto::{Identifier, Outcome};
+
+use crate::config::MAX_TTL;
+use crate::kernel::{AccessContext, Verdict};
+use crate::record::read_records;
+use crate::server::Broker;
+use crate::turn::{NewTurn, opened_record, rfc3339};
+
+/// Most record lines returned by one `records` request.
+pub const RECORDS_PAGE_MAX: u32 = 1000;
+
+fn error(code: &str, message: impl Into<String>) -> ControlResponse {
+    ControlResponse::Error {
+        code: code.to_owned(),
+        message: message.into(),
+    }
+}
+
+pub async fn serve(broker: Arc<Broker>, stream: Stream) {
+    let uid = stream.peer_creds().ok().and_then(|c| c.euid());
+    let (recv, mut send) = tokio::io::split(stream);
+    let mut reader = FrameReader::new(recv);
+    if !broker.host_allowed(uid) {
+        tracing::warn!(
+            ?uid,
+            "control connection from a uid that is not a host uid: refused"
+        );
+        let _ = write_frame(
+            &mut send,
+            &error("forbidden", "this uid may not use the control socket"),
+        )
+        .await;
+        return;
+    }
+    match tokio::time::timeout(Duration::from_secs(10), reader.next::<ControlRequest>()).await {
+        Ok(Ok(ControlRequest::Hello { protocol })) if protocol == PROTOCOL_VERSION => {
+            let welcome = ControlResponse::Welcome {
+                protocol: PROTOCOL_VERSION,
+                broker_version: env!("CARGO_PKG_VERSION").into(),
+            };
+            if write_frame(&mut send, &welcome).await.is_err() {
+                return;
+            }
+        }
+        Ok(Ok(ControlRequest::Hello { protocol })) => {
+            let msg = format!(
+                "protocol version {protocol} is not supported; this broker speaks {PROTOCOL_VERSION}"
+            );
+            let _ = write_frame(&mut send, &error("protocol_version", msg)).await;
+            return;
+        }
+        Ok(Ok(_)) => {
+            let _ = write_frame(
+                &mut send,
+                &error("not_hello", "the first frame must be hello"),
+            )
+            .await;
+            return;
+        }
+        Ok(Err(e)) => {
+            let _ = write_frame(&mut send, &error("bad_frame", e.to_string())).await;
+            return;
+        }
+        Err(_) => return,
+    }
+    loop {
+        let response = match reader.next::<ControlRequest>().await {
+            Ok(req) => handle(&broker, req).await,
+            Err(IpcError::Closed) => return,
+            Err(e) => {
+                let _ = write_frame(&mut send, &error("bad_frame", e.to_string())).await;
+                return;
+            }
+        };
+        if write_frame(&mut send, &response).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A refused control request: the code and the message of its `error` response.
+struct Refusal(&'static str, String);
+
+impl From<Refusal> for ControlResponse {
+    fn from(r: Refusal) -> Self {
+        error(r.0, r.1)
+    }
+}
+
+fn context(principal: &str, agent: Option<&str>) -> Result<AccessContext, Refusal> {
+    let principal = Identifier::new(principal)
+        .map_err(|e| Refusal("invalid_principal", format!("principal: {e}")))?;
+    let agent = agent
+        .map(|a| Identifier::new(a).map_err(|e| Refusal("invalid_agent", format!("agent: {e}"))))
+        .transpose()?;
+    Ok(AccessContext {
+        principal: principal.to_string(),
+        agent: agent.map(|a| a.to_string()),
+    })
+}
+
+async fn handle(broker: &Arc<Broker>, req: ControlRequest) -> ControlResponse {
+    match req {
+        ControlRequest::Hello { .. } => error("hello_again", "hello was already said"),
+        ControlRequest::OpenTurn(open) => match open_turn(broker, *open).await {
+            Ok(r) => r,
+            Err(r) => r.into(),
+        },
+        ControlRequest::CloseTurn { turn } => {
+            if broker.close_turn(&turn, "host").await {
+                ControlResponse::TurnClosed { turn }
+            } else {
+                error(
+                    "no_such_turn",
+                    format!("no open turn `{}`", sharedos_proto::name::shown(&turn)),
+                )
+            }
+        }
+        ControlRequest::ListTurns => ControlResponse::Turns {
+            turns: broker.turns.list().iter().map(|t| t.summary()).collect(),
+        },
+        ControlRequest::Catalog { principal, agent } => {
+            match context(&principal, agent.as_deref()) {
+                Ok(ctx) => {
+                    let c = broker.kernel.catalog(&ctx);
+                    ControlResponse::Catalog {
+                        catalog_hash: c.hash.clone(),
+                        tools: c.tools.clone(),
+                    }
+                }
+                Err(e) => e.into(),
+            }
+        }
+        ControlRequest::Records {
+            turn,
+            after_seq,
+            limit,
+        } => {
+            let limit = limit.unwrap_or(RECORDS_PAGE_MAX).clamp(1, RECORDS_PAGE_MAX) as usize;
+            let path = broker.kernel.recorder.path().to_path_buf();
+            let read = tokio::task::spawn_blocking(move || {
+                read_records(&path, turn.as_deref(), after_seq, limit)
+            })
+            .await;
+            match read {
+                Ok(Ok((lines, more))) => {
+                    let last_seq = lines
+                        .last()
+                        .and_then(|l| l.get("seq"))
+                        .and_then(Value::as_u64)
+                        .unwrap_or(after_seq);
+                    ControlResponse::Records {
+                        lines,
+                        last_seq,
+                        more,
+                    }
+                }
+                Ok(Err(e)) => error("record", e.to_string()),
+                Err(e) => error("internal", e.to_string()),
+            }
+        }
+        ControlRequest::PolicyCheck {
+            principal,
+            agent,
+            tool,
+            arguments,
+        } => {
+            let ctx = match context(&principal, agent.as_deref()) {
+                Ok(c) => c,
+                Err(e) => return e.into(),
+            };
+            let catalog = broker.kernel.catalog(&ctx);
+            match broker
+                .kernel
+                .check(&ctx, &catalog, &tool, arguments.as_ref())
+            {
+                Verdict::Refused {
+                    outcome,
+                    message,
+                    requirement,
+                    policies,
+                } => ControlResponse::Decision {
+                    decision: if matches!(outcome, Outcome::Denied(_)) {
+                        "deny"
+                    } else {
+                        "not_decided"
+                    }
+                    .into(),
+                    outcome,
+                    requirement,
+                    policies,
+                    message,
+                },
+                Verdict::Permitted {
+                    resolved, policies, ..
+                } => ControlResponse::Decision {
+                    decision: "allow".into(),
+                    outcome: Outcome::Succeeded,
+                    message: format!(
+                        "allow: {tool} of {} — permitted by {}",
+                        resolved.resource.short(),
+                        policies.join(", ")
+                    ),
+                    requirement: Some(sharedos_proto::Requirement {
+                        action: resolved.action.into(),
+                        resource: resolved.resource.display(),
+                    }),
+                    policies,
+                },
+            }
+        }
+        ControlRequest::PolicyReload => match broker.kernel.policy.reload() {
+            Ok(pv) => {
+                let line = json!({"kind": "policy_reloaded", "version": pv.version, "policies": pv.count,
+                                  "path": broker.kernel.policy.policy_path().display().to_string()});
+                if let Some(obj) = line.as_object() {
+                    let _ = broker.kernel.recorder.append(obj.clone()).await;
+                }
+                ControlResponse::PolicyReloaded {
+                    version: pv.version,
+                    policies: pv.count,
+                }
+            }
+            Err(e) => error(
+                "policy_invalid",
+                format!("{e}\nthe previous policy set stays in force"),
+            ),
+        },
+    }
+}
+
+async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlResponse, Refusal> {
+    let ctx = context(&open.principal, open.agent.as_deref())?;
+    if let Some(policy) = &open.tool_policy {
+        policy
+            .validate(open.harness.is_some() || open.system_identity.is_some())
+            .map_err(|e| Refusal("invalid_tool_policy", e.to_string()))?;
+    }
+    if let Some(identity) = &open.system_identity {
+        identity
+            .validate()
+            .map_err(|e| Refusal("invalid_system_identity", e.to_string()))?;
+    }
+    let ttl = match open.ttl_seconds {
+        Some(0) => {
+            return Err(Refusal(
+                "invalid_ttl",
+                "ttl must be at least 1 second".into(),
+            ));
+        }
+        Some(s) => Duration::from_secs(s).min(MAX_TTL),
+        None => broker.config.default_ttl,
+    };
+    let catalog = broker.kernel.catalog(&ctx);
+    let mut identity = open.system_identity.clone();
+    if let Some(id) = identity.as_mut() {
+        id.catalog_hash = Some(catalog.hash.clone());
+        id.broker_version = Some(env!("CARGO_PKG_VERSION").into());
+    }
+    // A column's identity is stamped on every call record the turn produces.
+    let stamp = identity.as_ref().map(|id| {
+        let mut m = Map::new();
+        m.insert("systemIdentity".into(), json!(id));
+        m
+    });
+    let new = NewTurn {
+        context: ctx,
+        catalog,
+        ttl,
+        stamp,
+        tool_policy: open.tool_policy,
+        system_identity: identity,
+        harness: open.harness,
+    };
+    let turn = broker
+        .turns
+        .insert(new, &broker.root)
+        .map_err(|e| Refusal("internal", format!("no randomness for a token: {e}")))?;
+    if let Err(e) = broker.kernel.recorder.append(opened_record(&turn)).await {
+        broker.turns.remove(&turn.id);
+        return Err(Refusal("record", format!("cannot record the turn: {e}")));
+    }
+    // TTL: the turn closes itself when it expires.
+    let (b, id, cancel) = (broker.clone(), turn.id.clone(), turn.cancel.clone());
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::time::sleep(ttl) => { b.close_turn(&id, "ttl").await; }
+            _ = cancel.cancelled() => {}
+        }
+    });
+    Ok(ControlResponse::TurnOpened(TurnOpened {
+        turn: turn.id.clone(),
+        token: turn.token().clone(),
+        catalog_hash: turn.catalog.hash.clone(),
+        tools: turn.catalog.tools.clone(),
+        expires_at: rfc3339(turn.expires_at),
+    }))
+}

@@ -1,0 +1,592 @@
+//! The kernel: the tool registry, the per-context catalogue, and `invoke`, the single call path.
+//!
+//! Every call from every bridge goes through [`Kernel::invoke`], which refuses or runs it and
+//! writes exactly one record line before returning the answer. The order is fixed (ARCHITECTURE,
+//! "invoke"): name valid → published in this turn → arguments valid → requirement resolved from
+//! the arguments → Cedar → provider. Authority (requirement resolution, handlers) lives only in
+//! the registrations held here; what leaves is a [`CallAnswer`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
+use sharedos_proto::ipc::CallAnswer;
+use sharedos_proto::{
+    CancelCode, CatalogHash, DenyCode, FailCode, Outcome, PublishedToolDefinition, Requirement,
+    ToolCall, ToolDefinition, ToolName,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::files::{FileOp, FilesProvider, ReadCheck, Resolved};
+use crate::policy::{PolicyEngine, Resource};
+use crate::record::Recorder;
+
+/// Longest a provider may run one call before it fails with `timeout`.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a registration carries besides its published surface. Never leaves the broker.
+pub struct Authority {
+    pub provider: Arc<FilesProvider>,
+    pub op: FileOp,
+    /// The compiled inputSchema.
+    validator: Option<jsonschema::Validator>,
+}
+
+pub type Registered = ToolDefinition<Authority>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error(
+        "provider `{provider}`: tool `{name}` is already registered by provider `{by}`; registrations are never merged"
+    )]
+    Duplicate {
+        provider: String,
+        name: String,
+        by: String,
+    },
+    #[error("provider `{provider}`: tool `{name}` has an invalid inputSchema: {detail}")]
+    Schema {
+        provider: String,
+        name: String,
+        detail: String,
+    },
+}
+
+/// All registered tools. Built once at start; shared read-only by every turn.
+#[derive(Default)]
+pub struct Registry {
+    tools: Vec<Arc<Registered>>,
+    by_name: HashMap<String, Arc<Registered>>,
+}
+
+impl Registry {
+    /// Registers one provider's tools. A name already taken is an error naming both providers.
+    pub fn register_files(&mut self, provider: Arc<FilesProvider>) -> Result<(), anyhow::Error> {
+        for def in provider.definitions()? {
+            if let Some(existing) = self.by_name.get(def.name.as_str()) {
+                return Err(RegistryError::Duplicate {
+                    provider: provider.namespace.clone(),
+                    name: def.name.to_string(),
+                    by: existing.authority.provider.namespace.clone(),
+                }
+                .into());
+            }
+            let validator =
+                match &def.input_schema {
+                    Some(schema) => Some(jsonschema::validator_for(schema).map_err(|e| {
+                        RegistryError::Schema {
+                            provider: provider.namespace.clone(),
+                            name: def.name.to_string(),
+                            detail: e.to_string(),
+                        }
+                    })?),
+                    None => None,
+                };
+            let registered = Arc::new(ToolDefinition {
+                name: def.name,
+                description: def.description,
+                input_schema: def.input_schema,
+                output_schema: def.output_schema,
+                annotations: def.annotations,
+                metadata: def.metadata,
+                authority: Authority {
+                    provider: provider.clone(),
+                    op: def.authority,
+                    validator,
+                },
+            });
+            self.by_name
+                .insert(registered.name.to_string(), registered.clone());
+            self.tools.push(registered);
+        }
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+}
+
+/// Who is asking: resolved by the host, trusted because the control socket is the host's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AccessContext {
+    pub principal: String,
+    pub agent: Option<String>,
+}
+
+/// A turn's effective catalogue. Immutable once computed; shared between turns of the same
+/// context and policy version (sharing derived data mutates nothing).
+pub struct Catalog {
+    pub tools: Vec<PublishedToolDefinition>,
+    pub hash: CatalogHash,
+    by_name: HashMap<String, Arc<Registered>>,
+    pub policy_version: u64,
+}
+
+impl Catalog {
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+}
+
+/// A refusal or a permission, before execution.
+pub enum Verdict {
+    Refused {
+        outcome: Outcome,
+        message: String,
+        requirement: Option<Requirement>,
+        policies: Vec<String>,
+    },
+    Permitted {
+        tool: Arc<Registered>,
+        resolved: Resolved,
+        arguments: Map<String, Value>,
+        policies: Vec<String>,
+    },
+}
+
+/// Bound on cached catalogues (per context and policy version).
+const CATALOG_CACHE_MAX: usize = 4096;
+
+pub struct Kernel {
+    registry: Registry,
+    pub policy: PolicyEngine,
+    pub recorder: Recorder,
+    /// Record arguments as their SHA-256 instead of as given.
+    redact_arguments: bool,
+    call_timeout: Duration,
+    catalogs: Mutex<HashMap<(AccessContext, u64), Arc<Catalog>>>,
+}
+
+fn requirement_of(resolved: &Resolved) -> Requirement {
+    Requirement {
+        action: resolved.action.to_owned(),
+        resource: resolved.resource.display(),
+    }
+}
+
+/// Everything `invoke` needs to know about where a call came from.
+pub struct CallSite<'a> {
+    pub turn: &'a str,
+    pub call_id: String,
+    pub context: &'a AccessContext,
+    pub catalog: &'a Catalog,
+    /// Fields stamped on the call's record line (e.g. a column's system identity).
+    pub stamp: Option<&'a Map<String, Value>>,
+}
+
+impl Kernel {
+    pub fn new(
+        registry: Registry,
+        policy: PolicyEngine,
+        recorder: Recorder,
+        redact_arguments: bool,
+        call_timeout: Duration,
+    ) -> Self {
+        Self {
+            registry,
+            policy,
+            recorder,
+            redact_arguments,
+            call_timeout,
+            catalogs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The effective catalogue for a context: every registered tool that some call could be
+    /// permitted, decided once per requirement shape (action, resource type), not per tool.
+    pub fn catalog(&self, context: &AccessContext) -> Arc<Catalog> {
+        let pv = self.policy.current();
+        let key = (context.clone(), pv.version);
+        if let Ok(cache) = self.catalogs.lock()
+            && let Some(c) = cache.get(&key)
+        {
+            return c.clone();
+        }
+        let mut shapes: HashMap<(&'static str, &'static str), bool> = HashMap::new();
+        let mut by_name = HashMap::new();
+        let mut tools = Vec::new();
+        for tool in &self.registry.tools {
+            let shape = (tool.authority.op.action(), "File");
+            let visible = *shapes.entry(shape).or_insert_with(|| {
+                self.policy.could_permit(
+                    &pv,
+                    &context.principal,
+                    context.agent.as_deref(),
+                    shape.0,
+                    shape.1,
+                )
+            });
+            if visible {
+                tools.push(tool.publish());
+                by_name.insert(tool.name.to_string(), tool.clone());
+            }
+        }
+        let hash = match sharedos_proto::catalog_hash(&tools) {
+            Ok(h) => h,
+            // Published definitions are plain JSON values; canonicalization cannot fail on them.
+            // If it ever did, an empty catalogue is the safe answer.
+            Err(e) => {
+                tracing::error!(error = %e, "catalogue hash failed; publishing nothing");
+                tools.clear();
+                by_name.clear();
+                sharedos_proto::catalog::hash_canonical("[]")
+            }
+        };
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        let catalog = Arc::new(Catalog {
+            tools,
+            hash,
+            by_name,
+            policy_version: pv.version,
+        });
+        if let Ok(mut cache) = self.catalogs.lock() {
+            if cache.len() >= CATALOG_CACHE_MAX {
+                cache.clear();
+            }
+            cache.insert(key, catalog.clone());
+        }
+        catalog
+    }
+
+    /// Everything before execution: the refusals, or the permission with its requirement.
+    pub fn check(
+        &self,
+        context: &AccessContext,
+        catalog: &Catalog,
+        tool: &str,
+        arguments: Option<&Value>,
+    ) -> Verdict {
+        let refuse = |outcome, message: String| Verdict::Refused {
+            outcome,
+            message,
+            requirement: None,
+            policies: vec![],
+        };
+        let shown = sharedos_proto::name::shown(tool);
+        if let Err(e) = ToolName::new(tool) {
+            return refuse(
+                Outcome::Denied(DenyCode::MalformedToolName),
+                format!("denied: `{shown}` is not a valid tool name ({e}); nothing was run"),
+            );
+        }
+        let Some(registered) = catalog.by_name.get(tool) else {
+            return refuse(
+                Outcome::Denied(DenyCode::UnpublishedTool),
+                format!(
+                    "denied: `{shown}` is not a tool in this turn's catalogue; call one of the tools listed by tools/list"
+                ),
+            );
+        };
+        let arguments = match arguments {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(m)) => m.clone(),
+            Some(other) => {
+                return refuse(
+                    Outcome::Failed(FailCode::InvalidArguments),
+                    format!(
+                        "failed: {tool} arguments must be a JSON object, not {}",
+                        json_kind(other)
+                    ),
+                );
+            }
+        };
+        if let Some(validator) = &registered.authority.validator {
+            let instance = Value::Object(arguments.clone());
+            let errors: Vec<String> = validator
+                .iter_errors(&instance)
+                .take(3)
+                .map(|e| {
+                    let at = e.instance_path().to_string();
+                    let at = if at.is_empty() {
+                        "arguments".to_owned()
+                    } else {
+                        format!("`{at}`")
+                    };
+                    let mut msg = e.to_string();
+                    if msg.len() > 200 {
+                        msg.truncate(200);
+                        msg.push('…');
+                    }
+                    format!("{at}: {msg}")
+                })
+                .collect();
+            if !errors.is_empty() {
+                return refuse(
+                    Outcome::Failed(FailCode::InvalidArguments),
+                    format!(
+                        "failed: {tool} arguments do not match its input schema: {}",
+                        errors.join("; ")
+                    ),
+                );
+            }
+        }
+        let resolved = match registered
+            .authority
+            .provider
+            .resolve(registered.authority.op, &arguments)
+        {
+            Ok(r) => r,
+            Err(why) => {
+                return refuse(
+                    Outcome::Denied(DenyCode::UnresolvableRequirement),
+                    format!("denied: {tool} could not resolve the resource it would touch: {why}"),
+                );
+            }
+        };
+        let pv = self.policy.current();
+        let decision = self.policy.decide(
+            &pv,
+            &context.principal,
+            context.agent.as_deref(),
+            resolved.action,
+            &resolved.resource,
+        );
+        let requirement = Some(requirement_of(&resolved));
+        if !decision.allowed {
+            if !decision.errors.is_empty() {
+                tracing::warn!(tool, errors = ?decision.errors, "policy evaluation errors (treated as deny)");
+            }
+            let (code, why) = if decision.forbidden {
+                (
+                    DenyCode::Forbidden,
+                    format!("forbidden by policy {}", decision.policies.join(", ")),
+                )
+            } else {
+                (
+                    DenyCode::NoPermit,
+                    format!(
+                        "no policy permits {} on this {}",
+                        resolved.action,
+                        resource_noun(&resolved.resource)
+                    ),
+                )
+            };
+            return Verdict::Refused {
+                outcome: Outcome::Denied(code),
+                message: format!("denied: {tool} of {} — {why}", resolved.resource.short()),
+                requirement,
+                policies: decision.policies,
+            };
+        }
+        Verdict::Permitted {
+            tool: registered.clone(),
+            resolved,
+            arguments,
+            policies: decision.policies,
+        }
+    }
+
+    /// The single call path. Returns once the call's record line is as durable as configured.
+    pub async fn invoke(
+        self: &Arc<Self>,
+        site: CallSite<'_>,
+        call: ToolCall,
+        cancel: CancellationToken,
+        cancel_cause: impl Fn() -> CancelCode,
+    ) -> CallAnswer {
+        let started = Instant::now();
+        let verdict = self.check(
+            site.context,
+            site.catalog,
+            &call.tool,
+            call.arguments.as_ref(),
+        );
+        let (outcome, message, requirement, policies, content) = match verdict {
+            Verdict::Refused {
+                outcome,
+                message,
+                requirement,
+                policies,
+            } => (outcome, Some(message), requirement, policies, None),
+            Verdict::Permitted {
+                tool,
+                resolved,
+                arguments,
+                policies,
+            } => {
+                let requirement = Some(requirement_of(&resolved));
+                let kernel = self.clone();
+                let context = site.context.clone();
+                let what = format!("{} of {}", call.tool, resolved.resource.short());
+                let latency = tool.authority.provider.latency;
+                let job = async move {
+                    if let Some(latency) = latency {
+                        tokio::time::sleep(latency).await;
+                    }
+                    tokio::task::spawn_blocking(move || {
+                        let check = KernelReadCheck {
+                            kernel: &kernel,
+                            context: &context,
+                        };
+                        tool.authority.provider.execute(
+                            tool.authority.op,
+                            &resolved,
+                            &arguments,
+                            &check,
+                        )
+                    })
+                    .await
+                };
+                let ran = tokio::select! {
+                    r = job => Some(r),
+                    _ = cancel.cancelled() => None,
+                    _ = tokio::time::sleep(self.call_timeout) => {
+                        let secs = self.call_timeout.as_secs_f64();
+                        Some(Ok(Err(crate::files::Failure {
+                            code: FailCode::Timeout,
+                            message: format!("did not finish within {secs} s"),
+                        })))
+                    }
+                };
+                match ran {
+                    None => (
+                        Outcome::Cancelled(cancel_cause()),
+                        None,
+                        requirement,
+                        policies,
+                        None,
+                    ),
+                    Some(Ok(Ok(success))) => (
+                        Outcome::Succeeded,
+                        None,
+                        requirement,
+                        policies,
+                        Some(success),
+                    ),
+                    Some(Ok(Err(failure))) => (
+                        Outcome::Failed(failure.code),
+                        Some(format!("failed: {what} — {}", failure.message)),
+                        requirement,
+                        policies,
+                        None,
+                    ),
+                    Some(Err(join)) => (
+                        Outcome::Failed(FailCode::Internal),
+                        Some(format!("failed: {what} — internal error: {join}")),
+                        requirement,
+                        policies,
+                        None,
+                    ),
+                }
+            }
+        };
+        let duration = started.elapsed();
+        let mut answer = CallAnswer {
+            outcome,
+            call_id: site.call_id.clone(),
+            tool: call.tool.clone(),
+            message,
+            content: vec![],
+            structured_content: None,
+            requirement,
+            policies,
+        };
+        if let Some(success) = content {
+            answer.content = vec![json!({"type": "text", "text": success.text})];
+            answer.structured_content = success.structured;
+        }
+        let line = self.call_record(&site, &call, &answer, duration);
+        if let Err(e) = self.recorder.append(line).await {
+            // The answer must not leave unrecorded: report the call as failed instead.
+            tracing::error!(error = %e, call_id = %answer.call_id, "record write failed");
+            answer.outcome = Outcome::Failed(FailCode::Internal);
+            answer.content.clear();
+            answer.structured_content = None;
+            answer.message = Some(format!(
+                "failed: {} — the broker could not record the call ({e}); it was not answered",
+                call.tool
+            ));
+        }
+        answer
+    }
+
+    fn call_record(
+        &self,
+        site: &CallSite<'_>,
+        call: &ToolCall,
+        answer: &CallAnswer,
+        duration: Duration,
+    ) -> Map<String, Value> {
+        let mut line = Map::new();
+        line.insert("kind".into(), json!("call"));
+        line.insert("turn".into(), json!(site.turn));
+        line.insert("callId".into(), json!(answer.call_id));
+        line.insert("requestId".into(), json!(call.request_id));
+        line.insert("tool".into(), json!(call.tool));
+        let args = call.arguments.clone().unwrap_or(Value::Null);
+        if self.redact_arguments {
+            let digest = Sha256::digest(args.to_string().as_bytes());
+            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            line.insert("argumentsSha256".into(), json!(hex));
+        } else {
+            line.insert("arguments".into(), args);
+        }
+        line.insert("requirement".into(), json!(answer.requirement));
+        line.insert("outcome".into(), json!(answer.outcome.word()));
+        line.insert("code".into(), json!(answer.outcome.code()));
+        line.insert("policies".into(), json!(answer.policies));
+        line.insert("durationUs".into(), json!(duration.as_micros() as u64));
+        if let Some(m) = &answer.message {
+            line.insert("message".into(), json!(m));
+        }
+        if let Some(stamp) = site.stamp {
+            for (k, v) in stamp {
+                line.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        line
+    }
+}
+
+fn resource_noun(r: &Resource) -> &'static str {
+    match r {
+        Resource::File { .. } => "file",
+        Resource::Tool { .. } => "tool",
+    }
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// `search` asks this before returning a hit: the same decision a `read` of that file gets.
+struct KernelReadCheck<'a> {
+    kernel: &'a Kernel,
+    context: &'a AccessContext,
+}
+
+impl ReadCheck for KernelReadCheck<'_> {
+    fn may_read(&self, virtual_path: &str) -> bool {
+        let pv = self.kernel.policy.current();
+        self.kernel
+            .policy
+            .decide(
+                &pv,
+                &self.context.principal,
+                self.context.agent.as_deref(),
+                "read",
+                &Resource::File {
+                    path: virtual_path.to_owned(),
+                },
+            )
+            .allowed
+    }
+}

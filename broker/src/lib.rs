@@ -1,0 +1,36 @@
+//! `sharedos-broker`: the kernel behind the MCP toolshare boundary.
+//!
+//! Holds all authority: the tool registry and its handlers, the Cedar policy, the turn table and
+//! the record. Shims reach it over `bridge.sock` with a turn token; hosts over `control.sock`.
+//!
+//! # Layout
+//! - [`config`]: the TOML config and the embedded default.
+//! - [`policy`]: Cedar schema and policies, decisions, the catalogue question.
+//! - [`vpath`]: canonical virtual paths.
+//! - [`files`]: the built-in files provider.
+//! - [`kernel`]: registry, per-context catalogue, `invoke` (the single call path).
+//! - [`record`]: the durable JSON Lines record (group commit).
+//! - [`turn`]: the turn table, tokens, lifecycle.
+//! - [`server`]: the process: runtime dir, sockets, accept loops, shutdown.
+//! - [`bridge`]: one shim connection.
+//! - [`control`]: one host connection.
+//! - [`client`]: a control-socket client (CLI, tests, demo).
+//! - [`demo`]: `sharedos-broker demo`.
+//! - [`cli`]: the command line.
+
+pub mod bridge;
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod control;
+pub mod demo;
+pub mod files;
+pub mod kernel;
+pub mod policy;
+pub mod record;
+pub mod server;
+pub mod turn;
+pub mod vpath;
+
+pub use config::Config;
+pub use server::{run, start};

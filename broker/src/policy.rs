@@ -1,0 +1,567 @@
+//! The policy engine: Cedar schema and policies, the call-time decision, and the catalogue
+//! question "could this principal ever be permitted this action on this kind of resource?".
+//!
+//! Owns: loading and validating policies (strict mode, warnings are errors), atomic reload (a
+//! set that fails keeps the old one), slicing the set per principal (Cedar does not index), and
+//! the decision. It must never fail open: an internal error is a deny, and entities are validated
+//! against the schema at every call (otherwise a `forbid` whose condition errors is skipped).
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, RwLock};
+
+use cedar_policy::{
+    Authorizer, Context, Decision as CedarDecision, Effect, Entities, Entity, EntityId,
+    EntityTypeName, EntityUid, PartialEntities, PartialEntityUid, PartialRequest, Policy, PolicyId,
+    PolicySet, PrincipalConstraint, Request, RestrictedExpression, Schema, ValidationMode,
+    Validator,
+};
+
+/// The schema that covers the built-in tools. A config may name its own (`schema = ...`).
+pub const BUILTIN_SCHEMA: &str = r#"namespace SharedOS {
+  entity User;
+  entity Agent { owner?: User };
+  entity File { path: String };
+  entity Tool { name: String };
+  action read, list, search, write appliesTo {
+    principal: [User],
+    resource: [File],
+    context: { agent?: Agent }
+  };
+  action call appliesTo {
+    principal: [User],
+    resource: [Tool],
+    context: { agent?: Agent }
+  };
+}
+"#;
+
+const NAMESPACE: &str = "SharedOS";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("cannot read `{path}`: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("schema `{path}` is invalid:\n{detail}")]
+    Schema { path: String, detail: String },
+    #[error("policy file `{path}` does not parse:\n{detail}")]
+    Parse { path: String, detail: String },
+    #[error("policy file `{path}` does not validate against the schema:\n{detail}")]
+    Invalid { path: String, detail: String },
+}
+
+/// A resource a call is decided on, built from the call's canonicalized arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Resource {
+    File { path: String },
+    Tool { name: String },
+}
+
+impl Resource {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Resource::File { .. } => "File",
+            Resource::Tool { .. } => "Tool",
+        }
+    }
+
+    fn id(&self) -> &str {
+        match self {
+            Resource::File { path } => path,
+            Resource::Tool { name } => name,
+        }
+    }
+
+    /// `SharedOS::File::"/public/a.txt"`, for people and records.
+    pub fn display(&self) -> String {
+        format!("{NAMESPACE}::{}::{:?}", self.type_name(), self.id())
+    }
+
+    /// The bare id (`/public/a.txt`), for sentences.
+    pub fn short(&self) -> &str {
+        self.id()
+    }
+}
+
+/// What the kernel learns from a decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    /// A `forbid` decided the deny.
+    pub forbidden: bool,
+    /// Ids of the policies that decided (empty for a default deny).
+    pub policies: Vec<String>,
+    /// Evaluation errors (each makes the decision a deny if it could matter).
+    pub errors: Vec<String>,
+}
+
+impl Decision {
+    fn internal(error: String) -> Self {
+        Decision {
+            allowed: false,
+            forbidden: false,
+            policies: vec![],
+            errors: vec![error],
+        }
+    }
+}
+
+/// One loaded, validated policy set.
+pub struct PolicyVersion {
+    pub version: u64,
+    set: PolicySet,
+    pub count: usize,
+    /// The set sliced per principal: only policies whose principal scope can match.
+    sliced: Mutex<HashMap<String, Arc<PolicySet>>>,
+}
+
+pub struct PolicyEngine {
+    schema: Schema,
+    policy_path: PathBuf,
+    current: RwLock<Arc<PolicyVersion>>,
+}
+
+fn type_name(name: &str) -> Result<EntityTypeName, String> {
+    EntityTypeName::from_str(&format!("{NAMESPACE}::{name}")).map_err(|e| e.to_string())
+}
+
+fn uid(ty: &str, id: &str) -> Result<EntityUid, String> {
+    Ok(EntityUid::from_type_name_and_id(
+        type_name(ty)?,
+        EntityId::new(id),
+    ))
+}
+
+/// `file:line:col: message` for each diagnostic, from miette labels.
+fn render(diag: &dyn miette::Diagnostic, path: &str, src: &str) -> String {
+    let mut out = String::new();
+    let base = diag.to_string();
+    let mut located = false;
+    if let Some(labels) = diag.labels() {
+        for label in labels {
+            let offset = label.offset().min(src.len());
+            let before = &src[..offset];
+            let line = before.matches('\n').count() + 1;
+            let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            let extra = label.label().map(|l| format!(" ({l})")).unwrap_or_default();
+            out.push_str(&format!("  {path}:{line}:{col}: {base}{extra}\n"));
+            located = true;
+        }
+    }
+    if !located {
+        out.push_str(&format!("  {path}: {base}\n"));
+    }
+    if let Some(help) = diag.help() {
+        out.push_str(&format!("    help: {help}\n"));
+    }
+    out
+}
+
+fn read(path: &Path) -> Result<String, PolicyError> {
+    std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// Parses a schema (the built-in one when `path` is None).
+pub fn load_schema(path: Option<&Path>) -> Result<Schema, PolicyError> {
+    let (shown, src) = match path {
+        Some(p) => (p.display().to_string(), read(p)?),
+        None => ("<built-in schema>".to_owned(), BUILTIN_SCHEMA.to_owned()),
+    };
+    match Schema::from_cedarschema_str(&src) {
+        Ok((schema, warnings)) => {
+            let warnings: Vec<String> = warnings.map(|w| w.to_string()).collect();
+            if !warnings.is_empty() {
+                tracing::warn!(schema = %shown, ?warnings, "schema warnings");
+            }
+            Ok(schema)
+        }
+        Err(e) => Err(PolicyError::Schema {
+            detail: render(&e, &shown, &src),
+            path: shown,
+        }),
+    }
+}
+
+/// Parses, re-ids (by `@id("...")`) and validates a policy text.
+pub fn compile_policies(schema: &Schema, path: &Path, src: &str) -> Result<PolicySet, PolicyError> {
+    let shown = path.display().to_string();
+    let parsed = PolicySet::from_str(src).map_err(|errs| PolicyError::Parse {
+        detail: errs
+            .iter()
+            .map(|e| render(e, &shown, src))
+            .collect::<String>(),
+        path: shown.clone(),
+    })?;
+    if parsed.templates().next().is_some() {
+        return Err(PolicyError::Parse {
+            path: shown,
+            detail: "  policy templates are not supported: write static policies".into(),
+        });
+    }
+    let mut renamed = Vec::new();
+    for p in parsed.policies() {
+        let policy = match p.annotation("id") {
+            Some(id) => p.new_id(PolicyId::new(id)),
+            None => p.clone(),
+        };
+        renamed.push(policy);
+    }
+    let set = PolicySet::from_policies(renamed).map_err(|e| PolicyError::Parse {
+        path: shown.clone(),
+        detail: format!("  {shown}: {e}\n"),
+    })?;
+    let result = Validator::new(schema.clone()).validate(&set, ValidationMode::Strict);
+    if !result.validation_passed_without_warnings() {
+        let mut detail = String::new();
+        for e in result.validation_errors() {
+            detail.push_str(&render(e, &shown, src));
+        }
+        for w in result.validation_warnings() {
+            detail.push_str(&render(w, &shown, src));
+        }
+        return Err(PolicyError::Invalid {
+            path: shown,
+            detail,
+        });
+    }
+    Ok(set)
+}
+
+impl PolicyEngine {
+    /// Loads the schema and the policy file. Any problem is an error naming the file and line.
+    pub fn load(schema_path: Option<&Path>, policy_path: &Path) -> Result<Self, PolicyError> {
+        let schema = load_schema(schema_path)?;
+        let src = read(policy_path)?;
+        let set = compile_policies(&schema, policy_path, &src)?;
+        let count = set.policies().count();
+        Ok(Self {
+            schema,
+            policy_path: policy_path.to_path_buf(),
+            current: RwLock::new(Arc::new(PolicyVersion {
+                version: 1,
+                set,
+                count,
+                sliced: Mutex::new(HashMap::new()),
+            })),
+        })
+    }
+
+    pub fn policy_path(&self) -> &Path {
+        &self.policy_path
+    }
+
+    /// The policy set in force now.
+    pub fn current(&self) -> Arc<PolicyVersion> {
+        match self.current.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Re-reads the policy file. On any error the old set stays in force.
+    pub fn reload(&self) -> Result<Arc<PolicyVersion>, PolicyError> {
+        let src = read(&self.policy_path)?;
+        let set = compile_policies(&self.schema, &self.policy_path, &src)?;
+        let count = set.policies().count();
+        let mut guard = match self.current.write() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let next = Arc::new(PolicyVersion {
+            version: guard.version + 1,
+            set,
+            count,
+            sliced: Mutex::new(HashMap::new()),
+        });
+        *guard = next.clone();
+        Ok(next)
+    }
+
+    /// The policies that can apply to `principal`, cached per principal for this version.
+    fn slice(&self, pv: &PolicyVersion, principal: &EntityUid) -> Arc<PolicySet> {
+        let key = principal.to_string();
+        let mut cache = match pv.sliced.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(set) = cache.get(&key) {
+            return set.clone();
+        }
+        let keep = pv
+            .set
+            .policies()
+            .filter(|p| match p.principal_constraint() {
+                PrincipalConstraint::Eq(uid) => &uid == principal,
+                PrincipalConstraint::Is(ty) => &ty == principal.type_name(),
+                PrincipalConstraint::IsIn(ty, _) => &ty == principal.type_name(),
+                // `in` can match through ancestors: keep it (over-approximation is safe).
+                PrincipalConstraint::In(_) | PrincipalConstraint::Any => true,
+            });
+        let sliced = match PolicySet::from_policies(keep.cloned()) {
+            Ok(set) => Arc::new(set),
+            // Cannot happen (ids are unique in the source set); fall back to the whole set.
+            Err(_) => Arc::new(pv.set.clone()),
+        };
+        // Bound the cache: a broker serving many principals must not grow without limit.
+        const SLICE_CACHE_MAX: usize = 4096;
+        if cache.len() >= SLICE_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(key, sliced.clone());
+        sliced
+    }
+
+    fn base_entities(principal: &EntityUid, agent: Option<&EntityUid>) -> Vec<Entity> {
+        let mut out = vec![Entity::new_no_attrs(principal.clone(), HashSet::new())];
+        if let Some(agent) = agent {
+            out.push(Entity::new_no_attrs(agent.clone(), HashSet::new()));
+        }
+        out
+    }
+
+    /// The call-time decision. Never fails: any error is a deny with the error in `errors`.
+    pub fn decide(
+        &self,
+        pv: &PolicyVersion,
+        principal: &str,
+        agent: Option<&str>,
+        action: &str,
+        resource: &Resource,
+    ) -> Decision {
+        match self.try_decide(pv, principal, agent, action, resource) {
+            Ok(d) => d,
+            Err(e) => Decision::internal(e),
+        }
+    }
+
+    fn try_decide(
+        &self,
+        pv: &PolicyVersion,
+        principal: &str,
+        agent: Option<&str>,
+        action: &str,
+        resource: &Resource,
+    ) -> Result<Decision, String> {
+        let p = uid("User", principal)?;
+        let a = uid("Action", action)?;
+        let r = uid(resource.type_name(), resource.id())?;
+        let agent_uid = agent.map(|id| uid("Agent", id)).transpose()?;
+        let attr = match resource {
+            Resource::File { path } => (
+                "path".to_owned(),
+                RestrictedExpression::new_string(path.clone()),
+            ),
+            Resource::Tool { name } => (
+                "name".to_owned(),
+                RestrictedExpression::new_string(name.clone()),
+            ),
+        };
+        let resource_entity = Entity::new(r.clone(), HashMap::from([attr]), HashSet::new())
+            .map_err(|e| e.to_string())?;
+        let mut entities = Self::base_entities(&p, agent_uid.as_ref());
+        entities.push(resource_entity);
+        // Validated against the schema at every call: see the module docs.
+        let entities =
+            Entities::from_entities(entities, Some(&self.schema)).map_err(|e| e.to_string())?;
+        let context = match &agent_uid {
+            Some(agent) => Context::from_pairs([(
+                "agent".to_owned(),
+                RestrictedExpression::new_entity_uid(agent.clone()),
+            )])
+            .map_err(|e| e.to_string())?,
+            None => Context::empty(),
+        };
+        let request = Request::new(p.clone(), a, r, context, Some(&self.schema))
+            .map_err(|e| format!("request does not fit the schema: {e}"))?;
+        let set = self.slice(pv, &p);
+        let response = Authorizer::new().is_authorized(&request, &set, &entities);
+        let policies: Vec<String> = response
+            .diagnostics()
+            .reason()
+            .map(|id| id.to_string())
+            .collect();
+        let errors: Vec<String> = response
+            .diagnostics()
+            .errors()
+            .map(|e| e.to_string())
+            .collect();
+        let allowed = response.decision() == CedarDecision::Allow;
+        let forbidden = !allowed
+            && policies.iter().any(|id| {
+                set.policy(&PolicyId::new(id))
+                    .is_some_and(|p: &Policy| p.effect() == Effect::Forbid)
+            });
+        Ok(Decision {
+            allowed,
+            forbidden,
+            policies,
+            errors,
+        })
+    }
+
+    /// Could any call of `action` on some resource of type `resource_type` be permitted to this
+    /// principal? Type-aware partial evaluation with the resource and the context unknown:
+    /// hidden only when the answer is a definite deny. Errors answer "yes" (never hide a tool that
+    /// some call could be permitted; the call itself is still decided at call time).
+    pub fn could_permit(
+        &self,
+        pv: &PolicyVersion,
+        principal: &str,
+        agent: Option<&str>,
+        action: &str,
+        resource_type: &str,
+    ) -> bool {
+        let attempt = || -> Result<bool, String> {
+            let p = uid("User", principal)?;
+            let a = uid("Action", action)?;
+            let agent_uid = agent.map(|id| uid("Agent", id)).transpose()?;
+            let request = PartialRequest::new(
+                PartialEntityUid::from_concrete(p.clone()),
+                a,
+                PartialEntityUid::new(type_name(resource_type)?, None),
+                None,
+                &self.schema,
+            )
+            .map_err(|e| e.to_string())?;
+            let entities = Entities::from_entities(
+                Self::base_entities(&p, agent_uid.as_ref()),
+                Some(&self.schema),
+            )
+            .map_err(|e| e.to_string())?;
+            let partial = PartialEntities::from_concrete(entities, &self.schema)
+                .map_err(|e| e.to_string())?;
+            let set = self.slice(pv, &p);
+            let response = set
+                .tpe(&request, &partial, &self.schema)
+                .map_err(|e| e.to_string())?;
+            Ok(response.decision() != Some(CedarDecision::Deny))
+        };
+        match attempt() {
+            Ok(answer) => answer,
+            Err(e) => {
+                tracing::debug!(%principal, %action, %resource_type, error = %e, "partial evaluation failed; showing the tool");
+                true
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POLICY: &str = r#"
+@id("alice-public")
+permit(principal == SharedOS::User::"alice",
+       action in [SharedOS::Action::"read", SharedOS::Action::"list", SharedOS::Action::"search"],
+       resource is SharedOS::File)
+when { resource.path == "/public" || resource.path like "/public/*" };
+
+@id("no-secrets")
+forbid(principal, action, resource is SharedOS::File)
+when { resource.path like "*/secret*" };
+"#;
+
+    fn engine(src: &str) -> PolicyEngine {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("p.cedar");
+        std::fs::write(&path, src).expect("write");
+        PolicyEngine::load(None, &path).expect("load")
+    }
+
+    fn file(path: &str) -> Resource {
+        Resource::File { path: path.into() }
+    }
+
+    #[test]
+    fn decides_from_the_resource() {
+        let e = engine(POLICY);
+        let pv = e.current();
+        let d = e.decide(&pv, "alice", None, "read", &file("/public/a.txt"));
+        assert!(d.allowed);
+        assert_eq!(d.policies, vec!["alice-public".to_owned()]);
+        let d = e.decide(&pv, "alice", None, "read", &file("/private/a.txt"));
+        assert!(!d.allowed && !d.forbidden && d.policies.is_empty());
+        let d = e.decide(&pv, "alice", None, "read", &file("/public/secret.txt"));
+        assert!(!d.allowed && d.forbidden);
+        assert_eq!(d.policies, vec!["no-secrets".to_owned()]);
+        let d = e.decide(&pv, "bob", Some("agent-1"), "read", &file("/public/a.txt"));
+        assert!(!d.allowed);
+        // `"` and `::` in ids cannot inject: the id is data.
+        let d = e.decide(&pv, "alice\"", None, "read", &file("/public/a.txt"));
+        assert!(!d.allowed);
+    }
+
+    #[test]
+    fn catalogue_question() {
+        let e = engine(POLICY);
+        let pv = e.current();
+        assert!(e.could_permit(&pv, "alice", None, "read", "File"));
+        assert!(!e.could_permit(&pv, "alice", None, "write", "File"));
+        assert!(!e.could_permit(&pv, "bob", None, "read", "File"));
+        assert!(!e.could_permit(&pv, "alice", None, "call", "Tool"));
+    }
+
+    #[test]
+    fn bad_policies_are_refused_with_location() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("bad.cedar");
+        std::fs::write(
+            &path,
+            "permit(principal, action, resource)\nwhen { resource.nope };",
+        )
+        .expect("w");
+        let err = PolicyEngine::load(None, &path).err().expect("invalid");
+        let msg = err.to_string();
+        assert!(msg.contains("bad.cedar:2:"), "{msg}");
+        std::fs::write(&path, "permit(principal action);").expect("w");
+        let msg = PolicyEngine::load(None, &path)
+            .err()
+            .expect("syntax")
+            .to_string();
+        assert!(msg.contains("bad.cedar:1:"), "{msg}");
+    }
+
+    #[test]
+    fn reload_keeps_the_old_set_on_error() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("p.cedar");
+        std::fs::write(&path, POLICY).expect("w");
+        let e = PolicyEngine::load(None, &path).expect("load");
+        std::fs::write(&path, "permit(").expect("w");
+        assert!(e.reload().is_err());
+        assert_eq!(e.current().version, 1);
+        assert!(
+            e.decide(&e.current(), "alice", None, "read", &file("/public/a"))
+                .allowed
+        );
+        std::fs::write(&path, "").expect("w");
+        assert_eq!(e.reload().expect("reload").version, 2);
+        assert!(
+            !e.decide(&e.current(), "alice", None, "read", &file("/public/a"))
+                .allowed
+        );
+    }
+
+    #[test]
+    fn slicing_keeps_only_applicable_policies() {
+        let mut src = String::from(POLICY);
+        for i in 0..50 {
+            src.push_str(&format!(
+                "@id(\"u{i}\") permit(principal == SharedOS::User::\"user{i}\", action == SharedOS::Action::\"read\", resource is SharedOS::File);\n"
+            ));
+        }
+        let e = engine(&src);
+        let pv = e.current();
+        let p = uid("User", "alice").expect("uid");
+        assert_eq!(e.slice(&pv, &p).policies().count(), 2);
+        assert!(e.decide(&pv, "user7", None, "read", &file("/x")).allowed);
+    }
+}

@@ -1,0 +1,281 @@
+//! The broker process: builds the kernel from the config, owns the runtime directory and its two
+//! sockets, and runs the accept loops until shutdown.
+//!
+//! Owns the cancellation tree root → turn → bridge → call. On shutdown every turn is closed
+//! (reason `broker_shutdown`), so every in-flight call ends recorded, then the sockets are removed.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use interprocess::local_socket::tokio::{Listener, Stream};
+use interprocess::local_socket::traits::tokio::Listener as _;
+use interprocess::local_socket::{GenericFilePath, ListenerOptions, ToFsName};
+use serde_json::json;
+use sharedos_ipc::runtime;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, ProviderConfig};
+use crate::files::FilesProvider;
+use crate::kernel::{Kernel, Registry};
+use crate::policy::PolicyEngine;
+use crate::record::Recorder;
+use crate::turn::Turns;
+
+/// Connections served at once per socket; further ones wait in the kernel's backlog.
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// Everything a connection handler needs.
+pub struct Broker {
+    pub kernel: Arc<Kernel>,
+    pub turns: Turns,
+    pub config: Config,
+    pub root: CancellationToken,
+    pub runtime_dir: PathBuf,
+    pub uid: u32,
+}
+
+impl Broker {
+    pub fn host_allowed(&self, uid: Option<u32>) -> bool {
+        peer_allowed(uid, &self.config.host_uids, self.uid)
+    }
+
+    pub fn harness_allowed(&self, uid: Option<u32>) -> bool {
+        peer_allowed(uid, &self.config.harness_uids, self.uid)
+    }
+
+    /// Closes a turn: kills its token, cancels its tree, waits (bounded) for in-flight calls to
+    /// record, then records `turn_closed`. False if no such open turn.
+    pub async fn close_turn(&self, id: &str, reason: &str) -> bool {
+        let Some(turn) = self.turns.remove(id) else {
+            return false;
+        };
+        if let Ok(mut r) = turn.close_reason.write() {
+            *r = Some(reason.to_owned());
+        }
+        turn.cancel.cancel();
+        turn.tracker.close();
+        if tokio::time::timeout(crate::turn::CLOSE_GRACE, turn.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(turn = %id, "in-flight calls did not finish within the close grace period");
+        }
+        let line = json!({"kind": "turn_closed", "turn": id, "reason": reason,
+                          "calls": turn.calls.load(std::sync::atomic::Ordering::Relaxed)});
+        if let Some(obj) = line.as_object()
+            && let Err(e) = self.kernel.recorder.append(obj.clone()).await
+        {
+            tracing::error!(turn = %id, error = %e, "could not record turn_closed");
+        }
+        true
+    }
+}
+
+/// The peer-uid rule: listed uids, or only our own uid when none are listed.
+pub fn peer_allowed(uid: Option<u32>, listed: &[u32], own: u32) -> bool {
+    match uid {
+        None => false,
+        Some(uid) if listed.is_empty() => uid == own,
+        Some(uid) => listed.contains(&uid),
+    }
+}
+
+/// Builds the kernel: policy (validated), providers (names validated at registration), record.
+pub fn build_kernel(config: &Config) -> anyhow::Result<Kernel> {
+    let policy = PolicyEngine::load(config.schema.as_deref(), &config.policy)?;
+    let mut registry = Registry::default();
+    for provider in &config.providers {
+        match provider {
+            ProviderConfig::Files {
+                namespace,
+                root,
+                writable,
+                latency_ms,
+            } => {
+                let mut p = FilesProvider::new(namespace, root, *writable)?;
+                p.latency = latency_ms.map(Duration::from_millis);
+                registry.register_files(Arc::new(p))?;
+            }
+        }
+    }
+    let (recorder, recovery) = Recorder::open(&config.record, config.record_sync)?;
+    if recovery.torn_bytes > 0 {
+        tracing::warn!(
+            record = %config.record.display(),
+            bytes = recovery.torn_bytes,
+            saved_to = ?recovery.torn_saved_to,
+            "the record ended in a torn line (a crash mid-write); it was cut off and saved aside"
+        );
+        eprintln!(
+            "warning: record `{}` ended in a torn line of {} bytes (a crash mid-write); saved to `{}` and cut off",
+            config.record.display(),
+            recovery.torn_bytes,
+            recovery
+                .torn_saved_to
+                .as_deref()
+                .unwrap_or(Path::new("?"))
+                .display()
+        );
+    }
+    Ok(Kernel::new(
+        registry,
+        policy,
+        recorder,
+        config.redact_arguments,
+        config.call_timeout,
+    ))
+}
+
+/// Creates the runtime dir 0700 (or checks an existing one is ours and private).
+fn prepare_runtime_dir(dir: &Path, uid: u32) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create runtime dir `{}`", dir.display()))?;
+    let meta = std::fs::metadata(dir)?;
+    if std::os::unix::fs::MetadataExt::uid(&meta) != uid {
+        bail!(
+            "runtime dir `{}` belongs to uid {}, not to this broker's uid {uid}",
+            dir.display(),
+            std::os::unix::fs::MetadataExt::uid(&meta)
+        );
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("cannot make runtime dir `{}` private", dir.display()))?;
+    Ok(())
+}
+
+async fn bind(path: &Path) -> anyhow::Result<Listener> {
+    if path.exists() {
+        if sharedos_ipc::connect(path).await.is_ok() {
+            bail!(
+                "a broker is already listening on `{}`; stop it or use another --runtime-dir",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("cannot remove stale socket `{}`", path.display()))?;
+    }
+    let name = path.to_fs_name::<GenericFilePath>()?;
+    let listener = ListenerOptions::new()
+        .name(name)
+        .create_tokio()
+        .with_context(|| format!("cannot listen on `{}`", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// A broker started in this process.
+pub struct Running {
+    pub broker: Arc<Broker>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Waits until the broker has shut down (after its `shutdown` token was cancelled).
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.task.await.context("broker task failed")
+    }
+}
+
+/// Starts the broker: everything is ready to serve when this returns.
+pub async fn start(
+    config: Config,
+    runtime_dir: PathBuf,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Running> {
+    let uid = runtime::current_uid();
+    let kernel = Arc::new(build_kernel(&config)?);
+    prepare_runtime_dir(&runtime_dir, uid)?;
+    let control = bind(&runtime::control_socket(&runtime_dir)).await?;
+    let bridge = bind(&runtime::bridge_socket(&runtime_dir)).await?;
+    let broker = Arc::new(Broker {
+        kernel,
+        turns: Turns::default(),
+        config,
+        root: CancellationToken::new(),
+        runtime_dir: runtime_dir.clone(),
+        uid,
+    });
+    let started = json!({"kind": "broker_started", "version": env!("CARGO_PKG_VERSION"),
+                         "tools": broker.kernel.registry().len(), "config": broker.config.source});
+    if let Some(obj) = started.as_object() {
+        broker.kernel.recorder.append(obj.clone()).await?;
+    }
+    tracing::info!(runtime_dir = %runtime_dir.display(), tools = broker.kernel.registry().len(), "broker ready");
+    let b = broker.clone();
+    let task = tokio::spawn(async move {
+        let control_loop = accept_loop(b.clone(), control, Kind::Control);
+        let bridge_loop = accept_loop(b.clone(), bridge, Kind::Bridge);
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = control_loop => {}
+            _ = bridge_loop => {}
+        }
+        for turn in b.turns.list() {
+            b.close_turn(&turn.id, "broker_shutdown").await;
+        }
+        b.root.cancel();
+        let _ = std::fs::remove_file(runtime::control_socket(&b.runtime_dir));
+        let _ = std::fs::remove_file(runtime::bridge_socket(&b.runtime_dir));
+        // Give the record writer a moment to finish the last lines.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    });
+    Ok(Running { broker, task })
+}
+
+/// Runs the broker until `shutdown` is cancelled.
+pub async fn run(
+    config: Config,
+    runtime_dir: PathBuf,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    start(config, runtime_dir, shutdown).await?.wait().await
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Control,
+    Bridge,
+}
+
+async fn accept_loop(broker: Arc<Broker>, listener: Listener, kind: Kind) {
+    let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(permit) = limit.clone().acquire_owned().await else {
+            return;
+        };
+        let stream: Stream = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            match kind {
+                Kind::Control => crate::control::serve(broker, stream).await,
+                Kind::Bridge => crate::bridge::serve(broker, stream).await,
+            }
+            drop(permit);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uid_rule() {
+        assert!(peer_allowed(Some(1000), &[], 1000));
+        assert!(!peer_allowed(Some(1001), &[], 1000));
+        assert!(peer_allowed(Some(1001), &[1001], 1000));
+        assert!(!peer_allowed(Some(1000), &[1001], 1000));
+        assert!(!peer_allowed(None, &[], 1000));
+    }
+}

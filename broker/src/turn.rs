@@ -1,0 +1,224 @@
+//! Turns: the table of open turns, their tokens, and their lifecycle (open, TTL, close).
+//!
+//! A turn fixes its access context and catalogue at open; its token is 256 random bits, kept
+//! only as text for constant-time comparison and as a SHA-256 digest for lookup, never logged or
+//! recorded. Closing a turn cancels its tree (bridges, in-flight calls), waits (bounded) for the
+//! calls to record their outcome, then records `turn_closed`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use base64::Engine;
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
+use sharedos_proto::ipc::{TurnSummary, TurnToken};
+use sharedos_proto::{SystemIdentity, ToolPolicy};
+use subtle::ConstantTimeEq;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::kernel::{AccessContext, Catalog};
+
+/// How long closing a turn waits for its in-flight calls to record their outcome.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+pub struct Turn {
+    pub id: String,
+    pub context: AccessContext,
+    pub catalog: Arc<Catalog>,
+    /// The bearer secret. Compared in constant time; never logged.
+    token: TurnToken,
+    pub opened_at: String,
+    pub expires_at: SystemTime,
+    /// Cancelled when the turn closes; parent of every bridge and call token of the turn.
+    pub cancel: CancellationToken,
+    /// In-flight call tasks, so close can wait for their records.
+    pub tracker: TaskTracker,
+    pub bridges: AtomicUsize,
+    pub calls: AtomicU64,
+    /// Fields stamped on every call record of this turn (a column's identity).
+    pub stamp: Option<Map<String, Value>>,
+    pub tool_policy: Option<ToolPolicy>,
+    pub system_identity: Option<SystemIdentity>,
+    pub harness: Option<String>,
+    /// Why it closed, once it has.
+    pub close_reason: RwLock<Option<String>>,
+}
+
+impl Turn {
+    pub fn next_call_id(&self) -> String {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        format!("{}.{n}", self.id)
+    }
+
+    pub fn summary(&self) -> TurnSummary {
+        TurnSummary {
+            turn: self.id.clone(),
+            principal: self.context.principal.clone(),
+            agent: self.context.agent.clone(),
+            catalog_hash: self.catalog.hash.clone(),
+            tools: self.catalog.tools.len(),
+            opened_at: self.opened_at.clone(),
+            expires_at: rfc3339(self.expires_at),
+            bridges: self.bridges.load(Ordering::Relaxed),
+            calls: self.calls.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn token(&self) -> &TurnToken {
+        &self.token
+    }
+
+    pub fn closed_reason(&self) -> Option<String> {
+        self.close_reason.read().ok().and_then(|g| g.clone())
+    }
+}
+
+pub fn rfc3339(t: SystemTime) -> String {
+    let t: time::OffsetDateTime = t.into();
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+fn random_bytes<const N: usize>() -> Result<[u8; N], getrandom::Error> {
+    let mut buf = [0u8; N];
+    getrandom::fill(&mut buf)?;
+    Ok(buf)
+}
+
+/// Parameters of a new turn, already validated by the caller.
+pub struct NewTurn {
+    pub context: AccessContext,
+    pub catalog: Arc<Catalog>,
+    pub ttl: Duration,
+    pub stamp: Option<Map<String, Value>>,
+    pub tool_policy: Option<ToolPolicy>,
+    pub system_identity: Option<SystemIdentity>,
+    pub harness: Option<String>,
+}
+
+#[derive(Default)]
+pub struct Turns {
+    by_id: RwLock<HashMap<String, Arc<Turn>>>,
+    by_digest: RwLock<HashMap<[u8; 32], String>>,
+}
+
+impl Turns {
+    /// Creates a turn under `root` (the broker's cancellation tree).
+    pub fn insert(
+        &self,
+        new: NewTurn,
+        root: &CancellationToken,
+    ) -> Result<Arc<Turn>, getrandom::Error> {
+        let id_bytes: [u8; 8] = random_bytes()?;
+        let id = format!(
+            "t-{}",
+            id_bytes
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        );
+        let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random_bytes::<32>()?);
+        let turn = Arc::new(Turn {
+            id: id.clone(),
+            context: new.context,
+            catalog: new.catalog,
+            token: TurnToken::new(secret.clone()),
+            opened_at: rfc3339(SystemTime::now()),
+            expires_at: SystemTime::now() + new.ttl,
+            cancel: root.child_token(),
+            tracker: TaskTracker::new(),
+            bridges: AtomicUsize::new(0),
+            calls: AtomicU64::new(0),
+            stamp: new.stamp,
+            tool_policy: new.tool_policy,
+            system_identity: new.system_identity,
+            harness: new.harness,
+            close_reason: RwLock::new(None),
+        });
+        if let Ok(mut m) = self.by_id.write() {
+            m.insert(id.clone(), turn.clone());
+        }
+        if let Ok(mut m) = self.by_digest.write() {
+            m.insert(digest(&secret), id);
+        }
+        Ok(turn)
+    }
+
+    /// The live turn a token names, compared in constant time.
+    pub fn by_token(&self, presented: &str) -> Option<Arc<Turn>> {
+        let id = self.by_digest.read().ok()?.get(&digest(presented))?.clone();
+        let turn = self.by_id.read().ok()?.get(&id)?.clone();
+        let same: bool = turn
+            .token
+            .expose()
+            .as_bytes()
+            .ct_eq(presented.as_bytes())
+            .into();
+        (same && !turn.cancel.is_cancelled()).then_some(turn)
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Turn>> {
+        self.by_id.read().ok()?.get(id).cloned()
+    }
+
+    /// Removes a turn from the table (its token is dead from here on).
+    pub fn remove(&self, id: &str) -> Option<Arc<Turn>> {
+        let turn = self.by_id.write().ok()?.remove(id)?;
+        if let Ok(mut m) = self.by_digest.write() {
+            m.remove(&digest(turn.token.expose()));
+        }
+        Some(turn)
+    }
+
+    pub fn list(&self) -> Vec<Arc<Turn>> {
+        let mut turns: Vec<Arc<Turn>> = self
+            .by_id
+            .read()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default();
+        turns.sort_by(|a, b| a.opened_at.cmp(&b.opened_at).then(a.id.cmp(&b.id)));
+        turns
+    }
+}
+
+/// The `turn_opened` record line.
+pub fn opened_record(turn: &Turn) -> Map<String, Value> {
+    let mut line = Map::new();
+    line.insert("kind".into(), json!("turn_opened"));
+    line.insert("turn".into(), json!(turn.id));
+    line.insert(
+        "accessContext".into(),
+        json!({"principal": turn.context.principal, "agent": turn.context.agent}),
+    );
+    line.insert("toolPolicy".into(), json!(turn.tool_policy));
+    line.insert("systemIdentity".into(), json!(turn.system_identity));
+    line.insert("catalogHash".into(), json!(turn.catalog.hash));
+    line.insert(
+        "tools".into(),
+        json!(
+            turn.catalog
+                .tools
+                .iter()
+                .map(|t| t.name.to_string())
+                .collect::<Vec<_>>()
+        ),
+    );
+    line.insert("policyVersion".into(), json!(turn.catalog.policy_version));
+    line.insert("expiresAt".into(), json!(rfc3339(turn.expires_at)));
+    if let Some(h) = &turn.harness {
+        line.insert("harness".into(), json!(h));
+    }
+    if let Some(stamp) = &turn.stamp {
+        for (k, v) in stamp {
+            line.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    line
+}

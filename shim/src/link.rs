@@ -1,0 +1,221 @@
+//! The bridge connection to the broker: hello with the token, then calls out and answers in.
+//!
+//! Owns the pending-call table. When the turn closes or the broker goes away, every pending
+//! call is answered (never left hanging) and `ended` fires so the MCP side stops.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sharedos_ipc::{FrameReader, write_frame};
+use sharedos_proto::ToolCall;
+use sharedos_proto::ipc::{
+    BridgeEvent, BridgeRequest, CallAnswer, PROTOCOL_VERSION, ShimInfo, TurnToken,
+};
+use sharedos_proto::{CatalogHash, PublishedToolDefinition};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+/// How long the shim waits for the broker to accept and answer hello.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Frames queued to the broker.
+const OUT_QUEUE: usize = 256;
+
+/// What the broker gave this shim.
+pub struct Welcome {
+    pub turn: String,
+    pub catalog_hash: CatalogHash,
+    pub tools: Vec<PublishedToolDefinition>,
+}
+
+/// Why a pending call got no answer from the broker.
+#[derive(Debug, Clone)]
+pub enum LinkDown {
+    TurnClosed(String),
+    BrokerGone(String),
+}
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<CallAnswer, LinkDown>>>>>;
+
+pub struct Link {
+    out: mpsc::Sender<BridgeRequest>,
+    pending: Pending,
+    next_id: AtomicU64,
+    /// Fires when the link is over (turn closed or broker gone); holds why.
+    pub ended: CancellationToken,
+    pub end_reason: Arc<Mutex<Option<LinkDown>>>,
+}
+
+impl Link {
+    pub async fn connect(socket: &Path, token: String) -> Result<(Arc<Link>, Welcome), String> {
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, sharedos_ipc::connect(socket))
+            .await
+            .map_err(|_| format!("timed out connecting to the SharedOS broker at `{}`", socket.display()))?
+            .map_err(|e| format!("cannot reach the SharedOS broker at `{}`: {e} (is `sharedos-broker serve` running? set SHAREDOS_BROKER)", socket.display()))?;
+        let (recv, mut send) = tokio::io::split(stream);
+        let mut reader = FrameReader::new(recv);
+        let hello = BridgeRequest::Hello {
+            protocol: PROTOCOL_VERSION,
+            token: TurnToken::new(token),
+            client: ShimInfo {
+                pid: Some(std::process::id()),
+                shim_version: Some(env!("CARGO_PKG_VERSION").into()),
+            },
+        };
+        write_frame(&mut send, &hello)
+            .await
+            .map_err(|e| format!("cannot talk to the SharedOS broker: {e}"))?;
+        let first = tokio::time::timeout(CONNECT_TIMEOUT, reader.next::<BridgeEvent>())
+            .await
+            .map_err(|_| "the SharedOS broker did not answer hello".to_owned())?
+            .map_err(|e| format!("the SharedOS broker closed the connection: {e}"))?;
+        let welcome = match first {
+            BridgeEvent::Welcome {
+                protocol,
+                turn,
+                catalog_hash,
+                tools,
+                ..
+            } if protocol == PROTOCOL_VERSION => Welcome {
+                turn,
+                catalog_hash,
+                tools,
+            },
+            BridgeEvent::Welcome { protocol, .. } => {
+                return Err(format!(
+                    "the broker speaks protocol {protocol}; this shim speaks {PROTOCOL_VERSION}"
+                ));
+            }
+            BridgeEvent::Refused { code, message } => {
+                return Err(format!(
+                    "the SharedOS broker refused this shim: {message} ({})",
+                    serde_json::to_value(code)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default()
+                ));
+            }
+            other => {
+                return Err(format!(
+                    "unexpected first answer from the broker: {other:?}"
+                ));
+            }
+        };
+        let (out, mut out_rx) = mpsc::channel::<BridgeRequest>(OUT_QUEUE);
+        let link = Arc::new(Link {
+            out,
+            pending: Arc::default(),
+            next_id: AtomicU64::new(1),
+            ended: CancellationToken::new(),
+            end_reason: Arc::default(),
+        });
+        // Writer: frames to the broker.
+        let ended = link.ended.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    msg = out_rx.recv() => {
+                        let Some(msg) = msg else { break };
+                        if write_frame(&mut send, &msg).await.is_err() { break; }
+                    }
+                    _ = ended.cancelled() => break,
+                }
+            }
+        });
+        // Reader: answers and the turn's end.
+        let l = link.clone();
+        tokio::spawn(async move {
+            let why = loop {
+                match reader.next::<BridgeEvent>().await {
+                    Ok(BridgeEvent::Answer { id, answer }) => {
+                        let tx = l.pending.lock().ok().and_then(|mut m| m.remove(&id));
+                        if let Some(tx) = tx {
+                            let _ = tx.send(Ok(answer));
+                        }
+                    }
+                    Ok(BridgeEvent::TurnClosed { reason }) => {
+                        break LinkDown::TurnClosed(format!("the turn closed ({reason})"));
+                    }
+                    Ok(other) => tracing::warn!(?other, "unexpected frame from the broker"),
+                    Err(e) => {
+                        break LinkDown::BrokerGone(format!(
+                            "the connection to the SharedOS broker ended: {e}"
+                        ));
+                    }
+                }
+            };
+            l.finish(why);
+        });
+        Ok((link, welcome))
+    }
+
+    /// Ends the link: answers every pending call with `why` and fires `ended`.
+    fn finish(&self, why: LinkDown) {
+        if let Ok(mut r) = self.end_reason.lock() {
+            r.get_or_insert(why.clone());
+        }
+        let pending: Vec<_> = self
+            .pending
+            .lock()
+            .map(|mut m| m.drain().collect())
+            .unwrap_or_default();
+        for (_, tx) in pending {
+            let _ = tx.send(Err(why.clone()));
+        }
+        self.ended.cancel();
+    }
+
+    /// Forwards one call; resolves with the broker's answer, or why there is none.
+    /// Cancelling `cancel` sends a cancel frame and resolves `None`.
+    pub async fn call(
+        &self,
+        call: ToolCall,
+        cancel: &CancellationToken,
+    ) -> Option<Result<CallAnswer, LinkDown>> {
+        if let Some(why) = self.end_reason.lock().ok().and_then(|r| r.clone()) {
+            return Some(Err(why));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        if let Ok(mut m) = self.pending.lock() {
+            m.insert(id, tx);
+        }
+        if self
+            .out
+            .send(BridgeRequest::Call { id, call })
+            .await
+            .is_err()
+        {
+            self.finish(LinkDown::BrokerGone(
+                "the connection to the SharedOS broker is closed".into(),
+            ));
+        }
+        tokio::select! {
+            r = rx => Some(r.unwrap_or_else(|_| Err(LinkDown::BrokerGone("the broker link dropped the call".into())))),
+            _ = cancel.cancelled() => {
+                if let Ok(mut m) = self.pending.lock() { m.remove(&id); }
+                let _ = self.out.send(BridgeRequest::Cancel { id }).await;
+                None
+            }
+        }
+    }
+
+    /// Tells the broker which MCP client is on the other side (diagnostics only).
+    pub async fn client_info(
+        &self,
+        name: String,
+        version: String,
+        protocol_version: Option<String>,
+    ) {
+        let _ = self
+            .out
+            .send(BridgeRequest::ClientInfo {
+                name,
+                version,
+                protocol_version,
+            })
+            .await;
+    }
+}

@@ -1,0 +1,133 @@
+//! `sharedos-mcp-shim`: the stdio MCP server a harness spawns. Holds no authority and no state
+//! beyond its connection: it presents the turn token to the broker, serves the catalogue the
+//! broker returns, and forwards every `tools/call` and cancellation.
+//!
+//! stdout belongs to MCP: logs go to stderr or `--log-file` (`print_stdout` is denied here).
+//!
+//! # Layout
+//! - [`link`]: the bridge connection to the broker (hello, calls, cancels, turn end).
+//! - [`server`]: the MCP side (rmcp `ServerHandler`) and the one outcome → MCP result mapping.
+
+mod link;
+mod server;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// Exit status when the shim could not start serving (no token, no broker, refused).
+const EXIT_NOT_STARTED: u8 = 2;
+/// Exit status when the turn closed (or the broker went away) while serving.
+const EXIT_TURN_ENDED: u8 = 3;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sharedos-mcp-shim",
+    version,
+    about = "Stdio MCP server that serves one SharedOS turn: presents the turn token to the broker and forwards every call",
+    long_about = "Spawned by an agent harness from its MCP config. Reads the turn token from SHAREDOS_TURN_TOKEN or --turn-token-file \
+and the broker's bridge socket from SHAREDOS_BROKER or --broker (default: <runtime dir>/bridge.sock). Speaks MCP on stdin/stdout; \
+logs go to stderr or --log-file. Exits 2 if it cannot start serving, 3 when its turn ends, 0 when the client closes stdin."
+)]
+struct Args {
+    /// The broker's bridge socket.
+    #[arg(long, env = "SHAREDOS_BROKER", value_name = "PATH")]
+    broker: Option<PathBuf>,
+    /// The broker's runtime dir (used when --broker is not given).
+    #[arg(long, env = "SHAREDOS_RUNTIME_DIR", value_name = "DIR")]
+    runtime_dir: Option<PathBuf>,
+    /// Read the turn token from this file (instead of SHAREDOS_TURN_TOKEN).
+    #[arg(long, value_name = "FILE")]
+    turn_token_file: Option<PathBuf>,
+    /// Write logs to this file instead of stderr.
+    #[arg(long, value_name = "FILE")]
+    log_file: Option<PathBuf>,
+}
+
+fn init_logging(file: Option<&PathBuf>) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+    use tracing_subscriber::{EnvFilter, fmt};
+    let filter = EnvFilter::try_from_env("SHAREDOS_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let (writer, guard) = match file.and_then(|p| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .ok()
+    }) {
+        Some(f) => tracing_appender::non_blocking(f),
+        None => tracing_appender::non_blocking(std::io::stderr()),
+    };
+    let _ = fmt()
+        .with_env_filter(filter)
+        .with_writer(writer)
+        .with_ansi(false)
+        .try_init();
+    Some(guard)
+}
+
+fn read_token(args: &Args) -> Result<String, String> {
+    let token = match &args.turn_token_file {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the turn token file `{}`: {e}", path.display()))?,
+        None => std::env::var(sharedos_ipc::runtime::TOKEN_ENV).map_err(|_| {
+            "no turn token: set SHAREDOS_TURN_TOKEN or pass --turn-token-file FILE".to_owned()
+        })?,
+    };
+    let token = token.trim().to_owned();
+    if token.is_empty() {
+        return Err("the turn token is empty".into());
+    }
+    Ok(token)
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let _guard = init_logging(args.log_file.as_ref());
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sharedos-mcp-shim: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_NOT_STARTED);
+        }
+    };
+    rt.block_on(run(args))
+}
+
+async fn run(args: Args) -> ExitCode {
+    let token = match read_token(&args) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("sharedos-mcp-shim: {e}");
+            return ExitCode::from(EXIT_NOT_STARTED);
+        }
+    };
+    let socket = args.broker.clone().unwrap_or_else(|| {
+        sharedos_ipc::runtime::bridge_socket(&sharedos_ipc::runtime::resolve_runtime_dir(
+            args.runtime_dir.as_deref(),
+        ))
+    });
+    let (link, welcome) = match link::Link::connect(&socket, token).await {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("sharedos-mcp-shim: {e}");
+            return ExitCode::from(EXIT_NOT_STARTED);
+        }
+    };
+    tracing::info!(turn = %welcome.turn, tools = welcome.tools.len(), "serving turn");
+    match server::serve(link, welcome).await {
+        server::End::ClientClosed => ExitCode::SUCCESS,
+        server::End::TurnEnded(reason) => {
+            eprintln!("sharedos-mcp-shim: {reason}; exiting");
+            ExitCode::from(EXIT_TURN_ENDED)
+        }
+        server::End::Error(e) => {
+            eprintln!("sharedos-mcp-shim: {e}");
+            ExitCode::from(EXIT_TURN_ENDED)
+        }
+    }
+}

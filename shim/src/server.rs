@@ -1,0 +1,206 @@
+//! The MCP side of the shim: an rmcp `ServerHandler` whose tool list is the turn's published
+//! catalogue and whose `tools/call` forwards the raw call to the broker.
+//!
+//! [`to_mcp`] is the one mapping from a kernel answer to an MCP result: succeeded → content;
+//! denied and failed → `isError: true` with a first text block that starts with the outcome
+//! word; every result carries the machine form under `_meta["sharedos"]`. A JSON-RPC error is
+//! returned only where rmcp could not process the request at all.
+
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation,
+    InitializeRequestParams, InitializeResult, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::{ErrorData as McpError, ServerHandler, ServiceExt};
+use serde_json::{Value, json};
+use sharedos_proto::ipc::{CallAnswer, META_KEY};
+use sharedos_proto::{CancelCode, FailCode, Outcome, ToolCall};
+
+use crate::link::{Link, LinkDown, Welcome};
+
+pub enum End {
+    ClientClosed,
+    TurnEnded(String),
+    Error(String),
+}
+
+#[derive(Clone)]
+struct Shim {
+    link: Arc<Link>,
+    turn: String,
+    tools: Arc<Vec<Tool>>,
+}
+
+/// The one outcome mapping: kernel answer → MCP result.
+pub fn to_mcp(answer: &CallAnswer) -> CallToolResult {
+    let meta = json!({ META_KEY: answer.meta() });
+    let result = if answer.outcome.is_error() {
+        let text = answer.message.clone().unwrap_or_else(|| {
+            format!(
+                "{}: {} ({})",
+                answer.outcome.word(),
+                answer.tool,
+                answer.outcome.code()
+            )
+        });
+        json!({"content": [{"type": "text", "text": text}], "isError": true, "_meta": meta})
+    } else {
+        let mut r = json!({"content": answer.content, "isError": false, "_meta": meta});
+        if let Some(s) = &answer.structured_content {
+            r["structuredContent"] = s.clone();
+        }
+        r
+    };
+    serde_json::from_value(result).unwrap_or_else(|e| {
+        CallToolResult::error(vec![rmcp::model::ContentBlock::text(format!(
+            "failed: {} — the shim could not represent the broker's answer: {e}",
+            answer.tool
+        ))])
+    })
+}
+
+/// An answer the shim makes itself when the broker cannot give one.
+fn local_answer(tool: &str, why: &LinkDown) -> CallAnswer {
+    let (outcome, message) = match why {
+        LinkDown::TurnClosed(reason) => (
+            Outcome::Cancelled(CancelCode::TurnClosed),
+            format!(
+                "cancelled: {tool} did not finish: {reason}; nothing more can be called in this turn"
+            ),
+        ),
+        LinkDown::BrokerGone(reason) => (
+            Outcome::Failed(FailCode::BrokerUnavailable),
+            format!("failed: {tool} could not be completed: {reason}"),
+        ),
+    };
+    CallAnswer {
+        outcome,
+        call_id: String::new(),
+        tool: tool.to_owned(),
+        message: Some(message),
+        content: vec![],
+        structured_content: None,
+        requirement: None,
+        policies: vec![],
+    }
+}
+
+fn to_tool(def: &sharedos_proto::PublishedToolDefinition) -> Option<Tool> {
+    let mut t = json!({"name": def.name.as_str(), "inputSchema": def.input_schema_or_default()});
+    if let Some(d) = &def.description {
+        t["description"] = json!(d);
+    }
+    if let Some(s) = &def.output_schema {
+        t["outputSchema"] = s.clone();
+    }
+    if let Some(a) = &def.annotations {
+        t["annotations"] = a.clone();
+    }
+    match serde_json::from_value(t) {
+        Ok(tool) => Some(tool),
+        Err(e) => {
+            tracing::error!(tool = %def.name, error = %e, "cannot present a published tool over MCP; leaving it out");
+            None
+        }
+    }
+}
+
+impl ServerHandler for Shim {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("sharedos-mcp-shim", env!("CARGO_PKG_VERSION")))
+            .with_instructions(format!(
+                "SharedOS tools for turn {}. Every call is authorized from its arguments; a refusal comes back as a result whose text starts with `denied:` (a policy said no) or `failed:` (the call could not be done).",
+                self.turn
+            ))
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        context.peer.set_peer_info(request.clone());
+        let protocol = serde_json::to_value(&request.protocol_version)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned));
+        self.link
+            .client_info(
+                request.client_info.name.clone(),
+                request.client_info.version.clone(),
+                protocol,
+            )
+            .await;
+        self.negotiate_initialize(&request)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(self.tools.as_ref().clone()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let tool = request.name.to_string();
+        let request_id = match serde_json::to_value(&context.id) {
+            Ok(Value::String(s)) => Some(s),
+            Ok(other) => Some(other.to_string()),
+            Err(_) => None,
+        };
+        let call = ToolCall {
+            tool: tool.clone(),
+            arguments: request.arguments.map(Value::Object),
+            request_id,
+        };
+        match self.link.call(call, &context.ct).await {
+            Some(Ok(answer)) => Ok(to_mcp(&answer).into()),
+            Some(Err(why)) => Ok(to_mcp(&local_answer(&tool, &why)).into()),
+            // Cancelled by the client: rmcp sends no response to a cancelled request.
+            None => Err(McpError::internal_error("request cancelled", None)),
+        }
+    }
+}
+
+/// Serves MCP on stdin/stdout until the client leaves or the turn ends.
+pub async fn serve(link: Arc<Link>, welcome: Welcome) -> End {
+    let tools: Vec<Tool> = welcome.tools.iter().filter_map(to_tool).collect();
+    let shim = Shim {
+        link: link.clone(),
+        turn: welcome.turn.clone(),
+        tools: Arc::new(tools),
+    };
+    tracing::debug!(catalog_hash = %welcome.catalog_hash, "catalogue");
+    let ct = link.ended.child_token();
+    let service = match shim.serve_with_ct(rmcp::transport::stdio_pipes(), ct).await {
+        Ok(s) => s,
+        Err(e) => {
+            if let Some(why) = link.end_reason.lock().ok().and_then(|r| r.clone()) {
+                return end_of(why);
+            }
+            return End::Error(format!("MCP session did not start: {e}"));
+        }
+    };
+    let quit = service.waiting().await;
+    if let Some(why) = link.end_reason.lock().ok().and_then(|r| r.clone()) {
+        return end_of(why);
+    }
+    match quit {
+        Ok(_) => End::ClientClosed,
+        Err(e) => End::Error(format!("MCP session ended with an error: {e}")),
+    }
+}
+
+fn end_of(why: LinkDown) -> End {
+    match why {
+        LinkDown::TurnClosed(r) | LinkDown::BrokerGone(r) => End::TurnEnded(r),
+    }
+}
