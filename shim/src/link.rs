@@ -193,7 +193,15 @@ impl Link {
             ));
         }
         tokio::select! {
+            // An answer (or the link's end) wins over a cancellation that arrives with it: when
+            // the turn ends, rmcp cancels in-flight handlers too, and the call must still get
+            // its answer rather than an error.
+            biased;
             r = rx => Some(r.unwrap_or_else(|_| Err(LinkDown::BrokerGone("the broker link dropped the call".into())))),
+            _ = self.ended.cancelled() => {
+                let why = self.end_reason.lock().ok().and_then(|r| r.clone());
+                Some(Err(why.unwrap_or_else(|| LinkDown::BrokerGone("the broker link ended".into()))))
+            }
             _ = cancel.cancelled() => {
                 if let Ok(mut m) = self.pending.lock() { m.remove(&id); }
                 let _ = self.out.send(BridgeRequest::Cancel { id }).await;

@@ -9,8 +9,8 @@
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation,
-    InitializeRequestParams, InitializeResult, ListToolsResult, PaginatedRequestParams,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    InitializeRequestParams, InitializeResult, ListToolsResult, MetaObject, PaginatedRequestParams,
     ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
@@ -36,8 +36,10 @@ struct Shim {
 
 /// The one outcome mapping: kernel answer → MCP result.
 pub fn to_mcp(answer: &CallAnswer) -> CallToolResult {
-    let meta = json!({ META_KEY: answer.meta() });
-    let result = if answer.outcome.is_error() {
+    let mut meta = serde_json::Map::new();
+    meta.insert(META_KEY.to_owned(), Value::Object(answer.meta()));
+    // Constructors set `resultType` as the negotiated protocol requires (2026-07-28 needs it).
+    let mut result = if answer.outcome.is_error() {
         let text = answer.message.clone().unwrap_or_else(|| {
             format!(
                 "{}: {} ({})",
@@ -46,20 +48,27 @@ pub fn to_mcp(answer: &CallAnswer) -> CallToolResult {
                 answer.outcome.code()
             )
         });
-        json!({"content": [{"type": "text", "text": text}], "isError": true, "_meta": meta})
+        CallToolResult::error(vec![ContentBlock::text(text)])
     } else {
-        let mut r = json!({"content": answer.content, "isError": false, "_meta": meta});
-        if let Some(s) = &answer.structured_content {
-            r["structuredContent"] = s.clone();
+        let content: Result<Vec<ContentBlock>, _> = answer
+            .content
+            .iter()
+            .map(|c| serde_json::from_value(c.clone()))
+            .collect();
+        match content {
+            Ok(content) => {
+                let mut ok = CallToolResult::success(content);
+                ok.structured_content = answer.structured_content.clone();
+                ok
+            }
+            Err(e) => CallToolResult::error(vec![ContentBlock::text(format!(
+                "failed: {} — the shim could not represent the broker's answer: {e}",
+                answer.tool
+            ))]),
         }
-        r
     };
-    serde_json::from_value(result).unwrap_or_else(|e| {
-        CallToolResult::error(vec![rmcp::model::ContentBlock::text(format!(
-            "failed: {} — the shim could not represent the broker's answer: {e}",
-            answer.tool
-        ))])
-    })
+    result.meta = Some(MetaObject::from(meta));
+    result
 }
 
 /// An answer the shim makes itself when the broker cannot give one.
@@ -202,5 +211,72 @@ pub async fn serve(link: Arc<Link>, welcome: Welcome) -> End {
 fn end_of(why: LinkDown) -> End {
     match why {
         LinkDown::TurnClosed(r) | LinkDown::BrokerGone(r) => End::TurnEnded(r),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sharedos_proto::{DenyCode, Requirement};
+
+    fn answer(outcome: Outcome) -> CallAnswer {
+        CallAnswer {
+            outcome,
+            call_id: "t-1.1".into(),
+            tool: "files.read".into(),
+            message: outcome
+                .is_error()
+                .then(|| format!("{}: files.read of /x — why", outcome.word())),
+            content: if outcome.is_error() {
+                vec![]
+            } else {
+                vec![json!({"type": "text", "text": "body"})]
+            },
+            structured_content: None,
+            requirement: Some(Requirement {
+                action: "read".into(),
+                resource: "SharedOS::File::\"/x\"".into(),
+            }),
+            policies: vec![],
+        }
+    }
+
+    #[test]
+    fn one_mapping_keeps_denied_and_failed_apart() {
+        for (outcome, word) in [
+            (Outcome::Denied(DenyCode::NoPermit), "denied"),
+            (Outcome::Failed(FailCode::NotFound), "failed"),
+        ] {
+            let r = serde_json::to_value(to_mcp(&answer(outcome))).expect("json");
+            assert_eq!(r["isError"], true);
+            assert!(
+                r["content"][0]["text"]
+                    .as_str()
+                    .is_some_and(|t| t.starts_with(&format!("{word}:")))
+            );
+            assert_eq!(r["_meta"]["sharedos"]["outcome"], word);
+            assert_eq!(r["_meta"]["sharedos"]["resource"], "SharedOS::File::\"/x\"");
+        }
+        let r = serde_json::to_value(to_mcp(&answer(Outcome::Succeeded))).expect("json");
+        assert_eq!(r["isError"], false);
+        assert_eq!(r["content"][0]["text"], "body");
+        assert_eq!(r["_meta"]["sharedos"]["code"], "ok");
+    }
+
+    #[test]
+    fn the_shims_own_answers_say_why() {
+        let closed = to_mcp(&local_answer(
+            "files.read",
+            &LinkDown::TurnClosed("the turn closed (host)".into()),
+        ));
+        let r = serde_json::to_value(closed).expect("json");
+        assert_eq!(r["isError"], true);
+        assert_eq!(r["_meta"]["sharedos"]["outcome"], "cancelled");
+        let gone = to_mcp(&local_answer(
+            "files.read",
+            &LinkDown::BrokerGone("gone".into()),
+        ));
+        let r = serde_json::to_value(gone).expect("json");
+        assert_eq!(r["_meta"]["sharedos"]["code"], "broker_unavailable");
     }
 }

@@ -1,0 +1,278 @@
+//! The single call path through real processes: catalogue, outcomes on the wire, the record.
+
+use serde_json::{Value, json};
+
+use crate::kit::{Options, Raw, TestBroker, meta, text};
+
+fn names(tools: &[rmcp::model::Tool]) -> Vec<String> {
+    tools.iter().map(|t| t.name.to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_on_the_wire_and_in_the_record() {
+    let broker = TestBroker::start(Options::default()).await;
+    let turn = broker.open_turn("alice").await;
+    let client = broker.client(turn.token.expose()).await;
+    let tools = client.list_all_tools().await.expect("tools/list");
+    assert_eq!(names(&tools), ["files.list", "files.read", "files.search"]);
+
+    // (tool, arguments, outcome, code, resource)
+    let cases: Vec<(&str, Value, &str, &str, Option<&str>)> = vec![
+        (
+            "files.read",
+            json!({"path": "/public/hello.txt"}),
+            "succeeded",
+            "ok",
+            Some("/public/hello.txt"),
+        ),
+        (
+            "files.read",
+            json!({"path": "/private/secret.txt"}),
+            "denied",
+            "no_permit",
+            Some("/private/secret.txt"),
+        ),
+        (
+            "files.read",
+            json!({"path": "/public/../private/secret.txt"}),
+            "denied",
+            "no_permit",
+            Some("/private/secret.txt"),
+        ),
+        (
+            "files.read",
+            json!({"path": "//public/./hello.txt"}),
+            "succeeded",
+            "ok",
+            Some("/public/hello.txt"),
+        ),
+        (
+            "files.read",
+            json!({"path": "/../etc/passwd"}),
+            "denied",
+            "unresolvable_requirement",
+            None,
+        ),
+        (
+            "files.read",
+            json!({"path": "/public/nope.txt"}),
+            "failed",
+            "not_found",
+            Some("/public/nope.txt"),
+        ),
+        (
+            "files.read",
+            json!({"path": 5}),
+            "failed",
+            "invalid_arguments",
+            None,
+        ),
+        ("files.read", json!({}), "failed", "invalid_arguments", None),
+        (
+            "files.write",
+            json!({"path": "/public/x", "content": "x"}),
+            "denied",
+            "unpublished_tool",
+            None,
+        ),
+        (
+            "files.delete",
+            json!({"path": "/public/hello.txt"}),
+            "denied",
+            "unpublished_tool",
+            None,
+        ),
+        (
+            "files read",
+            json!({"path": "/public/hello.txt"}),
+            "denied",
+            "malformed_tool_name",
+            None,
+        ),
+        ("", json!({}), "denied", "malformed_tool_name", None),
+        (
+            "files.list",
+            json!({"path": "/public"}),
+            "succeeded",
+            "ok",
+            Some("/public"),
+        ),
+        (
+            "files.list",
+            json!({"path": "/"}),
+            "denied",
+            "no_permit",
+            Some("/"),
+        ),
+    ];
+    for (tool, args, outcome, code, resource) in &cases {
+        let Value::Object(args) = args.clone() else {
+            unreachable!()
+        };
+        let result = client
+            .call_tool(
+                rmcp::model::CallToolRequestParams::new(tool.to_string()).with_arguments(args),
+            )
+            .await
+            .unwrap_or_else(|e| {
+                panic!("{tool}: a refusal must be a result, not a JSON-RPC error: {e}")
+            });
+        let result = serde_json::to_value(&result).expect("result json");
+        let m = meta(&result);
+        assert_eq!(m["outcome"], *outcome, "{tool} {result}");
+        assert_eq!(m["code"], *code, "{tool} {result}");
+        assert_eq!(m["tool"], *tool);
+        assert_eq!(
+            result["isError"],
+            json!(*outcome != "succeeded"),
+            "{tool} {result}"
+        );
+        if *outcome != "succeeded" {
+            assert!(
+                text(&result).starts_with(&format!("{outcome}:")),
+                "{}",
+                text(&result)
+            );
+        }
+        if let Some(r) = resource {
+            assert_eq!(m["resource"], format!("SharedOS::File::{r:?}"));
+        }
+    }
+    let read = client
+        .call_tool(
+            rmcp::model::CallToolRequestParams::new("files.read").with_arguments(
+                json!({"path": "/public/hello.txt"})
+                    .as_object()
+                    .cloned()
+                    .expect("obj"),
+            ),
+        )
+        .await
+        .expect("read");
+    assert_eq!(
+        text(&serde_json::to_value(&read).expect("json")),
+        "hello, public world\n"
+    );
+    client.cancel().await.expect("client stops");
+
+    // One record line per attempt, with the raw tool string, before the answer left.
+    let calls = broker.calls_of(&turn.turn);
+    assert_eq!(calls.len(), cases.len() + 1);
+    for ((tool, args, outcome, code, _), line) in cases.iter().zip(&calls) {
+        assert_eq!(line["tool"], *tool);
+        assert_eq!(line["arguments"], *args);
+        assert_eq!(line["outcome"], *outcome);
+        assert_eq!(line["code"], *code);
+        assert!(
+            line["callId"]
+                .as_str()
+                .is_some_and(|c| c.starts_with(&turn.turn))
+        );
+        assert!(line["durationUs"].is_u64());
+    }
+    assert_eq!(calls[0]["policies"], json!(["alice-public"]));
+    let all = broker.records();
+    let seqs: Vec<u64> = all
+        .iter()
+        .map(|l| l["seq"].as_u64().expect("seq"))
+        .collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    for line in &all {
+        assert!(line["at"].as_str().is_some_and(|a| a.ends_with('Z')));
+        assert!(line.get("kind").is_some() && line.get("turn").is_some());
+    }
+    let kinds: Vec<&str> = all.iter().filter_map(|l| l["kind"].as_str()).collect();
+    assert!(kinds.contains(&"turn_opened") && kinds.contains(&"bridge_connected"));
+    // The bearer token is never recorded.
+    let raw = std::fs::read_to_string(broker.record_path()).expect("record");
+    assert!(!raw.contains(turn.token.expose()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn search_returns_only_files_the_principal_may_read() {
+    let broker = TestBroker::start(Options::default()).await;
+    std::fs::write(
+        broker.dir.path().join("data/public/notes.txt"),
+        "a secret about the world\n",
+    )
+    .expect("w");
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-06-18").await;
+    let r = raw
+        .call(
+            1,
+            "files.search",
+            json!({"query": "secret", "path": "/public"}),
+        )
+        .await;
+    let found = text(&r["result"]);
+    assert!(found.contains("/public/notes.txt"), "{found}");
+    assert!(!found.contains("/private"), "{found}");
+    // Searching from the root is a search on `/`, which alice may not do.
+    let r = raw
+        .call(2, "files.search", json!({"query": "secret"}))
+        .await;
+    assert_eq!(meta(&r["result"])["code"], "no_permit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_initialize_versions_and_the_rmcp_client() {
+    let broker = TestBroker::start(Options::default()).await;
+    let turn = broker.open_turn("alice").await;
+    for version in ["2025-06-18", "2025-11-25"] {
+        let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+        let init = raw.initialize(version).await;
+        assert_eq!(init["result"]["protocolVersion"], version);
+        assert!(init["result"]["capabilities"]["tools"].is_object());
+        raw.send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+            .await;
+        let list = raw.response(1).await;
+        assert_eq!(list["result"]["tools"].as_array().map(Vec::len), Some(3));
+        let r = raw
+            .call(2, "files.read", json!({"path": "/private/secret.txt"}))
+            .await;
+        assert_eq!(r["result"]["isError"], true);
+        let mut child = raw.close_stdin().await;
+        let status = tokio::time::timeout(crate::kit::WAIT, child.wait())
+            .await
+            .expect("exit")
+            .expect("wait");
+        assert_eq!(status.code(), Some(0), "stdin closed: clean exit");
+    }
+    // rmcp's own client negotiates through initialize (the 2026-07-28 `server/discover`
+    // opening is exercised by the Python SDK client in `auto` mode: outside_client.rs).
+    let client = broker.client(turn.token.expose()).await;
+    let info = client.peer_info().expect("server info");
+    let version = serde_json::to_value(&info.protocol_version).expect("json");
+    assert_eq!(version, "2025-11-25");
+    assert_eq!(client.list_all_tools().await.expect("list").len(), 3);
+    client.cancel().await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redacted_arguments_are_hashed() {
+    let broker = TestBroker::start(Options::default()).await;
+    let cfg = std::fs::read_to_string(&broker.config_path).expect("cfg");
+    std::fs::write(
+        &broker.config_path,
+        format!("redact_arguments = true\n{cfg}"),
+    )
+    .expect("w");
+    let mut broker = broker;
+    broker.restart().await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    raw.call(1, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    let calls = broker.calls_of(&turn.turn);
+    assert_eq!(calls.len(), 1);
+    assert!(calls[0].get("arguments").is_none());
+    assert_eq!(calls[0]["argumentsSha256"].as_str().map(str::len), Some(64));
+    assert!(
+        !std::fs::read_to_string(broker.record_path())
+            .expect("r")
+            .contains("hello.txt\"}")
+    );
+}

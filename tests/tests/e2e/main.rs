@@ -1,0 +1,14 @@
+//! End-to-end tests: one binary, a module per scenario, the kit in `kit.rs`.
+//! Each test starts its own broker on its own temp runtime dir and stops everything it starts.
+#![allow(
+    clippy::expect_used,
+    clippy::unwrap_used,
+    clippy::panic,
+    reason = "test code: a failed expectation is the test failing"
+)]
+
+mod boundary;
+mod cli;
+mod kit;
+mod outside_client;
+mod turns;
