@@ -42,6 +42,9 @@ pub enum Command {
         /// Also write logs to this file (logs always go to stderr).
         #[arg(long, value_name = "FILE")]
         log_file: Option<PathBuf>,
+        /// Record each call's arguments as their SHA-256 instead of as given.
+        #[arg(long)]
+        redact_arguments: bool,
     },
     /// Start a broker on the embedded default, drive the real shim through one turn, print what happened.
     Demo,
@@ -198,18 +201,27 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         .context("cannot start the async runtime")?;
     rt.block_on(async move {
         match cli.command {
-            Command::Serve { config, .. } => serve(config, runtime_dir).await,
+            Command::Serve {
+                config,
+                redact_arguments,
+                ..
+            } => serve(config, runtime_dir, redact_arguments).await,
             Command::Demo => crate::demo::run().await,
             command => host_command(command, &runtime_dir).await,
         }
     })
 }
 
-async fn serve(config: Option<PathBuf>, runtime_dir: PathBuf) -> anyhow::Result<ExitCode> {
-    let config = match config {
+async fn serve(
+    config: Option<PathBuf>,
+    runtime_dir: PathBuf,
+    redact_arguments: bool,
+) -> anyhow::Result<ExitCode> {
+    let mut config = match config {
         Some(path) => Config::from_file(&path)?,
         None => Config::embedded(&runtime_dir.join("default"))?,
     };
+    config.redact_arguments |= redact_arguments;
     let shutdown = CancellationToken::new();
     let running = crate::server::start(config, runtime_dir.clone(), shutdown.clone()).await?;
     eprintln!(

@@ -500,6 +500,26 @@ when { resource.path like "*/secret*" };
     }
 
     #[test]
+    fn the_agent_is_in_the_context() {
+        let e = engine(
+            r#"@id("helper-only") permit(principal == SharedOS::User::"carol", action == SharedOS::Action::"read", resource is SharedOS::File)
+               when { context has agent && context.agent == SharedOS::Agent::"helper" };"#,
+        );
+        let pv = e.current();
+        assert!(
+            e.decide(&pv, "carol", Some("helper"), "read", &file("/a"))
+                .allowed
+        );
+        assert!(
+            !e.decide(&pv, "carol", Some("other"), "read", &file("/a"))
+                .allowed
+        );
+        assert!(!e.decide(&pv, "carol", None, "read", &file("/a")).allowed);
+        // The catalogue cannot know the call's context: it shows what some call could be permitted.
+        assert!(e.could_permit(&pv, "carol", None, "read", "File"));
+    }
+
+    #[test]
     fn catalogue_question() {
         let e = engine(POLICY);
         let pv = e.current();

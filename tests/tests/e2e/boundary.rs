@@ -190,7 +190,12 @@ async fn outcomes_on_the_wire_and_in_the_record() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn search_returns_only_files_the_principal_may_read() {
-    let broker = TestBroker::start(Options::default()).await;
+    // Also runs the record in batch mode: every call is still recorded before its answer.
+    let broker = TestBroker::start(Options {
+        record_sync: "batch",
+        ..Options::default()
+    })
+    .await;
     std::fs::write(
         broker.dir.path().join("data/public/notes.txt"),
         "a secret about the world\n",
