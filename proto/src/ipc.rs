@@ -101,6 +101,9 @@ pub enum BridgeEvent {
         tools: Vec<PublishedToolDefinition>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         expires_at: Option<String>,
+        /// The turn asked for portable names: the shim presents `.`-free names and maps them back.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        portable_names: bool,
     },
     Refused {
         code: RefusalCode,
@@ -176,6 +179,9 @@ pub struct OpenTurn {
     pub ttl_seconds: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub harness: Option<String>,
+    /// Present `.`-free names to the harness (refused at open if two tools would collide).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub portable_names: bool,
 }
 
 /// Broker → host: a turn was opened.
@@ -187,6 +193,10 @@ pub struct TurnOpened {
     pub catalog_hash: CatalogHash,
     pub tools: Vec<PublishedToolDefinition>,
     pub expires_at: String,
+    /// Problems a harness will have with this catalogue (names over its 64-character limit,
+    /// aliases that collide). The turn is open; the host decides.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// One open turn, as `turn list` shows it (never the token).

@@ -6,6 +6,7 @@
 //!
 //! # Layout
 //! - [`name`]: `ToolName` (ToolNameSchema) and `Identifier`.
+//! - [`alias`]: harness aliases (diagnostics) and portable names.
 //! - [`definition`]: registered and published tool definitions, the fixed projection.
 //! - [`catalog`]: RFC 8785 canonical JSON and `catalogHash`.
 //! - [`call`]: `ToolCall` (raw tool string) and outcomes with codes.
@@ -13,6 +14,7 @@
 //! - [`frame`]: the length-prefixed frame codec.
 //! - [`ipc`]: the messages on the bridge and control sockets.
 
+pub mod alias;
 pub mod call;
 pub mod catalog;
 pub mod declaration;

@@ -1,0 +1,254 @@
+//! Presentation names: what each harness shows the model for a published tool (aliases), and
+//! portable names for clients that cannot carry a dot.
+//!
+//! Aliases are diagnostics only: they are recorded on the bridge, never on a call, so no alias
+//! can reach an authorization decision. Portable names are an opt-in, injective mapping over one
+//! catalogue that the shim maps back to the canonical name before the call is issued.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::name::ToolName;
+
+/// The longest tool name Claude Code, Codex and pi-mcp-adapter accept.
+pub const HARNESS_NAME_MAX: usize = 64;
+
+/// The MCP server name SharedOS uses in every harness config.
+pub const SERVER_NAME: &str = "sharedos";
+
+/// A harness whose naming is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Harness {
+    ClaudeCode,
+    Codex,
+    Pi,
+    /// DeepSeek's dsh (config `cordis.yml`). Its naming is not measured here: no alias.
+    Cordis,
+}
+
+impl Harness {
+    pub const ALL: [Harness; 4] = [
+        Harness::ClaudeCode,
+        Harness::Codex,
+        Harness::Pi,
+        Harness::Cordis,
+    ];
+
+    /// Parses `claude-code`, `codex`, `pi`, `cordis` (also `claude`, `dsh`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "claude-code" | "claude" => Some(Harness::ClaudeCode),
+            "codex" => Some(Harness::Codex),
+            "pi" => Some(Harness::Pi),
+            "cordis" | "dsh" => Some(Harness::Cordis),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Harness::ClaudeCode => "claude-code",
+            Harness::Codex => "codex",
+            Harness::Pi => "pi",
+            Harness::Cordis => "cordis",
+        }
+    }
+
+    /// The name the model sees for `tool` on MCP server `server`, as measured
+    /// (`shared/notes/harnesses.md`): characters outside `[A-Za-z0-9_-]` become `_`.
+    /// For Codex this is the function name inside namespace `mcp__<server>`.
+    pub fn alias(self, server: &str, tool: &str) -> Option<String> {
+        let flat = |s: &str| -> String {
+            s.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect()
+        };
+        match self {
+            Harness::ClaudeCode => Some(format!("mcp__{}__{}", flat(server), flat(tool))),
+            Harness::Codex => Some(flat(tool)),
+            Harness::Pi => Some(format!("{}_{}", flat(server), flat(tool))),
+            Harness::Cordis => None,
+        }
+    }
+
+    /// The Codex namespace for a server (`mcp__sharedos`).
+    pub fn codex_namespace(server: &str) -> String {
+        format!("mcp__{server}")
+    }
+}
+
+/// Aliases of a catalogue for one harness, and the names over the harness's limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AliasReport {
+    /// canonical name → alias.
+    pub aliases: BTreeMap<String, String>,
+    /// Human-readable problems (an alias over 64 characters, two tools with one alias).
+    pub problems: Vec<String>,
+}
+
+/// Computes a harness's aliases for a catalogue and what it will not carry.
+pub fn aliases<'a>(
+    harness: Harness,
+    server: &str,
+    tools: impl IntoIterator<Item = &'a ToolName>,
+) -> AliasReport {
+    let mut report = AliasReport::default();
+    let mut seen: HashMap<String, String> = HashMap::new();
+    for tool in tools {
+        let Some(alias) = harness.alias(server, tool.as_str()) else {
+            continue;
+        };
+        let shown_len = match harness {
+            Harness::Codex => alias.len().max(Harness::codex_namespace(server).len()),
+            _ => alias.len(),
+        };
+        if shown_len > HARNESS_NAME_MAX {
+            report.problems.push(format!(
+                "{}: `{tool}` is presented as `{alias}` ({} characters), over the {HARNESS_NAME_MAX}-character limit",
+                harness.as_str(),
+                alias.len()
+            ));
+        }
+        if let Some(other) = seen.insert(alias.clone(), tool.to_string()) {
+            report.problems.push(format!(
+                "{}: `{other}` and `{tool}` are both presented as `{alias}`",
+                harness.as_str()
+            ));
+        }
+        report.aliases.insert(tool.to_string(), alias);
+    }
+    report
+}
+
+/// The portable form of a tool name: `.` becomes `_`.
+pub fn portable_name(tool: &ToolName) -> String {
+    tool.as_str().replace('.', "_")
+}
+
+/// Two tools of one catalogue would share a portable name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("portable names collide: `{first}` and `{second}` both become `{portable}`")]
+pub struct PortableCollision {
+    pub first: String,
+    pub second: String,
+    pub portable: String,
+}
+
+/// An injective portable ↔ canonical mapping over one catalogue.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortableNames {
+    to_canonical: HashMap<String, String>,
+    to_portable: HashMap<String, String>,
+}
+
+impl PortableNames {
+    pub fn new<'a>(
+        tools: impl IntoIterator<Item = &'a ToolName>,
+    ) -> Result<Self, PortableCollision> {
+        let mut map = PortableNames::default();
+        let mut names: Vec<&ToolName> = tools.into_iter().collect();
+        names.sort();
+        for tool in names {
+            let portable = portable_name(tool);
+            if let Some(first) = map.to_canonical.get(&portable) {
+                return Err(PortableCollision {
+                    first: first.clone(),
+                    second: tool.to_string(),
+                    portable,
+                });
+            }
+            map.to_canonical.insert(portable.clone(), tool.to_string());
+            map.to_portable.insert(tool.to_string(), portable);
+        }
+        Ok(map)
+    }
+
+    pub fn portable<'a>(&'a self, canonical: &'a str) -> &'a str {
+        self.to_portable
+            .get(canonical)
+            .map_or(canonical, String::as_str)
+    }
+
+    /// The canonical name of a portable one; any other string is returned unchanged (so a guess
+    /// still reaches the kernel as sent).
+    pub fn canonical<'a>(&'a self, sent: &'a str) -> &'a str {
+        self.to_canonical.get(sent).map_or(sent, String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn names(v: &[&str]) -> Vec<ToolName> {
+        v.iter().map(|n| ToolName::new(n).expect("valid")).collect()
+    }
+
+    #[test]
+    fn measured_aliases() {
+        assert_eq!(
+            Harness::ClaudeCode
+                .alias("sharedos", "files.read")
+                .as_deref(),
+            Some("mcp__sharedos__files_read")
+        );
+        assert_eq!(
+            Harness::Codex.alias("sharedos", "files.read").as_deref(),
+            Some("files_read")
+        );
+        assert_eq!(Harness::codex_namespace("sharedos"), "mcp__sharedos");
+        assert_eq!(
+            Harness::Pi.alias("sharedos", "files.read").as_deref(),
+            Some("sharedos_files_read")
+        );
+        assert_eq!(Harness::Cordis.alias("sharedos", "files.read"), None);
+    }
+
+    #[test]
+    fn long_and_colliding_aliases_are_reported() {
+        let long = format!("ns.{}", "x".repeat(60));
+        let tools = names(&[&long, "a.b", "a_b"]);
+        let r = aliases(Harness::ClaudeCode, SERVER_NAME, &tools);
+        assert_eq!(r.problems.len(), 2, "{:?}", r.problems);
+        assert!(r.problems.iter().any(|p| p.contains("64-character")));
+        assert!(
+            r.problems
+                .iter()
+                .any(|p| p.contains("`a.b`") && p.contains("`a_b`"))
+        );
+    }
+
+    #[test]
+    fn portable_names_round_trip_and_collisions_are_refused() {
+        let tools = names(&["files.read", "files.list", "github.search"]);
+        let map = PortableNames::new(&tools).expect("injective");
+        assert_eq!(map.portable("files.read"), "files_read");
+        assert_eq!(map.canonical("files_read"), "files.read");
+        assert_eq!(map.canonical("files.delete"), "files.delete");
+        let err = PortableNames::new(&names(&["a.b", "a_b"])).expect_err("collision");
+        assert_eq!(err.portable, "a_b");
+    }
+
+    proptest! {
+        #[test]
+        fn portable_mapping_is_injective_or_refused(raw in prop::collection::btree_set("[a-c_.]{1,4}", 0..12)) {
+            let tools: Vec<ToolName> = raw.iter().map(|n| ToolName::new(n).expect("valid")).collect();
+            if let Ok(map) = PortableNames::new(&tools) {
+                for t in &tools {
+                    let p = map.portable(t.as_str());
+                    prop_assert!(!p.contains('.'));
+                    prop_assert_eq!(map.canonical(p), t.as_str());
+                }
+            }
+        }
+    }
+}
