@@ -120,17 +120,19 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream) {
         catalog_hash: turn.catalog.hash.clone(),
         tools: turn.catalog.tools.clone(),
         expires_at: Some(rfc3339(turn.expires_at)),
+        portable_names: turn.portable_names,
     };
     if write_frame(&mut send, &welcome).await.is_err() {
         return;
     }
     turn.bridges.fetch_add(1, Ordering::Relaxed);
-    let connected = json!({"kind": "bridge_connected", "turn": turn.id,
-                           "peer": {"pid": pid, "uid": uid}, "shim": client,
-                           "catalogHash": turn.catalog.hash});
-    if let Some(obj) = connected.as_object() {
-        let _ = broker.kernel.recorder.append(obj.clone()).await;
-    }
+    // Harness aliases are recorded here, on the bridge, and never on a call.
+    let connected = turn.line(
+        "bridge_connected",
+        json!({"peer": {"pid": pid, "uid": uid}, "shim": client,
+               "catalogHash": turn.catalog.hash, "aliases": turn.aliases}),
+    );
+    let _ = broker.kernel.recorder.append(connected).await;
     run_connection(broker.clone(), turn.clone(), reader, send).await;
     turn.bridges.fetch_sub(1, Ordering::Relaxed);
 }
@@ -221,10 +223,8 @@ async fn run_connection(
                 protocol_version,
             })) => {
                 tracing::info!(turn = %turn.id, %name, %version, ?protocol_version, "MCP client on bridge");
-                let line = json!({"kind": "bridge_client", "turn": turn.id, "client": {"name": name, "version": version, "protocolVersion": protocol_version}});
-                if let Some(obj) = line.as_object() {
-                    let _ = broker.kernel.recorder.append(obj.clone()).await;
-                }
+                let line = turn.line("bridge_client", json!({"client": {"name": name, "version": version, "protocolVersion": protocol_version}}));
+                let _ = broker.kernel.recorder.append(line).await;
             }
             Event::Frame(Ok(BridgeRequest::Hello { .. })) => {
                 tracing::warn!(turn = %turn.id, "second hello on a bridge connection: closing it");

@@ -71,6 +71,19 @@ pub enum Command {
     /// Check a decision or reload the policy.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Serve a scripted model (Anthropic Messages, OpenAI Responses, Chat Completions) on loopback,
+    /// so real harness CLIs run offline. Prints `listening on http://ADDR` first.
+    ScriptedModel {
+        /// Loopback address to listen on; port 0 picks a free port.
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+        listen: std::net::SocketAddr,
+        /// The script (JSON): {"steps":[{"tool":"files.read","arguments":{...}}],"final":"..."}.
+        #[arg(long, value_name = "FILE")]
+        script: PathBuf,
+        /// Append what the model saw (requests, tool results) to this file as JSON Lines.
+        #[arg(long, value_name = "FILE")]
+        log: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -115,6 +128,17 @@ pub enum TurnCommand {
         /// SystemIdentity as JSON (stamped on every record line of the turn).
         #[arg(long, value_name = "JSON")]
         system_identity: Option<String>,
+        /// Present `.`-free tool names (refused if two tools would collide).
+        #[arg(long)]
+        portable_names: bool,
+        /// Write the MCP config for this turn (FORMAT: claude-code, codex, pi or cordis) to PATH,
+        /// mode 0600; an existing Claude Code, Codex or pi file keeps its other entries.
+        #[arg(long, num_args = 2, value_names = ["FORMAT", "PATH"])]
+        write_config: Option<Vec<String>>,
+        /// Write the token to this file (0600) and have the config point the shim at it instead
+        /// of carrying the token itself.
+        #[arg(long, value_name = "PATH")]
+        token_file: Option<PathBuf>,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -207,6 +231,14 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
                 ..
             } => serve(config, runtime_dir, redact_arguments).await,
             Command::Demo => crate::demo::run().await,
+            Command::ScriptedModel {
+                listen,
+                script,
+                log,
+            } => {
+                crate::scripted_model::run(listen, &script, log).await?;
+                Ok(ExitCode::SUCCESS)
+            }
             command => host_command(command, &runtime_dir).await,
         }
     })
@@ -343,8 +375,27 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
             harness,
             tool_policy,
             system_identity,
+            portable_names,
+            write_config,
+            token_file,
             json,
         }) => {
+            let write_config = write_config
+                .map(
+                    |v| -> anyhow::Result<(sharedos_proto::alias::Harness, PathBuf)> {
+                        let [format, path] = v.as_slice() else {
+                            bail!("--write-config takes FORMAT PATH");
+                        };
+                        Ok((
+                            crate::harness_config::parse_format(format)?,
+                            PathBuf::from(path),
+                        ))
+                    },
+                )
+                .transpose()?;
+            // Without --harness, the config format names the harness (for its aliases).
+            let harness =
+                harness.or_else(|| write_config.as_ref().map(|(f, _)| f.as_str().to_owned()));
             let tool_policy = tool_policy
                 .map(|s| {
                     serde_json::from_str(&s).context("--tool-policy is not a valid ToolPolicy")
@@ -363,26 +414,53 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                 harness,
                 tool_policy,
                 system_identity,
+                portable_names,
                 ..Default::default()
             };
-            match client
+            let t = match client
                 .call(&ControlRequest::OpenTurn(Box::new(req)))
                 .await?
             {
-                ControlResponse::TurnOpened(t) => {
-                    if json {
-                        print_json(&t)?;
-                    } else {
-                        println!("turn:        {}", t.turn);
-                        println!("token:       {}", t.token.expose());
-                        println!("catalogHash: {}", t.catalog_hash);
-                        println!("expiresAt:   {}", t.expires_at);
-                        let names: Vec<String> =
-                            t.tools.iter().map(|t| t.name.to_string()).collect();
-                        println!("tools:       {}", names.join(", "));
-                    }
-                }
+                ControlResponse::TurnOpened(t) => t,
                 r => return Err(unexpected(r)),
+            };
+            if let Some(path) = &token_file {
+                crate::harness_config::write_private(path, &format!("{}\n", t.token.expose()))?;
+            }
+            if let Some((format, path)) = &write_config {
+                let launch = crate::harness_config::ShimLaunch {
+                    shim: crate::demo::locate_shim()?,
+                    bridge: std::path::absolute(runtime::bridge_socket(runtime_dir))?,
+                    token: match &token_file {
+                        Some(p) => {
+                            crate::harness_config::TokenSource::File(std::path::absolute(p)?)
+                        }
+                        None => {
+                            crate::harness_config::TokenSource::Env(t.token.expose().to_owned())
+                        }
+                    },
+                };
+                crate::harness_config::write(*format, &launch, path)?;
+            }
+            for w in &t.warnings {
+                eprintln!("warning: {w}");
+            }
+            if json {
+                print_json(&t)?;
+            } else {
+                println!("turn:        {}", t.turn);
+                println!("token:       {}", t.token.expose());
+                println!("catalogHash: {}", t.catalog_hash);
+                println!("expiresAt:   {}", t.expires_at);
+                let names: Vec<String> = t.tools.iter().map(|t| t.name.to_string()).collect();
+                println!("tools:       {}", names.join(", "));
+                if let Some((format, path)) = &write_config {
+                    println!(
+                        "config:      {} ({}, mode 0600)",
+                        path.display(),
+                        format.as_str()
+                    );
+                }
             }
         }
         Command::Turn(TurnCommand::Close { turn }) => {
@@ -516,7 +594,9 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                 r => return Err(unexpected(r)),
             }
         }
-        Command::Serve { .. } | Command::Demo => bail!("not a host command"),
+        Command::Serve { .. } | Command::Demo | Command::ScriptedModel { .. } => {
+            bail!("not a host command")
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -3,6 +3,7 @@
 //! Whoever may connect here may name any principal: only host uids get in. One response per
 //! request, in order. Malformed input gets an `error` response naming the problem.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::StreamCommon as _;
 use serde_json::{Map, Value, json};
 use sharedos_ipc::{FrameReader, IpcError, write_frame};
+use sharedos_proto::alias::{self, Harness, PortableNames, SERVER_NAME};
 use sharedos_proto::ipc::{
     ControlRequest, ControlResponse, OpenTurn, PROTOCOL_VERSION, TurnOpened,
 };
@@ -278,6 +280,30 @@ async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlRespon
         m.insert("systemIdentity".into(), json!(id));
         m
     });
+    let names: Vec<&sharedos_proto::ToolName> = catalog.tools.iter().map(|t| &t.name).collect();
+    if open.portable_names {
+        PortableNames::new(names.iter().copied()).map_err(|e| {
+            Refusal(
+                "portable_names",
+                format!("{e}; portable names cannot be used for this catalogue"),
+            )
+        })?;
+    }
+    // Aliases for the named harness, or for every harness whose naming is known.
+    let harnesses: Vec<Harness> = match open.harness.as_deref().map(Harness::parse) {
+        Some(Some(h)) => vec![h],
+        _ => Harness::ALL.to_vec(),
+    };
+    let mut aliases = BTreeMap::new();
+    let mut warnings = Vec::new();
+    for h in harnesses {
+        if h.alias(SERVER_NAME, "x").is_none() {
+            continue;
+        }
+        let report = alias::aliases(h, SERVER_NAME, names.iter().copied());
+        warnings.extend(report.problems.iter().cloned());
+        aliases.insert(h.as_str().to_owned(), report);
+    }
     let new = NewTurn {
         context: ctx,
         catalog,
@@ -286,6 +312,8 @@ async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlRespon
         tool_policy: open.tool_policy,
         system_identity: identity,
         harness: open.harness,
+        portable_names: open.portable_names,
+        aliases,
     };
     let turn = broker
         .turns
@@ -309,5 +337,6 @@ async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlRespon
         catalog_hash: turn.catalog.hash.clone(),
         tools: turn.catalog.tools.clone(),
         expires_at: rfc3339(turn.expires_at),
+        warnings,
     }))
 }

@@ -8,8 +8,10 @@
 //! - [`policy`]: Cedar schema and policies, decisions, the catalogue question.
 //! - [`vpath`]: canonical virtual paths.
 //! - [`files`]: the built-in files provider.
+//! - [`harness_config`]: harness MCP configs (`turn open --write-config`).
 //! - [`kernel`]: registry, per-context catalogue, `invoke` (the single call path).
 //! - [`record`]: the durable JSON Lines record (group commit).
+//! - [`scripted_model`]: a scripted model provider on loopback, so real harness CLIs run offline.
 //! - [`turn`]: the turn table, tokens, lifecycle.
 //! - [`server`]: the process: runtime dir, sockets, accept loops, shutdown.
 //! - [`bridge`]: one shim connection.
@@ -25,9 +27,11 @@ pub mod config;
 pub mod control;
 pub mod demo;
 pub mod files;
+pub mod harness_config;
 pub mod kernel;
 pub mod policy;
 pub mod record;
+pub mod scripted_model;
 pub mod server;
 pub mod turn;
 pub mod vpath;

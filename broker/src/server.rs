@@ -64,11 +64,11 @@ impl Broker {
         {
             tracing::warn!(turn = %id, "in-flight calls did not finish within the close grace period");
         }
-        let line = json!({"kind": "turn_closed", "turn": id, "reason": reason,
-                          "calls": turn.calls.load(std::sync::atomic::Ordering::Relaxed)});
-        if let Some(obj) = line.as_object()
-            && let Err(e) = self.kernel.recorder.append(obj.clone()).await
-        {
+        let line = turn.line(
+            "turn_closed",
+            json!({"reason": reason, "calls": turn.calls.load(std::sync::atomic::Ordering::Relaxed)}),
+        );
+        if let Err(e) = self.kernel.recorder.append(line).await {
             tracing::error!(turn = %id, error = %e, "could not record turn_closed");
         }
         true

@@ -5,7 +5,7 @@
 //! recorded. Closing a turn cancels its tree (bridges, in-flight calls), waits (bounded) for the
 //! calls to record their outcome, then records `turn_closed`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 use base64::Engine;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
+use sharedos_proto::alias::AliasReport;
 use sharedos_proto::ipc::{TurnSummary, TurnToken};
 use sharedos_proto::{SystemIdentity, ToolPolicy};
 use subtle::ConstantTimeEq;
@@ -43,6 +44,10 @@ pub struct Turn {
     pub tool_policy: Option<ToolPolicy>,
     pub system_identity: Option<SystemIdentity>,
     pub harness: Option<String>,
+    /// Present portable (`.`-free) names to the harness.
+    pub portable_names: bool,
+    /// Harness aliases of this catalogue (diagnostics for `bridge_connected`; never on a call).
+    pub aliases: BTreeMap<String, AliasReport>,
     /// Why it closed, once it has.
     pub close_reason: RwLock<Option<String>>,
 }
@@ -69,6 +74,22 @@ impl Turn {
 
     pub fn token(&self) -> &TurnToken {
         &self.token
+    }
+
+    /// A record line of this turn: `kind`, `turn`, the given fields, and the turn's stamp.
+    pub fn line(&self, kind: &str, fields: Value) -> Map<String, Value> {
+        let mut line = Map::new();
+        line.insert("kind".into(), json!(kind));
+        line.insert("turn".into(), json!(self.id));
+        if let Value::Object(fields) = fields {
+            line.extend(fields);
+        }
+        if let Some(stamp) = &self.stamp {
+            for (k, v) in stamp {
+                line.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        line
     }
 
     pub fn closed_reason(&self) -> Option<String> {
@@ -101,6 +122,8 @@ pub struct NewTurn {
     pub tool_policy: Option<ToolPolicy>,
     pub system_identity: Option<SystemIdentity>,
     pub harness: Option<String>,
+    pub portable_names: bool,
+    pub aliases: BTreeMap<String, AliasReport>,
 }
 
 #[derive(Default)]
@@ -140,6 +163,8 @@ impl Turns {
             tool_policy: new.tool_policy,
             system_identity: new.system_identity,
             harness: new.harness,
+            portable_names: new.portable_names,
+            aliases: new.aliases,
             close_reason: RwLock::new(None),
         });
         if let Ok(mut m) = self.by_id.write() {
@@ -190,35 +215,18 @@ impl Turns {
 
 /// The `turn_opened` record line.
 pub fn opened_record(turn: &Turn) -> Map<String, Value> {
-    let mut line = Map::new();
-    line.insert("kind".into(), json!("turn_opened"));
-    line.insert("turn".into(), json!(turn.id));
-    line.insert(
-        "accessContext".into(),
-        json!({"principal": turn.context.principal, "agent": turn.context.agent}),
-    );
-    line.insert("toolPolicy".into(), json!(turn.tool_policy));
-    line.insert("systemIdentity".into(), json!(turn.system_identity));
-    line.insert("catalogHash".into(), json!(turn.catalog.hash));
-    line.insert(
-        "tools".into(),
-        json!(
-            turn.catalog
-                .tools
-                .iter()
-                .map(|t| t.name.to_string())
-                .collect::<Vec<_>>()
-        ),
-    );
-    line.insert("policyVersion".into(), json!(turn.catalog.policy_version));
-    line.insert("expiresAt".into(), json!(rfc3339(turn.expires_at)));
-    if let Some(h) = &turn.harness {
-        line.insert("harness".into(), json!(h));
-    }
-    if let Some(stamp) = &turn.stamp {
-        for (k, v) in stamp {
-            line.entry(k.clone()).or_insert_with(|| v.clone());
-        }
-    }
-    line
+    turn.line(
+        "turn_opened",
+        json!({
+            "accessContext": {"principal": turn.context.principal, "agent": turn.context.agent},
+            "toolPolicy": turn.tool_policy,
+            "systemIdentity": turn.system_identity,
+            "catalogHash": turn.catalog.hash,
+            "tools": turn.catalog.tools.iter().map(|t| t.name.to_string()).collect::<Vec<_>>(),
+            "policyVersion": turn.catalog.policy_version,
+            "expiresAt": rfc3339(turn.expires_at),
+            "harness": turn.harness,
+            "portableNames": turn.portable_names,
+        }),
+    )
 }

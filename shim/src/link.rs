@@ -28,6 +28,8 @@ pub struct Welcome {
     pub turn: String,
     pub catalog_hash: CatalogHash,
     pub tools: Vec<PublishedToolDefinition>,
+    /// The turn asked for portable names.
+    pub portable_names: bool,
 }
 
 /// Why a pending call got no answer from the broker.
@@ -77,11 +79,13 @@ impl Link {
                 turn,
                 catalog_hash,
                 tools,
+                portable_names,
                 ..
             } if protocol == PROTOCOL_VERSION => Welcome {
                 turn,
                 catalog_hash,
                 tools,
+                portable_names,
             },
             BridgeEvent::Welcome { protocol, .. } => {
                 return Err(format!(

@@ -40,6 +40,10 @@ struct Args {
     /// Read the turn token from this file (instead of SHAREDOS_TURN_TOKEN).
     #[arg(long, value_name = "FILE")]
     turn_token_file: Option<PathBuf>,
+    /// Present `.`-free tool names (`files_read`) for a client that cannot carry a dot; they are
+    /// mapped back before the call reaches the broker. The turn may also ask for this.
+    #[arg(long)]
+    portable_names: bool,
     /// Write logs to this file instead of stderr.
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
@@ -111,15 +115,23 @@ async fn run(args: Args) -> ExitCode {
             args.runtime_dir.as_deref(),
         ))
     });
-    let (link, welcome) = match link::Link::connect(&socket, token).await {
+    let (link, mut welcome) = match link::Link::connect(&socket, token).await {
         Ok(x) => x,
         Err(e) => {
             eprintln!("sharedos-mcp-shim: {e}");
             return ExitCode::from(EXIT_NOT_STARTED);
         }
     };
+    welcome.portable_names |= args.portable_names;
     tracing::info!(turn = %welcome.turn, tools = welcome.tools.len(), "serving turn");
-    match server::serve(link, welcome).await {
+    let serving = match server::Shim::new(link, &welcome) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("sharedos-mcp-shim: {e}");
+            return ExitCode::from(EXIT_NOT_STARTED);
+        }
+    };
+    match server::serve(serving).await {
         server::End::ClientClosed => ExitCode::SUCCESS,
         server::End::TurnEnded(reason) => {
             eprintln!("sharedos-mcp-shim: {reason}; exiting");

@@ -16,6 +16,7 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler, ServiceExt};
 use serde_json::{Value, json};
+use sharedos_proto::alias::PortableNames;
 use sharedos_proto::ipc::{CallAnswer, META_KEY};
 use sharedos_proto::{CancelCode, FailCode, Outcome, ToolCall};
 
@@ -28,10 +29,42 @@ pub enum End {
 }
 
 #[derive(Clone)]
-struct Shim {
+pub struct Shim {
     link: Arc<Link>,
     turn: String,
     tools: Arc<Vec<Tool>>,
+    /// Portable ↔ canonical names, when the client cannot carry a dot.
+    portable: Option<Arc<PortableNames>>,
+}
+
+impl Shim {
+    /// The MCP side for a turn. Fails when portable names were asked for and would collide.
+    pub fn new(link: Arc<Link>, welcome: &Welcome) -> Result<Self, String> {
+        let portable = if welcome.portable_names {
+            let map = PortableNames::new(welcome.tools.iter().map(|t| &t.name))
+                .map_err(|e| e.to_string())?;
+            Some(Arc::new(map))
+        } else {
+            None
+        };
+        let tools = welcome
+            .tools
+            .iter()
+            .filter_map(|def| {
+                let shown = portable
+                    .as_ref()
+                    .map_or(def.name.as_str(), |p| p.portable(def.name.as_str()));
+                to_tool(def, shown)
+            })
+            .collect();
+        tracing::debug!(catalog_hash = %welcome.catalog_hash, portable = portable.is_some(), "catalogue");
+        Ok(Self {
+            link,
+            turn: welcome.turn.clone(),
+            tools: Arc::new(tools),
+            portable,
+        })
+    }
 }
 
 /// The one outcome mapping: kernel answer → MCP result.
@@ -97,8 +130,8 @@ fn local_answer(tool: &str, why: &LinkDown) -> CallAnswer {
     }
 }
 
-fn to_tool(def: &sharedos_proto::PublishedToolDefinition) -> Option<Tool> {
-    let mut t = json!({"name": def.name.as_str(), "inputSchema": def.input_schema_or_default()});
+fn to_tool(def: &sharedos_proto::PublishedToolDefinition, shown_name: &str) -> Option<Tool> {
+    let mut t = json!({"name": shown_name, "inputSchema": def.input_schema_or_default()});
     if let Some(d) = &def.description {
         t["description"] = json!(d);
     }
@@ -159,7 +192,12 @@ impl ServerHandler for Shim {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let tool = request.name.to_string();
+        // A portable name is mapped back to the canonical one; any other string goes as sent.
+        let sent = request.name.to_string();
+        let tool = match &self.portable {
+            Some(p) => p.canonical(&sent).to_owned(),
+            None => sent,
+        };
         let request_id = match serde_json::to_value(&context.id) {
             Ok(Value::String(s)) => Some(s),
             Ok(other) => Some(other.to_string()),
@@ -180,14 +218,8 @@ impl ServerHandler for Shim {
 }
 
 /// Serves MCP on stdin/stdout until the client leaves or the turn ends.
-pub async fn serve(link: Arc<Link>, welcome: Welcome) -> End {
-    let tools: Vec<Tool> = welcome.tools.iter().filter_map(to_tool).collect();
-    let shim = Shim {
-        link: link.clone(),
-        turn: welcome.turn.clone(),
-        tools: Arc::new(tools),
-    };
-    tracing::debug!(catalog_hash = %welcome.catalog_hash, "catalogue");
+pub async fn serve(shim: Shim) -> End {
+    let link = shim.link.clone();
     let ct = link.ended.child_token();
     let service = match shim.serve_with_ct(rmcp::transport::stdio_pipes(), ct).await {
         Ok(s) => s,

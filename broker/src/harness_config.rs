@@ -1,0 +1,328 @@
+//! Harness MCP configs: the file each harness reads to spawn `sharedos-mcp-shim` for one turn.
+//!
+//! Owns rendering (Claude Code `--mcp-config` JSON, Codex `config.toml`, pi-mcp-adapter
+//! `.mcp.json`, dsh `cordis.yml`) and writing them 0600 (they hold, or point at, the turn's bearer
+//! token). An existing Claude Code, Codex or pi file is merged: only the `sharedos` server entry
+//! is replaced. It never decides anything about the turn.
+
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+use sharedos_ipc::runtime;
+use sharedos_proto::alias::{Harness, SERVER_NAME};
+
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessConfigError {
+    #[error("unknown config format `{0}`: use claude-code, codex, pi or cordis")]
+    Format(String),
+    #[error("existing `{path}` is not valid {format}: {detail}")]
+    Existing {
+        path: String,
+        format: &'static str,
+        detail: String,
+    },
+    #[error("cannot write `{path}`: {source}")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// How the shim gets its token.
+#[derive(Debug, Clone)]
+pub enum TokenSource {
+    /// In the config's env (`SHAREDOS_TURN_TOKEN`).
+    Env(String),
+    /// In a file the config names (`--turn-token-file`).
+    File(PathBuf),
+}
+
+/// What goes into a harness config.
+#[derive(Debug, Clone)]
+pub struct ShimLaunch {
+    pub shim: PathBuf,
+    pub bridge: PathBuf,
+    pub token: TokenSource,
+}
+
+impl ShimLaunch {
+    fn args(&self) -> Vec<String> {
+        match &self.token {
+            TokenSource::File(p) => vec!["--turn-token-file".into(), p.display().to_string()],
+            TokenSource::Env(_) => vec![],
+        }
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![(runtime::BROKER_ENV, self.bridge.display().to_string())];
+        if let TokenSource::Env(t) = &self.token {
+            env.push((runtime::TOKEN_ENV, t.clone()));
+        }
+        env
+    }
+
+    fn env_json(&self) -> Value {
+        Value::Object(
+            self.env()
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), json!(v)))
+                .collect(),
+        )
+    }
+}
+
+pub fn parse_format(s: &str) -> Result<Harness, HarnessConfigError> {
+    Harness::parse(s).ok_or_else(|| HarnessConfigError::Format(s.to_owned()))
+}
+
+fn merge_json(
+    existing: Option<&str>,
+    path: &Path,
+    entry: Value,
+) -> Result<String, HarnessConfigError> {
+    let mut doc = match existing {
+        Some(text) if !text.trim().is_empty() => {
+            serde_json::from_str::<Value>(text).map_err(|e| HarnessConfigError::Existing {
+                path: path.display().to_string(),
+                format: "JSON",
+                detail: e.to_string(),
+            })?
+        }
+        _ => json!({}),
+    };
+    let Some(obj) = doc.as_object_mut() else {
+        return Err(HarnessConfigError::Existing {
+            path: path.display().to_string(),
+            format: "JSON",
+            detail: "the top level is not an object".into(),
+        });
+    };
+    let servers = obj.entry("mcpServers").or_insert_with(|| json!({}));
+    if !servers.is_object() {
+        *servers = json!({});
+    }
+    servers[SERVER_NAME] = entry;
+    let mut text = serde_json::to_string_pretty(&doc).unwrap_or_default();
+    text.push('\n');
+    Ok(text)
+}
+
+/// Renders the config for `format`, merged into `existing` where the format allows.
+pub fn render(
+    format: Harness,
+    launch: &ShimLaunch,
+    existing: Option<&str>,
+    path: &Path,
+) -> Result<String, HarnessConfigError> {
+    let shim = launch.shim.display().to_string();
+    match format {
+        Harness::ClaudeCode => merge_json(
+            existing,
+            path,
+            json!({"type": "stdio", "command": shim, "args": launch.args(), "env": launch.env_json()}),
+        ),
+        Harness::Pi => merge_json(
+            existing,
+            path,
+            json!({"command": shim, "args": launch.args(), "env": launch.env_json(), "directTools": true}),
+        ),
+        Harness::Codex => {
+            let mut doc = match existing {
+                Some(text) => text.parse::<toml_edit::DocumentMut>().map_err(|e| {
+                    HarnessConfigError::Existing {
+                        path: path.display().to_string(),
+                        format: "TOML",
+                        detail: e.to_string(),
+                    }
+                })?,
+                None => toml_edit::DocumentMut::new(),
+            };
+            let mut server = toml_edit::Table::new();
+            server["command"] = toml_edit::value(shim);
+            let mut args = toml_edit::Array::new();
+            for a in launch.args() {
+                args.push(a);
+            }
+            server["args"] = toml_edit::value(args);
+            let mut env = toml_edit::InlineTable::new();
+            for (k, v) in launch.env() {
+                env.insert(k, v.into());
+            }
+            server["env"] = toml_edit::value(env);
+            // Without `required`, Codex may send the first model request before the shim has
+            // listed its tools; without `approve`, `approval_policy = "never"` refuses every call.
+            server["required"] = toml_edit::value(true);
+            server["startup_timeout_sec"] = toml_edit::value(30);
+            server["tool_timeout_sec"] = toml_edit::value(120);
+            server["default_tools_approval_mode"] = toml_edit::value("approve");
+            if !doc.contains_key("mcp_servers") {
+                let mut t = toml_edit::Table::new();
+                t.set_implicit(true);
+                doc["mcp_servers"] = toml_edit::Item::Table(t);
+            }
+            doc["mcp_servers"][SERVER_NAME] = toml_edit::Item::Table(server);
+            Ok(doc.to_string())
+        }
+        Harness::Cordis => {
+            let q = |s: &str| serde_json::to_string(s).unwrap_or_default();
+            let mut y = String::from(
+                "# dsh (DeepSeek Harness) cordis.yml: SharedOS as a stdio MCP server.\n\
+                 # UNTESTED: the dsh CLI is not on any registry reachable where this was built; this\n\
+                 # follows the generic MCP stdio server shape (command, args, env).\n",
+            );
+            y.push_str(&format!(
+                "mcp_servers:\n  {SERVER_NAME}:\n    transport: stdio\n    command: {}\n",
+                q(&shim)
+            ));
+            y.push_str("    args: [");
+            y.push_str(
+                &launch
+                    .args()
+                    .iter()
+                    .map(|a| q(a))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            );
+            y.push_str("]\n    env:\n");
+            for (k, v) in launch.env() {
+                y.push_str(&format!("      {k}: {}\n", q(&v)));
+            }
+            Ok(y)
+        }
+    }
+}
+
+/// Writes `text` to `path` atomically with mode 0600.
+pub fn write_private(path: &Path, text: &str) -> Result<(), HarnessConfigError> {
+    let err = |source| HarnessConfigError::Write {
+        path: path.display().to_string(),
+        source,
+    };
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("config"),
+        std::process::id()
+    ));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(err)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(err)?;
+    f.write_all(text.as_bytes()).map_err(err)?;
+    f.sync_all().map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)?;
+    Ok(())
+}
+
+/// Renders and writes the config for `format` at `path` (merging an existing file).
+pub fn write(format: Harness, launch: &ShimLaunch, path: &Path) -> Result<(), HarnessConfigError> {
+    let existing = match format {
+        Harness::Cordis => None,
+        _ => std::fs::read_to_string(path).ok(),
+    };
+    let text = render(format, launch, existing.as_deref(), path)?;
+    write_private(path, &text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch(token: TokenSource) -> ShimLaunch {
+        ShimLaunch {
+            shim: "/opt/sharedos/bin/sharedos-mcp-shim".into(),
+            bridge: "/run/sharedos/bridge.sock".into(),
+            token,
+        }
+    }
+
+    #[test]
+    fn claude_and_pi_json_merge_keeping_other_servers() {
+        let existing = r#"{"mcpServers": {"other": {"command": "x"}}, "keep": 1}"#;
+        let out = render(
+            Harness::ClaudeCode,
+            &launch(TokenSource::Env("T".into())),
+            Some(existing),
+            Path::new("a.json"),
+        )
+        .expect("render");
+        let v: Value = serde_json::from_str(&out).expect("json");
+        assert_eq!(v["keep"], 1);
+        assert_eq!(v["mcpServers"]["other"]["command"], "x");
+        assert_eq!(v["mcpServers"]["sharedos"]["type"], "stdio");
+        assert_eq!(
+            v["mcpServers"]["sharedos"]["env"]["SHAREDOS_TURN_TOKEN"],
+            "T"
+        );
+        let out = render(
+            Harness::Pi,
+            &launch(TokenSource::File("/run/t".into())),
+            None,
+            Path::new("b.json"),
+        )
+        .expect("pi");
+        let v: Value = serde_json::from_str(&out).expect("json");
+        assert_eq!(v["mcpServers"]["sharedos"]["directTools"], true);
+        assert_eq!(
+            v["mcpServers"]["sharedos"]["args"],
+            json!(["--turn-token-file", "/run/t"])
+        );
+        assert!(
+            v["mcpServers"]["sharedos"]["env"]
+                .get("SHAREDOS_TURN_TOKEN")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn codex_toml_merges_into_the_hosts_config() {
+        let existing = "# host settings\nmodel = \"m\"\napproval_policy = \"never\"\n\n[model_providers.fake]\nbase_url = \"http://127.0.0.1:1/v1\"\n";
+        let out = render(
+            Harness::Codex,
+            &launch(TokenSource::Env("T".into())),
+            Some(existing),
+            Path::new("c.toml"),
+        )
+        .expect("render");
+        assert!(out.contains("# host settings"));
+        let t: toml::Table = toml::from_str(&out).expect("toml");
+        let s = &t["mcp_servers"]["sharedos"];
+        assert_eq!(s["required"].as_bool(), Some(true));
+        assert_eq!(s["default_tools_approval_mode"].as_str(), Some("approve"));
+        assert_eq!(s["env"]["SHAREDOS_TURN_TOKEN"].as_str(), Some("T"));
+        assert_eq!(t["model"].as_str(), Some("m"));
+    }
+
+    #[test]
+    fn written_files_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("sub/cordis.yml");
+        write(
+            Harness::Cordis,
+            &launch(TokenSource::Env("T".into())),
+            &path,
+        )
+        .expect("write");
+        let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert!(
+            std::fs::read_to_string(&path)
+                .expect("read")
+                .contains("UNTESTED")
+        );
+    }
+}
