@@ -71,6 +71,9 @@ pub enum Command {
     /// Check a decision or reload the policy.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// The MCP conformance column: run a real harness CLI against one turn and grade it.
+    #[command(subcommand)]
+    Column(ColumnCommand),
     /// Serve a scripted model (Anthropic Messages, OpenAI Responses, Chat Completions) on loopback,
     /// so real harness CLIs run offline. Prints `listening on http://ADDR` first.
     ScriptedModel {
@@ -149,6 +152,27 @@ pub enum TurnCommand {
     List {
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ColumnCommand {
+    /// Open a turn, write the harness's MCP config, run the harness with a prompt asking for each
+    /// row, close the turn and grade every row from the record (pass, fail, not exercised).
+    /// Exit status 0 when every row passed, 4 otherwise.
+    Run {
+        /// Host config (TOML): harness command, args, env, declared model, MCP support, ...
+        #[arg(long, value_name = "FILE")]
+        host_config: PathBuf,
+        /// Rows (JSON array of {id, tool, arguments, expect: allowed|denied}).
+        #[arg(long, value_name = "FILE")]
+        rows: PathBuf,
+        /// Where to write the manifest (JSON).
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// Keep the harness's work dir (config, logs) here instead of a temporary dir.
+        #[arg(long, value_name = "DIR")]
+        workdir: Option<PathBuf>,
     },
 }
 
@@ -328,6 +352,29 @@ fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
 }
 
 async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<ExitCode> {
+    if let Command::Column(ColumnCommand::Run {
+        host_config,
+        rows,
+        out,
+        workdir,
+    }) = command
+    {
+        let opts = crate::column::RunOptions {
+            runtime_dir: runtime_dir.to_path_buf(),
+            host_config,
+            rows,
+            out,
+            workdir,
+        };
+        let (manifest, all_passed) = crate::column::run(&opts).await?;
+        print!("{}", crate::column::table(&manifest));
+        println!("manifest: {}", opts.out.display());
+        return Ok(if all_passed {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(crate::column::EXIT_NOT_ALL_PASSED)
+        });
+    }
     let mut client = ControlClient::connect(runtime_dir).await?;
     match command {
         Command::Catalog { query, .. } => {
@@ -594,7 +641,10 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                 r => return Err(unexpected(r)),
             }
         }
-        Command::Serve { .. } | Command::Demo | Command::ScriptedModel { .. } => {
+        Command::Serve { .. }
+        | Command::Demo
+        | Command::ScriptedModel { .. }
+        | Command::Column(_) => {
             bail!("not a host command")
         }
     }

@@ -5,6 +5,7 @@
 //!
 //! # Layout
 //! - [`config`]: the TOML config and the embedded default.
+//! - [`column`]: the MCP conformance column (`column run`).
 //! - [`policy`]: Cedar schema and policies, decisions, the catalogue question.
 //! - [`vpath`]: canonical virtual paths.
 //! - [`files`]: the built-in files provider.
@@ -23,6 +24,7 @@
 pub mod bridge;
 pub mod cli;
 pub mod client;
+pub mod column;
 pub mod config;
 pub mod control;
 pub mod demo;

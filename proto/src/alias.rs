@@ -88,6 +88,9 @@ impl Harness {
 /// Aliases of a catalogue for one harness, and the names over the harness's limit.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AliasReport {
+    /// The namespace the aliases live in, where the harness has one (Codex: `mcp__sharedos`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     /// canonical name → alias.
     pub aliases: BTreeMap<String, String>,
     /// Human-readable problems (an alias over 64 characters, two tools with one alias).
@@ -100,7 +103,10 @@ pub fn aliases<'a>(
     server: &str,
     tools: impl IntoIterator<Item = &'a ToolName>,
 ) -> AliasReport {
-    let mut report = AliasReport::default();
+    let mut report = AliasReport {
+        namespace: (harness == Harness::Codex).then(|| Harness::codex_namespace(server)),
+        ..AliasReport::default()
+    };
     let mut seen: HashMap<String, String> = HashMap::new();
     for tool in tools {
         let Some(alias) = harness.alias(server, tool.as_str()) else {

@@ -1,0 +1,583 @@
+//! The MCP conformance column: run an installed harness CLI natively against one turn's
+//! permission-filtered catalogue, then grade declared attempts from the record.
+//!
+//! Owns: the host config (the harness command, args and env — opaque, passed through — the
+//! declared model, MCP support), the rows, the prompt, running the harness with a time limit, and
+//! grading. It never manufactures a call: a row the harness did not attempt is graded
+//! `not_exercised`. Attempts are matched on tool + resource (a live harness mints its own ids).
+//! It talks to the broker only as a host does, over the control socket.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sharedos_ipc::runtime;
+use sharedos_proto::ipc::{ControlRequest, ControlResponse, OpenTurn};
+use sharedos_proto::{McpSupport, PolicyMode, SystemIdentity, ToolPolicy};
+
+use crate::client::ControlClient;
+use crate::harness_config::{self, ShimLaunch, TokenSource};
+
+/// Exit status of `column run` when some row did not pass.
+pub const EXIT_NOT_ALL_PASSED: u8 = 4;
+
+/// The host's description of one column (TOML).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    /// The harness, as recorded in SystemIdentity (`claude-code`, `codex`, `pi`, ...).
+    pub harness: String,
+    #[serde(default)]
+    pub harness_version: Option<String>,
+    /// The model the host configured the harness with. Recorded, never selected.
+    pub declared_model: String,
+    pub mcp_support: McpSupport,
+    /// Required exactly when mcp_support = "extension".
+    #[serde(default)]
+    pub extension: Option<String>,
+    /// Which MCP config to write: claude-code, codex, pi or cordis.
+    pub config_format: String,
+    /// Where to write it (placeholders allowed). Default `{workdir}/sharedos-mcp-config`.
+    #[serde(default)]
+    pub config_path: Option<String>,
+    /// A file whose content the config is merged into (e.g. Codex's config.toml with the model
+    /// provider); relative to the host config.
+    #[serde(default)]
+    pub config_base: Option<PathBuf>,
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub env_remove: Vec<String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default = "default_timeout")]
+    pub timeout_seconds: u64,
+    pub principal: String,
+    #[serde(default)]
+    pub agent: Option<String>,
+    /// The harness's own tools, named one by one (ToolPolicy strict).
+    pub harness_local: Vec<String>,
+    #[serde(default)]
+    pub portable_names: bool,
+    /// Extra files to write before the run (e.g. pi's models.json).
+    #[serde(default)]
+    pub files: Vec<ExtraFile>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExtraFile {
+    pub path: String,
+    pub content: String,
+}
+
+fn default_timeout() -> u64 {
+    180
+}
+
+/// What a row expects the kernel to decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Expect {
+    Allowed,
+    Denied,
+}
+
+/// One declared attempt.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Row {
+    pub id: String,
+    pub tool: String,
+    #[serde(default)]
+    pub arguments: serde_json::Map<String, Value>,
+    pub expect: Expect,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Grade {
+    Pass,
+    Fail,
+    NotExercised,
+}
+
+impl Grade {
+    fn word(self) -> &'static str {
+        match self {
+            Grade::Pass => "pass",
+            Grade::Fail => "fail",
+            Grade::NotExercised => "not exercised",
+        }
+    }
+}
+
+pub fn read_host_config(path: &Path) -> anyhow::Result<HostConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read host config `{}`", path.display()))?;
+    let mut cfg: HostConfig =
+        toml::from_str(&text).with_context(|| format!("host config `{}`", path.display()))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    cfg.config_base = cfg
+        .config_base
+        .map(|p| if p.is_absolute() { p } else { base.join(p) });
+    harness_config::parse_format(&cfg.config_format)?;
+    if cfg.timeout_seconds == 0 {
+        bail!(
+            "host config `{}`: timeout_seconds must be at least 1",
+            path.display()
+        );
+    }
+    Ok(cfg)
+}
+
+pub fn read_rows(path: &Path) -> anyhow::Result<Vec<Row>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read rows `{}`", path.display()))?;
+    let rows: Vec<Row> =
+        serde_json::from_str(&text).with_context(|| format!("rows `{}`", path.display()))?;
+    if rows.is_empty() {
+        bail!("rows `{}`: no rows", path.display());
+    }
+    let mut ids = std::collections::HashSet::new();
+    for r in &rows {
+        if !ids.insert(r.id.as_str()) {
+            bail!("rows `{}`: row id `{}` appears twice", path.display(), r.id);
+        }
+    }
+    Ok(rows)
+}
+
+/// The prompt: the declared attempts, in words a model can follow.
+pub fn prompt(rows: &[Row]) -> String {
+    let mut p = String::from(
+        "You are being tested on tool use. Use the SharedOS MCP tools to make exactly the following \
+         tool calls, in this order, one at a time. Make every call even if an earlier one is refused \
+         or fails; do not use any other tool; do not retry. After the last call, reply with the \
+         word DONE.\n",
+    );
+    for (i, r) in rows.iter().enumerate() {
+        p.push_str(&format!(
+            "{}. call `{}` with arguments {}\n",
+            i + 1,
+            r.tool,
+            Value::Object(r.arguments.clone())
+        ));
+    }
+    p
+}
+
+fn expand(s: &str, vars: &[(&str, &str)]) -> String {
+    let mut out = s.to_owned();
+    for (k, v) in vars {
+        out = out.replace(&format!("{{{k}}}"), v);
+    }
+    out
+}
+
+/// Options of one run.
+pub struct RunOptions {
+    pub runtime_dir: PathBuf,
+    pub host_config: PathBuf,
+    pub rows: PathBuf,
+    pub out: PathBuf,
+    /// Keep the harness's work dir (its logs and config) here instead of a temp dir.
+    pub workdir: Option<PathBuf>,
+}
+
+struct HarnessRun {
+    exit_code: Option<i32>,
+    timed_out: bool,
+    duration: Duration,
+}
+
+async fn run_harness(
+    cfg: &HostConfig,
+    vars: &[(&str, &str)],
+    workdir: &Path,
+) -> anyhow::Result<HarnessRun> {
+    let command = expand(&cfg.command, vars);
+    let mut cmd = tokio::process::Command::new(&command);
+    cmd.args(cfg.args.iter().map(|a| expand(a, vars)));
+    for k in &cfg.env_remove {
+        cmd.env_remove(k);
+    }
+    for (k, v) in &cfg.env {
+        cmd.env(k, expand(v, vars));
+    }
+    let cwd = cfg
+        .cwd
+        .as_deref()
+        .map_or_else(|| workdir.to_path_buf(), |c| PathBuf::from(expand(c, vars)));
+    std::fs::create_dir_all(&cwd).with_context(|| format!("cannot create `{}`", cwd.display()))?;
+    let stdout = std::fs::File::create(workdir.join("harness.stdout.log"))?;
+    let stderr = std::fs::File::create(workdir.join("harness.stderr.log"))?;
+    cmd.current_dir(&cwd)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .process_group(0);
+    let started = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start the harness `{command}`"))?;
+    let pid = child.id();
+    let waited = tokio::time::timeout(Duration::from_secs(cfg.timeout_seconds), child.wait()).await;
+    let (exit_code, timed_out) = match waited {
+        Ok(status) => (status?.code(), false),
+        Err(_) => {
+            // The whole process group: harnesses start helpers (and the shim) of their own.
+            if let Some(pid) = pid {
+                let _ = std::process::Command::new("kill")
+                    .args(["-KILL", &format!("-{pid}")])
+                    .status();
+            }
+            let _ = child.kill().await;
+            (None, true)
+        }
+    };
+    Ok(HarnessRun {
+        exit_code,
+        timed_out,
+        duration: started.elapsed(),
+    })
+}
+
+/// Runs the column; returns the manifest and whether every row passed.
+pub async fn run(opts: &RunOptions) -> anyhow::Result<(Value, bool)> {
+    let cfg = read_host_config(&opts.host_config)?;
+    let rows = read_rows(&opts.rows)?;
+    let format = harness_config::parse_format(&cfg.config_format)?;
+    let tool_policy = ToolPolicy {
+        mode: PolicyMode::Strict,
+        harness_local: cfg.harness_local.clone(),
+        external_direct: vec![],
+    };
+    tool_policy
+        .validate(true)
+        .context("host config harness_local")?;
+    let identity = SystemIdentity {
+        harness: cfg.harness.clone(),
+        harness_version: cfg.harness_version.clone(),
+        mcp_support: cfg.mcp_support,
+        extension: cfg.extension.clone(),
+        declared_model: cfg.declared_model.clone(),
+        catalog_hash: None,
+        broker_version: None,
+    };
+    identity.validate().context("host config")?;
+
+    let temp;
+    let workdir = match &opts.workdir {
+        Some(d) => {
+            std::fs::create_dir_all(d)
+                .with_context(|| format!("cannot create `{}`", d.display()))?;
+            d.clone()
+        }
+        None => {
+            temp = tempfile::Builder::new()
+                .prefix("sharedos-column-")
+                .tempdir()?;
+            temp.path().to_path_buf()
+        }
+    };
+    let mut host = ControlClient::connect(&opts.runtime_dir).await?;
+    let open = OpenTurn {
+        principal: cfg.principal.clone(),
+        agent: cfg.agent.clone(),
+        tool_policy: Some(tool_policy.clone()),
+        system_identity: Some(identity),
+        ttl_seconds: Some(cfg.timeout_seconds + 60),
+        harness: Some(format.as_str().to_owned()),
+        portable_names: cfg.portable_names,
+        ..Default::default()
+    };
+    let turn = match host.call(&ControlRequest::OpenTurn(Box::new(open))).await? {
+        ControlResponse::TurnOpened(t) => t,
+        other => bail!("unexpected answer to open_turn: {other:?}"),
+    };
+    let started_at = crate::record::now_rfc3339();
+    let result = async {
+        let workdir_s = workdir.display().to_string();
+        let pre = [("workdir", workdir_s.as_str())];
+        let config_path = PathBuf::from(expand(
+            cfg.config_path
+                .as_deref()
+                .unwrap_or("{workdir}/sharedos-mcp-config"),
+            &pre,
+        ));
+        if let Some(base) = &cfg.config_base {
+            let text = std::fs::read_to_string(base)
+                .with_context(|| format!("cannot read config_base `{}`", base.display()))?;
+            harness_config::write_private(&config_path, &expand(&text, &pre))?;
+        }
+        let launch = ShimLaunch {
+            shim: crate::demo::locate_shim()?,
+            bridge: std::path::absolute(runtime::bridge_socket(&opts.runtime_dir))?,
+            token: TokenSource::Env(turn.token.expose().to_owned()),
+        };
+        harness_config::write(format, &launch, &config_path)?;
+        for f in &cfg.files {
+            let path = PathBuf::from(expand(&f.path, &pre));
+            harness_config::write_private(&path, &expand(&f.content, &pre))?;
+        }
+        let prompt = prompt(&rows);
+        let config_s = config_path.display().to_string();
+        let vars = [
+            ("workdir", workdir_s.as_str()),
+            ("config", config_s.as_str()),
+            ("prompt", prompt.as_str()),
+        ];
+        run_harness(&cfg, &vars, &workdir).await
+    }
+    .await;
+    // Close the turn whatever happened: the shim exits, the token dies.
+    let _ = host
+        .call(&ControlRequest::CloseTurn {
+            turn: turn.turn.clone(),
+        })
+        .await;
+    let harness_run = result?;
+    let finished_at = crate::record::now_rfc3339();
+
+    // The record of the turn.
+    let mut lines = Vec::new();
+    let mut after_seq = 0;
+    loop {
+        match host
+            .call(&ControlRequest::Records {
+                turn: Some(turn.turn.clone()),
+                after_seq,
+                limit: None,
+            })
+            .await?
+        {
+            ControlResponse::Records {
+                lines: page,
+                last_seq,
+                more,
+            } => {
+                lines.extend(page);
+                after_seq = last_seq;
+                if !more {
+                    break;
+                }
+            }
+            other => bail!("unexpected answer to records: {other:?}"),
+        }
+    }
+    let identity = lines
+        .iter()
+        .find(|l| l["kind"] == "turn_opened")
+        .map(|l| l["systemIdentity"].clone())
+        .unwrap_or(Value::Null);
+    let mut calls: Vec<(Value, bool)> = lines
+        .into_iter()
+        .filter(|l| l["kind"] == "call")
+        .map(|l| (l, false))
+        .collect();
+
+    // What each row requires, as the kernel resolves it (for matching on tool + resource).
+    let mut graded = Vec::new();
+    let (mut pass, mut fail, mut not_exercised) = (0, 0, 0);
+    for row in &rows {
+        let check = ControlRequest::PolicyCheck {
+            principal: cfg.principal.clone(),
+            agent: cfg.agent.clone(),
+            tool: row.tool.clone(),
+            arguments: Some(Value::Object(row.arguments.clone())),
+        };
+        let requirement = match host.call(&check).await? {
+            ControlResponse::Decision { requirement, .. } => requirement,
+            other => bail!("unexpected answer to policy check: {other:?}"),
+        };
+        let resource = requirement.as_ref().map(|r| r.resource.clone());
+        let found = calls.iter_mut().find(|(c, used)| {
+            !*used
+                && c["tool"] == row.tool.as_str()
+                && c["requirement"].get("resource").and_then(Value::as_str) == resource.as_deref()
+        });
+        let (grade, outcome, code, call_ids) = match found {
+            None => (Grade::NotExercised, Value::Null, Value::Null, vec![]),
+            Some((call, used)) => {
+                *used = true;
+                let outcome = call["outcome"].as_str().unwrap_or_default();
+                let ok = match row.expect {
+                    Expect::Allowed => outcome == "succeeded",
+                    Expect::Denied => outcome == "denied",
+                };
+                (
+                    if ok { Grade::Pass } else { Grade::Fail },
+                    call["outcome"].clone(),
+                    call["code"].clone(),
+                    vec![call["callId"].clone()],
+                )
+            }
+        };
+        match grade {
+            Grade::Pass => pass += 1,
+            Grade::Fail => fail += 1,
+            Grade::NotExercised => not_exercised += 1,
+        }
+        graded.push(json!({
+            "id": row.id, "tool": row.tool, "arguments": row.arguments, "expect": row.expect,
+            "requirement": requirement, "grade": grade, "outcome": outcome, "code": code,
+            "matchedCallIds": call_ids, "systemIdentity": identity,
+        }));
+    }
+    let extra: Vec<Value> = calls
+        .into_iter()
+        .filter(|(_, used)| !used)
+        .map(|(c, _)| {
+            json!({"callId": c["callId"], "tool": c["tool"], "arguments": c["arguments"],
+                   "requirement": c["requirement"], "outcome": c["outcome"], "code": c["code"]})
+        })
+        .collect();
+    let all_passed = fail == 0 && not_exercised == 0;
+    let manifest = json!({
+        "kind": "sharedos.mcp-column",
+        "version": 1,
+        "reportedSeparately": "an MCP column is reported apart from committed manifests: its calls are the harness's and its model's choices, matched on tool + resource",
+        "systemIdentity": identity,
+        "toolPolicy": tool_policy,
+        "turn": turn.turn,
+        "catalogHash": turn.catalog_hash,
+        "principal": cfg.principal,
+        "startedAt": started_at,
+        "finishedAt": finished_at,
+        "harnessRun": {
+            "command": cfg.command, "exitCode": harness_run.exit_code, "timedOut": harness_run.timed_out,
+            "durationMs": harness_run.duration.as_millis() as u64,
+            "stdout": workdir.join("harness.stdout.log"), "stderr": workdir.join("harness.stderr.log"),
+        },
+        "rows": graded,
+        "extraCalls": extra,
+        "summary": {"pass": pass, "fail": fail, "notExercised": not_exercised, "allPassed": all_passed},
+    });
+    let text = serde_json::to_string_pretty(&manifest)? + "\n";
+    std::fs::write(&opts.out, text)
+        .with_context(|| format!("cannot write manifest `{}`", opts.out.display()))?;
+    Ok((manifest, all_passed))
+}
+
+/// The readable table of a manifest.
+pub fn table(manifest: &Value) -> String {
+    let id = &manifest["systemIdentity"];
+    let mut out = format!(
+        "MCP column: harness {} {} ({}{}), declared model {:?}, catalogHash {}\n",
+        id["harness"].as_str().unwrap_or("?"),
+        id["harnessVersion"].as_str().unwrap_or(""),
+        id["mcpSupport"].as_str().unwrap_or("?"),
+        id["extension"]
+            .as_str()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default(),
+        id["declaredModel"].as_str().unwrap_or("?"),
+        manifest["catalogHash"].as_str().unwrap_or("?"),
+    );
+    out.push_str(&format!(
+        "{:<14} {:<14} {:<40} {:<8} {:<28} {}\n",
+        "row", "tool", "arguments", "expect", "outcome", "grade"
+    ));
+    for r in manifest["rows"].as_array().into_iter().flatten() {
+        let outcome = match (r["outcome"].as_str(), r["code"].as_str()) {
+            (Some(o), Some(c)) => format!("{o}/{c}"),
+            _ => "-".into(),
+        };
+        let mut args = r["arguments"].to_string();
+        if args.len() > 40 {
+            args.truncate(39);
+            args.push('…');
+        }
+        let grade = match r["grade"].as_str() {
+            Some("pass") => Grade::Pass.word(),
+            Some("fail") => Grade::Fail.word(),
+            _ => Grade::NotExercised.word(),
+        };
+        out.push_str(&format!(
+            "{:<14} {:<14} {:<40} {:<8} {:<28} {}\n",
+            r["id"].as_str().unwrap_or(""),
+            r["tool"].as_str().unwrap_or(""),
+            args,
+            r["expect"].as_str().unwrap_or(""),
+            outcome,
+            grade
+        ));
+    }
+    let s = &manifest["summary"];
+    out.push_str(&format!(
+        "{} pass, {} fail, {} not exercised; {} extra call(s); harness exit {} {}\n",
+        s["pass"],
+        s["fail"],
+        s["notExercised"],
+        manifest["extraCalls"].as_array().map_or(0, Vec::len),
+        manifest["harnessRun"]["exitCode"],
+        if manifest["harnessRun"]["timedOut"] == true {
+            "(timed out)"
+        } else {
+            ""
+        },
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_and_prompt() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("rows.json");
+        std::fs::write(&p, r#"[{"id":"a","tool":"files.read","arguments":{"path":"/public/x"},"expect":"allowed"}]"#).expect("w");
+        let rows = read_rows(&p).expect("rows");
+        assert!(
+            prompt(&rows).contains("call `files.read` with arguments {\"path\":\"/public/x\"}")
+        );
+        std::fs::write(
+            &p,
+            r#"[{"id":"a","tool":"t","expect":"allowed"},{"id":"a","tool":"t","expect":"denied"}]"#,
+        )
+        .expect("w");
+        assert!(
+            read_rows(&p)
+                .expect_err("dup")
+                .to_string()
+                .contains("twice")
+        );
+        std::fs::write(&p, r#"[{"id":"a","tool":"t","expect":"maybe"}]"#).expect("w");
+        assert!(read_rows(&p).is_err());
+    }
+
+    #[test]
+    fn host_config_rules() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("host.toml");
+        std::fs::write(&p, "harness = \"pi\"\ndeclared_model = \"m\"\nmcp_support = \"extension\"\nextension = \"pi-mcp-adapter@2.36.0\"\nconfig_format = \"pi\"\ncommand = \"pi\"\nprincipal = \"alice\"\nharness_local = [\"bash\"]\nconfig_base = \"base.json\"\n").expect("w");
+        let c = read_host_config(&p).expect("config");
+        assert_eq!(c.config_base, Some(dir.path().join("base.json")));
+        assert_eq!(c.timeout_seconds, 180);
+        std::fs::write(&p, "harness = \"pi\"\ndeclared_model = \"m\"\nmcp_support = \"native\"\nconfig_format = \"vim\"\ncommand = \"pi\"\nprincipal = \"alice\"\nharness_local = []\n").expect("w");
+        assert!(
+            read_host_config(&p)
+                .expect_err("format")
+                .to_string()
+                .contains("vim")
+        );
+        assert_eq!(
+            expand(
+                "{workdir}/x {prompt}",
+                &[("workdir", "/w"), ("prompt", "p")]
+            ),
+            "/w/x p"
+        );
+    }
+}
