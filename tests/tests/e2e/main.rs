@@ -9,6 +9,8 @@
 
 mod boundary;
 mod cli;
+mod interop;
 mod kit;
+mod names;
 mod outside_client;
 mod turns;

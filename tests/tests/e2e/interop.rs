@@ -1,0 +1,365 @@
+//! The interop suite: the MCP column with the real harness CLIs (Claude Code, Codex, pi with
+//! pi-mcp-adapter), each driven offline by the scripted model provider on 127.0.0.1.
+//!
+//! `.ci/install-harnesses` installs the pinned CLIs and writes `harnesses.env`. If the registry
+//! could not be reached it leaves a SKIPPED marker and these tests say they are skipped; under
+//! CI=true a missing install without that marker fails.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde_json::{Value, json};
+use sharedos_broker::scripted_model::{self, Script};
+use tokio_util::sync::CancellationToken;
+
+use crate::kit::{Options, TestBroker, run};
+
+fn cache_dir() -> PathBuf {
+    match std::env::var_os("SHAREDOS_CI_CACHE") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/sharedos-ci")
+        }
+    }
+}
+
+/// The installed harnesses, or None (with the reason printed) when the suite is skipped.
+fn harnesses() -> Option<BTreeMap<String, String>> {
+    let dir = cache_dir().join("harnesses");
+    let env_file = dir.join("harnesses.env");
+    match std::fs::read_to_string(&env_file) {
+        Ok(text) => Some(
+            text.lines()
+                .filter(|l| !l.trim_start().starts_with('#'))
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                .collect(),
+        ),
+        Err(_) if dir.join("SKIPPED").exists() => {
+            eprintln!(
+                "SKIPPED: interop: the harness install could not reach the registry (see .ci/install-harnesses)"
+            );
+            None
+        }
+        Err(_) => {
+            assert!(
+                std::env::var("CI").is_err(),
+                "CI must run .ci/install-harnesses first ({} is missing)",
+                env_file.display()
+            );
+            eprintln!("SKIPPED: interop: run .ci/install-harnesses to install the harness CLIs");
+            None
+        }
+    }
+}
+
+fn rows() -> Value {
+    json!([
+        {"id": "allowed-read", "tool": "files.read", "arguments": {"path": "/public/hello.txt"}, "expect": "allowed"},
+        {"id": "denied-read", "tool": "files.read", "arguments": {"path": "/private/secret.txt"}, "expect": "denied"},
+        {"id": "traversal", "tool": "files.read", "arguments": {"path": "/public/../private/secret.txt"}, "expect": "denied"},
+        {"id": "denied-list", "tool": "files.list", "arguments": {"path": "/private"}, "expect": "denied"},
+    ])
+}
+
+/// Runs one column: broker, scripted model, `sharedos-broker column run`. Returns the manifest,
+/// the model's log and the broker (for its record).
+async fn column(
+    host_config: impl FnOnce(u16, &BTreeMap<String, String>, &std::path::Path) -> String,
+) -> Option<(Value, Vec<Value>, TestBroker)> {
+    let h = harnesses()?;
+    let broker = TestBroker::start(Options::default()).await;
+    let dir = broker.dir.path().to_path_buf();
+    let rows = rows();
+    let script: Script = serde_json::from_value(json!({
+        "steps": rows.as_array().expect("rows").iter().map(|r| json!({"tool": r["tool"], "arguments": r["arguments"]})).collect::<Vec<_>>(),
+        "final": "DONE",
+    }))
+    .expect("script");
+    let listener = scripted_model::bind("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let model_log = dir.join("model.jsonl");
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(scripted_model::serve(
+        listener,
+        script,
+        Some(model_log.clone()),
+        stop.clone(),
+    ));
+
+    std::fs::write(dir.join("rows.json"), rows.to_string()).expect("rows");
+    std::fs::write(dir.join("host.toml"), host_config(port, &h, &dir)).expect("host config");
+    let mut cmd = broker.cli();
+    cmd.args(["column", "run", "--host-config"])
+        .arg(dir.join("host.toml"))
+        .arg("--rows")
+        .arg(dir.join("rows.json"))
+        .arg("--out")
+        .arg(dir.join("manifest.json"))
+        .arg("--workdir")
+        .arg(dir.join("work"));
+    let (code, out, err) = run(cmd).await;
+    stop.cancel();
+    let _ = server.await;
+    let log: Vec<Value> = std::fs::read_to_string(&model_log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let stderr = std::fs::read_to_string(dir.join("work/harness.stderr.log")).unwrap_or_default();
+    assert_eq!(
+        code, 0,
+        "column run failed:\n{out}\n{err}\nharness stderr:\n{stderr}\nmodel log:\n{log:#?}"
+    );
+    println!("{out}");
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("manifest.json")).expect("manifest"),
+    )
+    .expect("json");
+    Some((manifest, log, broker))
+}
+
+/// What every column must show: every row passed, the model saw each refusal as text it can act
+/// on, the record carries the system identity on every line and aliases only on the bridge.
+fn check(
+    manifest: &Value,
+    log: &[Value],
+    broker: &TestBroker,
+    harness: &str,
+    alias: &str,
+    bridge_alias: &str,
+) {
+    assert_eq!(manifest["summary"]["allPassed"], true, "{manifest:#}");
+    for row in manifest["rows"].as_array().expect("rows") {
+        assert_eq!(row["grade"], "pass", "{row}");
+        assert_eq!(row["systemIdentity"]["harness"], harness);
+    }
+    assert_eq!(manifest["extraCalls"], json!([]), "{manifest:#}");
+    assert!(
+        manifest["systemIdentity"]["catalogHash"]
+            .as_str()
+            .is_some_and(|h| h.len() == 64)
+    );
+    let results: Vec<&Value> = log.iter().filter(|l| l["kind"] == "tool_result").collect();
+    assert_eq!(results.len(), 4, "{log:#?}");
+    assert!(
+        results[0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("Hello") || t.contains("hello")),
+        "{:?}",
+        results[0]
+    );
+    for r in &results[1..] {
+        assert!(
+            r["text"].as_str().is_some_and(|t| t.contains("denied:")),
+            "the model sees the refusal: {r}"
+        );
+    }
+    assert!(
+        log.iter()
+            .any(|l| l["tool"].as_str().is_some_and(|t| t.contains(alias))),
+        "offered as {alias}: {log:#?}"
+    );
+    let turn = manifest["turn"].as_str().expect("turn");
+    let lines: Vec<Value> = broker
+        .records()
+        .into_iter()
+        .filter(|l| l["turn"] == turn)
+        .collect();
+    assert!(!lines.is_empty());
+    for l in &lines {
+        assert_eq!(l["systemIdentity"]["harness"], harness, "stamped: {l}");
+        if l["kind"] == "call" {
+            assert!(l.get("aliases").is_none(), "no alias on a call record");
+        }
+    }
+    let bridge = lines
+        .iter()
+        .find(|l| l["kind"] == "bridge_connected")
+        .expect("bridge_connected");
+    assert!(
+        bridge["aliases"].to_string().contains(bridge_alias),
+        "{bridge}"
+    );
+}
+
+const CLAUDE_LOCAL: &str = r#"["Bash", "Edit", "Glob", "Grep", "NotebookEdit", "Read", "Task", "TodoWrite", "WebFetch", "WebSearch", "Write"]"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_column() {
+    let Some((manifest, log, broker)) = column(|port, h, _| {
+        format!(
+            r#"harness = "claude-code"
+harness_version = "{version}"
+declared_model = "sharedos scripted-model on 127.0.0.1"
+mcp_support = "native"
+config_format = "claude-code"
+config_path = "{{workdir}}/sharedos.mcp.json"
+command = "{bin}"
+args = ["-p", "{{prompt}}", "--mcp-config", "{{config}}", "--strict-mcp-config", "--allowedTools", "mcp__sharedos__*", "--output-format", "stream-json", "--verbose"]
+env_remove = ["ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN"]
+timeout_seconds = 120
+principal = "alice"
+harness_local = {local}
+
+[env]
+HOME = "{{workdir}}"
+CLAUDE_CONFIG_DIR = "{{workdir}}/claude"
+ANTHROPIC_BASE_URL = "http://127.0.0.1:{port}"
+ANTHROPIC_API_KEY = "sk-ant-dummy-offline"
+CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC = "1"
+DISABLE_TELEMETRY = "1"
+DISABLE_AUTOUPDATER = "1"
+DISABLE_ERROR_REPORTING = "1"
+DISABLE_BUG_COMMAND = "1"
+DISABLE_NON_ESSENTIAL_MODEL_CALLS = "1"
+ENABLE_TOOL_SEARCH = "false"
+"#,
+            version = h["CLAUDE_VERSION"],
+            bin = h["CLAUDE_BIN"],
+            local = CLAUDE_LOCAL,
+        )
+    })
+    .await
+    else {
+        return;
+    };
+    check(
+        &manifest,
+        &log,
+        &broker,
+        "claude-code",
+        "mcp__sharedos__files_read",
+        r#""files.read":"mcp__sharedos__files_read""#,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_column() {
+    let Some((manifest, log, broker)) = column(|port, h, dir| {
+        let base = dir.join("codex-base.toml");
+        std::fs::write(
+            &base,
+            format!(
+                r#"check_for_update_on_startup = false
+model = "fake-model"
+model_provider = "fake"
+approval_policy = "never"
+sandbox_mode = "read-only"
+
+[model_providers.fake]
+name = "SharedOS scripted model"
+base_url = "http://127.0.0.1:{port}/v1"
+wire_api = "responses"
+env_key = "FAKE_API_KEY"
+request_max_retries = 0
+stream_max_retries = 0
+stream_idle_timeout_ms = 30000
+
+[analytics]
+enabled = false
+"#
+            ),
+        )
+        .expect("base");
+        format!(
+            r#"harness = "codex"
+harness_version = "{version}"
+declared_model = "fake-model (sharedos scripted-model on 127.0.0.1)"
+mcp_support = "native"
+config_format = "codex"
+config_path = "{{workdir}}/codex/config.toml"
+config_base = "{base}"
+command = "{bin}"
+args = ["exec", "--skip-git-repo-check", "--json", "--ephemeral", "{{prompt}}"]
+env_remove = ["OPENAI_API_KEY", "OPENAI_BASE_URL"]
+timeout_seconds = 120
+principal = "alice"
+harness_local = ["apply_patch", "shell", "update_plan", "view_image"]
+
+[env]
+HOME = "{{workdir}}"
+CODEX_HOME = "{{workdir}}/codex"
+FAKE_API_KEY = "dummy"
+"#,
+            version = h["CODEX_VERSION"],
+            bin = h["CODEX_BIN"],
+            base = base.display(),
+        )
+    })
+    .await
+    else {
+        return;
+    };
+    check(
+        &manifest,
+        &log,
+        &broker,
+        "codex",
+        "mcp__sharedos/files_read",
+        r#""namespace":"mcp__sharedos""#,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pi_column() {
+    let Some((manifest, log, broker)) = column(|port, h, _| {
+        let path = format!("{}:{}", h["NODE22_BIN_DIR"], std::env::var("PATH").unwrap_or_default());
+        let models = json!({"providers": {"fake": {
+            "baseUrl": format!("http://127.0.0.1:{port}/v1"), "api": "openai-completions", "apiKey": "dummy-key",
+            "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
+            "models": [{"id": "fake-model", "reasoning": false, "input": ["text"], "contextWindow": 128000, "maxTokens": 4096,
+                        "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}}]}}});
+        format!(
+            r#"harness = "pi"
+harness_version = "{version}"
+declared_model = "fake/fake-model (sharedos scripted-model on 127.0.0.1)"
+mcp_support = "extension"
+extension = "pi-mcp-adapter@{adapter_version}"
+config_format = "pi"
+config_path = "{{workdir}}/.mcp.json"
+command = "{node}"
+args = ["{pi}", "{flag}", "{adapter}", "-p", "--mode", "json", "--no-session", "--provider", "fake", "--model", "fake-model", "--approve", "{{prompt}}"]
+timeout_seconds = 120
+principal = "alice"
+harness_local = ["bash", "edit", "mcp", "mcpScript", "read", "write"]
+
+[env]
+PATH = "{path}"
+HOME = "{{workdir}}"
+PI_CODING_AGENT_DIR = "{{workdir}}/agent"
+PI_OFFLINE = "1"
+PI_TELEMETRY = "0"
+
+[[files]]
+path = "{{workdir}}/agent/models.json"
+content = '''{models}'''
+"#,
+            version = h["PI_VERSION"],
+            adapter_version = h["PI_MCP_ADAPTER_VERSION"],
+            node = h["NODE22"],
+            pi = h["PI_BIN"],
+            flag = h["PI_MCP_ADAPTER_FLAG"],
+            adapter = h["PI_MCP_ADAPTER"],
+        )
+    })
+    .await
+    else {
+        return;
+    };
+    check(
+        &manifest,
+        &log,
+        &broker,
+        "pi",
+        "sharedos_files_read",
+        "\"files.read\":\"sharedos_files_read\"",
+    );
+    assert_eq!(manifest["systemIdentity"]["mcpSupport"], "extension");
+    assert_eq!(
+        manifest["systemIdentity"]["extension"],
+        "pi-mcp-adapter@2.36.0"
+    );
+}
