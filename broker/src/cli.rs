@@ -71,6 +71,15 @@ pub enum Command {
     /// Check a decision or reload the policy.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Each provider: its state (starting, ready, restarting, drifted, failed), tools and
+    /// rejected registrations; `providers pin` pins the brokered upstreams' tool lists.
+    #[command(args_conflicts_with_subcommands = true)]
+    Providers {
+        #[command(subcommand)]
+        command: Option<ProvidersCommand>,
+        #[arg(long)]
+        json: bool,
+    },
     /// The MCP conformance column: run a real harness CLI against one turn and grade it.
     #[command(subcommand)]
     Column(ColumnCommand),
@@ -153,6 +162,13 @@ pub enum TurnCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProvidersCommand {
+    /// Write each brokered upstream's current catalogHash to the pin file (`pins` in the config);
+    /// an upstream whose tools later differ from its pin is held back from every catalogue.
+    Pin,
 }
 
 #[derive(Debug, Subcommand)]
@@ -633,6 +649,67 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                 r => return Err(unexpected(r)),
             }
         }
+        Command::Providers {
+            command: Some(ProvidersCommand::Pin),
+            ..
+        } => match client.call(&ControlRequest::PinProviders).await? {
+            ControlResponse::Pinned { path, pins } => {
+                for (ns, hash) in &pins {
+                    println!("{ns} = {hash}");
+                }
+                println!("pinned in {path}");
+            }
+            r => return Err(unexpected(r)),
+        },
+        Command::Providers {
+            command: None,
+            json,
+        } => match client.call(&ControlRequest::Providers).await? {
+            ControlResponse::Providers { providers } => {
+                if json {
+                    print_json(&providers)?;
+                } else {
+                    for p in &providers {
+                        let s = |k: &str| p[k].as_str().unwrap_or("").to_owned();
+                        let scope = if p["scope"].is_object() {
+                            format!(" scope={}", p["scope"])
+                        } else {
+                            String::new()
+                        };
+                        println!("{} ({}) {}{}", s("namespace"), s("type"), s("state"), scope);
+                        if let Some(h) = p["upstreamHash"].as_str() {
+                            let pin = p["pinnedHash"].as_str().unwrap_or("(not pinned)");
+                            println!("  upstream catalogHash {h}, pinned {pin}");
+                        }
+                        let tools: Vec<&str> = p["tools"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(Value::as_str)
+                            .collect();
+                        println!(
+                            "  tools: {}",
+                            if tools.is_empty() {
+                                "(none)".to_owned()
+                            } else {
+                                tools.join(", ")
+                            }
+                        );
+                        for r in p["rejected"].as_array().into_iter().flatten() {
+                            println!(
+                                "  rejected {:?}: {}",
+                                r["upstream"].as_str().unwrap_or(""),
+                                r["reason"].as_str().unwrap_or("")
+                            );
+                        }
+                        if let Some(e) = p["lastError"].as_str() {
+                            println!("  last error: {e}");
+                        }
+                    }
+                }
+            }
+            r => return Err(unexpected(r)),
+        },
         Command::Policy(PolicyCommand::Reload) => {
             match client.call(&ControlRequest::PolicyReload).await? {
                 ControlResponse::PolicyReloaded { version, policies } => {

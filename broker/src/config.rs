@@ -55,6 +55,8 @@ pub enum ProviderConfig {
         #[serde(default)]
         latency_ms: Option<u64>,
     },
+    /// An existing stdio MCP server the broker spawns and keeps (see `upstream`).
+    Mcp(crate::upstream::McpProviderConfig),
 }
 
 fn default_files_namespace() -> String {
@@ -80,6 +82,9 @@ struct RawConfig {
     default_ttl_seconds: Option<u64>,
     #[serde(default)]
     call_timeout_seconds: Option<u64>,
+    /// Pin file for brokered providers' tool lists (`providers pin` writes it).
+    #[serde(default)]
+    pins: Option<PathBuf>,
     #[serde(default)]
     providers: Vec<ProviderConfig>,
 }
@@ -100,7 +105,10 @@ pub struct Config {
     pub harness_uids: Vec<u32>,
     pub default_ttl: Duration,
     pub call_timeout: Duration,
+    pub pins: Option<PathBuf>,
     pub providers: Vec<ProviderConfig>,
+    /// The folder relative paths in provider entries resolve against.
+    pub base: PathBuf,
 }
 
 impl Config {
@@ -123,6 +131,21 @@ impl Config {
                 base.join(p)
             }
         };
+        let mut namespaces = std::collections::HashSet::new();
+        for p in &raw.providers {
+            let ns = match p {
+                ProviderConfig::Files { namespace, .. } => namespace,
+                ProviderConfig::Mcp(m) => &m.namespace,
+            };
+            if !namespaces.insert(ns.clone()) {
+                return Err(ConfigError::Parse {
+                    path: shown,
+                    detail: format!(
+                        "two providers share namespace `{ns}`: each provider needs its own"
+                    ),
+                });
+            }
+        }
         if raw.providers.is_empty() {
             return Err(ConfigError::Parse {
                 path: shown,
@@ -161,8 +184,16 @@ impl Config {
                         writable,
                         latency_ms,
                     },
+                    ProviderConfig::Mcp(mut m) => {
+                        for t in m.tools.values_mut() {
+                            t.file_root = t.file_root.as_deref().map(rel);
+                        }
+                        ProviderConfig::Mcp(m)
+                    }
                 })
                 .collect(),
+            pins: raw.pins.as_deref().map(rel),
+            base: base.to_path_buf(),
         })
     }
 
@@ -209,6 +240,8 @@ impl Config {
                 writable: false,
                 latency_ms: None,
             }],
+            pins: None,
+            base: dir.to_path_buf(),
         })
     }
 }

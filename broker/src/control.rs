@@ -219,11 +219,43 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest) -> ControlResponse {
                         policies.join(", ")
                     ),
                     requirement: Some(sharedos_proto::Requirement {
-                        action: resolved.action.into(),
+                        action: resolved.action,
                         resource: resolved.resource.display(),
                     }),
                     policies,
                 },
+            }
+        }
+        ControlRequest::Providers => ControlResponse::Providers {
+            providers: broker.kernel.provider_statuses(),
+        },
+        ControlRequest::PinProviders => {
+            let registry = broker.kernel.registry();
+            let pins: BTreeMap<String, String> = registry
+                .providers
+                .iter()
+                .filter_map(|p| Some((p.namespace().to_owned(), p.upstream_hash()?)))
+                .collect();
+            let Some(pin_file) = registry.providers.first().map(|p| p.pins_path()) else {
+                return error("no_providers", "no brokered providers are configured");
+            };
+            match registry.providers[0].pins().write(&pins) {
+                Ok(all) => {
+                    for p in &registry.providers {
+                        p.repin().await;
+                    }
+                    let line = json!({"kind": "providers_pinned", "pins": all});
+                    if let Some(obj) = line.as_object() {
+                        let _ = broker.kernel.recorder.append(obj.clone()).await;
+                    }
+                    ControlResponse::Pinned {
+                        path: pin_file
+                            .map(|p| p.display().to_string())
+                            .unwrap_or_default(),
+                        pins: all,
+                    }
+                }
+                Err(e) => error("pins", e.to_string()),
             }
         }
         ControlRequest::PolicyReload => match broker.kernel.policy.reload() {

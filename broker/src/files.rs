@@ -69,25 +69,63 @@ pub struct Resolved {
     pub real: PathBuf,
 }
 
-/// A failed execution: the code and the sentence after `failed: `.
+/// A failed execution: the code, the sentence after `failed: `, and any content a provider
+/// returned with its error (passed through after that sentence).
 #[derive(Debug, Clone)]
 pub struct Failure {
     pub code: FailCode,
     pub message: String,
+    pub content: Vec<Value>,
 }
 
-fn fail(code: FailCode, message: impl Into<String>) -> Failure {
-    Failure {
-        code,
-        message: message.into(),
+impl Failure {
+    pub fn new(code: FailCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            content: vec![],
+        }
+    }
+
+    pub fn with_content(mut self, content: Vec<Value>) -> Self {
+        self.content = content;
+        self
     }
 }
 
-/// A successful execution: MCP content blocks (text).
+fn fail(code: FailCode, message: impl Into<String>) -> Failure {
+    Failure::new(code, message)
+}
+
+/// A successful execution: MCP content blocks and structured content, as the provider gave them.
 #[derive(Debug, Clone)]
 pub struct Success {
-    pub text: String,
+    pub content: Vec<Value>,
     pub structured: Option<Value>,
+}
+
+impl Success {
+    pub fn text(text: String) -> Self {
+        Self {
+            content: vec![json!({"type": "text", "text": text})],
+            structured: None,
+        }
+    }
+
+    pub fn content(content: Vec<Value>, structured: Option<Value>) -> Self {
+        Self {
+            content,
+            structured,
+        }
+    }
+
+    /// The text of the first block (tests, tables).
+    pub fn first_text(&self) -> &str {
+        self.content
+            .first()
+            .and_then(|c| c["text"].as_str())
+            .unwrap_or_default()
+    }
 }
 
 /// The kernel's answer to "may this principal read this file?", for `search` hits.
@@ -370,10 +408,7 @@ impl FilesProvider {
                 ),
             )
         })?;
-        Ok(Success {
-            text,
-            structured: None,
-        })
+        Ok(Success::text(text))
     }
 
     fn list(&self, vpath: &str, real: &Path) -> Result<Success, Failure> {
@@ -408,10 +443,7 @@ impl FilesProvider {
         if names.is_empty() {
             text = format!("{vpath} is empty");
         }
-        Ok(Success {
-            text,
-            structured: None,
-        })
+        Ok(Success::text(text))
     }
 
     fn search(
@@ -485,10 +517,7 @@ impl FilesProvider {
         } else {
             hits.join("\n")
         };
-        Ok(Success {
-            text,
-            structured: None,
-        })
+        Ok(Success::text(text))
     }
 
     fn write(&self, vpath: &str, real: &Path, content: &str) -> Result<Success, Failure> {
@@ -523,10 +552,10 @@ impl FilesProvider {
             ));
         }
         std::fs::write(real, content).map_err(|e| io_failure(vpath, &e))?;
-        Ok(Success {
-            text: format!("wrote {} bytes to {vpath}", content.len()),
-            structured: None,
-        })
+        Ok(Success::text(format!(
+            "wrote {} bytes to {vpath}",
+            content.len()
+        )))
     }
 }
 
@@ -625,7 +654,8 @@ mod tests {
         assert_eq!(
             run(FileOp::Read, json!({"path": "/public/hello.txt"}))
                 .expect("read")
-                .text,
+                .first_text()
+                .to_owned(),
             "Hello\nworld\n"
         );
         assert_eq!(
@@ -642,14 +672,16 @@ mod tests {
         );
         let listing = run(FileOp::List, json!({"path": "/public"}))
             .expect("list")
-            .text;
+            .first_text()
+            .to_owned();
         assert!(
             listing.contains("hello.txt") && listing.contains("sub/"),
             "{listing}"
         );
         let found = run(FileOp::Search, json!({"query": "world"}))
             .expect("search")
-            .text;
+            .first_text()
+            .to_owned();
         assert!(found.contains("/public/hello.txt:2: world"), "{found}");
         assert!(!found.contains("secret"), "{found}");
         run(
@@ -660,7 +692,8 @@ mod tests {
         assert_eq!(
             run(FileOp::Read, json!({"path": "/public/new.txt"}))
                 .expect("read")
-                .text,
+                .first_text()
+                .to_owned(),
             "x"
         );
         std::fs::write(

@@ -7,6 +7,7 @@
 //! the registrations held here; what leaves is a [`CallAnswer`].
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,19 +20,59 @@ use sharedos_proto::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::files::{FileOp, FilesProvider, ReadCheck, Resolved};
+use crate::files::{Failure, FileOp, FilesProvider, ReadCheck, Success};
 use crate::policy::{PolicyEngine, Resource};
 use crate::record::Recorder;
+use crate::upstream::{McpHandler, McpProvider, Names};
 
 /// Longest a provider may run one call before it fails with `timeout`.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How a registered tool runs. Never leaves the broker.
+pub enum Handler {
+    /// A built-in files tool.
+    Files {
+        provider: Arc<FilesProvider>,
+        op: FileOp,
+    },
+    /// An upstream MCP server's tool.
+    Mcp(McpHandler),
+}
+
 /// What a registration carries besides its published surface. Never leaves the broker.
 pub struct Authority {
-    pub provider: Arc<FilesProvider>,
-    pub op: FileOp,
+    pub handler: Handler,
     /// The compiled inputSchema.
     validator: Option<jsonschema::Validator>,
+}
+
+impl Authority {
+    pub fn mcp(handler: McpHandler, validator: Option<jsonschema::Validator>) -> Self {
+        Self {
+            handler: Handler::Mcp(handler),
+            validator,
+        }
+    }
+
+    /// The requirement shape (action, resource type): tools of one shape share the catalogue
+    /// answer.
+    fn shape(&self) -> (String, &'static str) {
+        match &self.handler {
+            Handler::Files { op, .. } => (op.action().to_owned(), "File"),
+            Handler::Mcp(h) => match &h.template {
+                Some(t) => (t.action.clone(), "File"),
+                None => ("call".to_owned(), "Tool"),
+            },
+        }
+    }
+}
+
+/// A call's resolved requirement, plus what execution needs.
+pub struct Resolved {
+    pub action: String,
+    pub resource: Resource,
+    /// For files tools: the file that will be touched.
+    files: Option<crate::files::Resolved>,
 }
 
 pub type Registered = ToolDefinition<Authority>;
@@ -54,22 +95,28 @@ pub enum RegistryError {
     },
 }
 
-/// All registered tools. Built once at start; shared read-only by every turn.
+/// All registered tools: the built-in ones (fixed at start) and the brokered providers (whose
+/// tools come and go with their upstreams). Shared by every turn; a turn's catalogue is a
+/// snapshot computed from it, never a change to it.
 #[derive(Default)]
 pub struct Registry {
     tools: Vec<Arc<Registered>>,
-    by_name: HashMap<String, Arc<Registered>>,
+    /// Every registered name → its provider, across built-in and brokered providers.
+    pub names: Arc<Names>,
+    pub providers: Vec<Arc<McpProvider>>,
+    /// Bumped when a brokered provider's tools change (part of the catalogue cache key).
+    pub generation: Arc<AtomicU64>,
 }
 
 impl Registry {
-    /// Registers one provider's tools. A name already taken is an error naming both providers.
+    /// Registers one files provider's tools. A name already taken is an error naming both.
     pub fn register_files(&mut self, provider: Arc<FilesProvider>) -> Result<(), anyhow::Error> {
         for def in provider.definitions()? {
-            if let Some(existing) = self.by_name.get(def.name.as_str()) {
+            if let Err(by) = self.names.claim(def.name.as_str(), &provider.namespace) {
                 return Err(RegistryError::Duplicate {
                     provider: provider.namespace.clone(),
                     name: def.name.to_string(),
-                    by: existing.authority.provider.namespace.clone(),
+                    by,
                 }
                 .into());
             }
@@ -84,7 +131,7 @@ impl Registry {
                     })?),
                     None => None,
                 };
-            let registered = Arc::new(ToolDefinition {
+            self.tools.push(Arc::new(ToolDefinition {
                 name: def.name,
                 description: def.description,
                 input_schema: def.input_schema,
@@ -92,16 +139,24 @@ impl Registry {
                 annotations: def.annotations,
                 metadata: def.metadata,
                 authority: Authority {
-                    provider: provider.clone(),
-                    op: def.authority,
+                    handler: Handler::Files {
+                        provider: provider.clone(),
+                        op: def.authority,
+                    },
                     validator,
                 },
-            });
-            self.by_name
-                .insert(registered.name.to_string(), registered.clone());
-            self.tools.push(registered);
+            }));
         }
         Ok(())
+    }
+
+    /// Built-in tools plus the ready providers' tools in scope for this context.
+    fn tools_for(&self, context: &AccessContext) -> Vec<Arc<Registered>> {
+        let mut out = self.tools.clone();
+        for p in &self.providers {
+            out.extend(p.tools_for(&context.principal, context.agent.as_deref()));
+        }
+        out
     }
 
     pub fn len(&self) -> usize {
@@ -151,6 +206,9 @@ pub enum Verdict {
     },
 }
 
+/// A permitted call's execution, boxed so every handler kind fits one `select!`.
+type Job = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Success, Failure>> + Send>>;
+
 /// Bound on cached catalogues (per context and policy version).
 const CATALOG_CACHE_MAX: usize = 4096;
 
@@ -161,12 +219,12 @@ pub struct Kernel {
     /// Record arguments as their SHA-256 instead of as given.
     redact_arguments: bool,
     call_timeout: Duration,
-    catalogs: Mutex<HashMap<(AccessContext, u64), Arc<Catalog>>>,
+    catalogs: Mutex<HashMap<(AccessContext, u64, u64), Arc<Catalog>>>,
 }
 
 fn requirement_of(resolved: &Resolved) -> Requirement {
     Requirement {
-        action: resolved.action.to_owned(),
+        action: resolved.action.clone(),
         resource: resolved.resource.display(),
     }
 }
@@ -203,30 +261,66 @@ impl Kernel {
         &self.registry
     }
 
+    /// What `providers` shows: built-in providers, then brokered ones with their state.
+    pub fn provider_statuses(&self) -> Vec<Value> {
+        let mut files: Vec<(String, Vec<String>)> = Vec::new();
+        for t in &self.registry.tools {
+            if let Handler::Files { provider, .. } = &t.authority.handler {
+                match files.iter_mut().find(|(ns, _)| *ns == provider.namespace) {
+                    Some((_, names)) => names.push(t.name.to_string()),
+                    None => files.push((provider.namespace.clone(), vec![t.name.to_string()])),
+                }
+            }
+        }
+        let mut out: Vec<Value> = files
+            .into_iter()
+            .map(|(ns, tools)| json!({"namespace": ns, "type": "files", "state": "ready", "tools": tools, "rejected": []}))
+            .collect();
+        out.extend(self.registry.providers.iter().map(|p| json!(p.status())));
+        out
+    }
+
     /// The effective catalogue for a context: every registered tool that some call could be
     /// permitted, decided once per requirement shape (action, resource type), not per tool.
     pub fn catalog(&self, context: &AccessContext) -> Arc<Catalog> {
         let pv = self.policy.current();
-        let key = (context.clone(), pv.version);
+        let generation = self
+            .registry
+            .generation
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let key = (context.clone(), pv.version, generation);
         if let Ok(cache) = self.catalogs.lock()
             && let Some(c) = cache.get(&key)
         {
             return c.clone();
         }
-        let mut shapes: HashMap<(&'static str, &'static str), bool> = HashMap::new();
+        let mut shapes: HashMap<(String, &'static str), bool> = HashMap::new();
         let mut by_name = HashMap::new();
         let mut tools = Vec::new();
-        for tool in &self.registry.tools {
-            let shape = (tool.authority.op.action(), "File");
-            let visible = *shapes.entry(shape).or_insert_with(|| {
-                self.policy.could_permit(
+        for tool in self.registry.tools_for(context) {
+            let shape = tool.authority.shape();
+            let visible = if shape.1 == "Tool" {
+                // The resource of a tool without a finer one is the tool itself: decide exactly.
+                self.policy.could_permit_resource(
                     &pv,
                     &context.principal,
                     context.agent.as_deref(),
-                    shape.0,
-                    shape.1,
+                    &shape.0,
+                    &Resource::Tool {
+                        name: tool.name.to_string(),
+                    },
                 )
-            });
+            } else {
+                *shapes.entry(shape.clone()).or_insert_with(|| {
+                    self.policy.could_permit(
+                        &pv,
+                        &context.principal,
+                        context.agent.as_deref(),
+                        &shape.0,
+                        shape.1,
+                    )
+                })
+            };
             if visible {
                 tools.push(tool.publish());
                 by_name.insert(tool.name.to_string(), tool.clone());
@@ -331,11 +425,7 @@ impl Kernel {
                 );
             }
         }
-        let resolved = match registered
-            .authority
-            .provider
-            .resolve(registered.authority.op, &arguments)
-        {
+        let resolved = match resolve(registered, &arguments) {
             Ok(r) => r,
             Err(why) => {
                 return refuse(
@@ -349,7 +439,7 @@ impl Kernel {
             &pv,
             &context.principal,
             context.agent.as_deref(),
-            resolved.action,
+            &resolved.action,
             &resolved.resource,
         );
         let requirement = Some(requirement_of(&resolved));
@@ -416,37 +506,16 @@ impl Kernel {
                 policies,
             } => {
                 let requirement = Some(requirement_of(&resolved));
-                let kernel = self.clone();
-                let context = site.context.clone();
                 let what = format!("{} of {}", call.tool, resolved.resource.short());
-                let latency = tool.authority.provider.latency;
-                let job = async move {
-                    if let Some(latency) = latency {
-                        tokio::time::sleep(latency).await;
-                    }
-                    tokio::task::spawn_blocking(move || {
-                        let check = KernelReadCheck {
-                            kernel: &kernel,
-                            context: &context,
-                        };
-                        tool.authority.provider.execute(
-                            tool.authority.op,
-                            &resolved,
-                            &arguments,
-                            &check,
-                        )
-                    })
-                    .await
-                };
+                let (job, timeout) = self.job(tool, resolved, arguments, site.context.clone());
+                // Dropping `job` on cancellation or timeout cancels it; for an upstream call that
+                // sends `notifications/cancelled` upstream.
                 let ran = tokio::select! {
                     r = job => Some(r),
                     _ = cancel.cancelled() => None,
-                    _ = tokio::time::sleep(self.call_timeout) => {
-                        let secs = self.call_timeout.as_secs_f64();
-                        Some(Ok(Err(crate::files::Failure {
-                            code: FailCode::Timeout,
-                            message: format!("did not finish within {secs} s"),
-                        })))
+                    _ = tokio::time::sleep(timeout) => {
+                        let secs = timeout.as_secs_f64();
+                        Some(Err(Failure::new(FailCode::Timeout, format!("did not finish within {secs} s"))))
                     }
                 };
                 match ran {
@@ -457,26 +526,19 @@ impl Kernel {
                         policies,
                         None,
                     ),
-                    Some(Ok(Ok(success))) => (
+                    Some(Ok(success)) => (
                         Outcome::Succeeded,
                         None,
                         requirement,
                         policies,
-                        Some(success),
+                        Some(Ok(success)),
                     ),
-                    Some(Ok(Err(failure))) => (
+                    Some(Err(failure)) => (
                         Outcome::Failed(failure.code),
                         Some(format!("failed: {what} — {}", failure.message)),
                         requirement,
                         policies,
-                        None,
-                    ),
-                    Some(Err(join)) => (
-                        Outcome::Failed(FailCode::Internal),
-                        Some(format!("failed: {what} — internal error: {join}")),
-                        requirement,
-                        policies,
-                        None,
+                        Some(Err(failure.content)),
                     ),
                 }
             }
@@ -492,9 +554,14 @@ impl Kernel {
             requirement,
             policies,
         };
-        if let Some(success) = content {
-            answer.content = vec![json!({"type": "text", "text": success.text})];
-            answer.structured_content = success.structured;
+        match content {
+            Some(Ok(success)) => {
+                answer.content = success.content;
+                answer.structured_content = success.structured;
+            }
+            // Content a provider returned with its error is passed through after the message.
+            Some(Err(content)) => answer.content = content,
+            None => {}
         }
         let line = self.call_record(&site, &call, &answer, duration);
         if let Err(e) = self.recorder.append(line).await {
@@ -509,6 +576,66 @@ impl Kernel {
             ));
         }
         answer
+    }
+
+    /// The execution of a permitted call, and its time limit.
+    fn job(
+        self: &Arc<Self>,
+        tool: Arc<Registered>,
+        resolved: Resolved,
+        arguments: Map<String, Value>,
+        context: AccessContext,
+    ) -> (Job, Duration) {
+        match &tool.authority.handler {
+            Handler::Files { provider, op } => {
+                let (provider, op) = (provider.clone(), *op);
+                let latency = provider.latency;
+                let kernel = self.clone();
+                let job = async move {
+                    if let Some(latency) = latency {
+                        tokio::time::sleep(latency).await;
+                    }
+                    let Some(files) = resolved.files else {
+                        return Err(Failure::new(
+                            FailCode::Internal,
+                            "files call without a resolved file",
+                        ));
+                    };
+                    tokio::task::spawn_blocking(move || {
+                        let check = KernelReadCheck {
+                            kernel: &kernel,
+                            context: &context,
+                        };
+                        provider.execute(op, &files, &arguments, &check)
+                    })
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(Failure::new(
+                            FailCode::Internal,
+                            format!("internal error: {e}"),
+                        ))
+                    })
+                };
+                (Box::pin(job), self.call_timeout)
+            }
+            Handler::Mcp(h) => {
+                let provider = h.provider.upgrade();
+                let timeout = provider
+                    .as_ref()
+                    .map_or(self.call_timeout, |p| p.call_timeout());
+                let upstream = h.upstream.clone();
+                let job = async move {
+                    match provider {
+                        Some(p) => p.call(&upstream, &arguments).await,
+                        None => Err(Failure::new(
+                            FailCode::UpstreamUnavailable,
+                            "the provider is gone",
+                        )),
+                    }
+                };
+                (Box::pin(job), timeout)
+            }
+        }
     }
 
     fn call_record(
@@ -546,6 +673,33 @@ impl Kernel {
             }
         }
         line
+    }
+}
+
+/// The requirement of a call, from the registration's resolver and the call's arguments.
+fn resolve(tool: &Registered, arguments: &Map<String, Value>) -> Result<Resolved, String> {
+    match &tool.authority.handler {
+        Handler::Files { provider, op } => {
+            let r = provider.resolve(*op, arguments)?;
+            Ok(Resolved {
+                action: r.action.to_owned(),
+                resource: r.resource.clone(),
+                files: Some(r),
+            })
+        }
+        Handler::Mcp(h) => {
+            let provider = h
+                .provider
+                .upgrade()
+                .ok_or_else(|| "the provider is gone".to_owned())?;
+            let (action, resource) =
+                provider.resolve(tool.name.as_str(), h.template.as_ref(), arguments)?;
+            Ok(Resolved {
+                action,
+                resource,
+                files: None,
+            })
+        }
     }
 }
 

@@ -14,6 +14,7 @@
 //! - [`record`]: the durable JSON Lines record (group commit).
 //! - [`scripted_model`]: a scripted model provider on loopback, so real harness CLIs run offline.
 //! - [`turn`]: the turn table, tokens, lifecycle.
+//! - [`upstream`]: brokered MCP providers (upstream servers behind the kernel).
 //! - [`server`]: the process: runtime dir, sockets, accept loops, shutdown.
 //! - [`bridge`]: one shim connection.
 //! - [`control`]: one host connection.
@@ -36,6 +37,7 @@ pub mod record;
 pub mod scripted_model;
 pub mod server;
 pub mod turn;
+pub mod upstream;
 pub mod vpath;
 
 pub use config::Config;

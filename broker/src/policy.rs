@@ -326,6 +326,20 @@ impl PolicyEngine {
         out
     }
 
+    fn resource_entity(resource: &Resource, r: &EntityUid) -> Result<Entity, String> {
+        let attr = match resource {
+            Resource::File { path } => (
+                "path".to_owned(),
+                RestrictedExpression::new_string(path.clone()),
+            ),
+            Resource::Tool { name } => (
+                "name".to_owned(),
+                RestrictedExpression::new_string(name.clone()),
+            ),
+        };
+        Entity::new(r.clone(), HashMap::from([attr]), HashSet::new()).map_err(|e| e.to_string())
+    }
+
     /// The call-time decision. Never fails: any error is a deny with the error in `errors`.
     pub fn decide(
         &self,
@@ -353,18 +367,7 @@ impl PolicyEngine {
         let a = uid("Action", action)?;
         let r = uid(resource.type_name(), resource.id())?;
         let agent_uid = agent.map(|id| uid("Agent", id)).transpose()?;
-        let attr = match resource {
-            Resource::File { path } => (
-                "path".to_owned(),
-                RestrictedExpression::new_string(path.clone()),
-            ),
-            Resource::Tool { name } => (
-                "name".to_owned(),
-                RestrictedExpression::new_string(name.clone()),
-            ),
-        };
-        let resource_entity = Entity::new(r.clone(), HashMap::from([attr]), HashSet::new())
-            .map_err(|e| e.to_string())?;
+        let resource_entity = Self::resource_entity(resource, &r)?;
         let mut entities = Self::base_entities(&p, agent_uid.as_ref());
         entities.push(resource_entity);
         // Validated against the schema at every call: see the module docs.
@@ -418,23 +421,61 @@ impl PolicyEngine {
         action: &str,
         resource_type: &str,
     ) -> bool {
+        self.could_permit_on(pv, principal, agent, action, resource_type, None)
+    }
+
+    /// Like [`Self::could_permit`], for one known resource (a tool whose resource is the tool
+    /// itself): exact, with only the context unknown.
+    pub fn could_permit_resource(
+        &self,
+        pv: &PolicyVersion,
+        principal: &str,
+        agent: Option<&str>,
+        action: &str,
+        resource: &Resource,
+    ) -> bool {
+        self.could_permit_on(
+            pv,
+            principal,
+            agent,
+            action,
+            resource.type_name(),
+            Some(resource),
+        )
+    }
+
+    fn could_permit_on(
+        &self,
+        pv: &PolicyVersion,
+        principal: &str,
+        agent: Option<&str>,
+        action: &str,
+        resource_type: &str,
+        resource: Option<&Resource>,
+    ) -> bool {
         let attempt = || -> Result<bool, String> {
             let p = uid("User", principal)?;
             let a = uid("Action", action)?;
             let agent_uid = agent.map(|id| uid("Agent", id)).transpose()?;
+            let mut known = Self::base_entities(&p, agent_uid.as_ref());
+            let partial_resource = match resource {
+                Some(r) => {
+                    let r_uid = uid(r.type_name(), r.id())?;
+                    known.push(Self::resource_entity(r, &r_uid)?);
+                    PartialEntityUid::from_concrete(r_uid)
+                }
+                None => PartialEntityUid::new(type_name(resource_type)?, None),
+            };
             let request = PartialRequest::new(
                 PartialEntityUid::from_concrete(p.clone()),
                 a,
-                PartialEntityUid::new(type_name(resource_type)?, None),
+                partial_resource,
                 None,
                 &self.schema,
             )
             .map_err(|e| e.to_string())?;
-            let entities = Entities::from_entities(
-                Self::base_entities(&p, agent_uid.as_ref()),
-                Some(&self.schema),
-            )
-            .map_err(|e| e.to_string())?;
+            let entities =
+                Entities::from_entities(known, Some(&self.schema)).map_err(|e| e.to_string())?;
             let partial = PartialEntities::from_concrete(entities, &self.schema)
                 .map_err(|e| e.to_string())?;
             let set = self.slice(pv, &p);
@@ -527,6 +568,20 @@ when { resource.path like "*/secret*" };
         assert!(!e.could_permit(&pv, "alice", None, "write", "File"));
         assert!(!e.could_permit(&pv, "bob", None, "read", "File"));
         assert!(!e.could_permit(&pv, "alice", None, "call", "Tool"));
+    }
+
+    #[test]
+    fn catalogue_question_for_one_tool_is_exact() {
+        let e = engine(
+            r#"@id("echo") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool)
+               when { resource.name == "everything.echo" };"#,
+        );
+        let pv = e.current();
+        let tool = |n: &str| Resource::Tool { name: n.into() };
+        assert!(e.could_permit(&pv, "alice", None, "call", "Tool"));
+        assert!(e.could_permit_resource(&pv, "alice", None, "call", &tool("everything.echo")));
+        assert!(!e.could_permit_resource(&pv, "alice", None, "call", &tool("everything.get-env")));
+        assert!(!e.could_permit_resource(&pv, "bob", None, "call", &tool("everything.echo")));
     }
 
     #[test]

@@ -24,6 +24,7 @@ use crate::kernel::{Kernel, Registry};
 use crate::policy::PolicyEngine;
 use crate::record::Recorder;
 use crate::turn::Turns;
+use crate::upstream::{McpProvider, Pins};
 
 /// Connections served at once per socket; further ones wait in the kernel's backlog.
 pub const MAX_CONNECTIONS: usize = 1024;
@@ -84,24 +85,12 @@ pub fn peer_allowed(uid: Option<u32>, listed: &[u32], own: u32) -> bool {
     }
 }
 
-/// Builds the kernel: policy (validated), providers (names validated at registration), record.
-pub fn build_kernel(config: &Config) -> anyhow::Result<Kernel> {
+/// Builds the kernel: policy (validated), record, built-in providers (names validated at
+/// registration), then brokered providers (started and listed before this returns; a failed
+/// start or a template naming an argument the upstream lacks is a config error).
+pub async fn build_kernel(config: &Config, root: &CancellationToken) -> anyhow::Result<Kernel> {
     let policy = PolicyEngine::load(config.schema.as_deref(), &config.policy)?;
     let mut registry = Registry::default();
-    for provider in &config.providers {
-        match provider {
-            ProviderConfig::Files {
-                namespace,
-                root,
-                writable,
-                latency_ms,
-            } => {
-                let mut p = FilesProvider::new(namespace, root, *writable)?;
-                p.latency = latency_ms.map(Duration::from_millis);
-                registry.register_files(Arc::new(p))?;
-            }
-        }
-    }
     let (recorder, recovery) = Recorder::open(&config.record, config.record_sync)?;
     if recovery.torn_bytes > 0 {
         tracing::warn!(
@@ -120,6 +109,71 @@ pub fn build_kernel(config: &Config) -> anyhow::Result<Kernel> {
                 .unwrap_or(Path::new("?"))
                 .display()
         );
+    }
+    let pins = Arc::new(Pins::load(config.pins.clone())?);
+    for provider in &config.providers {
+        match provider {
+            ProviderConfig::Files {
+                namespace,
+                root,
+                writable,
+                latency_ms,
+            } => {
+                let mut p = FilesProvider::new(namespace, root, *writable)?;
+                p.latency = latency_ms.map(Duration::from_millis);
+                registry.register_files(Arc::new(p))?;
+            }
+            ProviderConfig::Mcp(_) => {}
+        }
+    }
+    let mut starting = Vec::new();
+    for provider in &config.providers {
+        let ProviderConfig::Mcp(cfg) = provider else {
+            continue;
+        };
+        let p = McpProvider::new(
+            cfg.clone(),
+            config.base.clone(),
+            registry.names.clone(),
+            pins.clone(),
+            registry.generation.clone(),
+            recorder.clone(),
+            config.call_timeout,
+            root.child_token(),
+        );
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(p.clone().supervise(tx));
+        registry.providers.push(p.clone());
+        starting.push((p, rx));
+    }
+    for (p, rx) in starting {
+        let started = tokio::time::timeout(
+            crate::upstream::STARTUP_TIMEOUT + Duration::from_secs(5),
+            rx,
+        )
+        .await;
+        match started {
+            Ok(Ok(Ok(()))) => {
+                let status = p.status();
+                tracing::info!(provider = %status.namespace, state = ?status.state, tools = status.tools.len(), rejected = status.rejected.len(), "brokered provider started");
+            }
+            Ok(Ok(Err(e))) => {
+                root.cancel();
+                bail!(
+                    "provider `{}` (config `{}`): {e}",
+                    p.namespace(),
+                    config.source
+                );
+            }
+            _ => {
+                root.cancel();
+                bail!(
+                    "provider `{}` (config `{}`) did not start in time",
+                    p.namespace(),
+                    config.source
+                );
+            }
+        }
     }
     Ok(Kernel::new(
         registry,
@@ -187,7 +241,10 @@ pub async fn start(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Running> {
     let uid = runtime::current_uid();
-    let kernel = Arc::new(build_kernel(&config)?);
+    let root = CancellationToken::new();
+    // Until the broker is up, a failure stops the providers already started.
+    let stop_on_error = root.clone().drop_guard();
+    let kernel = Arc::new(build_kernel(&config, &root).await?);
     prepare_runtime_dir(&runtime_dir, uid)?;
     let control = bind(&runtime::control_socket(&runtime_dir)).await?;
     let bridge = bind(&runtime::bridge_socket(&runtime_dir)).await?;
@@ -195,10 +252,11 @@ pub async fn start(
         kernel,
         turns: Turns::default(),
         config,
-        root: CancellationToken::new(),
+        root,
         runtime_dir: runtime_dir.clone(),
         uid,
     });
+    stop_on_error.disarm();
     let started = json!({"kind": "broker_started", "version": env!("CARGO_PKG_VERSION"),
                          "tools": broker.kernel.registry().len(), "config": broker.config.source});
     if let Some(obj) = started.as_object() {

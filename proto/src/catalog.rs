@@ -63,6 +63,44 @@ pub fn catalog_hash(tools: &[PublishedToolDefinition]) -> Result<CatalogHash, Ca
     Ok(hash_canonical(&canonical_catalog(tools)?))
 }
 
+/// `catalogHash` of tool definitions given as raw MCP JSON (an upstream server's `tools/list`),
+/// projected with the same fixed field list; names need not be valid ToolNames here.
+pub fn raw_catalog_hash(tools: &[Value]) -> Result<CatalogHash, CanonicalError> {
+    let mut projected: Vec<Value> = tools
+        .iter()
+        .map(|t| {
+            let mut out = serde_json::Map::new();
+            for field in crate::definition::CATALOG_HASH_FIELDS {
+                let Some(v) = t.get(field) else { continue };
+                if field == "metadata" {
+                    let m: serde_json::Map<String, Value> = v
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .filter(|(k, _)| crate::definition::METADATA_FIELDS.contains(&k.as_str()))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect();
+                    if !m.is_empty() {
+                        out.insert(field.to_owned(), Value::Object(m));
+                    }
+                } else {
+                    out.insert(field.to_owned(), v.clone());
+                }
+            }
+            Value::Object(out)
+        })
+        .collect();
+    projected.sort_by(|a, b| {
+        let key = |v: &Value| {
+            v.get("name")
+                .and_then(Value::as_str)
+                .map(|s| s.encode_utf16().collect::<Vec<u16>>())
+        };
+        key(a).cmp(&key(b))
+    });
+    Ok(hash_canonical(&canonical_json(&Value::Array(projected))?))
+}
+
 /// Lowercase hex SHA-256 of canonical text.
 pub fn hash_canonical(canonical: &str) -> CatalogHash {
     let digest = Sha256::digest(canonical.as_bytes());
@@ -127,6 +165,20 @@ mod tests {
                 hash.as_str(),
                 v["catalogHash"].as_str().expect("hash"),
                 "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn raw_hash_agrees_with_the_vectors() {
+        for v in vectors() {
+            let tools = v["tools"].as_array().expect("tools").clone();
+            let hash = raw_catalog_hash(&tools).expect("hash");
+            assert_eq!(
+                hash.as_str(),
+                v["catalogHash"].as_str().expect("hash"),
+                "{}",
+                v["name"]
             );
         }
     }

@@ -250,6 +250,10 @@ pub enum ControlRequest {
         arguments: Option<Value>,
     },
     PolicyReload,
+    /// Each provider, its state, tools and rejected registrations.
+    Providers,
+    /// Write each brokered provider's current upstream catalogHash to the pin file.
+    PinProviders,
 }
 
 /// Broker → host.
@@ -288,6 +292,13 @@ pub enum ControlResponse {
     PolicyReloaded {
         version: u64,
         policies: usize,
+    },
+    Providers {
+        providers: Vec<Value>,
+    },
+    Pinned {
+        path: String,
+        pins: std::collections::BTreeMap<String, String>,
     },
     Error {
         code: String,

@@ -81,7 +81,16 @@ pub fn to_mcp(answer: &CallAnswer) -> CallToolResult {
                 answer.outcome.code()
             )
         });
-        CallToolResult::error(vec![ContentBlock::text(text)])
+        // The sentence first (it carries the meaning where a harness drops the flag), then any
+        // content the provider returned with its error, as it gave it.
+        let mut blocks = vec![ContentBlock::text(text)];
+        blocks.extend(
+            answer
+                .content
+                .iter()
+                .filter_map(|c| serde_json::from_value(c.clone()).ok()),
+        );
+        CallToolResult::error(blocks)
     } else {
         let content: Result<Vec<ContentBlock>, _> = answer
             .content

@@ -1,0 +1,869 @@
+//! Brokered MCP providers: an existing stdio MCP server the broker spawns, keeps and restarts,
+//! whose tools enter the catalogue as `<namespace>.<upstream name>` and whose every call goes
+//! through the kernel like a built-in one.
+//!
+//! Owns: the upstream process and its MCP client session (supervised, restarted with backoff),
+//! the provider's current registrations (names validated and checked for collisions across all
+//! providers; rejects are kept with their reason, never renamed or merged), drift pinning (an
+//! upstream whose tools no longer match its pin is held back from every catalogue), and
+//! forwarding calls (cancellation and timeouts reach the upstream as `notifications/cancelled`).
+//! It never decides authority: requirement templates only say what a call touches.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+
+use rmcp::ServiceExt;
+use rmcp::model::{CallToolRequestParams, CallToolResponse};
+use rmcp::service::{Peer, RoleClient};
+use rmcp::transport::TokioChildProcess;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use sharedos_proto::{CatalogHash, FailCode, ToolDefinition, ToolMetadata, ToolName};
+use tokio_util::sync::CancellationToken;
+
+use crate::files::{Failure, Success};
+use crate::policy::Resource;
+use crate::record::Recorder;
+use crate::vpath;
+
+/// How long the broker waits at start for an upstream's first tool list.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Restart backoff: first and longest delay.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(200);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Largest upstream result passed through (serialized); larger ones fail `too_large`.
+pub const MAX_UPSTREAM_RESULT_BYTES: usize = 4 * 1024 * 1024;
+
+/// Which contexts a per-context provider exists in.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Scope {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+}
+
+impl Scope {
+    pub fn matches(&self, principal: &str, agent: Option<&str>) -> bool {
+        self.principal.as_deref().is_none_or(|p| p == principal)
+            && self.agent.as_deref().is_none_or(|a| Some(a) == agent)
+    }
+}
+
+/// The requirement of one upstream tool, built from its call's arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateConfig {
+    /// The Cedar action (`read`, `list`, `search`, `write`).
+    pub action: String,
+    /// `SharedOS::File` path template, e.g. `"{path}"`: `{arg}` is replaced by that argument.
+    pub file: String,
+    /// The argument is a host path under this folder; the policy sees the path relative to it
+    /// (`/srv/data/public/a.txt` → `/public/a.txt`). Without it the argument is a virtual path.
+    #[serde(default)]
+    pub file_root: Option<PathBuf>,
+}
+
+/// A `[[providers]] type = "mcp"` entry.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpProviderConfig {
+    pub namespace: String,
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// A per-context provider: its tools exist only in turns whose context matches.
+    #[serde(default)]
+    pub scope: Option<Scope>,
+    /// Requirement templates per upstream tool name. A tool without one requires `call` on
+    /// `SharedOS::Tool {name}`.
+    #[serde(default)]
+    pub tools: BTreeMap<String, TemplateConfig>,
+    #[serde(default)]
+    pub call_timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Starting,
+    Ready,
+    Restarting,
+    Drifted,
+    Failed,
+}
+
+/// One upstream tool this provider could not register, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Rejected {
+    pub upstream: String,
+    pub reason: String,
+}
+
+/// A registered upstream tool's authority.
+pub struct McpHandler {
+    pub provider: Weak<McpProvider>,
+    pub upstream: String,
+    pub template: Option<TemplateConfig>,
+}
+
+/// Name ownership across every provider: two registrations of one name are refused.
+#[derive(Default)]
+pub struct Names {
+    owners: Mutex<HashMap<String, String>>,
+}
+
+impl Names {
+    /// Claims `name` for `owner`; Err(current owner) if someone else has it.
+    pub fn claim(&self, name: &str, owner: &str) -> Result<(), String> {
+        let mut m = self
+            .owners
+            .lock()
+            .map_err(|_| "name table poisoned".to_owned())?;
+        match m.get(name) {
+            Some(o) if o != owner => Err(o.clone()),
+            _ => {
+                m.insert(name.to_owned(), owner.to_owned());
+                Ok(())
+            }
+        }
+    }
+
+    pub fn release_all(&self, owner: &str) {
+        if let Ok(mut m) = self.owners.lock() {
+            m.retain(|_, o| o != owner);
+        }
+    }
+}
+
+/// The pin file: namespace → catalogHash of the upstream's own tool list.
+pub struct Pins {
+    pub path: Option<PathBuf>,
+    map: RwLock<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    #[error("cannot read pin file `{path}`: {detail}")]
+    Read { path: String, detail: String },
+    #[error("no pin file is configured (set `pins = \"pins.toml\"` in the broker config)")]
+    NotConfigured,
+    #[error("cannot write pin file `{path}`: {detail}")]
+    Write { path: String, detail: String },
+}
+
+impl Pins {
+    pub fn load(path: Option<PathBuf>) -> Result<Self, PinError> {
+        let map = match &path {
+            Some(p) if p.exists() => {
+                let text = std::fs::read_to_string(p).map_err(|e| PinError::Read {
+                    path: p.display().to_string(),
+                    detail: e.to_string(),
+                })?;
+                let t: BTreeMap<String, String> =
+                    toml::from_str(&text).map_err(|e| PinError::Read {
+                        path: p.display().to_string(),
+                        detail: e.to_string(),
+                    })?;
+                t
+            }
+            _ => BTreeMap::new(),
+        };
+        Ok(Self {
+            path,
+            map: RwLock::new(map),
+        })
+    }
+
+    pub fn get(&self, namespace: &str) -> Option<String> {
+        self.map.read().ok()?.get(namespace).cloned()
+    }
+
+    /// Writes the given pins (replacing those namespaces) to the pin file.
+    pub fn write(
+        &self,
+        pins: &BTreeMap<String, String>,
+    ) -> Result<BTreeMap<String, String>, PinError> {
+        let path = self.path.as_ref().ok_or(PinError::NotConfigured)?;
+        let mut map = self.map.write().map_err(|_| PinError::NotConfigured)?;
+        map.extend(pins.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let mut text = String::from(
+            "# SharedOS upstream pins: namespace = catalogHash of the upstream's tools/list.\n# Written by `sharedos-broker providers pin`.\n",
+        );
+        text.push_str(&toml::to_string(&*map).map_err(|e| PinError::Write {
+            path: path.display().to_string(),
+            detail: e.to_string(),
+        })?);
+        crate::harness_config::write_private(path, &text).map_err(|e| PinError::Write {
+            path: path.display().to_string(),
+            detail: e.to_string(),
+        })?;
+        Ok(map.clone())
+    }
+}
+
+/// What `providers` shows for one provider.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub namespace: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub state: State,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
+    pub tools: Vec<String>,
+    pub rejected: Vec<Rejected>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_hash: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned_hash: Option<String>,
+    pub restarts: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+pub type Registered = ToolDefinition<crate::kernel::Authority>;
+
+struct Inner {
+    state: State,
+    tools: Vec<Arc<Registered>>,
+    rejected: Vec<Rejected>,
+    upstream_hash: Option<String>,
+    last_error: Option<String>,
+    peer: Option<Peer<RoleClient>>,
+}
+
+pub struct McpProvider {
+    pub config: McpProviderConfig,
+    /// Folder relative paths in the config resolve against.
+    base: PathBuf,
+    inner: RwLock<Inner>,
+    restarts: AtomicU64,
+    names: Arc<Names>,
+    pins: Arc<Pins>,
+    /// Bumped whenever any provider's published tools change (catalogue cache key).
+    generation: Arc<AtomicU64>,
+    recorder: Recorder,
+    default_timeout: Duration,
+    /// Set when a restart is wanted by a re-pin.
+    shutdown: CancellationToken,
+}
+
+/// `{arg}` names in a template.
+pub fn template_args(template: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = template;
+    while let Some(start) = rest.find('{') {
+        let after = &rest[start + 1..];
+        let Some(end) = after.find('}') else { break };
+        out.push(after[..end].to_owned());
+        rest = &after[end + 1..];
+    }
+    out
+}
+
+impl McpProvider {
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the provider's shared handles, passed once at start"
+    )]
+    pub fn new(
+        config: McpProviderConfig,
+        base: PathBuf,
+        names: Arc<Names>,
+        pins: Arc<Pins>,
+        generation: Arc<AtomicU64>,
+        recorder: Recorder,
+        default_timeout: Duration,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            base,
+            inner: RwLock::new(Inner {
+                state: State::Starting,
+                tools: vec![],
+                rejected: vec![],
+                upstream_hash: None,
+                last_error: None,
+                peer: None,
+            }),
+            restarts: AtomicU64::new(0),
+            names,
+            pins,
+            generation,
+            recorder,
+            default_timeout,
+            shutdown,
+        })
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.config.namespace
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
+        match self.inner.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
+        match self.inner.read() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// The tools this provider publishes now (none unless ready and in scope).
+    pub fn tools_for(&self, principal: &str, agent: Option<&str>) -> Vec<Arc<Registered>> {
+        if let Some(scope) = &self.config.scope
+            && !scope.matches(principal, agent)
+        {
+            return vec![];
+        }
+        let inner = self.read();
+        if inner.state == State::Ready {
+            inner.tools.clone()
+        } else {
+            vec![]
+        }
+    }
+
+    pub fn status(&self) -> Status {
+        let inner = self.read();
+        Status {
+            namespace: self.config.namespace.clone(),
+            kind: "mcp",
+            state: inner.state,
+            scope: self.config.scope.clone(),
+            tools: inner.tools.iter().map(|t| t.name.to_string()).collect(),
+            rejected: inner.rejected.clone(),
+            upstream_hash: inner.upstream_hash.clone(),
+            pinned_hash: self.pins.get(&self.config.namespace),
+            restarts: self.restarts.load(Ordering::Relaxed),
+            last_error: inner.last_error.clone(),
+        }
+    }
+
+    pub fn pins(&self) -> &Pins {
+        &self.pins
+    }
+
+    pub fn pins_path(&self) -> Option<PathBuf> {
+        self.pins.path.clone()
+    }
+
+    pub fn upstream_hash(&self) -> Option<String> {
+        self.read().upstream_hash.clone()
+    }
+
+    async fn record(&self, state: State, detail: Value) {
+        let mut line = Map::new();
+        line.insert("kind".into(), json!("provider_state"));
+        line.insert("provider".into(), json!(self.config.namespace));
+        line.insert("state".into(), json!(state));
+        if let Value::Object(d) = detail {
+            line.extend(d);
+        }
+        if let Err(e) = self.recorder.append(line).await {
+            tracing::error!(provider = %self.config.namespace, error = %e, "cannot record provider state");
+        }
+    }
+
+    fn command(&self) -> tokio::process::Command {
+        let command = if self.config.command.contains('/')
+            && !Path::new(&self.config.command).is_absolute()
+        {
+            self.base.join(&self.config.command).display().to_string()
+        } else {
+            self.config.command.clone()
+        };
+        let mut cmd = tokio::process::Command::new(command);
+        cmd.args(&self.config.args)
+            .envs(&self.config.env)
+            .kill_on_drop(true);
+        cmd
+    }
+
+    /// Spawns the upstream, initializes, lists its tools. The service is returned for supervision.
+    async fn connect(
+        &self,
+    ) -> Result<(rmcp::service::RunningService<RoleClient, ()>, Vec<Value>), String> {
+        let (transport, stderr) = TokioChildProcess::builder(self.command())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start `{}`: {e}", self.config.command))?;
+        if let Some(stderr) = stderr {
+            // Drain the upstream's stderr into our log (a full pipe would block it).
+            let ns = self.config.namespace.clone();
+            tokio::spawn(async move {
+                use tokio::io::AsyncBufReadExt;
+                let mut lines = tokio::io::BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    tracing::debug!(provider = %ns, "upstream stderr: {line}");
+                }
+            });
+        }
+        let service = tokio::time::timeout(STARTUP_TIMEOUT, ().serve(transport))
+            .await
+            .map_err(|_| "the upstream did not finish initialize in time".to_owned())?
+            .map_err(|e| format!("MCP initialize with the upstream failed: {e}"))?;
+        let tools = tokio::time::timeout(STARTUP_TIMEOUT, service.list_all_tools())
+            .await
+            .map_err(|_| "the upstream did not answer tools/list in time".to_owned())?
+            .map_err(|e| format!("tools/list on the upstream failed: {e}"))?;
+        let tools: Vec<Value> = tools
+            .iter()
+            .filter_map(|t| serde_json::to_value(t).ok())
+            .collect();
+        Ok((service, tools))
+    }
+
+    /// Checks the templates against the upstream's tools: every templated tool exists and every
+    /// `{arg}` is in its inputSchema.
+    pub fn check_templates(&self, tools: &[Value]) -> Result<(), String> {
+        for (name, template) in &self.config.tools {
+            let Some(tool) = tools.iter().find(|t| t["name"] == name.as_str()) else {
+                return Err(format!(
+                    "provider `{}`: the template for `{name}` names a tool the upstream does not have",
+                    self.config.namespace
+                ));
+            };
+            let props = tool["inputSchema"]["properties"].as_object();
+            for arg in template_args(&template.file) {
+                if !props.is_some_and(|p| p.contains_key(&arg)) {
+                    return Err(format!(
+                        "provider `{}`: the template for `{name}` uses argument `{arg}`, which the upstream's inputSchema does not have",
+                        self.config.namespace
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Registers the upstream's tools (or holds them back when drifted).
+    async fn publish(self: &Arc<Self>, tools: &[Value], peer: Peer<RoleClient>) {
+        let ns = self.config.namespace.clone();
+        let hash = sharedos_proto::catalog::raw_catalog_hash(tools)
+            .map(|h: CatalogHash| h.to_string())
+            .ok();
+        let pinned = self.pins.get(&ns);
+        let drifted = matches!((&pinned, &hash), (Some(p), Some(h)) if p != h);
+        self.names.release_all(&ns);
+        let (registered, rejected) = if drifted {
+            (vec![], vec![])
+        } else {
+            register(self, tools)
+        };
+        for r in &rejected {
+            tracing::warn!(provider = %ns, upstream = %r.upstream, reason = %r.reason, "upstream tool rejected at registration");
+        }
+        let state = if drifted {
+            State::Drifted
+        } else {
+            State::Ready
+        };
+        {
+            let mut inner = self.write();
+            inner.state = state;
+            inner.tools = registered;
+            inner.rejected = rejected.clone();
+            inner.upstream_hash = hash.clone();
+            inner.peer = Some(peer);
+            inner.last_error = drifted.then(|| {
+                format!(
+                    "the upstream's tools changed: catalogHash {} does not match the pin {}; held back until re-pinned",
+                    hash.clone().unwrap_or_default(),
+                    pinned.clone().unwrap_or_default()
+                )
+            });
+        }
+        self.generation.fetch_add(1, Ordering::Relaxed);
+        self.record(state, json!({"upstreamHash": hash, "pinnedHash": pinned, "tools": self.status().tools, "rejected": rejected})).await;
+    }
+
+    /// Re-checks the pin against the current upstream tools (after `providers pin`).
+    pub async fn repin(self: &Arc<Self>) {
+        let peer = self.read().peer.clone();
+        let Some(peer) = peer else { return };
+        match peer.list_all_tools().await {
+            Ok(tools) => {
+                let tools: Vec<Value> = tools
+                    .iter()
+                    .filter_map(|t| serde_json::to_value(t).ok())
+                    .collect();
+                self.publish(&tools, peer).await;
+            }
+            Err(e) => {
+                tracing::warn!(provider = %self.config.namespace, error = %e, "tools/list after re-pin failed")
+            }
+        }
+    }
+
+    /// Starts the upstream and keeps it: restarts with backoff when it dies. Resolves `ready` on
+    /// the first outcome (Ok once published, Err with the reason otherwise).
+    pub async fn supervise(
+        self: Arc<Self>,
+        ready: tokio::sync::oneshot::Sender<Result<(), String>>,
+    ) {
+        let mut ready = Some(ready);
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            if self.shutdown.is_cancelled() {
+                return;
+            }
+            match self.connect().await {
+                Ok((service, tools)) => {
+                    if let Err(e) = self.check_templates(&tools) {
+                        self.set_failed(&e).await;
+                        if let Some(tx) = ready.take() {
+                            let _ = tx.send(Err(e));
+                        }
+                        let _ = service.cancel().await;
+                        return;
+                    }
+                    self.publish(&tools, service.peer().clone()).await;
+                    if let Some(tx) = ready.take() {
+                        let _ = tx.send(Ok(()));
+                    }
+                    backoff = BACKOFF_MIN;
+                    let stop = service.cancellation_token();
+                    let shutdown = self.shutdown.clone();
+                    let mut waiter = tokio::spawn(async move { service.waiting().await });
+                    tokio::select! {
+                        _ = shutdown.cancelled() => { stop.cancel(); let _ = (&mut waiter).await; return; }
+                        r = &mut waiter => {
+                            let why = match r {
+                                Ok(Ok(reason)) => format!("the upstream session ended ({reason:?})"),
+                                Ok(Err(e)) => format!("the upstream session failed: {e}"),
+                                Err(e) => format!("the upstream task failed: {e}"),
+                            };
+                            self.set_restarting(&why).await;
+                        }
+                    }
+                }
+                Err(e) => {
+                    if let Some(tx) = ready.take() {
+                        self.set_failed(&e).await;
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                    self.set_restarting(&e).await;
+                }
+            }
+            self.restarts.fetch_add(1, Ordering::Relaxed);
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = self.shutdown.cancelled() => return,
+            }
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    async fn set_restarting(&self, why: &str) {
+        tracing::warn!(provider = %self.config.namespace, reason = %why, "upstream down; restarting");
+        {
+            let mut inner = self.write();
+            inner.state = State::Restarting;
+            inner.peer = None;
+            inner.last_error = Some(why.to_owned());
+        }
+        self.generation.fetch_add(1, Ordering::Relaxed);
+        self.record(State::Restarting, json!({"reason": why})).await;
+    }
+
+    async fn set_failed(&self, why: &str) {
+        tracing::error!(provider = %self.config.namespace, reason = %why, "upstream failed");
+        {
+            let mut inner = self.write();
+            inner.state = State::Failed;
+            inner.peer = None;
+            inner.tools.clear();
+            inner.last_error = Some(why.to_owned());
+        }
+        self.names.release_all(&self.config.namespace);
+        self.generation.fetch_add(1, Ordering::Relaxed);
+        self.record(State::Failed, json!({"reason": why})).await;
+    }
+
+    pub fn call_timeout(&self) -> Duration {
+        self.config
+            .call_timeout_seconds
+            .map_or(self.default_timeout, Duration::from_secs)
+    }
+
+    /// Forwards one call upstream under the upstream's own name. Dropping this future (the
+    /// kernel does, on cancellation and timeout) sends `notifications/cancelled` upstream.
+    pub async fn call(
+        &self,
+        upstream: &str,
+        arguments: &Map<String, Value>,
+    ) -> Result<Success, Failure> {
+        let peer = self.read().peer.clone().ok_or_else(|| {
+            Failure::new(
+                FailCode::UpstreamUnavailable,
+                format!(
+                    "the upstream server of `{}` is not running (it is being restarted); try again",
+                    self.config.namespace
+                ),
+            )
+        })?;
+        let params =
+            CallToolRequestParams::new(upstream.to_owned()).with_arguments(arguments.clone());
+        let response = peer.call_tool_once(params).await.map_err(|e| Failure::new(FailCode::UpstreamUnavailable, format!("the upstream server of `{}` went away during the call ({e}); it is being restarted", self.config.namespace)))?;
+        let result = match response {
+            CallToolResponse::Complete(r) => r,
+            _ => {
+                return Err(Failure::new(
+                    FailCode::UpstreamError,
+                    "the upstream asked for input or a task, which SharedOS does not broker",
+                ));
+            }
+        };
+        let value = serde_json::to_value(&result).unwrap_or(Value::Null);
+        if value.to_string().len() > MAX_UPSTREAM_RESULT_BYTES {
+            return Err(Failure::new(
+                FailCode::TooLarge,
+                format!("the upstream's result is over {MAX_UPSTREAM_RESULT_BYTES} bytes"),
+            ));
+        }
+        let content: Vec<Value> = value["content"].as_array().cloned().unwrap_or_default();
+        if result.is_error == Some(true) {
+            let first = content
+                .first()
+                .and_then(|c| c["text"].as_str())
+                .unwrap_or("(no text)")
+                .chars()
+                .take(500)
+                .collect::<String>();
+            return Err(Failure::new(
+                FailCode::UpstreamError,
+                format!("the upstream server reported an error: {first}"),
+            )
+            .with_content(content));
+        }
+        Ok(Success::content(content, result.structured_content))
+    }
+
+    /// The resource a call touches, from its template.
+    pub fn resolve(
+        &self,
+        tool: &str,
+        template: Option<&TemplateConfig>,
+        args: &Map<String, Value>,
+    ) -> Result<(String, Resource), String> {
+        let Some(t) = template else {
+            return Ok((
+                "call".into(),
+                Resource::Tool {
+                    name: tool.to_owned(),
+                },
+            ));
+        };
+        let mut path = t.file.clone();
+        for arg in template_args(&t.file) {
+            let v = args
+                .get(&arg)
+                .and_then(Value::as_str)
+                .ok_or_else(|| format!("the call has no string argument `{arg}`"))?;
+            path = path.replace(&format!("{{{arg}}}"), v);
+        }
+        let virtual_path = match &t.file_root {
+            None => vpath::canonicalize(&path).map_err(|e| e.to_string())?,
+            Some(root) => {
+                let root = if root.is_absolute() {
+                    root.clone()
+                } else {
+                    self.base.join(root)
+                };
+                let root_c =
+                    vpath::canonicalize(&root.display().to_string()).map_err(|e| e.to_string())?;
+                let host = vpath::canonicalize(&path).map_err(|e| e.to_string())?;
+                let rel = Path::new(&host).strip_prefix(&root_c).map_err(|_| {
+                    format!(
+                        "path `{}` is not under the provider's root",
+                        sharedos_proto::name::shown(&path)
+                    )
+                })?;
+                // Resolve links when the file exists here: the policy decides on the real file.
+                let real_root =
+                    std::fs::canonicalize(&root_c).unwrap_or_else(|_| PathBuf::from(&root_c));
+                let rel = match std::fs::canonicalize(Path::new(&root_c).join(rel)) {
+                    Ok(real) => real
+                        .strip_prefix(&real_root)
+                        .map(Path::to_path_buf)
+                        .map_err(|_| format!("path `{}` leads outside the provider's root through a symbolic link", sharedos_proto::name::shown(&path)))?,
+                    Err(_) => rel.to_path_buf(),
+                };
+                let parts: Vec<String> = rel
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                format!("/{}", parts.join("/"))
+            }
+        };
+        Ok((t.action.clone(), Resource::File { path: virtual_path }))
+    }
+}
+
+/// Registers an upstream's tool list as `<namespace>.<upstream name>`: a name that is not a valid
+/// ToolName, or that another registration already has, is rejected with its reason (never renamed,
+/// never merged).
+pub fn register(
+    provider: &Arc<McpProvider>,
+    tools: &[Value],
+) -> (Vec<Arc<Registered>>, Vec<Rejected>) {
+    let ns = provider.config.namespace.clone();
+    let mut registered = Vec::new();
+    let mut rejected = Vec::new();
+    for t in tools {
+        let upstream = t["name"].as_str().unwrap_or_default().to_owned();
+        let name = match ToolName::new(&format!("{ns}.{upstream}")) {
+            Ok(n) => n,
+            Err(e) => {
+                rejected.push(Rejected {
+                    upstream,
+                    reason: e.to_string(),
+                });
+                continue;
+            }
+        };
+        if let Err(owner) = provider.names.claim(name.as_str(), &ns) {
+            rejected.push(Rejected {
+                upstream,
+                reason: format!("`{name}` is already registered by provider `{owner}`; registrations are never merged"),
+            });
+            continue;
+        }
+        let input_schema = t.get("inputSchema").cloned();
+        let validator = input_schema
+            .as_ref()
+            .and_then(|s| jsonschema::validator_for(s).ok());
+        registered.push(Arc::new(ToolDefinition {
+            name,
+            description: t
+                .get("description")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            input_schema,
+            output_schema: t.get("outputSchema").cloned(),
+            annotations: t.get("annotations").cloned(),
+            metadata: Some(ToolMetadata {
+                namespace: Some(ns.clone()),
+                source: Some(format!("mcp:{ns}")),
+            }),
+            authority: crate::kernel::Authority::mcp(
+                McpHandler {
+                    provider: Arc::downgrade(provider),
+                    upstream: upstream.clone(),
+                    template: provider.config.tools.get(&upstream).cloned(),
+                },
+                validator,
+            ),
+        }));
+    }
+    (registered, rejected)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_arguments() {
+        assert_eq!(template_args("{path}"), ["path"]);
+        assert_eq!(template_args("/repos/{owner}/{repo}"), ["owner", "repo"]);
+        assert!(template_args("/fixed").is_empty());
+    }
+
+    #[test]
+    fn scopes() {
+        let s = Scope {
+            principal: Some("alice".into()),
+            agent: None,
+        };
+        assert!(s.matches("alice", None));
+        assert!(s.matches("alice", Some("x")));
+        assert!(!s.matches("bob", None));
+        let s = Scope {
+            principal: None,
+            agent: Some("helper".into()),
+        };
+        assert!(!s.matches("alice", None));
+        assert!(s.matches("bob", Some("helper")));
+    }
+
+    #[tokio::test]
+    async fn registration_rejects_bad_and_taken_names_with_a_reason() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (recorder, _) = Recorder::open(
+            &dir.path().join("r.jsonl"),
+            crate::record::RecordSync::Batch,
+        )
+        .expect("rec");
+        let names = Arc::new(Names::default());
+        names.claim("gh.read", "files-gh").expect("claim");
+        let config: McpProviderConfig =
+            toml::from_str("namespace = \"gh\"\ncommand = \"x\"").expect("cfg");
+        let p = McpProvider::new(
+            config,
+            dir.path().to_path_buf(),
+            names.clone(),
+            Arc::new(Pins::load(None).expect("pins")),
+            Arc::new(AtomicU64::new(0)),
+            recorder,
+            Duration::from_secs(1),
+            CancellationToken::new(),
+        );
+        let tools = vec![
+            json!({"name": "search", "inputSchema": {"type": "object"}}),
+            json!({"name": "read", "inputSchema": {"type": "object"}}),
+            json!({"name": "list files", "inputSchema": {"type": "object"}}),
+        ];
+        let (ok, rejected) = register(&p, &tools);
+        assert_eq!(
+            ok.iter().map(|t| t.name.to_string()).collect::<Vec<_>>(),
+            ["gh.search"]
+        );
+        assert_eq!(
+            ok[0]
+                .metadata
+                .as_ref()
+                .and_then(|m| m.source.clone())
+                .as_deref(),
+            Some("mcp:gh")
+        );
+        assert_eq!(rejected.len(), 2);
+        assert!(
+            rejected[0]
+                .reason
+                .contains("already registered by provider `files-gh`"),
+            "{:?}",
+            rejected[0]
+        );
+        assert!(
+            rejected[1].reason.contains("list files"),
+            "{:?}",
+            rejected[1]
+        );
+    }
+
+    #[test]
+    fn names_are_never_merged() {
+        let n = Names::default();
+        assert!(n.claim("a.search", "a").is_ok());
+        assert_eq!(n.claim("a.search", "b"), Err("a".into()));
+        n.release_all("a");
+        assert!(n.claim("a.search", "b").is_ok());
+    }
+}
