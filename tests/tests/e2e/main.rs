@@ -14,3 +14,4 @@ mod kit;
 mod names;
 mod outside_client;
 mod turns;
+mod upstream;

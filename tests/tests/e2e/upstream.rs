@@ -1,0 +1,640 @@
+//! Brokered MCP providers with real third-party servers (installed by
+//! `.ci/install-mcp-servers`): npm server-everything and server-filesystem, PyPI mcp-server-time.
+//! Their calls go through the kernel exactly like a built-in one: catalogue, arguments,
+//! requirement from the arguments, Cedar, record.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sharedos_proto::ipc::{ControlRequest, ControlResponse};
+
+use crate::kit::{Options, Raw, TestBroker, eventually, meta, run, text};
+
+fn servers() -> Option<BTreeMap<String, String>> {
+    let cache = match std::env::var_os("SHAREDOS_CI_CACHE") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/sharedos-ci")
+        }
+    };
+    let dir = cache.join("mcp-servers");
+    match std::fs::read_to_string(dir.join("mcp-servers.env")) {
+        Ok(text) => Some(
+            text.lines()
+                .filter(|l| !l.trim_start().starts_with('#'))
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                .collect(),
+        ),
+        Err(_) if dir.join("SKIPPED").exists() => {
+            eprintln!("SKIPPED: upstream: the MCP server install could not reach the registry");
+            None
+        }
+        Err(_) => {
+            assert!(
+                std::env::var("CI").is_err(),
+                "CI must run .ci/install-mcp-servers first"
+            );
+            eprintln!(
+                "SKIPPED: upstream: run .ci/install-mcp-servers to install the third-party MCP servers"
+            );
+            None
+        }
+    }
+}
+
+fn q(s: &str) -> String {
+    serde_json::to_string(s).expect("quote")
+}
+
+fn everything(s: &BTreeMap<String, String>, ns: &str) -> String {
+    format!(
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"{ns}\"\ncommand = {}\nargs = [{}, {}]\ncall_timeout_seconds = 3\n",
+        q(&s["EVERYTHING_CMD"]),
+        q(&s["EVERYTHING_ARGS"]),
+        q(&s["EVERYTHING_ARG2"])
+    )
+}
+
+fn time(s: &BTreeMap<String, String>, ns: &str, scope: Option<&str>) -> String {
+    let mut t = format!(
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"{ns}\"\ncommand = {}\nargs = [{}]\n",
+        q(&s["TIME_CMD"]),
+        q(&s["TIME_ARGS"])
+    );
+    if let Some(p) = scope {
+        t.push_str(&format!("scope = {{ principal = \"{p}\" }}\n"));
+    }
+    t
+}
+
+fn filesystem(s: &BTreeMap<String, String>, data: &str) -> String {
+    format!(
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"fs\"\ncommand = {cmd}\nargs = [{args}, {data}]\n\
+         [providers.tools.read_text_file]\naction = \"read\"\nfile = \"{{path}}\"\nfile_root = {data}\n\
+         [providers.tools.list_directory]\naction = \"list\"\nfile = \"{{path}}\"\nfile_root = {data}\n",
+        cmd = q(&s["FILESYSTEM_CMD"]),
+        args = q(&s["FILESYSTEM_ARGS"]),
+        data = q(data),
+    )
+}
+
+const POLICY: &str = r#"
+@id("alice-public")
+permit(principal == SharedOS::User::"alice",
+       action in [SharedOS::Action::"read", SharedOS::Action::"list", SharedOS::Action::"search"],
+       resource is SharedOS::File)
+when { resource.path == "/public" || resource.path like "/public/*" };
+
+@id("alice-tools")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool)
+when { resource.name == "everything.echo" || resource.name == "everything.get-sum"
+    || resource.name == "everything.trigger-long-running-operation"
+    || resource.name == "everything.get-structured-content"
+    || resource.name == "a.get_current_time" || resource.name like "t.*"
+    || resource.name like "alice_time.*" };
+
+@id("bob-time")
+permit(principal == SharedOS::User::"bob", action == SharedOS::Action::"call", resource is SharedOS::Tool)
+when { resource.name like "*get_current_time" };
+"#;
+
+/// A broker whose config has the given provider entries (after the files provider).
+async fn broker_with(extra: &str) -> TestBroker {
+    let mut b = TestBroker::start(Options {
+        policy: POLICY,
+        ..Options::default()
+    })
+    .await;
+    let cfg = std::fs::read_to_string(&b.config_path).expect("cfg");
+    std::fs::write(&b.config_path, format!("{cfg}{extra}")).expect("w");
+    b.restart().await;
+    b
+}
+
+async fn call(raw: &mut Raw, id: i64, tool: &str, args: Value) -> Value {
+    raw.call(id, tool, args).await["result"].clone()
+}
+
+async fn providers(b: &TestBroker) -> Vec<Value> {
+    match b
+        .host()
+        .await
+        .call(&ControlRequest::Providers)
+        .await
+        .expect("providers")
+    {
+        ControlResponse::Providers { providers } => providers,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn state_of(list: &[Value], ns: &str) -> String {
+    list.iter()
+        .find(|p| p["namespace"] == ns)
+        .map(|p| p["state"].as_str().unwrap_or("").to_owned())
+        .unwrap_or_default()
+}
+
+/// The pid of an upstream process (a child of this test process whose command line has `needle`).
+fn upstream_pid(needle: &str) -> Option<i32> {
+    let me = std::process::id().to_string();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if pid.parse::<i32>().is_err() {
+            continue;
+        }
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().nth(1))
+            .unwrap_or("");
+        let cmd = std::fs::read_to_string(entry.path().join("cmdline")).unwrap_or_default();
+        if ppid == me && cmd.contains(needle) {
+            return pid.parse().ok();
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn everything_server_behind_the_kernel() {
+    let Some(s) = servers() else { return };
+    let broker = broker_with(&everything(&s, "everything")).await;
+    let turn = broker.open_turn("alice").await;
+    let names: Vec<String> = turn.tools.iter().map(|t| t.name.to_string()).collect();
+    // Shown: exactly the upstream tools some call could be permitted (plus the files tools).
+    for n in [
+        "everything.echo",
+        "everything.get-sum",
+        "everything.trigger-long-running-operation",
+        "files.read",
+    ] {
+        assert!(names.contains(&n.to_owned()), "{n} in {names:?}");
+    }
+    assert!(
+        !names.contains(&"everything.get-env".to_owned()),
+        "no permit applies: hidden"
+    );
+    let meta_ns = turn
+        .tools
+        .iter()
+        .find(|t| t.name.as_str() == "everything.echo")
+        .and_then(|t| t.metadata.clone())
+        .expect("meta");
+    assert_eq!(meta_ns.source.as_deref(), Some("mcp:everything"));
+
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    let r = call(&mut raw, 1, "everything.echo", json!({"message": "hi"})).await;
+    assert_eq!(meta(&r)["outcome"], "succeeded", "{r}");
+    assert_eq!(text(&r), "Echo: hi");
+    let r = call(&mut raw, 2, "everything.get-sum", json!({"a": 2, "b": 3})).await;
+    assert_eq!(text(&r), "The sum of 2 and 3 is 5.");
+    let r = call(
+        &mut raw,
+        3,
+        "everything.get-structured-content",
+        json!({"location": "Chicago"}),
+    )
+    .await;
+    assert!(
+        r["structuredContent"]["temperature"].is_number(),
+        "structuredContent passes through: {r}"
+    );
+    let r = call(&mut raw, 4, "everything.get-env", json!({})).await;
+    assert_eq!(meta(&r)["code"], "unpublished_tool");
+    let r = call(&mut raw, 5, "everything.get-sum", json!({"a": "x", "b": 1})).await;
+    assert_eq!(
+        meta(&r)["code"],
+        "invalid_arguments",
+        "checked against the upstream's own inputSchema"
+    );
+
+    // A call past the provider's time limit (3 s) fails with timeout, and the session goes on.
+    let r = call(
+        &mut raw,
+        6,
+        "everything.trigger-long-running-operation",
+        json!({"duration": 8, "steps": 2}),
+    )
+    .await;
+    assert_eq!(meta(&r)["code"], "timeout", "{r}");
+
+    // Client cancellation is forwarded and recorded.
+    raw.send(json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "everything.trigger-long-running-operation", "arguments": {"duration": 2, "steps": 2}}})).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    raw.send(
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}}),
+    )
+    .await;
+    let t = turn.turn.clone();
+    eventually("the cancelled call is recorded", || {
+        broker
+            .calls_of(&t)
+            .iter()
+            .any(|c| c["outcome"] == "cancelled")
+    })
+    .await;
+    let r = call(&mut raw, 8, "everything.echo", json!({"message": "after"})).await;
+    assert_eq!(text(&r), "Echo: after");
+
+    // The upstream dies mid-call: the call fails with a clear code, and the next call works once
+    // it has been restarted.
+    raw.send(json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+        "params": {"name": "everything.trigger-long-running-operation", "arguments": {"duration": 2, "steps": 1}}})).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = upstream_pid("server-everything").expect("upstream pid");
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
+    let r = raw.response(9).await["result"].clone();
+    assert_eq!(meta(&r)["code"], "upstream_unavailable", "{r}");
+    let mut state = String::new();
+    for _ in 0..100 {
+        state = state_of(&providers(&broker).await, "everything");
+        if state == "ready" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(state, "ready");
+    let r = call(
+        &mut raw,
+        10,
+        "everything.echo",
+        json!({"message": "restarted"}),
+    )
+    .await;
+    assert_eq!(text(&r), "Echo: restarted");
+    assert!(upstream_pid("server-everything").is_some_and(|p| p != pid));
+    let lines = broker.records();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["kind"] == "provider_state" && l["state"] == "restarting")
+    );
+    // Every call above, refused or not, is recorded with the name the harness sent.
+    assert_eq!(broker.calls_of(&turn.turn).len(), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_reaches_the_upstream_as_notifications_cancelled() {
+    let Some(s) = servers() else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    let tap_log = dir.path().join("tap.jsonl");
+    let tap = concat!(env!("CARGO_MANIFEST_DIR"), "/python/tap.py");
+    let extra = format!(
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"everything\"\ncommand = \"python3\"\nargs = [{}, {}, {}, {}]\nenv = {{ TAP_LOG = {} }}\n",
+        q(tap),
+        q(&s["EVERYTHING_CMD"]),
+        q(&s["EVERYTHING_ARGS"]),
+        q(&s["EVERYTHING_ARG2"]),
+        q(&tap_log.display().to_string())
+    );
+    let broker = broker_with(&extra).await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-06-18").await;
+    raw.send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "everything.trigger-long-running-operation", "arguments": {"duration": 2, "steps": 2}}})).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    raw.send(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1, "reason": "test"}})).await;
+    eventually("the upstream receives notifications/cancelled", || {
+        std::fs::read_to_string(&tap_log)
+            .unwrap_or_default()
+            .contains("notifications/cancelled")
+    })
+    .await;
+    let log = std::fs::read_to_string(&tap_log).expect("tap log");
+    let call_line = log
+        .lines()
+        .find(|l| l.contains("trigger-long-running-operation"))
+        .expect("call went upstream");
+    let call: Value = serde_json::from_str(call_line).expect("json");
+    assert_eq!(
+        call["params"]["name"], "trigger-long-running-operation",
+        "the upstream's own name"
+    );
+    let cancel: Value = serde_json::from_str(
+        log.lines()
+            .find(|l| l.contains("notifications/cancelled"))
+            .expect("cancel"),
+    )
+    .expect("json");
+    assert_eq!(
+        cancel["params"]["requestId"], call["id"],
+        "the cancel names the upstream request"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filesystem_server_authorized_from_its_arguments() {
+    let Some(s) = servers() else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = std::fs::canonicalize(dir.path())
+        .expect("canon")
+        .join("fsdata");
+    std::fs::create_dir_all(data.join("public")).expect("mk");
+    std::fs::create_dir_all(data.join("private")).expect("mk");
+    std::fs::write(data.join("public/a.txt"), "hello public\n").expect("w");
+    std::fs::write(data.join("private/b.txt"), "private\n").expect("w");
+    std::os::unix::fs::symlink(data.join("private/b.txt"), data.join("public/link")).expect("ln");
+    let d = data.display().to_string();
+    let broker = broker_with(&filesystem(&s, &d)).await;
+    let turn = broker.open_turn("alice").await;
+    let names: Vec<String> = turn.tools.iter().map(|t| t.name.to_string()).collect();
+    assert!(
+        names.contains(&"fs.read_text_file".to_owned())
+            && names.contains(&"fs.list_directory".to_owned()),
+        "{names:?}"
+    );
+    assert!(
+        !names.contains(&"fs.write_file".to_owned()),
+        "no permit for call on fs.write_file: hidden"
+    );
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-06-18").await;
+    let cases = [
+        (format!("{d}/public/a.txt"), "succeeded", "ok"),
+        (format!("{d}/private/b.txt"), "denied", "no_permit"),
+        (
+            format!("{d}/public/../private/b.txt"),
+            "denied",
+            "no_permit",
+        ),
+        (format!("{d}/public/link"), "denied", "no_permit"),
+        (
+            "/etc/passwd".to_owned(),
+            "denied",
+            "unresolvable_requirement",
+        ),
+        (
+            "public/a.txt".to_owned(),
+            "denied",
+            "unresolvable_requirement",
+        ),
+        (
+            format!("{d}/public/missing.txt"),
+            "failed",
+            "upstream_error",
+        ),
+    ];
+    for (i, (path, outcome, code)) in cases.iter().enumerate() {
+        let r = call(
+            &mut raw,
+            i as i64 + 1,
+            "fs.read_text_file",
+            json!({"path": path}),
+        )
+        .await;
+        assert_eq!(
+            (meta(&r)["outcome"].as_str(), meta(&r)["code"].as_str()),
+            (Some(*outcome), Some(*code)),
+            "{path}: {r}"
+        );
+    }
+    let r = call(
+        &mut raw,
+        20,
+        "fs.read_text_file",
+        json!({"path": format!("{d}/public/a.txt")}),
+    )
+    .await;
+    assert_eq!(text(&r), "hello public\n");
+    assert_eq!(r["structuredContent"]["content"], "hello public\n");
+    let r = call(
+        &mut raw,
+        21,
+        "fs.list_directory",
+        json!({"path": format!("{d}/private")}),
+    )
+    .await;
+    assert_eq!(meta(&r)["code"], "no_permit");
+    let r = call(
+        &mut raw,
+        22,
+        "fs.read_text_file",
+        json!({"path": format!("{d}/public/missing.txt")}),
+    )
+    .await;
+    assert!(text(&r).starts_with("failed: fs.read_text_file of /public/missing.txt — the upstream server reported an error"), "{r}");
+    let calls = broker.calls_of(&turn.turn);
+    assert_eq!(
+        calls[0]["requirement"]["resource"],
+        "SharedOS::File::\"/public/a.txt\""
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_naming_a_missing_argument_stops_the_broker_at_start() {
+    let Some(s) = servers() else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = crate::kit::write_config(dir.path(), &Options::default());
+    let extra = format!(
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"fs\"\ncommand = {}\nargs = [{}, {}]\n[providers.tools.read_text_file]\naction = \"read\"\nfile = \"{{nope}}\"\n",
+        q(&s["FILESYSTEM_CMD"]),
+        q(&s["FILESYSTEM_ARGS"]),
+        q(&dir.path().display().to_string())
+    );
+    let text = std::fs::read_to_string(&cfg).expect("cfg");
+    std::fs::write(&cfg, format!("{text}{extra}")).expect("w");
+    let mut serve = std::process::Command::new(crate::kit::bin("sharedos-broker"));
+    serve
+        .args(["serve", "--runtime-dir"])
+        .arg(dir.path().join("run"))
+        .arg("--config")
+        .arg(&cfg);
+    let (code, _, err) = run(serve).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("`nope`") && err.contains("read_text_file"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_providers_with_one_upstream_name_and_a_policy_for_one() {
+    let Some(s) = servers() else { return };
+    let broker = broker_with(&format!("{}{}", time(&s, "a", None), time(&s, "b", None))).await;
+    let turn = broker.open_turn("alice").await;
+    let names: Vec<String> = turn.tools.iter().map(|t| t.name.to_string()).collect();
+    assert!(names.contains(&"a.get_current_time".to_owned()));
+    assert!(
+        !names.contains(&"b.get_current_time".to_owned()),
+        "{names:?}"
+    );
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-06-18").await;
+    let r = call(
+        &mut raw,
+        1,
+        "a.get_current_time",
+        json!({"timezone": "UTC"}),
+    )
+    .await;
+    assert_eq!(meta(&r)["outcome"], "succeeded", "{r}");
+    assert_eq!(
+        r["structuredContent"]["timezone"], "UTC",
+        "the Python server's structuredContent passes through"
+    );
+    let r = call(
+        &mut raw,
+        2,
+        "b.get_current_time",
+        json!({"timezone": "UTC"}),
+    )
+    .await;
+    assert_eq!(meta(&r)["code"], "unpublished_tool");
+    let r = call(
+        &mut raw,
+        3,
+        "a.get_current_time",
+        json!({"timezone": "Bad/Zone"}),
+    )
+    .await;
+    assert_eq!(meta(&r)["code"], "upstream_error", "{r}");
+    // Both registrations exist, separately.
+    let list = providers(&broker).await;
+    assert_eq!(
+        list.iter()
+            .filter(|p| p["tools"].to_string().contains("get_current_time"))
+            .count(),
+        2
+    );
+    let mut cli = broker.cli();
+    cli.arg("providers");
+    let (code, out, _) = run(cli).await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("a (mcp) ready") && out.contains("b (mcp) ready"),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_context_provider_exists_only_in_its_contexts() {
+    let Some(s) = servers() else { return };
+    let broker = broker_with(&time(&s, "alice_time", Some("alice"))).await;
+    let (a1, a2, b) = tokio::join!(
+        broker.open_turn("alice"),
+        broker.open_turn("alice"),
+        broker.open_turn("bob")
+    );
+    let has = |t: &sharedos_proto::ipc::TurnOpened| {
+        t.tools
+            .iter()
+            .any(|x| x.name.as_str().starts_with("alice_time."))
+    };
+    assert!(has(&a1) && has(&a2));
+    assert!(
+        !has(&b),
+        "another principal never sees it, though its policy would permit the name"
+    );
+    assert_eq!(a1.catalog_hash, a2.catalog_hash);
+    assert_ne!(a1.catalog_hash, b.catalog_hash);
+    // Concurrent calls from both principals.
+    let mut ra = Raw::spawn(broker.shim_command(a1.token.expose()));
+    let mut rb = Raw::spawn(broker.shim_command(b.token.expose()));
+    ra.initialize("2025-06-18").await;
+    rb.initialize("2025-06-18").await;
+    let (x, y) = tokio::join!(
+        call(
+            &mut ra,
+            1,
+            "alice_time.get_current_time",
+            json!({"timezone": "UTC"})
+        ),
+        call(
+            &mut rb,
+            1,
+            "alice_time.get_current_time",
+            json!({"timezone": "UTC"})
+        ),
+    );
+    assert_eq!(meta(&x)["outcome"], "succeeded", "{x}");
+    assert_eq!(meta(&y)["code"], "unpublished_tool", "{y}");
+    // Bob's catalogue (and its hash) is what it would be without the scoped provider.
+    let plain = TestBroker::start(Options {
+        policy: POLICY,
+        ..Options::default()
+    })
+    .await;
+    assert_eq!(plain.open_turn("bob").await.catalog_hash, b.catalog_hash);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drifted_upstream_is_held_back_until_re_pinned() {
+    let Some(s) = servers() else { return };
+    // Namespace `t` first runs the time server; it is pinned; then the same namespace runs a
+    // server with other tools (as an upgrade would), and must be held back.
+    let pins = "pins = \"pins.toml\"\n";
+    let mut broker = TestBroker::start(Options {
+        policy: POLICY,
+        ..Options::default()
+    })
+    .await;
+    let base = std::fs::read_to_string(&broker.config_path).expect("cfg");
+    std::fs::write(
+        &broker.config_path,
+        format!("{pins}{base}{}", time(&s, "t", None)),
+    )
+    .expect("w");
+    broker.restart().await;
+    let mut pin = broker.cli();
+    pin.args(["providers", "pin"]);
+    let (code, out, err) = run(pin).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("t = "), "{out}");
+    assert!(
+        broker
+            .open_turn("alice")
+            .await
+            .tools
+            .iter()
+            .any(|t| t.name.as_str() == "t.get_current_time")
+    );
+    // The upstream changes under the pin.
+    let drifted = everything(&s, "t");
+    std::fs::write(&broker.config_path, format!("{pins}{base}{drifted}")).expect("w");
+    broker.restart().await;
+    let list = providers(&broker).await;
+    assert_eq!(state_of(&list, "t"), "drifted", "{list:#?}");
+    let turn = broker.open_turn("alice").await;
+    assert!(
+        turn.tools
+            .iter()
+            .all(|t| !t.name.as_str().starts_with("t.")),
+        "held back from every catalogue"
+    );
+    assert!(
+        broker
+            .records()
+            .iter()
+            .any(|l| l["kind"] == "provider_state" && l["state"] == "drifted")
+    );
+    let mut cli = broker.cli();
+    cli.arg("providers");
+    let (_, out, _) = run(cli).await;
+    assert!(
+        out.contains("t (mcp) drifted") && out.contains("held back"),
+        "{out}"
+    );
+    // Re-pinning accepts the new tool list.
+    let mut pin = broker.cli();
+    pin.args(["providers", "pin"]);
+    assert_eq!(run(pin).await.0, 0);
+    assert_eq!(state_of(&providers(&broker).await, "t"), "ready");
+    assert!(
+        broker
+            .open_turn("alice")
+            .await
+            .tools
+            .iter()
+            .any(|t| t.name.as_str() == "t.echo")
+    );
+}
