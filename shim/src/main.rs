@@ -4,12 +4,9 @@
 //!
 //! stdout belongs to MCP: logs go to stderr or `--log-file` (`print_stdout` is denied here).
 //!
-//! # Layout
-//! - [`link`]: the bridge connection to the broker (hello, calls, cancels, turn end).
-//! - [`server`]: the MCP side (rmcp `ServerHandler`) and the one outcome → MCP result mapping.
+//! The modules live in the library (`lib.rs`) so the fuzz targets can reach the stdin guard.
 
-mod link;
-mod server;
+use sharedos_mcp_shim::{link, server};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -99,7 +96,10 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_NOT_STARTED);
         }
     };
-    rt.block_on(run(args))
+    let code = rt.block_on(run(args));
+    // Do not wait for a read of stdin that may never return: the session is over.
+    rt.shutdown_timeout(std::time::Duration::from_millis(200));
+    code
 }
 
 async fn run(args: Args) -> ExitCode {

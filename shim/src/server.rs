@@ -230,7 +230,23 @@ impl ServerHandler for Shim {
 pub async fn serve(shim: Shim) -> End {
     let link = shim.link.clone();
     let ct = link.ended.child_token();
-    let service = match shim.serve_with_ct(rmcp::transport::stdio_pipes(), ct).await {
+    // rmcp's stdio pipes: faster than tokio's, and their reads can be cancelled, so the process
+    // can exit while the client is still connected (turn closed, broker gone).
+    let (stdin, stdout) = rmcp::transport::stdio_pipes();
+    let (transport, writer) = crate::stdio::guarded(stdin, stdout);
+    let end = serve_on(shim, transport, ct, &link).await;
+    // Everything rmcp and the guard wrote reaches stdout before the process exits.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), writer).await;
+    end
+}
+
+async fn serve_on(
+    shim: Shim,
+    transport: (tokio::io::DuplexStream, tokio::io::DuplexStream),
+    ct: tokio_util::sync::CancellationToken,
+    link: &Arc<Link>,
+) -> End {
+    let service = match shim.serve_with_ct(transport, ct).await {
         Ok(s) => s,
         Err(e) => {
             if let Some(why) = link.end_reason.lock().ok().and_then(|r| r.clone()) {

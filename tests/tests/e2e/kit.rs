@@ -297,6 +297,12 @@ impl Raw {
             .expect("write to shim");
     }
 
+    /// Writes raw bytes (plus a newline) to the shim's stdin.
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        self.stdin.write_all(bytes).await.expect("write to shim");
+        self.stdin.write_all(b"\n").await.expect("write to shim");
+    }
+
     /// The next message on stdout (every line must be JSON-RPC).
     pub async fn recv(&mut self) -> Value {
         let line = tokio::time::timeout(WAIT, self.stdout.next_line())

@@ -13,5 +13,6 @@ mod interop;
 mod kit;
 mod names;
 mod outside_client;
+mod robustness;
 mod turns;
 mod upstream;

@@ -1,0 +1,254 @@
+//! The stdin guard: every line a client writes is checked before rmcp sees it, so that malformed
+//! JSON-RPC gets the answer JSON-RPC prescribes (and the shim keeps serving) instead of being
+//! dropped silently, which leaves a client waiting for its timeout.
+//!
+//! [`check_line`] is a pure function (fuzzed: `fuzz/fuzz_targets/shim_stdin.rs`). It never
+//! decides anything about authority: a well-formed `tools/call`, whatever tool it names, passes
+//! through to the broker and its kernel.
+
+use serde_json::{Value, json};
+
+/// Longest line accepted. Tool arguments travel to the broker in one frame, so this stays below
+/// the frame limit.
+pub const MAX_LINE_BYTES: usize = 4 * 1024 * 1024;
+
+pub const PARSE_ERROR: i64 = -32700;
+pub const INVALID_REQUEST: i64 = -32600;
+pub const INVALID_PARAMS: i64 = -32602;
+
+/// What to do with one line.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Hand it to the MCP server unchanged.
+    Pass,
+    /// Answer with this JSON-RPC error response; the line goes no further.
+    Answer(Value),
+    /// A response or notification nobody waits for: nothing to answer (JSON-RPC never answers a
+    /// response); note why.
+    Ignore(&'static str),
+}
+
+/// A JSON-RPC error response.
+pub fn error(id: Value, code: i64, message: impl Into<String>) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into()}})
+}
+
+fn valid_id(v: &Value) -> bool {
+    v.is_string() || v.is_i64() || v.is_u64()
+}
+
+/// Checks one line (without its newline).
+pub fn check_line(line: &[u8]) -> Verdict {
+    if line.len() > MAX_LINE_BYTES {
+        return Verdict::Answer(error(
+            Value::Null,
+            INVALID_REQUEST,
+            format!(
+                "message of {} bytes exceeds the {MAX_LINE_BYTES}-byte limit",
+                line.len()
+            ),
+        ));
+    }
+    let value: Value = match serde_json::from_slice(line) {
+        Ok(v) => v,
+        Err(e) => {
+            let what = if std::str::from_utf8(line).is_err() {
+                "not valid UTF-8"
+            } else {
+                "not valid JSON"
+            };
+            return Verdict::Answer(error(
+                Value::Null,
+                PARSE_ERROR,
+                format!("parse error: the message is {what} ({e})"),
+            ));
+        }
+    };
+    let Value::Object(obj) = &value else {
+        let why = if value.is_array() {
+            "JSON-RPC batches are not supported by MCP (since 2025-06-18): send one message per line"
+        } else {
+            "a JSON-RPC message must be an object"
+        };
+        return Verdict::Answer(error(Value::Null, INVALID_REQUEST, why));
+    };
+    let id = obj.get("id");
+    let answer_id = id.filter(|v| valid_id(v)).cloned().unwrap_or(Value::Null);
+    if obj.get("jsonrpc") != Some(&Value::from("2.0")) {
+        return Verdict::Answer(error(
+            answer_id,
+            INVALID_REQUEST,
+            "`jsonrpc` must be \"2.0\"",
+        ));
+    }
+    if let Some(id) = id
+        && !valid_id(id)
+    {
+        return Verdict::Answer(error(
+            Value::Null,
+            INVALID_REQUEST,
+            "`id` must be a string or an integer",
+        ));
+    }
+    let Some(method) = obj.get("method") else {
+        if obj.contains_key("result") || obj.contains_key("error") {
+            return Verdict::Ignore("a response sent to the server, which made no request");
+        }
+        return Verdict::Answer(error(
+            answer_id,
+            INVALID_REQUEST,
+            "a request needs a `method`",
+        ));
+    };
+    let Some(method) = method.as_str() else {
+        return Verdict::Answer(error(
+            answer_id,
+            INVALID_REQUEST,
+            "`method` must be a string",
+        ));
+    };
+    let params = obj.get("params");
+    if let Some(p) = params
+        && !(p.is_object() || p.is_array())
+    {
+        if id.is_none() {
+            return Verdict::Ignore("a notification with malformed params");
+        }
+        return Verdict::Answer(error(
+            answer_id,
+            INVALID_PARAMS,
+            "`params` must be an object",
+        ));
+    }
+    if method == "tools/call" {
+        if id.is_none() {
+            return Verdict::Ignore(
+                "tools/call sent as a notification (no id): nothing can be answered",
+            );
+        }
+        match params.and_then(|p| p.get("name")) {
+            Some(Value::String(_)) => {}
+            Some(_) => {
+                return Verdict::Answer(error(
+                    answer_id,
+                    INVALID_PARAMS,
+                    "tools/call `params.name` must be a string",
+                ));
+            }
+            None => {
+                return Verdict::Answer(error(
+                    answer_id,
+                    INVALID_PARAMS,
+                    "tools/call needs `params.name`, the tool to call",
+                ));
+            }
+        }
+        if let Some(args) = params.and_then(|p| p.get("arguments"))
+            && !(args.is_object() || args.is_null())
+        {
+            return Verdict::Answer(error(
+                answer_id,
+                INVALID_PARAMS,
+                "tools/call `params.arguments` must be an object",
+            ));
+        }
+    }
+    Verdict::Pass
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(v: &Verdict) -> Option<i64> {
+        match v {
+            Verdict::Answer(e) => e["error"]["code"].as_i64(),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn malformed_lines_get_their_json_rpc_answer() {
+        assert_eq!(code(&check_line(b"not json")), Some(PARSE_ERROR));
+        assert_eq!(
+            code(&check_line(
+                b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"pi"
+            )),
+            Some(PARSE_ERROR)
+        );
+        assert_eq!(code(&check_line(b"\xff\xfe{}")), Some(PARSE_ERROR));
+        assert_eq!(
+            code(&check_line(
+                b"[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}]"
+            )),
+            Some(INVALID_REQUEST)
+        );
+        assert_eq!(
+            code(&check_line(
+                b"{\"jsonrpc\":\"1.0\",\"id\":1,\"method\":\"ping\"}"
+            )),
+            Some(INVALID_REQUEST)
+        );
+        assert_eq!(
+            code(&check_line(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":5}")),
+            Some(INVALID_REQUEST)
+        );
+        assert_eq!(
+            code(&check_line(
+                b"{\"jsonrpc\":\"2.0\",\"id\":{\"a\":1},\"method\":\"ping\"}"
+            )),
+            Some(INVALID_REQUEST)
+        );
+        assert_eq!(
+            code(&check_line(
+                b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\",\"params\":\"x\"}"
+            )),
+            Some(INVALID_PARAMS)
+        );
+        assert_eq!(
+            code(&check_line(
+                b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{}}"
+            )),
+            Some(INVALID_PARAMS)
+        );
+        assert_eq!(
+            code(&check_line(
+                b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":5}}"
+            )),
+            Some(INVALID_PARAMS)
+        );
+        assert_eq!(
+            check_line(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}"),
+            Verdict::Ignore("a response sent to the server, which made no request")
+        );
+        let big = vec![b'x'; MAX_LINE_BYTES + 1];
+        assert_eq!(code(&check_line(&big)), Some(INVALID_REQUEST));
+    }
+
+    #[test]
+    fn well_formed_messages_pass_whatever_tool_they_name() {
+        assert_eq!(
+            check_line(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}"),
+            Verdict::Pass
+        );
+        assert_eq!(
+            check_line(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}"),
+            Verdict::Pass
+        );
+        assert_eq!(check_line(br#"{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"name":"files read","arguments":{}}}"#), Verdict::Pass);
+        assert_eq!(
+            check_line(br#"{"jsonrpc":"2.0","id":2,"method":"unknown/method"}"#),
+            Verdict::Pass
+        );
+    }
+
+    #[test]
+    fn the_answer_keeps_a_usable_id() {
+        let Verdict::Answer(e) =
+            check_line(br#"{"jsonrpc":"2.0","id":"x7","method":"tools/call","params":{}}"#)
+        else {
+            panic!("answered");
+        };
+        assert_eq!(e["id"], "x7");
+    }
+}
