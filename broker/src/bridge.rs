@@ -41,6 +41,12 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream) {
             ?uid,
             "bridge connection from a uid that is not a harness uid: refused"
         );
+        // Read the hello first (bounded), so the refusal is not lost to a reset on close.
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(1),
+            reader.next::<BridgeRequest>(),
+        )
+        .await;
         let _ = write_frame(
             &mut send,
             &BridgeEvent::Refused {

@@ -42,6 +42,12 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream) {
             ?uid,
             "control connection from a uid that is not a host uid: refused"
         );
+        // Read the hello first (bounded), so the refusal is not lost to a reset on close.
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(1),
+            reader.next::<ControlRequest>(),
+        )
+        .await;
         let _ = write_frame(
             &mut send,
             &error("forbidden", "this uid may not use the control socket"),

@@ -147,11 +147,8 @@ pub async fn build_kernel(config: &Config, root: &CancellationToken) -> anyhow::
         starting.push((p, rx));
     }
     for (p, rx) in starting {
-        let started = tokio::time::timeout(
-            crate::upstream::STARTUP_TIMEOUT + Duration::from_secs(5),
-            rx,
-        )
-        .await;
+        let started =
+            tokio::time::timeout(p.startup_timeout() * 2 + Duration::from_secs(5), rx).await;
         match started {
             Ok(Ok(Ok(()))) => {
                 let status = p.status();

@@ -87,6 +87,9 @@ pub struct McpProviderConfig {
     pub tools: BTreeMap<String, TemplateConfig>,
     #[serde(default)]
     pub call_timeout_seconds: Option<u64>,
+    /// How long to wait for initialize and the first tools/list (default 30 s).
+    #[serde(default)]
+    pub startup_timeout_seconds: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -413,11 +416,12 @@ impl McpProvider {
                 }
             });
         }
-        let service = tokio::time::timeout(STARTUP_TIMEOUT, ().serve(transport))
+        let limit = self.startup_timeout();
+        let service = tokio::time::timeout(limit, ().serve(transport))
             .await
             .map_err(|_| "the upstream did not finish initialize in time".to_owned())?
             .map_err(|e| format!("MCP initialize with the upstream failed: {e}"))?;
-        let tools = tokio::time::timeout(STARTUP_TIMEOUT, service.list_all_tools())
+        let tools = tokio::time::timeout(limit, service.list_all_tools())
             .await
             .map_err(|_| "the upstream did not answer tools/list in time".to_owned())?
             .map_err(|e| format!("tools/list on the upstream failed: {e}"))?;
@@ -594,6 +598,12 @@ impl McpProvider {
         self.names.release_all(&self.config.namespace);
         self.generation.fetch_add(1, Ordering::Relaxed);
         self.record(State::Failed, json!({"reason": why})).await;
+    }
+
+    pub fn startup_timeout(&self) -> Duration {
+        self.config
+            .startup_timeout_seconds
+            .map_or(STARTUP_TIMEOUT, Duration::from_secs)
     }
 
     pub fn call_timeout(&self) -> Duration {

@@ -303,6 +303,11 @@ impl Raw {
         self.stdin.write_all(b"\n").await.expect("write to shim");
     }
 
+    /// The next raw line on stdout, `None` at its end.
+    pub async fn next_line(&mut self) -> Option<String> {
+        self.stdout.next_line().await.ok().flatten()
+    }
+
     /// The next message on stdout (every line must be JSON-RPC).
     pub async fn recv(&mut self) -> Value {
         let line = tokio::time::timeout(WAIT, self.stdout.next_line())

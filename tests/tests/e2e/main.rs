@@ -9,10 +9,12 @@
 
 mod boundary;
 mod cli;
+mod faults;
 mod interop;
 mod kit;
 mod names;
 mod outside_client;
 mod robustness;
+mod security;
 mod turns;
 mod upstream;
