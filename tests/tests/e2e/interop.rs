@@ -6,7 +6,6 @@
 //! CI=true a missing install without that marker fails.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use serde_json::{Value, json};
 use sharedos_broker::scripted_model::{self, Script};
@@ -14,43 +13,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::kit::{Options, TestBroker, run};
 
-fn cache_dir() -> PathBuf {
-    match std::env::var_os("SHAREDOS_CI_CACHE") {
-        Some(d) => PathBuf::from(d),
-        None => {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/sharedos-ci")
-        }
-    }
-}
-
 /// The installed harnesses, or None (with the reason printed) when the suite is skipped.
 fn harnesses() -> Option<BTreeMap<String, String>> {
-    let dir = cache_dir().join("harnesses");
-    let env_file = dir.join("harnesses.env");
-    match std::fs::read_to_string(&env_file) {
-        Ok(text) => Some(
-            text.lines()
-                .filter(|l| !l.trim_start().starts_with('#'))
-                .filter_map(|l| l.split_once('='))
-                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-                .collect(),
-        ),
-        Err(_) if dir.join("SKIPPED").exists() => {
-            eprintln!(
-                "SKIPPED: interop: the harness install could not reach the registry (see .ci/install-harnesses)"
-            );
-            None
-        }
-        Err(_) => {
-            assert!(
-                std::env::var("CI").is_err(),
-                "CI must run .ci/install-harnesses first ({} is missing)",
-                env_file.display()
-            );
-            eprintln!("SKIPPED: interop: run .ci/install-harnesses to install the harness CLIs");
-            None
-        }
-    }
+    crate::kit::installed("harnesses", ".ci/install-harnesses")
 }
 
 fn rows() -> Value {

@@ -405,3 +405,41 @@ pub fn text(result: &Value) -> String {
         .unwrap_or_default()
         .to_owned()
 }
+
+/// What a `.ci/install-*` script installed: the `KEY=value` lines of
+/// `$SHAREDOS_CI_CACHE/<folder>/<folder>.env` (default cache `~/.cache/sharedos-ci`). `None`, with
+/// the reason printed, when the tests that need it are skipped: the install could not reach its
+/// registry (a SKIPPED marker), or (outside CI) it was not run. Under CI=true a missing install
+/// without the marker fails.
+pub fn installed(folder: &str, script: &str) -> Option<std::collections::BTreeMap<String, String>> {
+    let cache = match std::env::var_os("SHAREDOS_CI_CACHE") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/sharedos-ci")
+        }
+    };
+    let dir = cache.join(folder);
+    let env_file = dir.join(format!("{folder}.env"));
+    match std::fs::read_to_string(&env_file) {
+        Ok(text) => Some(
+            text.lines()
+                .filter(|l| !l.trim_start().starts_with('#'))
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                .collect(),
+        ),
+        Err(_) if dir.join("SKIPPED").exists() => {
+            eprintln!("SKIPPED: {folder}: {script} could not reach the registry");
+            None
+        }
+        Err(_) => {
+            assert!(
+                std::env::var("CI").is_err(),
+                "CI must run {script} first ({} is missing)",
+                env_file.display()
+            );
+            eprintln!("SKIPPED: {folder}: run {script} to install what these tests need");
+            None
+        }
+    }
+}

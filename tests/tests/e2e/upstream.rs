@@ -4,7 +4,6 @@
 //! requirement from the arguments, Cedar, record.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -13,36 +12,7 @@ use sharedos_proto::ipc::{ControlRequest, ControlResponse};
 use crate::kit::{Options, Raw, TestBroker, eventually, meta, run, text};
 
 fn servers() -> Option<BTreeMap<String, String>> {
-    let cache = match std::env::var_os("SHAREDOS_CI_CACHE") {
-        Some(d) => PathBuf::from(d),
-        None => {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/sharedos-ci")
-        }
-    };
-    let dir = cache.join("mcp-servers");
-    match std::fs::read_to_string(dir.join("mcp-servers.env")) {
-        Ok(text) => Some(
-            text.lines()
-                .filter(|l| !l.trim_start().starts_with('#'))
-                .filter_map(|l| l.split_once('='))
-                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-                .collect(),
-        ),
-        Err(_) if dir.join("SKIPPED").exists() => {
-            eprintln!("SKIPPED: upstream: the MCP server install could not reach the registry");
-            None
-        }
-        Err(_) => {
-            assert!(
-                std::env::var("CI").is_err(),
-                "CI must run .ci/install-mcp-servers first"
-            );
-            eprintln!(
-                "SKIPPED: upstream: run .ci/install-mcp-servers to install the third-party MCP servers"
-            );
-            None
-        }
-    }
+    crate::kit::installed("mcp-servers", ".ci/install-mcp-servers")
 }
 
 fn q(s: &str) -> String {
