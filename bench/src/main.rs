@@ -1,0 +1,49 @@
+//! `sharedos-bench`: the boundary's cost against a direct MCP server, and how it scales.
+//!
+//! Prints a markdown report (medians, p99s, ratios, targets met or missed) and, with
+//! `--write FILE`, writes it there. The one command that regenerates `BENCHMARKS.md`:
+//! `cargo run --release -p sharedos-bench -- --write BENCHMARKS.md`.
+//!
+//! # Layout
+//! - [`suite`]: the sections in order, their parameters, and the report they make.
+//! - [`e2e`]: real processes: cold start, round trips with N concurrent callers.
+//! - [`micro`]: in-process: decision, catalogue and turn open, record, fdatasync.
+//! - [`memory`]: resident memory of the shim, the direct server and the broker.
+//! - [`procs`]: starting and stopping brokers, shims, direct servers; `/proc` memory.
+//! - [`stats`]: samples, percentiles, formatting.
+//! - [`report`]: the machine, the tables, the markdown.
+//!
+//! The baseline server is the second binary, `direct-files-server` (`src/bin/`).
+
+mod e2e;
+mod memory;
+mod micro;
+mod procs;
+mod report;
+mod stats;
+mod suite;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = suite::Args::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sharedos-bench: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(suite::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sharedos-bench: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! Memory: the shim's and the direct server's resident size after a session, and a real
+//! broker's idle and with many open turns, from `/proc/<pid>/status` (VmRSS now, VmHWM peak).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use tokio::task::JoinSet;
+
+use crate::procs::{self, Bins, BrokerProc, Mem, WAIT};
+
+/// Control connections opening turns at once.
+const OPENERS: usize = 8;
+/// Calls each MCP server answers before its memory is read.
+const CALLS_BEFORE_READING: usize = 100;
+
+pub struct Memory {
+    pub broker_idle: Mem,
+    pub broker_turns: Mem,
+    pub turns: usize,
+    /// Time to open all the turns (over `OPENERS` connections).
+    pub open_all: Duration,
+    pub shim: Mem,
+    pub direct: Mem,
+}
+
+pub async fn measure(bins: &Bins, data: &Path, turns: usize) -> anyhow::Result<Memory> {
+    let broker = BrokerProc::start(bins, data, "always").await?;
+    let result = with_broker(bins, data, &broker, turns).await;
+    broker.stop().await?;
+    result
+}
+
+async fn with_broker(
+    bins: &Bins,
+    data: &Path,
+    broker: &BrokerProc,
+    turns: usize,
+) -> anyhow::Result<Memory> {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let broker_idle = broker.memory()?;
+    let started = Instant::now();
+    let mut set = JoinSet::new();
+    for o in 0..OPENERS {
+        let runtime = broker.runtime.clone();
+        let n = turns / OPENERS + usize::from(o < turns % OPENERS);
+        set.spawn(async move {
+            let mut host = sharedos_broker::client::ControlClient::connect(&runtime).await?;
+            let mut token = None;
+            for _ in 0..n {
+                let t = tokio::time::timeout(WAIT, procs::open_turn(&mut host, "alice"))
+                    .await
+                    .context("open_turn did not answer in time")??;
+                token.get_or_insert(t.token);
+            }
+            anyhow::Ok(token)
+        });
+    }
+    let mut token = None;
+    while let Some(r) = set.join_next().await {
+        if let Some(t) = r?? {
+            token.get_or_insert(t);
+        }
+    }
+    let open_all = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let broker_turns = broker.memory()?;
+    let token = token.context("no turn was opened")?;
+    let shim = session_memory(procs::shim_command(bins, &broker.bridge(), token.expose())).await?;
+    let direct = session_memory(procs::direct_command(bins, data)).await?;
+    Ok(Memory {
+        broker_idle,
+        broker_turns,
+        turns,
+        open_all,
+        shim,
+        direct,
+    })
+}
+
+/// An MCP server's memory after initialize, tools/list and some reads.
+async fn session_memory(cmd: tokio::process::Command) -> anyhow::Result<Mem> {
+    let client = procs::spawn_client(cmd).await?;
+    let result = tokio::time::timeout(WAIT, async {
+        client.service.peer().list_all_tools().await?;
+        let req = rmcp::model::CallToolRequestParams::new("files.read").with_arguments(
+            crate::e2e::object(serde_json::json!({"path": procs::HELLO_PATH})),
+        );
+        for _ in 0..CALLS_BEFORE_READING {
+            client.service.peer().call_tool(req.clone()).await?;
+        }
+        procs::memory(client.pid.context("the server has no pid")?)
+    })
+    .await
+    .context("the session did not finish in time")
+    .and_then(|r| r);
+    client.stop().await?;
+    result
+}

@@ -1,0 +1,535 @@
+//! In-process micro-benchmarks through the broker's library API: the decision
+//! (`Kernel::check`, i.e. requirement resolution + Cedar, and `PolicyEngine::decide` alone), the
+//! catalogue (`Kernel::catalog`: decisions, projection, catalogHash) and a whole turn open over
+//! `control.sock` of an in-process broker, the record writer (`Recorder`), and one fdatasync on
+//! the filesystem the records live on.
+//!
+//! Nothing here changes the broker: the one thing the broker has no switch for, an `always`
+//! record without group commit, is a bench-local writer ([`PerLineSync`]) that does what the
+//! recorder would do without batching: write one line, fdatasync, acknowledge.
+
+use std::hint::black_box;
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use serde_json::{Map, Value, json};
+use sharedos_broker::Config;
+use sharedos_broker::client::ControlClient;
+use sharedos_broker::kernel::{AccessContext, Verdict};
+use sharedos_broker::policy::Resource;
+use sharedos_broker::record::{RecordSync, Recorder};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::e2e::LoadResult;
+use crate::procs::{self, HELLO_PATH, WAIT};
+use crate::stats::Samples;
+
+/// How long and how many times a loop may run.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    pub iterations: usize,
+    pub duration: Duration,
+}
+
+/// Times `f` until the count or the deadline.
+fn time_loop(budget: Budget, mut f: impl FnMut()) -> Samples {
+    let mut s = Samples::with_capacity(budget.iterations);
+    let deadline = Instant::now() + budget.duration;
+    for _ in 0..budget.iterations {
+        let t = Instant::now();
+        if t >= deadline {
+            break;
+        }
+        f();
+        s.push(t.elapsed());
+    }
+    s
+}
+
+fn tempdir(what: &str) -> anyhow::Result<tempfile::TempDir> {
+    Ok(tempfile::Builder::new()
+        .prefix(&format!("sharedos-bench-{what}-"))
+        .tempdir()?)
+}
+
+/// `n` policies, 5 of which apply to `alice` (4 permits and a forbid, the shape of a real
+/// per-user grant); the others each name another user.
+pub fn policy_text(n: usize) -> String {
+    let alice = r#"@id("alice-read") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"read", resource is SharedOS::File) when { resource.path like "/public/*" };
+@id("alice-list") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"list", resource is SharedOS::File) when { resource.path == "/public" || resource.path like "/public/*" };
+@id("alice-search") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"search", resource is SharedOS::File) when { resource.path == "/public" || resource.path like "/public/*" };
+@id("alice-shared") permit(principal == SharedOS::User::"alice", action in [SharedOS::Action::"read", SharedOS::Action::"list"], resource is SharedOS::File) when { resource.path like "/shared/alice/*" };
+@id("alice-no-secrets") forbid(principal == SharedOS::User::"alice", action, resource is SharedOS::File) when { resource.path like "*/secret*" };
+"#;
+    let mut out = String::from(alice);
+    for i in 0..n.saturating_sub(5) {
+        out.push_str(&format!(
+            "@id(\"user{i}-home\") permit(principal == SharedOS::User::\"user{i}\", action == SharedOS::Action::\"read\", resource is SharedOS::File) when {{ resource.path like \"/home/user{i}/*\" }};\n"
+        ));
+    }
+    out
+}
+
+/// What the decision benchmark found for one policy-set size.
+pub struct Decision {
+    pub policies: usize,
+    /// Building the kernel (parse + strict validation of the set, providers).
+    pub load: Duration,
+    /// `Kernel::check`: name, catalogue membership, input schema, requirement resolution
+    /// (virtual path canonicalized and resolved through the filesystem), Cedar.
+    pub check: Samples,
+    /// `PolicyEngine::decide` alone (entities, request, sliced set, Cedar).
+    pub decide: Samples,
+    /// The benchmarked call was permitted (by `alice-read`).
+    pub permitted: bool,
+}
+
+pub async fn decision(data: &Path, n: usize, budget: Budget) -> anyhow::Result<Decision> {
+    let dir = tempdir("policy")?;
+    let cfg = procs::write_config(
+        dir.path(),
+        "batch",
+        &policy_text(n),
+        &procs::files_provider("files", data, false),
+    )?;
+    let config = Config::from_file(&cfg)?;
+    let root = CancellationToken::new();
+    let t = Instant::now();
+    let kernel = sharedos_broker::server::build_kernel(&config, &root).await?;
+    let load = t.elapsed();
+    let ctx = AccessContext {
+        principal: "alice".into(),
+        agent: None,
+    };
+    let catalog = kernel.catalog(&ctx);
+    let args = json!({"path": HELLO_PATH});
+    let permitted = matches!(
+        kernel.check(&ctx, &catalog, "files.read", Some(&args)),
+        Verdict::Permitted { .. }
+    );
+    let check = time_loop(budget, || {
+        black_box(kernel.check(&ctx, &catalog, "files.read", Some(&args)));
+    });
+    let pv = kernel.policy.current();
+    let resource = Resource::File {
+        path: HELLO_PATH.into(),
+    };
+    let decide = time_loop(budget, || {
+        black_box(kernel.policy.decide(&pv, "alice", None, "read", &resource));
+    });
+    root.cancel();
+    Ok(Decision {
+        policies: n,
+        load,
+        check,
+        decide,
+        permitted,
+    })
+}
+
+/// Which registered tools the catalogue benchmark uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolKind {
+    /// Built-in files providers (3 or 4 tools each): tools share requirement shapes, so the
+    /// catalogue decides once per shape.
+    Builtin,
+    /// One brokered MCP provider with N tools and no templates: each tool's resource is the
+    /// tool itself, so the catalogue decides once per tool.
+    Brokered,
+}
+
+/// Every principal may read, list and search `/public`.
+const EVERYONE_PUBLIC: &str = r#"@id("everyone-public") permit(principal is SharedOS::User, action in [SharedOS::Action::"read", SharedOS::Action::"list", SharedOS::Action::"search"], resource is SharedOS::File) when { resource.path == "/public" || resource.path like "/public/*" };
+"#;
+/// Every principal may call the synthetic upstream's tools.
+const EVERYONE_SYNTH: &str = r#"@id("everyone-synth") permit(principal is SharedOS::User, action == SharedOS::Action::"call", resource is SharedOS::Tool) when { resource.name like "synth.*" };
+"#;
+
+/// What the catalogue benchmark found for one registry size.
+pub struct CatalogRun {
+    pub registered: usize,
+    /// Tools in the principal's catalogue.
+    pub visible: usize,
+    /// Starting the broker with this registry.
+    pub start: Duration,
+    /// `Kernel::catalog` for a principal not seen before (nothing cached).
+    pub cold: Samples,
+    /// `Kernel::catalog` again for the same principal, policy unchanged.
+    pub warm: Samples,
+    /// A whole `open_turn` over control.sock, new principal each time.
+    pub open_cold: Samples,
+    /// A whole `open_turn` over control.sock, same principal.
+    pub open_warm: Samples,
+}
+
+/// The `[[providers]]` of a registry with `n` tools of `kind`.
+fn registry_toml(kind: ToolKind, data: &Path, direct: &Path, n: usize) -> anyhow::Result<String> {
+    match kind {
+        ToolKind::Builtin => {
+            // n = 3 × read-only providers + 4 (one writable provider).
+            anyhow::ensure!(
+                n >= 4 && (n - 4).is_multiple_of(3),
+                "{n} tools cannot be laid out"
+            );
+            let mut toml = procs::files_provider("w", data, true);
+            for i in 0..(n - 4) / 3 {
+                toml.push_str(&procs::files_provider(&format!("f{i:05}"), data, false));
+            }
+            Ok(toml)
+        }
+        ToolKind::Brokered => Ok(format!(
+            "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"synth\"\ncommand = {}\nargs = [\"--synthetic-tools\", \"{n}\"]\n",
+            procs::toml_string(&direct.display().to_string())
+        )),
+    }
+}
+
+pub async fn catalog(
+    kind: ToolKind,
+    data: &Path,
+    direct: &Path,
+    n: usize,
+    cold: Budget,
+    warm: Budget,
+) -> anyhow::Result<CatalogRun> {
+    let dir = tempdir("catalog")?;
+    let policy = match kind {
+        ToolKind::Builtin => EVERYONE_PUBLIC,
+        ToolKind::Brokered => EVERYONE_SYNTH,
+    };
+    let cfg = procs::write_config(
+        dir.path(),
+        "batch",
+        policy,
+        &registry_toml(kind, data, direct, n)?,
+    )?;
+    let config = Config::from_file(&cfg)?;
+    let shutdown = CancellationToken::new();
+    let t = Instant::now();
+    let running = sharedos_broker::start(config, dir.path().join("run"), shutdown.clone()).await?;
+    let start = t.elapsed();
+    let result = measure_catalog(&running, &dir.path().join("run"), cold, warm).await;
+    shutdown.cancel();
+    tokio::time::timeout(WAIT * 3, running.wait())
+        .await
+        .context("the in-process broker did not stop in time")??;
+    let (visible, cold_s, warm_s, open_cold, open_warm) = result?;
+    Ok(CatalogRun {
+        registered: n,
+        visible,
+        start,
+        cold: cold_s,
+        warm: warm_s,
+        open_cold,
+        open_warm,
+    })
+}
+
+type CatalogSamples = (usize, Samples, Samples, Samples, Samples);
+
+async fn measure_catalog(
+    running: &sharedos_broker::server::Running,
+    runtime: &Path,
+    cold: Budget,
+    warm: Budget,
+) -> anyhow::Result<CatalogSamples> {
+    let kernel = &running.broker.kernel;
+    let ctx = |p: String| AccessContext {
+        principal: p,
+        agent: None,
+    };
+    let mut i = 0usize;
+    let cold_s = time_loop(cold, || {
+        i += 1;
+        black_box(kernel.catalog(&ctx(format!("cold{i}"))));
+    });
+    let alice = ctx("alice".into());
+    let visible = kernel.catalog(&alice).tools.len();
+    let warm_s = time_loop(warm, || {
+        black_box(kernel.catalog(&alice));
+    });
+    let mut host = ControlClient::connect(runtime).await?;
+    let mut open_cold = Samples::default();
+    let deadline = Instant::now() + cold.duration;
+    for i in 0..cold.iterations {
+        let t = Instant::now();
+        if t >= deadline {
+            break;
+        }
+        procs::open_turn(&mut host, &format!("open{i}")).await?;
+        open_cold.push(t.elapsed());
+    }
+    let mut open_warm = Samples::default();
+    procs::open_turn(&mut host, "alice").await?;
+    let deadline = Instant::now() + cold.duration;
+    for _ in 0..cold.iterations {
+        let t = Instant::now();
+        if t >= deadline {
+            break;
+        }
+        procs::open_turn(&mut host, "alice").await?;
+        open_warm.push(t.elapsed());
+    }
+    Ok((visible, cold_s, warm_s, open_cold, open_warm))
+}
+
+/// How the record is written in the record benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordMode {
+    /// fdatasync per line, no group commit (bench-local writer).
+    AlwaysPerLine,
+    /// The broker's recorder, `record_sync = "always"` (group commit).
+    AlwaysGroup,
+    /// The broker's recorder, `record_sync = "batch"`.
+    Batch,
+    /// What `batch` costs without hand-offs: the caller writes its line itself, under a mutex,
+    /// with no writer task and no blocking-pool thread (bench-local; for comparison).
+    BatchInline,
+}
+
+impl RecordMode {
+    pub fn label(self) -> &'static str {
+        match self {
+            RecordMode::AlwaysPerLine => "`always`, no group commit (one fdatasync per line)",
+            RecordMode::AlwaysGroup => "`always`, group commit (Recorder)",
+            RecordMode::Batch => "`batch` (Recorder)",
+            RecordMode::BatchInline => {
+                "`batch` written by the caller, no writer task (bench-local, for comparison)"
+            }
+        }
+    }
+}
+
+/// A call record line as the kernel writes one (`seq` and `at` are added by the writer).
+fn call_line(i: u64) -> Map<String, Value> {
+    let turn = "t-5f0c1e2d3a4b5c6d";
+    match json!({
+        "kind": "call", "turn": turn, "callId": format!("{turn}.{i}"), "requestId": i.to_string(),
+        "tool": "files.read", "arguments": {"path": HELLO_PATH},
+        "requirement": {"action": "read", "resource": "SharedOS::File::\"/public/hello.txt\""},
+        "outcome": "succeeded", "code": "ok", "policies": ["alice-public"], "durationUs": 41
+    }) {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+/// A bench-local writer: the caller serializes and writes its own line under a mutex (seq and
+/// at added as the recorder adds them); with `sync`, fdatasync before the next line (no group
+/// commit, on a blocking-pool thread), without it inline in the calling task.
+struct Direct {
+    file: Arc<Mutex<(std::fs::File, u64)>>,
+    sync: bool,
+}
+
+fn write_line(
+    file: &Mutex<(std::fs::File, u64)>,
+    mut event: Map<String, Value>,
+    sync: bool,
+) -> anyhow::Result<u64> {
+    let mut guard = file
+        .lock()
+        .map_err(|_| anyhow::anyhow!("writer poisoned"))?;
+    guard.1 += 1;
+    let mut line = Map::new();
+    line.insert("seq".into(), json!(guard.1));
+    line.insert("at".into(), json!(sharedos_broker::record::now_rfc3339()));
+    line.append(&mut event);
+    let mut text = serde_json::to_vec(&line)?;
+    text.push(b'\n');
+    guard.0.write_all(&text)?;
+    if sync {
+        guard.0.sync_data()?;
+    }
+    Ok(guard.1)
+}
+
+impl Direct {
+    async fn append(&self, event: Map<String, Value>) -> anyhow::Result<u64> {
+        if !self.sync {
+            return write_line(&self.file, event, false);
+        }
+        let file = self.file.clone();
+        tokio::task::spawn_blocking(move || write_line(&file, event, true)).await?
+    }
+}
+
+enum Writer {
+    Direct(Direct),
+    Recorder(Recorder),
+}
+
+impl Writer {
+    async fn append(&self, event: Map<String, Value>) -> anyhow::Result<u64> {
+        match self {
+            Writer::Direct(w) => w.append(event).await,
+            Writer::Recorder(r) => Ok(r.append(event).await?),
+        }
+    }
+}
+
+/// `appenders` tasks append call lines, each one at a time, until the count or the deadline.
+pub async fn record(
+    mode: RecordMode,
+    appenders: usize,
+    max_per: usize,
+    duration: Duration,
+) -> anyhow::Result<LoadResult> {
+    let dir = tempdir("record")?;
+    let path = dir.path().join("record.jsonl");
+    let direct = |sync| -> anyhow::Result<Writer> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)?;
+        Ok(Writer::Direct(Direct {
+            file: Arc::new(Mutex::new((file, 0))),
+            sync,
+        }))
+    };
+    let writer = Arc::new(match mode {
+        RecordMode::AlwaysPerLine => direct(true)?,
+        RecordMode::BatchInline => direct(false)?,
+        RecordMode::AlwaysGroup => Writer::Recorder(Recorder::open(&path, RecordSync::Always)?.0),
+        RecordMode::Batch => Writer::Recorder(Recorder::open(&path, RecordSync::Batch)?.0),
+    });
+    // Warm-up: the file exists and has a few lines.
+    for i in 0..5 {
+        writer.append(call_line(i)).await?;
+    }
+    let start = Instant::now() + Duration::from_millis(5);
+    let deadline = start + duration;
+    let mut set = JoinSet::new();
+    for a in 0..appenders {
+        let writer = writer.clone();
+        set.spawn(async move {
+            tokio::time::sleep_until(start.into()).await;
+            let mut latency = Samples::with_capacity(max_per.min(100_000));
+            let mut end = start;
+            for i in 0..max_per {
+                let t = Instant::now();
+                if t >= deadline {
+                    break;
+                }
+                tokio::time::timeout(WAIT, writer.append(call_line((a * max_per + i) as u64)))
+                    .await
+                    .context("append did not finish in time")??;
+                end = Instant::now();
+                latency.push(end - t);
+            }
+            anyhow::Ok((latency, end))
+        });
+    }
+    let mut out = LoadResult {
+        latency: Samples::default(),
+        calls: 0,
+        errors: 0,
+        wall: Duration::ZERO,
+        cpu: Default::default(),
+    };
+    let mut last = start;
+    while let Some(r) = set.join_next().await {
+        let (latency, end) = r??;
+        out.calls += latency.len() as u64;
+        out.latency.extend(latency);
+        last = last.max(end);
+    }
+    out.wall = last - start;
+    Ok(out)
+}
+
+/// One fdatasync after appending a record-sized line, on the filesystem of the temporary
+/// folder (where every benchmark record lives).
+pub async fn fdatasync(budget: Budget) -> anyhow::Result<Samples> {
+    let dir = tempdir("fsync")?;
+    let path = dir.path().join("probe.jsonl");
+    tokio::task::spawn_blocking(move || -> anyhow::Result<Samples> {
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)?;
+        let mut line = serde_json::to_vec(&call_line(0))?;
+        line.push(b'\n');
+        let mut s = Samples::with_capacity(budget.iterations);
+        let deadline = Instant::now() + budget.duration;
+        for _ in 0..budget.iterations {
+            if Instant::now() >= deadline {
+                break;
+            }
+            file.write_all(&line)?;
+            let t = Instant::now();
+            file.sync_data()?;
+            s.push(t.elapsed());
+        }
+        drop(dir);
+        Ok(s)
+    })
+    .await?
+}
+
+/// What one hand-off costs on this machine, in the benchmark's own runtime (multi-thread, one
+/// worker per core): the hops a call makes inside the broker and the shim.
+pub struct Handoffs {
+    /// `spawn_blocking(|| ())` awaited: to a blocking-pool thread and back.
+    pub spawn_blocking: Samples,
+    /// A request to another task over an mpsc channel, answered over a oneshot.
+    pub task_round_trip: Samples,
+    /// Writing a call line with write(2), inline.
+    pub write_inline: Samples,
+}
+
+pub async fn handoffs(budget: Budget) -> anyhow::Result<Handoffs> {
+    let mut spawn_blocking = Samples::with_capacity(budget.iterations);
+    let deadline = Instant::now() + budget.duration;
+    for _ in 0..budget.iterations {
+        let t = Instant::now();
+        if t >= deadline {
+            break;
+        }
+        tokio::task::spawn_blocking(|| black_box(())).await?;
+        spawn_blocking.push(t.elapsed());
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<tokio::sync::oneshot::Sender<u64>>(64);
+    let server = tokio::spawn(async move {
+        let mut n = 0u64;
+        while let Some(ack) = rx.recv().await {
+            n += 1;
+            let _ = ack.send(n);
+        }
+    });
+    let mut task_round_trip = Samples::with_capacity(budget.iterations);
+    let deadline = Instant::now() + budget.duration;
+    for _ in 0..budget.iterations {
+        let t = Instant::now();
+        if t >= deadline {
+            break;
+        }
+        let (ack, done) = tokio::sync::oneshot::channel();
+        tx.send(ack)
+            .await
+            .map_err(|_| anyhow::anyhow!("the task stopped"))?;
+        black_box(done.await?);
+        task_round_trip.push(t.elapsed());
+    }
+    drop(tx);
+    server.await?;
+    let dir = tempdir("write")?;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.path().join("probe.jsonl"))?;
+    let mut line = serde_json::to_vec(&call_line(0))?;
+    line.push(b'\n');
+    let write_inline = time_loop(budget, || {
+        let _ = black_box(file.write_all(&line));
+    });
+    Ok(Handoffs {
+        spawn_blocking,
+        task_round_trip,
+        write_inline,
+    })
+}

@@ -1,0 +1,840 @@
+//! The suite: the six sections of issue 7 in order, their parameters (every loop bounded by a
+//! count and a time), and the tables and targets they add to the report.
+//!
+//! Sections that need real processes start them and stop them before the next section starts,
+//! so no section measures another's leftovers.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::Parser;
+
+use crate::e2e::{self, Load, LoadResult};
+use crate::memory;
+use crate::micro::{self, Budget, RecordMode, ToolKind};
+use crate::procs::{self, Bins, BrokerProc, Mem};
+use crate::report::{Machine, Report, Table, Target, loadavg, verdict};
+use crate::stats::{Samples, delta, dur, mib, rate, ratio, thousands};
+
+/// The command that regenerates BENCHMARKS.md.
+pub const COMMAND: &str = "cargo run --release -p sharedos-bench -- --write BENCHMARKS.md";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sharedos-bench",
+    about = "Benchmarks the SharedOS boundary (shim + broker) against a direct MCP server",
+    long_about = "Starts real brokers and shims (and, for the micro-benchmarks, the broker's library in \
+process), prints a markdown report of medians, p99s, ratios and targets, and with --write writes it to a file. \
+Regenerate BENCHMARKS.md with: cargo run --release -p sharedos-bench -- --write BENCHMARKS.md"
+)]
+pub struct Args {
+    /// Also write the report to this file.
+    #[arg(long, value_name = "FILE")]
+    pub write: Option<PathBuf>,
+    /// A smoke run: few iterations; the numbers mean little.
+    #[arg(long)]
+    pub quick: bool,
+    /// Run only these sections (comma-separated).
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub only: Vec<Section>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Section {
+    Cold,
+    Rtt,
+    Kernel,
+    Turn,
+    Record,
+    Memory,
+}
+
+/// Iteration counts and time bounds.
+struct Plan {
+    cold_warmup: usize,
+    cold_iterations: usize,
+    cold_budget: Duration,
+    loads: Vec<Load>,
+    policy_sizes: Vec<usize>,
+    decision: Budget,
+    tool_counts: Vec<usize>,
+    catalog_cold: Budget,
+    catalog_warm: Budget,
+    record_appenders: Vec<usize>,
+    record_max: usize,
+    record_duration: Duration,
+    fsync: Budget,
+    handoff: Budget,
+    turns: usize,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Self {
+        let s = |full: u64, q: u64| Duration::from_millis(if quick { q } else { full });
+        let n = |full: usize, q: usize| if quick { q } else { full };
+        Self {
+            cold_warmup: n(3, 1),
+            cold_iterations: n(40, 5),
+            cold_budget: s(30_000, 5_000),
+            loads: vec![
+                Load {
+                    callers: 1,
+                    warmup: n(100, 10),
+                    max_calls: n(3_000, 200),
+                    duration: s(4_000, 500),
+                },
+                Load {
+                    callers: 8,
+                    warmup: n(20, 5),
+                    max_calls: 100_000,
+                    duration: s(3_000, 500),
+                },
+                Load {
+                    callers: 64,
+                    warmup: n(10, 2),
+                    max_calls: 100_000,
+                    duration: s(3_000, 500),
+                },
+            ],
+            policy_sizes: vec![10, 1_000, 10_000],
+            decision: Budget {
+                iterations: n(20_000, 1_000),
+                duration: s(2_000, 300),
+            },
+            tool_counts: vec![100, 1_000, 10_000],
+            catalog_cold: Budget {
+                iterations: n(30, 3),
+                duration: s(2_000, 500),
+            },
+            catalog_warm: Budget {
+                iterations: n(10_000, 100),
+                duration: s(500, 100),
+            },
+            record_appenders: vec![1, 64],
+            record_max: 100_000,
+            record_duration: s(2_500, 300),
+            fsync: Budget {
+                iterations: n(200, 20),
+                duration: s(3_000, 500),
+            },
+            handoff: Budget {
+                iterations: n(20_000, 1_000),
+                duration: s(1_000, 200),
+            },
+            turns: 1_000,
+        }
+    }
+
+    fn describe(&self) -> Vec<String> {
+        let loads: Vec<String> = self
+            .loads
+            .iter()
+            .map(|l| {
+                format!(
+                    "{} caller(s): {} warm-up calls each, then up to {} calls each or {:.1} s",
+                    l.callers,
+                    l.warmup,
+                    thousands(l.max_calls as u64),
+                    l.duration.as_secs_f64()
+                )
+            })
+            .collect();
+        vec![
+            format!(
+                "cold start: {} untimed starts of each, then up to {} of each, interleaved (bounded by {:.0} s)",
+                self.cold_warmup,
+                self.cold_iterations,
+                self.cold_budget.as_secs_f64()
+            ),
+            format!("round trips: {}", loads.join("; ")),
+            format!(
+                "decision: up to {} iterations or {:.1} s per size",
+                thousands(self.decision.iterations as u64),
+                self.decision.duration.as_secs_f64()
+            ),
+            format!(
+                "catalogue: cold up to {} or {:.1} s, warm up to {} or {:.1} s; turn open over control.sock: cold and warm each up to {} or {:.1} s",
+                self.catalog_cold.iterations,
+                self.catalog_cold.duration.as_secs_f64(),
+                thousands(self.catalog_warm.iterations as u64),
+                self.catalog_warm.duration.as_secs_f64(),
+                self.catalog_cold.iterations,
+                self.catalog_cold.duration.as_secs_f64()
+            ),
+            format!(
+                "record: each appender appends one line at a time for {:.1} s (at most {} each)",
+                self.record_duration.as_secs_f64(),
+                thousands(self.record_max as u64)
+            ),
+            format!(
+                "fdatasync: up to {} syncs or {:.1} s, before the end-to-end sections and again after them",
+                self.fsync.iterations,
+                self.fsync.duration.as_secs_f64()
+            ),
+            format!("memory: {} open turns", thousands(self.turns as u64)),
+        ]
+    }
+}
+
+/// Numbers one section hands to another.
+#[derive(Default)]
+struct Shared {
+    fsync: Samples,
+    /// Broker peak memory after the 64-bridge round trips, per record mode.
+    broker_after_load: Vec<(String, Mem)>,
+    /// The round trips, kept for their targets (which need both fdatasync measurements).
+    rtt: Vec<Rtt>,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mut machine = Machine::capture();
+    let bins = Bins::build_and_locate()?;
+    if !bins.release {
+        machine.profile = "debug (not representative: use --release)";
+    }
+    let plan = Plan::new(args.quick);
+    let want = |s: Section| args.only.is_empty() || args.only.contains(&s);
+    let fixture = tempfile::Builder::new()
+        .prefix("sharedos-bench-data-")
+        .tempdir()?;
+    let data = procs::write_data(fixture.path())?;
+    let mut report = Report {
+        tables: vec![],
+        targets: vec![],
+        parameters: plan.describe(),
+    };
+    if args.quick {
+        report.parameters.insert(
+            0,
+            "**--quick: a smoke run; the numbers mean little**".into(),
+        );
+    }
+    let mut shared = Shared::default();
+    eprintln!("bench: fdatasync…");
+    shared.fsync.extend(micro::fdatasync(plan.fsync).await?);
+    if want(Section::Cold) {
+        eprintln!("bench: 1. cold start…");
+        cold_start(&bins, &data, &plan, &mut report).await?;
+    }
+    if want(Section::Rtt) {
+        eprintln!("bench: 2. round trips…");
+        round_trips(&bins, &data, &plan, &mut report, &mut shared).await?;
+    }
+    eprintln!("bench: fdatasync again…");
+    shared.fsync.extend(micro::fdatasync(plan.fsync).await?);
+    if want(Section::Rtt) {
+        round_trip_targets(&mut report, &shared);
+    }
+    if want(Section::Kernel) {
+        eprintln!("bench: 3. kernel decision…");
+        decision(&data, &plan, &mut report).await?;
+    }
+    if want(Section::Turn) {
+        eprintln!("bench: 4. turn open…");
+        turn_open(&bins, &data, &plan, &mut report).await?;
+    }
+    if want(Section::Record) {
+        eprintln!("bench: 5. record…");
+        record(&plan, &mut report, &shared).await?;
+    }
+    if want(Section::Memory) {
+        eprintln!("bench: 6. memory…");
+        memory_section(&bins, &data, &plan, &mut report, &shared).await?;
+    }
+    machine.load_end = loadavg();
+    machine.duration_s = started.elapsed().as_secs_f64();
+    let notes_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("NOTES.md");
+    let notes = std::fs::read_to_string(&notes_path).ok();
+    let md = report.markdown(&machine, COMMAND, notes.as_deref());
+    print!("{md}");
+    if let Some(path) = &args.write {
+        std::fs::write(path, &md).with_context(|| format!("cannot write `{}`", path.display()))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    Ok(())
+}
+
+async fn cold_start(
+    bins: &Bins,
+    data: &Path,
+    plan: &Plan,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let broker = BrokerProc::start(bins, data, "always").await?;
+    let result = async {
+        let turn = broker.open_turn("alice").await?;
+        let token = turn.token.expose().to_owned();
+        let bridge = broker.bridge();
+        e2e::cold_start(
+            || procs::direct_command(bins, data),
+            || procs::shim_command(bins, &bridge, &token),
+            plan.cold_warmup,
+            plan.cold_iterations,
+            plan.cold_budget,
+        )
+        .await
+    }
+    .await;
+    broker.stop().await?;
+    let c = result?;
+    let (d, s) = (c.direct.summary(), c.shim.summary());
+    let r = ratio(s.median, d.median);
+    let same = e2e::same_tools(&c.direct_tools, &c.shim_tools);
+    let mut t = Table::new(
+        "1. Cold start: spawn → initialize → tools/list answered",
+        &[
+            "server",
+            "n",
+            "median",
+            "p99",
+            "ratio (median)",
+            "target",
+            "result",
+        ],
+    );
+    t.text(
+        "Measured from the client's side (rmcp client in the benchmark process): spawn the server \
+         process, `initialize` (+ `notifications/initialized`), `tools/list` answered. The shim \
+         connects to a running `sharedos-broker serve` (record_sync `always`) with an open turn's \
+         token before it answers `initialize`. Teardown is not timed. Starts of the two servers \
+         are interleaved.",
+    );
+    t.text(format!(
+        "tools/list of the direct server and of the shim are identical: **{}** ({} tools).",
+        if same { "yes" } else { "NO" },
+        c.shim_tools.len()
+    ));
+    t.row(vec![
+        "direct rmcp stdio server (baseline)".into(),
+        d.n.to_string(),
+        dur(d.median),
+        dur(d.p99),
+        "1.00".into(),
+        "—".into(),
+        "—".into(),
+    ]);
+    let met_ratio = r <= 1.2;
+    let met_abs = s.median <= Duration::from_millis(5);
+    t.row(vec![
+        "shim + broker".into(),
+        s.n.to_string(),
+        dur(s.median),
+        dur(s.p99),
+        format!("{r:.2}"),
+        "ratio ≤ 1.2; median ≤ 5 ms".into(),
+        verdict(met_ratio && met_abs),
+    ]);
+    report.tables.push(t);
+    report.targets.push(Target {
+        what: "1. cold start, ratio shim+broker / direct (median)".into(),
+        target: "≤ 1.2".into(),
+        measured: format!("{r:.2} ({} vs {})", dur(s.median), dur(d.median)),
+        met: met_ratio,
+    });
+    report.targets.push(Target {
+        what: "1. cold start through shim + broker, median".into(),
+        target: "≤ 5 ms".into(),
+        measured: dur(s.median),
+        met: met_abs,
+    });
+    Ok(())
+}
+
+/// One round-trip measurement: which server, which record mode, how many callers.
+struct Rtt {
+    server: &'static str,
+    record: &'static str,
+    callers: usize,
+    result: LoadResult,
+}
+
+async fn round_trips(
+    bins: &Bins,
+    data: &Path,
+    plan: &Plan,
+    report: &mut Report,
+    shared: &mut Shared,
+) -> anyhow::Result<()> {
+    let mut all = Vec::new();
+    for load in &plan.loads {
+        eprintln!("bench:    direct, {} caller(s)…", load.callers);
+        let cmds = (0..load.callers)
+            .map(|_| procs::direct_command(bins, data))
+            .collect();
+        all.push(Rtt {
+            server: "direct",
+            record: "—",
+            callers: load.callers,
+            result: e2e::drive(cmds, *load, &[]).await?,
+        });
+    }
+    for mode in ["batch", "always"] {
+        let broker = BrokerProc::start(bins, data, mode).await?;
+        let result = async {
+            let mut out = Vec::new();
+            for load in &plan.loads {
+                eprintln!(
+                    "bench:    shim + broker ({mode}), {} caller(s)…",
+                    load.callers
+                );
+                let mut host = broker.host().await?;
+                let mut cmds = Vec::with_capacity(load.callers);
+                for _ in 0..load.callers {
+                    let turn = procs::open_turn(&mut host, "alice").await?;
+                    cmds.push(procs::shim_command(
+                        bins,
+                        &broker.bridge(),
+                        turn.token.expose(),
+                    ));
+                }
+                out.push(Rtt {
+                    server: "shim + broker",
+                    record: mode,
+                    callers: load.callers,
+                    result: e2e::drive(cmds, *load, &[broker.pid]).await?,
+                });
+            }
+            anyhow::Ok((out, broker.memory()?))
+        }
+        .await;
+        broker.stop().await?;
+        let (rows, mem) = result?;
+        all.extend(rows);
+        shared.broker_after_load.push((format!("`{mode}`"), mem));
+    }
+    let direct_median = |callers: usize| {
+        all.iter()
+            .find(|r| r.server == "direct" && r.callers == callers)
+            .map(|r| r.result.latency.summary().median)
+    };
+    let mut t = Table::new(
+        "2. Per-call round trip: `files.read` of a 42-byte file",
+        &[
+            "server",
+            "record_sync",
+            "callers",
+            "calls",
+            "median",
+            "p99",
+            "calls/s",
+            "added (median)",
+            "ratio (median)",
+            "server CPU per call",
+            "client CPU per call",
+            "errors",
+        ],
+    );
+    t.text(
+        "Each caller is its own MCP client with its own server process: a direct server, or a \
+         shim with its own turn and bridge connection to one real `sharedos-broker serve`. A \
+         caller makes one call at a time; with N callers, N calls are in flight. \"added\" is the \
+         median round trip minus the direct server's median at the same number of callers; \
+         calls/s is all callers' calls over the common window. CPU per call is the CPU time \
+         (user + system, from `/proc/<pid>/stat`, 10 ms ticks) the processes used during the \
+         window divided by the calls: the server side is the direct servers, or the shims + the \
+         broker; the client is this benchmark's rmcp clients (the same work in both). On 2 cores, \
+         2 s of CPU per second divided by the CPU of a call bounds the calls/s.",
+    );
+    for r in &all {
+        let s = r.result.latency.summary();
+        let base = direct_median(r.callers);
+        let (added, rat) = match (r.server, base) {
+            ("direct", _) | (_, None) => ("—".to_owned(), "1.00".to_owned()),
+            (_, Some(b)) => (delta(s.median, b), format!("{:.2}", ratio(s.median, b))),
+        };
+        let per_call =
+            |d: Duration| dur(d / u32::try_from(r.result.calls.max(1)).unwrap_or(u32::MAX));
+        let cpu = r.result.cpu;
+        let server_cpu = if r.server == "direct" {
+            per_call(cpu.servers)
+        } else {
+            format!(
+                "{} (shim {} + broker {})",
+                per_call(cpu.servers + cpu.others),
+                per_call(cpu.servers),
+                per_call(cpu.others)
+            )
+        };
+        t.row(vec![
+            r.server.into(),
+            r.record.into(),
+            r.callers.to_string(),
+            thousands(r.result.calls),
+            dur(s.median),
+            dur(s.p99),
+            thousands(rate(r.result.calls, r.result.wall) as u64),
+            added,
+            rat,
+            server_cpu,
+            per_call(cpu.client),
+            r.result.errors.to_string(),
+        ]);
+    }
+    report.tables.push(t);
+    shared.rtt = all;
+    Ok(())
+}
+
+fn round_trip_targets(report: &mut Report, shared: &Shared) {
+    let all = &shared.rtt;
+    let find = |server: &str, record: &str, callers: usize| {
+        all.iter()
+            .find(|r| r.server == server && r.record == record && r.callers == callers)
+    };
+    let fsync = shared.fsync.summary();
+    let Some(direct) = find("direct", "—", 1) else {
+        return;
+    };
+    let d = direct.result.latency.summary().median;
+    if let Some(b) = find("shim + broker", "batch", 1) {
+        let m = b.result.latency.summary().median;
+        let added = m.saturating_sub(d);
+        report.targets.push(Target {
+            what: "2. added latency, `batch`, sequential (median)".into(),
+            target: "≤ 50 µs".into(),
+            measured: format!("{} ({} vs {})", delta(m, d), dur(m), dur(d)),
+            met: added <= Duration::from_micros(50),
+        });
+    }
+    if let Some(a) = find("shim + broker", "always", 1) {
+        let m = a.result.latency.summary().median;
+        let added = m.saturating_sub(d);
+        let limit = fsync.median + Duration::from_micros(50);
+        report.targets.push(Target {
+            what: "2. added latency, `always`, sequential (median)".into(),
+            target: format!(
+                "≤ one fdatasync + 50 µs = {} (fdatasync median {}, p99 {}, n = {})",
+                dur(limit),
+                dur(fsync.median),
+                dur(fsync.p99),
+                fsync.n
+            ),
+            measured: format!("{} ({} vs {})", delta(m, d), dur(m), dur(d)),
+            met: added <= limit,
+        });
+    }
+    if let Some(a) = find("shim + broker", "always", 64) {
+        let r = rate(a.result.calls, a.result.wall);
+        report.targets.push(Target {
+            what: "2. throughput, `always`, 64 concurrent bridges".into(),
+            target: "≥ 20,000 calls/s".into(),
+            measured: format!("{} calls/s", thousands(r as u64)),
+            met: r >= 20_000.0,
+        });
+    }
+}
+
+async fn decision(data: &Path, plan: &Plan, report: &mut Report) -> anyhow::Result<()> {
+    let mut t = Table::new(
+        "3. Kernel decision: requirement resolution + Cedar",
+        &[
+            "policies (5 apply to alice)",
+            "kernel build",
+            "`Kernel::check` median",
+            "p99",
+            "`PolicyEngine::decide` median",
+            "p99",
+            "target",
+            "result",
+        ],
+    );
+    t.text(
+        "In process, through the broker's library: `Kernel::check` for `files.read` of \
+         `/public/hello.txt` by `alice` (name, catalogue membership, input schema, the virtual \
+         path canonicalized and resolved through the filesystem, then Cedar on the policy set \
+         sliced to alice), and `PolicyEngine::decide` alone. Of the policies, 5 name alice \
+         (4 permits, 1 forbid); every other one names another user. The call is permitted. \
+         \"kernel build\" is loading the config, parsing and strictly validating the set.",
+    );
+    for &n in &plan.policy_sizes {
+        eprintln!("bench:    {n} policies…");
+        let d = micro::decision(data, n, plan.decision).await?;
+        anyhow::ensure!(d.permitted, "the benchmarked call was not permitted");
+        let (c, p) = (d.check.summary(), d.decide.summary());
+        let met = c.median <= Duration::from_micros(20);
+        t.row(vec![
+            thousands(d.policies as u64),
+            dur(d.load),
+            dur(c.median),
+            dur(c.p99),
+            dur(p.median),
+            dur(p.p99),
+            "≤ 20 µs median".into(),
+            verdict(met),
+        ]);
+        report.targets.push(Target {
+            what: format!("3. decision with {} policies (median)", thousands(n as u64)),
+            target: "≤ 20 µs".into(),
+            measured: dur(c.median),
+            met,
+        });
+    }
+    report.tables.push(t);
+    Ok(())
+}
+
+async fn turn_open(
+    bins: &Bins,
+    data: &Path,
+    plan: &Plan,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let mut t = Table::new(
+        "4. Turn open: catalogue + catalogHash",
+        &[
+            "registered tools",
+            "kind",
+            "in catalogue",
+            "broker start",
+            "catalogue cold median",
+            "p99",
+            "catalogue repeated median",
+            "turn open cold median",
+            "turn open repeated median",
+            "target (cold ≤ 5 ms at 1,000; repeated near zero)",
+        ],
+    );
+    t.text(
+        "`Kernel::catalog` in process (an in-process broker started with `sharedos_broker::start`): \
+         \"cold\" is a principal not seen before (nothing cached: the policy set is sliced for it, \
+         each requirement shape or tool is decided, the definitions are projected, sorted and \
+         hashed); \"repeated\" is the same principal again with the policy unchanged. \"turn open\" \
+         is a whole `open_turn` request over control.sock (catalogue, harness aliases, token, the \
+         `turn_opened` record line with record_sync `batch`, the answer carrying every \
+         definition). Built-in: files providers of 3 tools (one of 4), all visible through one \
+         policy for every principal, so the catalogue decides once per (action, resource type). \
+         Brokered: one upstream MCP server (`direct-files-server --synthetic-tools N`) behind the \
+         broker, tools without requirement templates, so each tool's resource is the tool \
+         itself and the catalogue decides once per tool. \"near zero\" is taken as ≤ 10 µs.",
+    );
+    for kind in [ToolKind::Builtin, ToolKind::Brokered] {
+        for &n in &plan.tool_counts {
+            eprintln!("bench:    {n} {kind:?} tools…");
+            let c = micro::catalog(
+                kind,
+                data,
+                &bins.direct,
+                n,
+                plan.catalog_cold,
+                plan.catalog_warm,
+            )
+            .await
+            .with_context(|| format!("turn open with {n} {kind:?} tools"))?;
+            let (cold, warm) = (c.cold.summary(), c.warm.summary());
+            let (ocold, owarm) = (c.open_cold.summary(), c.open_warm.summary());
+            let kind_label = match kind {
+                ToolKind::Builtin => "built-in",
+                ToolKind::Brokered => "brokered",
+            };
+            let target = if n == 1_000 {
+                let met_cold = cold.median <= Duration::from_millis(5);
+                let met_warm = warm.median <= Duration::from_micros(10);
+                report.targets.push(Target {
+                    what: format!("4. catalogue cold, 1,000 {kind_label} tools (median)"),
+                    target: "≤ 5 ms".into(),
+                    measured: dur(cold.median),
+                    met: met_cold,
+                });
+                report.targets.push(Target {
+                    what: format!(
+                        "4. catalogue repeated principal, 1,000 {kind_label} tools (median)"
+                    ),
+                    target: "near zero (≤ 10 µs)".into(),
+                    measured: dur(warm.median),
+                    met: met_warm,
+                });
+                format!("cold {}; repeated {}", verdict(met_cold), verdict(met_warm))
+            } else {
+                "—".into()
+            };
+            t.row(vec![
+                thousands(c.registered as u64),
+                kind_label.into(),
+                thousands(c.visible as u64),
+                dur(c.start),
+                format!("{} (n = {})", dur(cold.median), cold.n),
+                dur(cold.p99),
+                dur(warm.median),
+                format!("{} (n = {})", dur(ocold.median), ocold.n),
+                dur(owarm.median),
+                target,
+            ]);
+        }
+    }
+    report.tables.push(t);
+    Ok(())
+}
+
+async fn record(plan: &Plan, report: &mut Report, shared: &Shared) -> anyhow::Result<()> {
+    let mut t = Table::new(
+        "5. Record alone",
+        &[
+            "writer",
+            "appenders",
+            "appends",
+            "added latency median",
+            "p99",
+            "appends/s",
+        ],
+    );
+    let fsync = shared.fsync.summary();
+    t.text(format!(
+        "`Recorder::append` of a call line (~330 bytes) in process, each appender one append at a \
+         time; the latency of an append is what the record adds to a call. \"no group commit\" is \
+         a bench-local writer that writes and fdatasyncs each line before taking the next (the \
+         broker has no such mode). One fdatasync on this filesystem (ext4 here, where the \
+         temporary records live) measured in the same run: median {}, p99 {} (n = {}).",
+        dur(fsync.median),
+        dur(fsync.p99),
+        fsync.n
+    ));
+    for mode in [
+        RecordMode::AlwaysPerLine,
+        RecordMode::AlwaysGroup,
+        RecordMode::Batch,
+        RecordMode::BatchInline,
+    ] {
+        for &appenders in &plan.record_appenders {
+            eprintln!("bench:    {mode:?}, {appenders} appender(s)…");
+            let r = micro::record(mode, appenders, plan.record_max, plan.record_duration).await?;
+            let s = r.latency.summary();
+            t.row(vec![
+                mode.label().into(),
+                appenders.to_string(),
+                thousands(r.calls),
+                dur(s.median),
+                dur(s.p99),
+                thousands(rate(r.calls, r.wall) as u64),
+            ]);
+        }
+    }
+    report.tables.push(t);
+    let h = micro::handoffs(plan.handoff).await?;
+    let mut t = Table::new(
+        "5b. Hand-offs on this machine (context for the findings)",
+        &["hand-off", "n", "median", "p99"],
+    );
+    t.text(
+        "In this benchmark's runtime (tokio multi-thread, one worker per core), the kinds of hop \
+         a call makes inside the broker (blocking pool for the file read and the record write, \
+         channels to the record writer and the bridge writer) and in the shim, next to the \
+         work a `batch` record line needs without them.",
+    );
+    for (what, s) in [
+        (
+            "`spawn_blocking` of an empty closure, awaited",
+            &h.spawn_blocking,
+        ),
+        (
+            "request to another task over mpsc, answer over oneshot",
+            &h.task_round_trip,
+        ),
+        ("write(2) of a call line, inline", &h.write_inline),
+    ] {
+        let s = s.summary();
+        t.row(vec![
+            what.into(),
+            thousands(s.n as u64),
+            dur(s.median),
+            dur(s.p99),
+        ]);
+    }
+    report.tables.push(t);
+    Ok(())
+}
+
+async fn memory_section(
+    bins: &Bins,
+    data: &Path,
+    plan: &Plan,
+    report: &mut Report,
+    shared: &Shared,
+) -> anyhow::Result<()> {
+    let m = memory::measure(bins, data, plan.turns).await?;
+    let mut t = Table::new(
+        "6. Memory",
+        &[
+            "process",
+            "state",
+            "VmRSS",
+            "VmHWM (peak)",
+            "target",
+            "result",
+        ],
+    );
+    t.text(format!(
+        "From `/proc/<pid>/status` of the real processes. Targets are judged on the peak (VmHWM). \
+         The {} turns were opened for alice over 8 control connections in {} (record_sync `always`).",
+        thousands(m.turns as u64),
+        dur(m.open_all)
+    ));
+    let kib = |mb: u64| mb * 1024;
+    let shim_met = m.shim.hwm_kib <= kib(8);
+    let broker_met = m.broker_turns.hwm_kib <= kib(64);
+    let row = |process: &str, state: &str, mem: Mem, target: &str, result: String| {
+        vec![
+            process.to_owned(),
+            state.to_owned(),
+            mib(mem.rss_kib),
+            mib(mem.hwm_kib),
+            target.to_owned(),
+            result,
+        ]
+    };
+    t.row(row(
+        "sharedos-mcp-shim",
+        "after initialize, tools/list, 100 reads",
+        m.shim,
+        "≤ 8 MiB",
+        verdict(shim_met),
+    ));
+    t.row(row(
+        "direct-files-server (baseline)",
+        "after initialize, tools/list, 100 reads",
+        m.direct,
+        "—",
+        "—".into(),
+    ));
+    t.row(row(
+        "sharedos-broker serve",
+        "idle (started, no turn)",
+        m.broker_idle,
+        "—",
+        "—".into(),
+    ));
+    t.row(row(
+        "sharedos-broker serve",
+        &format!("{} open turns", thousands(m.turns as u64)),
+        m.broker_turns,
+        "≤ 64 MiB",
+        verdict(broker_met),
+    ));
+    for (mode, mem) in &shared.broker_after_load {
+        t.row(row(
+            "sharedos-broker serve",
+            &format!("after the round trips of section 2 ({mode}, up to 64 bridges)"),
+            *mem,
+            "—",
+            "—".into(),
+        ));
+    }
+    report.tables.push(t);
+    report.targets.push(Target {
+        what: "6. shim memory (VmHWM)".into(),
+        target: "≤ 8 MiB".into(),
+        measured: mib(m.shim.hwm_kib),
+        met: shim_met,
+    });
+    report.targets.push(Target {
+        what: format!(
+            "6. broker memory with {} open turns (VmHWM)",
+            thousands(m.turns as u64)
+        ),
+        target: "≤ 64 MiB".into(),
+        measured: mib(m.broker_turns.hwm_kib),
+        met: broker_met,
+    });
+    Ok(())
+}
