@@ -82,15 +82,19 @@ fn workspace() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// `abc1234`, and whether tracked files had uncommitted changes.
+/// `abc1234`, and which tracked files had uncommitted changes (the working tree is shared).
 fn commit() -> String {
     let head = command_line("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "?".into());
-    match command_line("git", &["status", "--porcelain", "--untracked-files=no"]) {
-        Some(s) if !s.is_empty() => format!(
-            "{head} (with uncommitted changes in {} tracked files)",
-            s.lines().count()
-        ),
-        _ => head,
+    let changed: Vec<String> =
+        command_line("git", &["status", "--porcelain", "--untracked-files=no"])
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.get(3..).map(|p| format!("`{p}`")))
+            .collect();
+    match changed.len() {
+        0 => head,
+        n if n <= 10 => format!("{head}, with uncommitted changes in {}", changed.join(", ")),
+        n => format!("{head}, with uncommitted changes in {n} tracked files"),
     }
 }
 

@@ -188,9 +188,10 @@ struct Shared {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    let bins = Bins::build_and_locate()?;
+    // After the build, so the load and the duration are the benchmark's.
     let started = Instant::now();
     let mut machine = Machine::capture();
-    let bins = Bins::build_and_locate()?;
     if !bins.release {
         machine.profile = "debug (not representative: use --release)";
     }
