@@ -227,7 +227,11 @@ fn init_logging(
                 .append(true)
                 .open(path)
                 .with_context(|| format!("cannot open log file `{}`", path.display()))?;
-            let (w, g) = tracing_appender::non_blocking(f);
+            // A bounded, lossless buffer (the default pre-allocates 128,000 lines).
+            let (w, g) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+                .buffered_lines_limit(8192)
+                .lossy(false)
+                .finish(f);
             (Some(fmt::layer().with_writer(w).with_ansi(false)), Some(g))
         }
         None => (None, None),
