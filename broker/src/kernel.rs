@@ -667,11 +667,7 @@ impl Kernel {
         if let Some(m) = &answer.message {
             line.insert("message".into(), json!(m));
         }
-        if let Some(stamp) = site.stamp {
-            for (k, v) in stamp {
-                line.entry(k.clone()).or_insert_with(|| v.clone());
-            }
-        }
+        crate::record::apply_stamp(&mut line, site.stamp);
         line
     }
 }

@@ -83,6 +83,14 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> RecordError + '_ {
     }
 }
 
+/// Adds a turn's stamp (e.g. a column's system identity) to a record line; fields the line
+/// already has win.
+pub fn apply_stamp(line: &mut Map<String, Value>, stamp: Option<&Map<String, Value>>) {
+    for (k, v) in stamp.into_iter().flatten() {
+        line.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+}
+
 /// RFC 3339 UTC time with microseconds.
 pub fn now_rfc3339() -> String {
     let now = time::OffsetDateTime::now_utc();

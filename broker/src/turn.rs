@@ -84,11 +84,7 @@ impl Turn {
         if let Value::Object(fields) = fields {
             line.extend(fields);
         }
-        if let Some(stamp) = &self.stamp {
-            for (k, v) in stamp {
-                line.entry(k.clone()).or_insert_with(|| v.clone());
-            }
-        }
+        crate::record::apply_stamp(&mut line, self.stamp.as_ref());
         line
     }
 
