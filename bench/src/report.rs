@@ -78,6 +78,9 @@ fn command_line(cmd: &str, args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
+/// A 1-minute load average at or above this at the start marks the run as taken on a busy machine.
+const BUSY_LOAD: f64 = 0.5;
+
 fn workspace() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -181,12 +184,22 @@ impl Report {
             "- load average (1/5/15 min) at start: {}; at end: {}; run took {:.0} s",
             m.load_start, m.load_end, m.duration_s
         );
-        out.push_str(
-            "- **the machine was shared**: other developers were compiling and running tests on \
-             the same 2 cores during the run, so every number here is noisy (medians more than \
-             p99s) and a missed target is not by itself a regression; compare ratios measured in \
-             the same run rather than absolute numbers across runs.\n\n",
-        );
+        // The 1-minute load when the benchmark started says whether others were using the cores.
+        let busy = m
+            .load_start
+            .split_whitespace()
+            .next()
+            .and_then(|l| l.parse::<f64>().ok())
+            .is_none_or(|l| l >= BUSY_LOAD);
+        out.push_str(if busy {
+            "- **the machine was shared**: other work was running on the same cores when the run \
+             started, so every number here is noisy (medians more than p99s) and a missed target \
+             is not by itself a regression; compare ratios measured in the same run rather than \
+             absolute numbers across runs.\n\n"
+        } else {
+            "- the machine was quiet when the run started; the load at the end is the benchmark's \
+             own processes.\n\n"
+        });
         if !self.parameters.is_empty() {
             out.push_str("Parameters:\n\n");
             for p in &self.parameters {
