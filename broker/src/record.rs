@@ -1,28 +1,27 @@
-//! The record: append-only JSON Lines, one object per event, owned by one writer task.
+//! The record: append-only JSON Lines, one object per event.
 //!
 //! Every line has `seq` (strictly increasing, also across restarts), `at` (UTC, RFC 3339),
 //! `kind` and `turn`. [`Recorder::append`] returns only once the line is written, and with
 //! [`RecordSync::Always`] once it is on disk (fdatasync). Concurrent appends share one sync
-//! (group commit): the writer drains everything queued, writes it, syncs once, then acknowledges
-//! all of it. With [`RecordSync::Batch`] a line is acknowledged once written to the OS (it survives
-//! a broker crash) and synced within [`BATCH_SYNC_INTERVAL`].
+//! (group commit): each appender writes its own line under a lock, and one of the waiting
+//! appenders runs a single fdatasync covering every line written so far. With
+//! [`RecordSync::Batch`] a line is acknowledged once written to the OS (it survives a broker
+//! crash) and synced within [`BATCH_SYNC_INTERVAL`].
 //!
 //! On open, a torn last line (a crash mid-write) is detected, reported, moved aside to
-//! `<record>.torn` and cut off, never parsed as if whole. This module never drops a line: the
-//! queue is bounded and producers wait.
+//! `<record>.torn` and cut off, never parsed as if whole. This module never drops a line: an
+//! append that returns `Ok` has written its line, and one that cannot write says so.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, watch};
 
-/// Lines queued to the writer at most; producers wait beyond it.
-pub const RECORD_QUEUE: usize = 8192;
 /// Longest time a line may stay unsynced with `record_sync = "batch"`.
 pub const BATCH_SYNC_INTERVAL: Duration = Duration::from_millis(50);
 
@@ -64,16 +63,35 @@ pub struct Recovery {
     pub torn_saved_to: Option<PathBuf>,
 }
 
-struct Entry {
-    event: Map<String, Value>,
-    ack: oneshot::Sender<Result<u64, String>>,
+struct State {
+    next_seq: u64,
+    /// File length after the last whole line.
+    len: u64,
+    /// `batch`: lines written since the last sync.
+    dirty: bool,
+    /// `always`: an append is running fdatasync for everything written before it started.
+    sync_in_flight: bool,
+    /// `always`: the last seq known to be on disk.
+    synced: u64,
+    /// `always`: an fdatasync failed; nothing more is acknowledged.
+    failed: Option<String>,
 }
 
-/// A handle to the writer. Cheap to clone.
+struct Shared {
+    file: Arc<File>,
+    path: PathBuf,
+    sync: RecordSync,
+    state: Mutex<State>,
+    /// Publishes the last synced seq (and a leader giving up) to waiting appends.
+    synced_tx: watch::Sender<u64>,
+    /// `batch`: wakes the syncer when the first unsynced line is written.
+    dirty: Arc<Notify>,
+}
+
+/// A handle to the record. Cheap to clone.
 #[derive(Clone)]
 pub struct Recorder {
-    tx: mpsc::Sender<Entry>,
-    path: Arc<PathBuf>,
+    shared: Arc<Shared>,
 }
 
 fn io_err(path: &Path) -> impl Fn(std::io::Error) -> RecordError + '_ {
@@ -175,7 +193,8 @@ fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {
 }
 
 impl Recorder {
-    /// Opens (or creates) the record and starts its writer task.
+    /// Opens (or creates) the record. With `batch`, starts the task that syncs within
+    /// [`BATCH_SYNC_INTERVAL`] (needs a Tokio runtime).
     pub fn open(path: &Path, sync: RecordSync) -> Result<(Self, Recovery), RecordError> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(io_err(parent))?;
@@ -187,133 +206,213 @@ impl Recorder {
             .open(path)
             .map_err(io_err(path))?;
         let recovery = recover(path, &mut file)?;
-        let (tx, rx) = mpsc::channel(RECORD_QUEUE);
-        let writer = Writer {
+        let len = file.metadata().map_err(io_err(path))?.len();
+        let (synced_tx, _) = watch::channel(recovery.last_seq);
+        let shared = Arc::new(Shared {
             file: Arc::new(file),
             path: path.to_path_buf(),
-            next_seq: recovery.last_seq + 1,
             sync,
-        };
-        tokio::spawn(writer.run(rx));
-        Ok((
-            Self {
-                tx,
-                path: Arc::new(path.to_path_buf()),
-            },
-            recovery,
-        ))
+            state: Mutex::new(State {
+                next_seq: recovery.last_seq + 1,
+                len,
+                dirty: false,
+                sync_in_flight: false,
+                synced: recovery.last_seq,
+                failed: None,
+            }),
+            synced_tx,
+            dirty: Arc::new(Notify::new()),
+        });
+        if sync == RecordSync::Batch {
+            tokio::spawn(batch_syncer(Arc::downgrade(&shared), shared.dirty.clone()));
+        }
+        Ok((Self { shared }, recovery))
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.shared.path
     }
 
-    /// Appends one event (`kind`, `turn` and the rest; `seq` and `at` are added). Returns its seq
-    /// once the line is as durable as the sync mode promises.
+    /// Appends one event (`kind`, `turn` and the rest; `seq` and `at` are added, and replace any
+    /// the event carries). Returns its seq once the line is as durable as the sync mode promises.
+    ///
+    /// The caller serializes its own line, and writes it under the record's lock, where its seq
+    /// and time are taken (so both follow file order). With `always` it then waits until an
+    /// fdatasync covers the line: the first waiter finding none in flight runs one for
+    /// everything written so far, the others wait for it (group commit, no writer task).
     pub async fn append(&self, event: Map<String, Value>) -> Result<u64, RecordError> {
-        let (ack, done) = oneshot::channel();
-        self.tx
-            .send(Entry { event, ack })
-            .await
-            .map_err(|_| RecordError::Stopped)?;
-        match done.await {
-            Ok(Ok(seq)) => Ok(seq),
-            Ok(Err(e)) => Err(RecordError::Io {
-                path: self.path.display().to_string(),
-                source: std::io::Error::other(e),
-            }),
-            Err(_) => Err(RecordError::Stopped),
+        let seq = self.append_written(event)?;
+        if self.shared.sync == RecordSync::Always {
+            self.wait_synced(seq).await?;
         }
+        Ok(seq)
     }
-}
 
-struct Writer {
-    file: Arc<File>,
-    path: PathBuf,
-    next_seq: u64,
-    sync: RecordSync,
-}
+    /// Writes one event in order and returns its seq without waiting for fdatasync: for lines no
+    /// answer waits on (a bridge connecting). The next `always` append's sync covers it, and
+    /// `batch` syncs it within [`BATCH_SYNC_INTERVAL`].
+    pub fn append_written(&self, mut event: Map<String, Value>) -> Result<u64, RecordError> {
+        event.remove("seq");
+        event.remove("at");
+        if !event.contains_key("turn") {
+            event.insert("turn".into(), Value::Null);
+        }
+        // A Map of JSON values always serializes; its text starts with `{`.
+        let body = serde_json::to_vec(&event).unwrap_or_else(|_| b"{}".to_vec());
+        self.write_line(&body)
+    }
 
-impl Writer {
-    async fn run(mut self, mut rx: mpsc::Receiver<Entry>) {
-        let mut batch: Vec<Entry> = Vec::new();
-        let mut dirty_since: Option<Instant> = None;
-        let mut tick = tokio::time::interval(BATCH_SYNC_INTERVAL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    fn write_line(&self, body: &[u8]) -> Result<u64, RecordError> {
+        let shared = &*self.shared;
+        let mut st = shared.lock();
+        if let Some(e) = &st.failed {
+            return Err(shared.failed_error(e));
+        }
+        let seq = st.next_seq;
+        let mut line = Vec::with_capacity(body.len() + 64);
+        line.extend_from_slice(b"{\"seq\":");
+        line.extend_from_slice(seq.to_string().as_bytes());
+        line.extend_from_slice(b",\"at\":\"");
+        line.extend_from_slice(now_rfc3339().as_bytes());
+        line.push(b'"');
+        match body.get(1..) {
+            Some(rest) if rest.len() > 1 => {
+                line.push(b',');
+                line.extend_from_slice(rest);
+            }
+            _ => line.push(b'}'),
+        }
+        line.push(b'\n');
+        // One write(2) of one line; the file is opened for append.
+        if let Err(e) = (&*shared.file).write_all(&line) {
+            // Cut a partial line off so that the next line does not follow a fragment.
+            let _ = shared.file.set_len(st.len);
+            tracing::error!(path = %shared.path.display(), error = %e, "record write failed");
+            return Err(RecordError::Io {
+                path: shared.path.display().to_string(),
+                source: e,
+            });
+        }
+        st.len += line.len() as u64;
+        st.next_seq += 1;
+        if shared.sync == RecordSync::Batch && !st.dirty {
+            st.dirty = true;
+            shared.dirty.notify_one();
+        }
+        Ok(seq)
+    }
+
+    async fn wait_synced(&self, seq: u64) -> Result<(), RecordError> {
+        let shared = &*self.shared;
+        let mut synced = shared.synced_tx.subscribe();
         loop {
-            tokio::select! {
-                n = rx.recv_many(&mut batch, RECORD_QUEUE) => {
-                    if n == 0 {
-                        break;
+            let target = {
+                let mut st = shared.lock();
+                if let Some(e) = &st.failed {
+                    return Err(shared.failed_error(e));
+                }
+                if st.synced >= seq {
+                    return Ok(());
+                }
+                if st.sync_in_flight {
+                    None
+                } else {
+                    st.sync_in_flight = true;
+                    Some(st.next_seq - 1)
+                }
+            };
+            let Some(target) = target else {
+                // Another append leads a sync; it publishes when done (or when it gives up).
+                if synced.changed().await.is_err() {
+                    return Err(RecordError::Stopped);
+                }
+                continue;
+            };
+            // The leader. If this future is dropped mid-sync, the guard hands leadership on.
+            let mut lead = Leader {
+                shared,
+                done: false,
+            };
+            let file = shared.file.clone();
+            let result = tokio::task::spawn_blocking(move || file.sync_data()).await;
+            let failure = match result {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(e) => Some(e.to_string()),
+            };
+            {
+                let mut st = shared.lock();
+                st.sync_in_flight = false;
+                match failure {
+                    // After a failed fdatasync the kernel may have dropped the dirty pages: no
+                    // later sync can vouch for these lines, so the record stops taking lines.
+                    Some(e) => {
+                        tracing::error!(path = %shared.path.display(), error = %e, "record sync failed");
+                        st.failed = Some(e);
                     }
-                    self.commit(&mut batch, &mut dirty_since).await;
-                }
-                _ = tick.tick(), if dirty_since.is_some() => {
-                    self.sync_now().await;
-                    dirty_since = None;
+                    None => st.synced = st.synced.max(target),
                 }
             }
+            lead.done = true;
+            shared.synced_tx.send_replace(target);
         }
-        if dirty_since.is_some() {
-            self.sync_now().await;
+    }
+}
+
+/// Hands leadership on if a leading append is dropped before its sync finishes.
+struct Leader<'a> {
+    shared: &'a Shared,
+    done: bool,
+}
+
+impl Drop for Leader<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.shared.lock().sync_in_flight = false;
+            self.shared.synced_tx.send_modify(|_| {});
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // The state stays consistent at every unlock; a panic elsewhere does not poison it.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn failed_error(&self, e: &str) -> RecordError {
+        RecordError::Io {
+            path: self.path.display().to_string(),
+            source: std::io::Error::other(format!("an earlier fdatasync failed: {e}")),
         }
     }
 
-    async fn sync_now(&self) {
-        let file = self.file.clone();
-        match tokio::task::spawn_blocking(move || file.sync_data()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::error!(path = %self.path.display(), error = %e, "record sync failed")
-            }
-            Err(e) => tracing::error!(error = %e, "record sync task failed"),
+    fn sync_now(&self) {
+        if let Err(e) = self.file.sync_data() {
+            tracing::error!(path = %self.path.display(), error = %e, "record sync failed");
         }
     }
+}
 
-    async fn commit(&mut self, batch: &mut Vec<Entry>, dirty_since: &mut Option<Instant>) {
-        let mut text = Vec::with_capacity(batch.len() * 256);
-        let at = now_rfc3339();
-        let first_seq = self.next_seq;
-        for entry in batch.iter_mut() {
-            let mut line = Map::new();
-            line.insert("seq".into(), Value::from(self.next_seq));
-            line.insert("at".into(), Value::from(at.clone()));
-            line.append(&mut entry.event);
-            if !line.contains_key("turn") {
-                line.insert("turn".into(), Value::Null);
-            }
-            // A Map of JSON values always serializes.
-            if serde_json::to_writer(&mut text, &line).is_err() {
-                text.extend_from_slice(b"{}");
-            }
-            text.push(b'\n');
-            self.next_seq += 1;
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if self.lock().dirty {
+            self.sync_now();
         }
-        let file = self.file.clone();
-        let sync = self.sync == RecordSync::Always;
-        let result = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            (&*file).write_all(&text)?;
-            if sync {
-                file.sync_data()?;
-            }
-            Ok(())
-        })
-        .await;
-        let result = match result {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        if let Err(e) = &result {
-            tracing::error!(path = %self.path.display(), error = %e, "record write failed");
-        } else if !sync && dirty_since.is_none() {
-            *dirty_since = Some(Instant::now());
-        }
-        for (i, entry) in batch.drain(..).enumerate() {
-            let _ = entry
-                .ack
-                .send(result.clone().map(|()| first_seq + i as u64));
-        }
+        // Ends the batch syncer (it finds no recorder left).
+        self.dirty.notify_one();
+    }
+}
+
+/// `batch`: syncs within [`BATCH_SYNC_INTERVAL`] of the first unsynced line; ends with the
+/// last `Recorder` (whose drop syncs what is left, and wakes this task to end).
+async fn batch_syncer(shared: Weak<Shared>, dirty: Arc<Notify>) {
+    loop {
+        dirty.notified().await;
+        tokio::time::sleep(BATCH_SYNC_INTERVAL).await;
+        let Some(s) = shared.upgrade() else { return };
+        s.lock().dirty = false;
+        let _ = tokio::task::spawn_blocking(move || s.sync_now()).await;
     }
 }
 
@@ -434,6 +533,60 @@ mod tests {
         assert_eq!(seqs, (1..=200).collect::<Vec<u64>>());
         let (lines, _) = read_records(&path, None, 0, 1000).expect("read");
         assert_eq!(lines.len(), 200);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_sync_leader_hands_on_and_nothing_waits_forever() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("rec.jsonl");
+        let (rec, _) = Recorder::open(&path, RecordSync::Always).expect("open");
+        // The first poll writes the line and starts leading a sync; the timeout drops it there
+        // (unless the sync already finished within that poll: then try again).
+        let mut tries = 0u64;
+        loop {
+            tries += 1;
+            let r = tokio::time::timeout(Duration::ZERO, rec.append(event("a", "t"))).await;
+            if r.is_err() || tries == 1000 {
+                break;
+            }
+        }
+        assert!(tries < 1000, "no append was ever dropped mid-sync");
+        let seq = tokio::time::timeout(Duration::from_secs(10), rec.append(event("b", "t")))
+            .await
+            .expect("a later append is not stuck behind the dropped leader")
+            .expect("append");
+        assert_eq!(seq, tries + 1);
+        let (lines, _) = read_records(&path, None, 0, 2000).expect("read");
+        assert_eq!(
+            lines.len() as u64,
+            tries + 1,
+            "every dropped append's line was written"
+        );
+        assert_eq!(lines[0]["kind"], "a");
+        assert_eq!(lines[tries as usize]["kind"], "b");
+    }
+
+    #[tokio::test]
+    async fn batch_lines_are_whole_and_in_order_and_seq_at_cannot_be_forged() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("rec.jsonl");
+        let (rec, _) = Recorder::open(&path, RecordSync::Batch).expect("open");
+        let mut forged = event("x", "t");
+        forged.insert("seq".into(), Value::from(99));
+        forged.insert("at".into(), Value::from("then"));
+        assert_eq!(rec.append(forged).await.expect("1"), 1);
+        assert_eq!(rec.append(Map::new()).await.expect("2"), 2);
+        drop(rec);
+        let text = std::fs::read_to_string(&path).expect("read");
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("whole JSON line"))
+            .collect();
+        assert_eq!(lines[0]["seq"], 1);
+        assert_ne!(lines[0]["at"], "then");
+        assert_eq!(lines[1]["seq"], 2);
+        assert_eq!(lines[1]["turn"], Value::Null);
+        assert!(text.starts_with("{\"seq\":1,\"at\":"), "{text}");
     }
 
     #[test]
