@@ -16,7 +16,8 @@ use serde_json::json;
 use sharedos_ipc::{FrameReader, IpcError, write_frame};
 use sharedos_proto::CancelCode;
 use sharedos_proto::ipc::{BridgeEvent, BridgeRequest, PROTOCOL_VERSION, RefusalCode};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::io::AsyncWriteExt as _;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::kernel::CallSite;
@@ -27,8 +28,6 @@ use crate::turn::{Turn, rfc3339};
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Calls in flight per bridge; the reader waits beyond it (backpressure, nothing dropped).
 pub const MAX_INFLIGHT_PER_BRIDGE: usize = 256;
-/// Frames queued to the writer.
-pub const OUT_QUEUE: usize = 256;
 
 pub async fn serve(broker: Arc<Broker>, stream: Stream) {
     let creds = stream.peer_creds().ok();
@@ -138,26 +137,55 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream) {
         json!({"peer": {"pid": pid, "uid": uid}, "shim": client,
                "catalogHash": turn.catalog.hash, "aliases": turn.aliases}),
     );
-    let _ = broker.kernel.recorder.append(connected).await;
+    // Written in order, not waited on: the next call's sync covers it.
+    if let Err(e) = broker.kernel.recorder.append_written(connected) {
+        tracing::error!(turn = %turn.id, error = %e, "bridge_connected not recorded");
+    }
     run_connection(broker.clone(), turn.clone(), reader, send).await;
     turn.bridges.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// The bridge's write half, shared by the tasks that answer: each writes its own frame.
+struct Out {
+    send: tokio::io::WriteHalf<Stream>,
+    /// `turn_closed` was sent (or writing failed): nothing follows it.
+    closed: bool,
+}
+
+async fn send_event(out: &tokio::sync::Mutex<Out>, event: &BridgeEvent) {
+    // Encoded before taking the lock; a frame that cannot encode is a bug, logged.
+    let bytes = match sharedos_proto::frame::encode(event) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(error = %e, "bridge frame does not encode");
+            return;
+        }
+    };
+    let mut out = out.lock().await;
+    if out.closed {
+        return;
+    }
+    let last = matches!(event, BridgeEvent::TurnClosed { .. });
+    let written = async {
+        out.send.write_all(&bytes).await?;
+        out.send.flush().await
+    }
+    .await;
+    if written.is_err() || last {
+        out.closed = true;
+    }
 }
 
 async fn run_connection(
     broker: Arc<Broker>,
     turn: Arc<Turn>,
     mut reader: FrameReader<tokio::io::ReadHalf<Stream>>,
-    mut send: tokio::io::WriteHalf<Stream>,
+    send: tokio::io::WriteHalf<Stream>,
 ) {
-    let (out_tx, mut out_rx) = mpsc::channel::<BridgeEvent>(OUT_QUEUE);
-    let writer = tokio::spawn(async move {
-        while let Some(event) = out_rx.recv().await {
-            let last = matches!(event, BridgeEvent::TurnClosed { .. });
-            if write_frame(&mut send, &event).await.is_err() || last {
-                break;
-            }
-        }
-    });
+    let out = Arc::new(tokio::sync::Mutex::new(Out {
+        send,
+        closed: false,
+    }));
     let conn = turn.cancel.child_token();
     let disconnected = Arc::new(AtomicBool::new(false));
     let inflight: Arc<Mutex<HashMap<u64, CancellationToken>>> = Arc::default();
@@ -174,7 +202,7 @@ async fn run_connection(
         match event {
             Event::TurnEnded => {
                 let reason = turn.closed_reason().unwrap_or_else(|| "closed".into());
-                let _ = out_tx.send(BridgeEvent::TurnClosed { reason }).await;
+                send_event(&out, &BridgeEvent::TurnClosed { reason }).await;
                 break;
             }
             Event::Frame(Ok(BridgeRequest::Call { id, call })) => {
@@ -188,7 +216,7 @@ async fn run_connection(
                 let (broker, turn2, out, inflight, disc) = (
                     broker.clone(),
                     turn.clone(),
-                    out_tx.clone(),
+                    out.clone(),
                     inflight.clone(),
                     disconnected.clone(),
                 );
@@ -214,7 +242,7 @@ async fn run_connection(
                     if let Ok(mut m) = inflight.lock() {
                         m.remove(&id);
                     }
-                    let _ = out.send(BridgeEvent::Answer { id, answer }).await;
+                    send_event(&out, &BridgeEvent::Answer { id, answer }).await;
                     drop(permit);
                 });
             }
@@ -230,7 +258,9 @@ async fn run_connection(
             })) => {
                 tracing::info!(turn = %turn.id, %name, %version, ?protocol_version, "MCP client on bridge");
                 let line = turn.line("bridge_client", json!({"client": {"name": name, "version": version, "protocolVersion": protocol_version}}));
-                let _ = broker.kernel.recorder.append(line).await;
+                if let Err(e) = broker.kernel.recorder.append_written(line) {
+                    tracing::error!(turn = %turn.id, error = %e, "bridge_client not recorded");
+                }
             }
             Event::Frame(Ok(BridgeRequest::Hello { .. })) => {
                 tracing::warn!(turn = %turn.id, "second hello on a bridge connection: closing it");
@@ -246,6 +276,6 @@ async fn run_connection(
     // The shim is gone (or the turn closed): in-flight calls end as cancelled, and are recorded.
     disconnected.store(true, Ordering::Relaxed);
     conn.cancel();
-    drop(out_tx);
-    let _ = writer.await;
+    // Every in-flight call holds a permit until its answer is sent (or dropped after close).
+    let _ = limit.acquire_many(MAX_INFLIGHT_PER_BRIDGE as u32).await;
 }
