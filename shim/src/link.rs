@@ -15,13 +15,12 @@ use sharedos_proto::ipc::{
     BridgeEvent, BridgeRequest, CallAnswer, PROTOCOL_VERSION, ShimInfo, TurnToken,
 };
 use sharedos_proto::{CatalogHash, PublishedToolDefinition};
-use tokio::sync::{mpsc, oneshot};
+use tokio::io::{AsyncWriteExt as _, WriteHalf};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 /// How long the shim waits for the broker to accept and answer hello.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Frames queued to the broker.
-const OUT_QUEUE: usize = 256;
 
 /// What the broker gave this shim.
 pub struct Welcome {
@@ -42,7 +41,9 @@ pub enum LinkDown {
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<CallAnswer, LinkDown>>>>>;
 
 pub struct Link {
-    out: mpsc::Sender<BridgeRequest>,
+    /// The write half; each caller writes its own frame under the lock. `None` once the link
+    /// has ended or a write failed.
+    out: tokio::sync::Mutex<Option<WriteHalf<interprocess::local_socket::tokio::Stream>>>,
     pending: Pending,
     next_id: AtomicU64,
     /// Fires when the link is over (turn closed or broker gone); holds why.
@@ -107,26 +108,12 @@ impl Link {
                 ));
             }
         };
-        let (out, mut out_rx) = mpsc::channel::<BridgeRequest>(OUT_QUEUE);
         let link = Arc::new(Link {
-            out,
+            out: tokio::sync::Mutex::new(Some(send)),
             pending: Arc::default(),
             next_id: AtomicU64::new(1),
             ended: CancellationToken::new(),
             end_reason: Arc::default(),
-        });
-        // Writer: frames to the broker.
-        let ended = link.ended.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    msg = out_rx.recv() => {
-                        let Some(msg) = msg else { break };
-                        if write_frame(&mut send, &msg).await.is_err() { break; }
-                    }
-                    _ = ended.cancelled() => break,
-                }
-            }
         });
         // Reader: answers and the turn's end.
         let l = link.clone();
@@ -153,6 +140,31 @@ impl Link {
             l.finish(why);
         });
         Ok((link, welcome))
+    }
+
+    /// Writes one frame to the broker. `false` if the link is closed or the write failed.
+    async fn send(&self, msg: &BridgeRequest) -> bool {
+        let Ok(bytes) = sharedos_proto::frame::encode(msg) else {
+            tracing::error!("a bridge frame does not encode");
+            return false;
+        };
+        if self.ended.is_cancelled() {
+            return false;
+        }
+        let mut out = self.out.lock().await;
+        let Some(send) = out.as_mut() else {
+            return false;
+        };
+        let written = async {
+            send.write_all(&bytes).await?;
+            send.flush().await
+        }
+        .await;
+        if written.is_err() {
+            *out = None;
+            return false;
+        }
+        true
     }
 
     /// Ends the link: answers every pending call with `why` and fires `ended`.
@@ -186,12 +198,7 @@ impl Link {
         if let Ok(mut m) = self.pending.lock() {
             m.insert(id, tx);
         }
-        if self
-            .out
-            .send(BridgeRequest::Call { id, call })
-            .await
-            .is_err()
-        {
+        if !self.send(&BridgeRequest::Call { id, call }).await {
             self.finish(LinkDown::BrokerGone(
                 "the connection to the SharedOS broker is closed".into(),
             ));
@@ -208,7 +215,7 @@ impl Link {
             }
             _ = cancel.cancelled() => {
                 if let Ok(mut m) = self.pending.lock() { m.remove(&id); }
-                let _ = self.out.send(BridgeRequest::Cancel { id }).await;
+                let _ = self.send(&BridgeRequest::Cancel { id }).await;
                 None
             }
         }
@@ -222,8 +229,7 @@ impl Link {
         protocol_version: Option<String>,
     ) {
         let _ = self
-            .out
-            .send(BridgeRequest::ClientInfo {
+            .send(&BridgeRequest::ClientInfo {
                 name,
                 version,
                 protocol_version,

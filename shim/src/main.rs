@@ -97,8 +97,9 @@ fn read_token(args: &Args) -> Result<String, String> {
 fn main() -> ExitCode {
     let args = Args::parse();
     let _guard = init_logging(args.log_file.as_ref());
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One shim serves one harness: a single-threaded runtime, so that a call does not cross
+    // threads on its way between stdin, the broker link and stdout.
+    let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
