@@ -117,12 +117,87 @@ pub struct PolicyVersion {
     pub count: usize,
     /// The set sliced per principal: only policies whose principal scope can match.
     sliced: Mutex<HashMap<String, Arc<PolicySet>>>,
+    /// What every decision for one (principal, agent) shares, built and validated once.
+    prepared: Mutex<HashMap<PrincipalKey, Arc<Prepared>>>,
+}
+
+/// (principal, agent).
+type PrincipalKey = (String, Option<String>);
+
+impl PolicyVersion {
+    fn new(version: u64, set: PolicySet) -> Self {
+        let count = set.policies().count();
+        Self {
+            version,
+            set,
+            count,
+            sliced: Mutex::new(HashMap::new()),
+            prepared: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// The per-(principal, agent) part of a decision: uids, the principal and agent entities
+/// (validated against the schema, with the schema's action entities), the context and the
+/// principal's slice of the set. Only the resource entity is added per call.
+struct Prepared {
+    principal: EntityUid,
+    base: Entities,
+    context: Context,
+    set: Arc<PolicySet>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Cached decision inputs are bounded: a broker serving many principals must not grow without
+/// limit.
+const CACHE_MAX: usize = 4096;
+
+/// Entity type names and action uids, parsed once.
+struct Names {
+    types: HashMap<&'static str, EntityTypeName>,
+    actions: HashMap<&'static str, EntityUid>,
+}
+
+impl Names {
+    fn new() -> Self {
+        let types = ["User", "Agent", "File", "Tool"]
+            .into_iter()
+            .filter_map(|t| type_name(t).ok().map(|n| (t, n)))
+            .collect();
+        let actions = ["read", "list", "search", "write", "call"]
+            .into_iter()
+            .filter_map(|a| uid("Action", a).ok().map(|u| (a, u)))
+            .collect();
+        Self { types, actions }
+    }
+
+    fn uid(&self, ty: &str, id: &str) -> Result<EntityUid, String> {
+        match self.types.get(ty) {
+            Some(t) => Ok(EntityUid::from_type_name_and_id(
+                t.clone(),
+                EntityId::new(id),
+            )),
+            None => uid(ty, id),
+        }
+    }
+
+    fn action(&self, action: &str) -> Result<EntityUid, String> {
+        match self.actions.get(action) {
+            Some(a) => Ok(a.clone()),
+            None => uid("Action", action),
+        }
+    }
 }
 
 pub struct PolicyEngine {
     schema: Schema,
     policy_path: PathBuf,
     current: RwLock<Arc<PolicyVersion>>,
+    names: Names,
+    authorizer: Authorizer,
 }
 
 fn type_name(name: &str) -> Result<EntityTypeName, String> {
@@ -240,16 +315,12 @@ impl PolicyEngine {
         let schema = load_schema(schema_path)?;
         let src = read(policy_path)?;
         let set = compile_policies(&schema, policy_path, &src)?;
-        let count = set.policies().count();
         Ok(Self {
             schema,
             policy_path: policy_path.to_path_buf(),
-            current: RwLock::new(Arc::new(PolicyVersion {
-                version: 1,
-                set,
-                count,
-                sliced: Mutex::new(HashMap::new()),
-            })),
+            current: RwLock::new(Arc::new(PolicyVersion::new(1, set))),
+            names: Names::new(),
+            authorizer: Authorizer::new(),
         })
     }
 
@@ -269,17 +340,11 @@ impl PolicyEngine {
     pub fn reload(&self) -> Result<Arc<PolicyVersion>, PolicyError> {
         let src = read(&self.policy_path)?;
         let set = compile_policies(&self.schema, &self.policy_path, &src)?;
-        let count = set.policies().count();
         let mut guard = match self.current.write() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
         };
-        let next = Arc::new(PolicyVersion {
-            version: guard.version + 1,
-            set,
-            count,
-            sliced: Mutex::new(HashMap::new()),
-        });
+        let next = Arc::new(PolicyVersion::new(guard.version + 1, set));
         *guard = next.clone();
         Ok(next)
     }
@@ -309,9 +374,7 @@ impl PolicyEngine {
             // Cannot happen (ids are unique in the source set); fall back to the whole set.
             Err(_) => Arc::new(pv.set.clone()),
         };
-        // Bound the cache: a broker serving many principals must not grow without limit.
-        const SLICE_CACHE_MAX: usize = 4096;
-        if cache.len() >= SLICE_CACHE_MAX {
+        if cache.len() >= CACHE_MAX {
             cache.clear();
         }
         cache.insert(key, sliced.clone());
@@ -355,24 +418,26 @@ impl PolicyEngine {
         }
     }
 
-    fn try_decide(
+    /// The decision inputs shared by every call of one (principal, agent) under `pv`.
+    fn prepared(
         &self,
         pv: &PolicyVersion,
         principal: &str,
         agent: Option<&str>,
-        action: &str,
-        resource: &Resource,
-    ) -> Result<Decision, String> {
-        let p = uid("User", principal)?;
-        let a = uid("Action", action)?;
-        let r = uid(resource.type_name(), resource.id())?;
-        let agent_uid = agent.map(|id| uid("Agent", id)).transpose()?;
-        let resource_entity = Self::resource_entity(resource, &r)?;
-        let mut entities = Self::base_entities(&p, agent_uid.as_ref());
-        entities.push(resource_entity);
-        // Validated against the schema at every call: see the module docs.
-        let entities =
-            Entities::from_entities(entities, Some(&self.schema)).map_err(|e| e.to_string())?;
+    ) -> Result<Arc<Prepared>, String> {
+        let key = (principal.to_owned(), agent.map(str::to_owned));
+        if let Some(p) = lock(&pv.prepared).get(&key) {
+            return Ok(p.clone());
+        }
+        let p = self.names.uid("User", principal)?;
+        let agent_uid = agent.map(|id| self.names.uid("Agent", id)).transpose()?;
+        // Validated against the schema (see the module docs); with it, the schema's action
+        // entities are added, so action groups work.
+        let base = Entities::from_entities(
+            Self::base_entities(&p, agent_uid.as_ref()),
+            Some(&self.schema),
+        )
+        .map_err(|e| e.to_string())?;
         let context = match &agent_uid {
             Some(agent) => Context::from_pairs([(
                 "agent".to_owned(),
@@ -381,10 +446,48 @@ impl PolicyEngine {
             .map_err(|e| e.to_string())?,
             None => Context::empty(),
         };
-        let request = Request::new(p.clone(), a, r, context, Some(&self.schema))
-            .map_err(|e| format!("request does not fit the schema: {e}"))?;
         let set = self.slice(pv, &p);
-        let response = Authorizer::new().is_authorized(&request, &set, &entities);
+        let prepared = Arc::new(Prepared {
+            principal: p,
+            base,
+            context,
+            set,
+        });
+        let mut cache = lock(&pv.prepared);
+        if cache.len() >= CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(key, prepared.clone());
+        Ok(prepared)
+    }
+
+    fn try_decide(
+        &self,
+        pv: &PolicyVersion,
+        principal: &str,
+        agent: Option<&str>,
+        action: &str,
+        resource: &Resource,
+    ) -> Result<Decision, String> {
+        let prepared = self.prepared(pv, principal, agent)?;
+        let a = self.names.action(action)?;
+        let r = self.names.uid(resource.type_name(), resource.id())?;
+        // Only the resource entity is new per call; it is validated against the schema here.
+        let entities = prepared
+            .base
+            .clone()
+            .add_entities([Self::resource_entity(resource, &r)?], Some(&self.schema))
+            .map_err(|e| e.to_string())?;
+        let request = Request::new(
+            prepared.principal.clone(),
+            a,
+            r,
+            prepared.context.clone(),
+            Some(&self.schema),
+        )
+        .map_err(|e| format!("request does not fit the schema: {e}"))?;
+        let set = &prepared.set;
+        let response = self.authorizer.is_authorized(&request, set, &entities);
         let policies: Vec<String> = response
             .diagnostics()
             .reason()
@@ -424,6 +527,29 @@ impl PolicyEngine {
         self.could_permit_on(pv, principal, agent, action, resource_type, None)
     }
 
+    /// Is the answer the same for every resource of `resource_type`? `Some(false)`: no call can
+    /// be permitted (a definite deny with the resource unknown); `Some(true)`: every call is
+    /// (a definite allow); `None`: it depends on the resource (or evaluation failed), so ask
+    /// per resource with [`Self::could_permit_resource`].
+    pub fn permit_for_every(
+        &self,
+        pv: &PolicyVersion,
+        principal: &str,
+        agent: Option<&str>,
+        action: &str,
+        resource_type: &str,
+    ) -> Option<bool> {
+        match self.partial_decision(pv, principal, agent, action, resource_type, None) {
+            Ok(Some(CedarDecision::Allow)) => Some(true),
+            Ok(Some(CedarDecision::Deny)) => Some(false),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!(%principal, %action, %resource_type, error = %e, "partial evaluation failed; deciding per tool");
+                None
+            }
+        }
+    }
+
     /// Like [`Self::could_permit`], for one known resource (a tool whose resource is the tool
     /// itself): exact, with only the context unknown.
     pub fn could_permit_resource(
@@ -453,44 +579,55 @@ impl PolicyEngine {
         resource_type: &str,
         resource: Option<&Resource>,
     ) -> bool {
-        let attempt = || -> Result<bool, String> {
-            let p = uid("User", principal)?;
-            let a = uid("Action", action)?;
-            let agent_uid = agent.map(|id| uid("Agent", id)).transpose()?;
-            let mut known = Self::base_entities(&p, agent_uid.as_ref());
-            let partial_resource = match resource {
-                Some(r) => {
-                    let r_uid = uid(r.type_name(), r.id())?;
-                    known.push(Self::resource_entity(r, &r_uid)?);
-                    PartialEntityUid::from_concrete(r_uid)
-                }
-                None => PartialEntityUid::new(type_name(resource_type)?, None),
-            };
-            let request = PartialRequest::new(
-                PartialEntityUid::from_concrete(p.clone()),
-                a,
-                partial_resource,
-                None,
-                &self.schema,
-            )
-            .map_err(|e| e.to_string())?;
-            let entities =
-                Entities::from_entities(known, Some(&self.schema)).map_err(|e| e.to_string())?;
-            let partial = PartialEntities::from_concrete(entities, &self.schema)
-                .map_err(|e| e.to_string())?;
-            let set = self.slice(pv, &p);
-            let response = set
-                .tpe(&request, &partial, &self.schema)
-                .map_err(|e| e.to_string())?;
-            Ok(response.decision() != Some(CedarDecision::Deny))
-        };
-        match attempt() {
-            Ok(answer) => answer,
+        match self.partial_decision(pv, principal, agent, action, resource_type, resource) {
+            Ok(decision) => decision != Some(CedarDecision::Deny),
             Err(e) => {
                 tracing::debug!(%principal, %action, %resource_type, error = %e, "partial evaluation failed; showing the tool");
                 true
             }
         }
+    }
+
+    /// Type-aware partial evaluation with the context (and, without `resource`, the resource)
+    /// unknown: `Some` decision when it is definite.
+    fn partial_decision(
+        &self,
+        pv: &PolicyVersion,
+        principal: &str,
+        agent: Option<&str>,
+        action: &str,
+        resource_type: &str,
+        resource: Option<&Resource>,
+    ) -> Result<Option<CedarDecision>, String> {
+        let p = self.names.uid("User", principal)?;
+        let a = self.names.action(action)?;
+        let agent_uid = agent.map(|id| self.names.uid("Agent", id)).transpose()?;
+        let mut known = Self::base_entities(&p, agent_uid.as_ref());
+        let partial_resource = match resource {
+            Some(r) => {
+                let r_uid = self.names.uid(r.type_name(), r.id())?;
+                known.push(Self::resource_entity(r, &r_uid)?);
+                PartialEntityUid::from_concrete(r_uid)
+            }
+            None => PartialEntityUid::new(type_name(resource_type)?, None),
+        };
+        let request = PartialRequest::new(
+            PartialEntityUid::from_concrete(p.clone()),
+            a,
+            partial_resource,
+            None,
+            &self.schema,
+        )
+        .map_err(|e| e.to_string())?;
+        let entities =
+            Entities::from_entities(known, Some(&self.schema)).map_err(|e| e.to_string())?;
+        let partial =
+            PartialEntities::from_concrete(entities, &self.schema).map_err(|e| e.to_string())?;
+        let set = self.slice(pv, &p);
+        let response = set
+            .tpe(&request, &partial, &self.schema)
+            .map_err(|e| e.to_string())?;
+        Ok(response.decision())
     }
 }
 
@@ -582,6 +719,21 @@ when { resource.path like "*/secret*" };
         assert!(e.could_permit_resource(&pv, "alice", None, "call", &tool("everything.echo")));
         assert!(!e.could_permit_resource(&pv, "alice", None, "call", &tool("everything.get-env")));
         assert!(!e.could_permit_resource(&pv, "bob", None, "call", &tool("everything.echo")));
+        // Whether a per-tool question is needed at all.
+        assert_eq!(e.permit_for_every(&pv, "alice", None, "call", "Tool"), None);
+        assert_eq!(e.permit_for_every(&pv, "bob", None, "call", "Tool"), Some(false));
+        let all = engine(
+            r#"@id("tools") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool);"#,
+        );
+        let pv = all.current();
+        assert_eq!(all.permit_for_every(&pv, "alice", None, "call", "Tool"), Some(true));
+        let but = engine(
+            r#"@id("tools") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool);
+               @id("not-env") forbid(principal, action, resource is SharedOS::Tool) when { resource.name like "*get-env" };"#,
+        );
+        let pv = but.current();
+        assert_eq!(but.permit_for_every(&pv, "alice", None, "call", "Tool"), None);
+        assert!(!but.could_permit_resource(&pv, "alice", None, "call", &tool("everything.get-env")));
     }
 
     #[test]
