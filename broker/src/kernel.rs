@@ -601,15 +601,21 @@ impl Kernel {
                             "files call without a resolved file",
                         ));
                     };
-                    tokio::task::spawn_blocking(move || {
+                    let run = move || {
                         let check = KernelReadCheck {
                             kernel: &kernel,
                             context: &context,
                         };
                         provider.execute(op, &files, &arguments, &check)
-                    })
-                    .await
-                    .unwrap_or_else(|e| {
+                    };
+                    // A read is one open, fstat and read of at most MAX_READ_BYTES of a regular
+                    // file (opened non-blocking, so a FIFO cannot hang it): done in place, which
+                    // spares two thread hand-offs per call. Folders and searches can be large
+                    // and go to the blocking pool.
+                    if op == FileOp::Read {
+                        return run();
+                    }
+                    tokio::task::spawn_blocking(run).await.unwrap_or_else(|e| {
                         Err(Failure::new(
                             FailCode::Internal,
                             format!("internal error: {e}"),
