@@ -44,6 +44,9 @@ pub struct Authority {
     pub handler: Handler,
     /// The compiled inputSchema.
     validator: Option<jsonschema::Validator>,
+    /// RFC 8785 text of the published projection (`None` if it cannot be canonicalized),
+    /// computed on first use: a registration never changes, and catalogues hash these pieces.
+    canonical: std::sync::OnceLock<Option<String>>,
 }
 
 impl Authority {
@@ -51,6 +54,7 @@ impl Authority {
         Self {
             handler: Handler::Mcp(handler),
             validator,
+            canonical: std::sync::OnceLock::new(),
         }
     }
 
@@ -144,6 +148,7 @@ impl Registry {
                         op: def.authority,
                     },
                     validator,
+                    canonical: std::sync::OnceLock::new(),
                 },
             }));
         }
@@ -295,21 +300,33 @@ impl Kernel {
             return c.clone();
         }
         let mut shapes: HashMap<(String, &'static str), bool> = HashMap::new();
-        let mut by_name = HashMap::new();
-        let mut tools = Vec::new();
+        // For tools whose resource is the tool itself: one type-level answer per action, and
+        // a per-tool evaluation only where the answer depends on which tool it is.
+        let mut tool_shapes: HashMap<String, Option<bool>> = HashMap::new();
+        let mut visible_tools: Vec<Arc<Registered>> = Vec::new();
         for tool in self.registry.tools_for(context) {
             let shape = tool.authority.shape();
             let visible = if shape.1 == "Tool" {
-                // The resource of a tool without a finer one is the tool itself: decide exactly.
-                self.policy.could_permit_resource(
-                    &pv,
-                    &context.principal,
-                    context.agent.as_deref(),
-                    &shape.0,
-                    &Resource::Tool {
-                        name: tool.name.to_string(),
-                    },
-                )
+                let per_type = *tool_shapes.entry(shape.0.clone()).or_insert_with(|| {
+                    self.policy.permit_for_every(
+                        &pv,
+                        &context.principal,
+                        context.agent.as_deref(),
+                        &shape.0,
+                        shape.1,
+                    )
+                });
+                per_type.unwrap_or_else(|| {
+                    self.policy.could_permit_resource(
+                        &pv,
+                        &context.principal,
+                        context.agent.as_deref(),
+                        &shape.0,
+                        &Resource::Tool {
+                            name: tool.name.to_string(),
+                        },
+                    )
+                })
             } else {
                 *shapes.entry(shape.clone()).or_insert_with(|| {
                     self.policy.could_permit(
@@ -322,22 +339,43 @@ impl Kernel {
                 })
             };
             if visible {
-                tools.push(tool.publish());
-                by_name.insert(tool.name.to_string(), tool.clone());
+                visible_tools.push(tool);
             }
         }
-        let hash = match sharedos_proto::catalog_hash(&tools) {
-            Ok(h) => h,
-            // Published definitions are plain JSON values; canonicalization cannot fail on them.
-            // If it ever did, an empty catalogue is the safe answer.
-            Err(e) => {
-                tracing::error!(error = %e, "catalogue hash failed; publishing nothing");
-                tools.clear();
-                by_name.clear();
-                sharedos_proto::catalog::hash_canonical("[]")
-            }
+        // Names are unique and ASCII: byte order is the hash's order.
+        visible_tools.sort_by(|a, b| a.name.cmp(&b.name));
+        let parts: Option<Vec<&str>> = visible_tools
+            .iter()
+            .map(|t| {
+                t.authority
+                    .canonical
+                    .get_or_init(|| match sharedos_proto::catalog::canonical_projection(&t.publish()) {
+                        Ok(text) => Some(text),
+                        Err(e) => {
+                            tracing::error!(tool = %t.name, error = %e, "tool definition cannot be canonicalized");
+                            None
+                        }
+                    })
+                    .as_deref()
+            })
+            .collect();
+        // Published definitions are plain JSON values; canonicalization cannot fail on them.
+        // If it ever did, an empty catalogue is the safe answer.
+        let (tools, hash, by_name) = match parts {
+            Some(parts) => (
+                visible_tools.iter().map(|t| t.publish()).collect(),
+                sharedos_proto::catalog::catalog_hash_of_sorted(parts),
+                visible_tools
+                    .iter()
+                    .map(|t| (t.name.to_string(), t.clone()))
+                    .collect(),
+            ),
+            None => (
+                Vec::new(),
+                sharedos_proto::catalog::hash_canonical("[]"),
+                HashMap::new(),
+            ),
         };
-        tools.sort_by(|a, b| a.name.cmp(&b.name));
         let catalog = Arc::new(Catalog {
             tools,
             hash,

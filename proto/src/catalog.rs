@@ -101,9 +101,34 @@ pub fn raw_catalog_hash(tools: &[Value]) -> Result<CatalogHash, CanonicalError> 
     Ok(hash_canonical(&canonical_json(&Value::Array(projected))?))
 }
 
+/// RFC 8785 text of one tool's projection: one element of the array that is hashed. A
+/// registration never changes, so a broker computes this once per tool.
+pub fn canonical_projection(tool: &PublishedToolDefinition) -> Result<String, CanonicalError> {
+    canonical_json(&Value::Object(tool.projection()))
+}
+
+/// `catalogHash` from the tools' [`canonical_projection`]s, given in name order. RFC 8785
+/// writes an array as `[`, its elements' canonical texts joined by `,`, then `]` (elements
+/// canonicalize independently), so this hashes exactly the bytes [`catalog_hash`] hashes.
+pub fn catalog_hash_of_sorted<'a>(parts: impl IntoIterator<Item = &'a str>) -> CatalogHash {
+    let mut hasher = Sha256::new();
+    hasher.update(b"[");
+    for (i, part) in parts.into_iter().enumerate() {
+        if i > 0 {
+            hasher.update(b",");
+        }
+        hasher.update(part.as_bytes());
+    }
+    hasher.update(b"]");
+    hex_of(&hasher.finalize())
+}
+
 /// Lowercase hex SHA-256 of canonical text.
 pub fn hash_canonical(canonical: &str) -> CatalogHash {
-    let digest = Sha256::digest(canonical.as_bytes());
+    hex_of(&Sha256::digest(canonical.as_bytes()))
+}
+
+fn hex_of(digest: &[u8]) -> CatalogHash {
     let mut hex = String::with_capacity(64);
     for byte in digest {
         use fmt::Write;
@@ -165,6 +190,17 @@ mod tests {
                 hash.as_str(),
                 v["catalogHash"].as_str().expect("hash"),
                 "{name}"
+            );
+            let mut sorted: Vec<&PublishedToolDefinition> = tools.iter().collect();
+            sorted.sort_by(|a, b| a.name.cmp(&b.name));
+            let parts: Vec<String> = sorted
+                .iter()
+                .map(|t| canonical_projection(t).expect("part"))
+                .collect();
+            assert_eq!(
+                catalog_hash_of_sorted(parts.iter().map(String::as_str)).as_str(),
+                v["catalogHash"].as_str().expect("hash"),
+                "{name}: joined per-tool projections"
             );
         }
     }
@@ -244,6 +280,12 @@ mod tests {
             }
             let other = read_tools(&Value::Array(shuffled));
             prop_assert_eq!(catalog_hash(&base).expect("a"), catalog_hash(&other).expect("b"));
+            // The per-tool pieces joined give the same hash as the whole array.
+            let parts: Vec<String> = base.iter().map(|t| canonical_projection(t).expect("part")).collect();
+            prop_assert_eq!(
+                catalog_hash_of_sorted(parts.iter().map(String::as_str)),
+                catalog_hash(&base).expect("whole")
+            );
         }
     }
 }
