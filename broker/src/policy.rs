@@ -198,7 +198,17 @@ pub struct PolicyEngine {
     current: RwLock<Arc<PolicyVersion>>,
     names: Names,
     authorizer: Authorizer,
+    /// Request shapes whose resource entity and request have passed schema validation.
+    conforming: RwLock<Vec<Shape>>,
 }
+
+/// (action, resource type, an agent in the context). Whether the resource entity and the
+/// request this module builds conform to the schema depends on nothing else: the principal is
+/// always a `User` without attributes, the context holds at most `agent` (an `Agent`), a
+/// `File` carries exactly `path` and a `Tool` exactly `name`, both strings; ids and string
+/// contents play no part in conformance. The schema never changes while the engine lives
+/// (only policies reload), so a shape validated once stays valid.
+type Shape = (String, &'static str, bool);
 
 fn type_name(name: &str) -> Result<EntityTypeName, String> {
     EntityTypeName::from_str(&format!("{NAMESPACE}::{name}")).map_err(|e| e.to_string())
@@ -321,6 +331,7 @@ impl PolicyEngine {
             current: RwLock::new(Arc::new(PolicyVersion::new(1, set))),
             names: Names::new(),
             authorizer: Authorizer::new(),
+            conforming: RwLock::new(Vec::new()),
         })
     }
 
@@ -472,20 +483,37 @@ impl PolicyEngine {
         let prepared = self.prepared(pv, principal, agent)?;
         let a = self.names.action(action)?;
         let r = self.names.uid(resource.type_name(), resource.id())?;
-        // Only the resource entity is new per call; it is validated against the schema here.
+        // The resource entity and the request are validated against the schema the first time
+        // their shape is seen (see `Shape`); a shape that fails is never remembered, so it
+        // fails (deny) every time.
+        let known = self
+            .conforming
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|(a, t, g)| a == action && *t == resource.type_name() && *g == agent.is_some());
+        let schema = (!known).then_some(&self.schema);
+        // Only the resource entity is new per call.
         let entities = prepared
             .base
             .clone()
-            .add_entities([Self::resource_entity(resource, &r)?], Some(&self.schema))
+            .add_entities([Self::resource_entity(resource, &r)?], schema)
             .map_err(|e| e.to_string())?;
         let request = Request::new(
             prepared.principal.clone(),
             a,
             r,
             prepared.context.clone(),
-            Some(&self.schema),
+            schema,
         )
         .map_err(|e| format!("request does not fit the schema: {e}"))?;
+        if !known {
+            let shape = (action.to_owned(), resource.type_name(), agent.is_some());
+            let mut conforming = self.conforming.write().unwrap_or_else(|p| p.into_inner());
+            if !conforming.contains(&shape) {
+                conforming.push(shape);
+            }
+        }
         let set = &prepared.set;
         let response = self.authorizer.is_authorized(&request, set, &entities);
         let policies: Vec<String> = response
@@ -546,6 +574,89 @@ impl PolicyEngine {
             Err(e) => {
                 tracing::debug!(%principal, %action, %resource_type, error = %e, "partial evaluation failed; deciding per tool");
                 None
+            }
+        }
+    }
+
+    /// For tools whose resource is the tool itself: could a call of `action` on each named tool
+    /// be permitted? The context is the one every call of this (principal, agent) carries, so
+    /// this is the call-time decision, made for all the tools at once: one entity store holding
+    /// every tool, then one concrete request per tool on the principal's slice. A tool is
+    /// hidden only on a deny without errors; if the store cannot be built, every tool is asked
+    /// on its own with [`Self::could_permit_resource`].
+    pub fn permitted_tools(
+        &self,
+        pv: &PolicyVersion,
+        principal: &str,
+        agent: Option<&str>,
+        action: &str,
+        names: &[&str],
+    ) -> Vec<bool> {
+        let batch = || -> Result<Vec<bool>, String> {
+            let Some(first) = names.first() else {
+                return Ok(vec![]);
+            };
+            // Validates this shape against the schema (and remembers it), as a call would.
+            let probe = Resource::Tool {
+                name: (*first).to_owned(),
+            };
+            let d = self.try_decide(pv, principal, agent, action, &probe)?;
+            if !d.errors.is_empty() {
+                return Err(d.errors.join("; "));
+            }
+            let prepared = self.prepared(pv, principal, agent)?;
+            let a = self.names.action(action)?;
+            let mut uids = Vec::with_capacity(names.len());
+            let mut tools = Vec::with_capacity(names.len());
+            for name in names {
+                let resource = Resource::Tool {
+                    name: (*name).to_owned(),
+                };
+                let r = self.names.uid("Tool", name)?;
+                tools.push(Self::resource_entity(&resource, &r)?);
+                uids.push(r);
+            }
+            let entities = prepared
+                .base
+                .clone()
+                .add_entities(tools, None)
+                .map_err(|e| e.to_string())?;
+            uids.into_iter()
+                .map(|r| {
+                    let request = Request::new(
+                        prepared.principal.clone(),
+                        a.clone(),
+                        r,
+                        prepared.context.clone(),
+                        None,
+                    )
+                    .map_err(|e| e.to_string())?;
+                    let response =
+                        self.authorizer
+                            .is_authorized(&request, &prepared.set, &entities);
+                    Ok(response.decision() == CedarDecision::Allow
+                        || response.diagnostics().errors().next().is_some())
+                })
+                .collect()
+        };
+        match batch() {
+            Ok(answers) => answers,
+            Err(e) => {
+                tracing::debug!(%principal, %action, error = %e, "batch tool decision failed; asking per tool");
+                names
+                    .iter()
+                    .map(|name| {
+                        self.could_permit_resource(
+                            pv,
+                            principal,
+                            agent,
+                            action,
+                            &Resource::Tool {
+                                name: (*name).to_owned(),
+                            },
+                        )
+                    })
+                    .collect()
             }
         }
     }
@@ -708,6 +819,43 @@ when { resource.path like "*/secret*" };
     }
 
     #[test]
+    fn a_resource_that_does_not_fit_the_schema_is_denied_every_time() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let schema = dir.path().join("s.cedarschema");
+        // This schema's File needs an owner the kernel never supplies.
+        std::fs::write(
+            &schema,
+            BUILTIN_SCHEMA.replace(
+                "entity File { path: String };",
+                "entity File { path: String, owner: User };",
+            ),
+        )
+        .expect("schema");
+        let policy = dir.path().join("p.cedar");
+        std::fs::write(
+            &policy,
+            r#"@id("all") permit(principal, action, resource is SharedOS::File);"#,
+        )
+        .expect("policy");
+        let e = PolicyEngine::load(Some(&schema), &policy).expect("load");
+        let pv = e.current();
+        for _ in 0..2 {
+            let d = e.decide(&pv, "alice", None, "read", &file("/public/a.txt"));
+            assert!(!d.allowed, "{d:?}");
+            assert!(!d.errors.is_empty(), "{d:?}");
+        }
+        // And a shape that fits is decided (and remembered) as before.
+        let tool = e.decide(
+            &pv,
+            "alice",
+            Some("a1"),
+            "call",
+            &Resource::Tool { name: "x.y".into() },
+        );
+        assert!(!tool.allowed && tool.errors.is_empty(), "{tool:?}");
+    }
+
+    #[test]
     fn catalogue_question_for_one_tool_is_exact() {
         let e = engine(
             r#"@id("echo") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool)
@@ -721,19 +869,34 @@ when { resource.path like "*/secret*" };
         assert!(!e.could_permit_resource(&pv, "bob", None, "call", &tool("everything.echo")));
         // Whether a per-tool question is needed at all.
         assert_eq!(e.permit_for_every(&pv, "alice", None, "call", "Tool"), None);
-        assert_eq!(e.permit_for_every(&pv, "bob", None, "call", "Tool"), Some(false));
+        assert_eq!(
+            e.permit_for_every(&pv, "bob", None, "call", "Tool"),
+            Some(false)
+        );
         let all = engine(
             r#"@id("tools") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool);"#,
         );
         let pv = all.current();
-        assert_eq!(all.permit_for_every(&pv, "alice", None, "call", "Tool"), Some(true));
+        assert_eq!(
+            all.permit_for_every(&pv, "alice", None, "call", "Tool"),
+            Some(true)
+        );
         let but = engine(
             r#"@id("tools") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool);
                @id("not-env") forbid(principal, action, resource is SharedOS::Tool) when { resource.name like "*get-env" };"#,
         );
         let pv = but.current();
-        assert_eq!(but.permit_for_every(&pv, "alice", None, "call", "Tool"), None);
-        assert!(!but.could_permit_resource(&pv, "alice", None, "call", &tool("everything.get-env")));
+        assert_eq!(
+            but.permit_for_every(&pv, "alice", None, "call", "Tool"),
+            None
+        );
+        assert!(!but.could_permit_resource(
+            &pv,
+            "alice",
+            None,
+            "call",
+            &tool("everything.get-env")
+        ));
     }
 
     #[test]
