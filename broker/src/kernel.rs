@@ -303,6 +303,8 @@ impl Kernel {
         // For tools whose resource is the tool itself: one type-level answer per action, and
         // a per-tool evaluation only where the answer depends on which tool it is.
         let mut tool_shapes: HashMap<String, Option<bool>> = HashMap::new();
+        // Tools whose answer depends on the tool, per action: decided together below.
+        let mut per_tool: HashMap<String, Vec<Arc<Registered>>> = HashMap::new();
         let mut visible_tools: Vec<Arc<Registered>> = Vec::new();
         for tool in self.registry.tools_for(context) {
             let shape = tool.authority.shape();
@@ -316,17 +318,13 @@ impl Kernel {
                         shape.1,
                     )
                 });
-                per_type.unwrap_or_else(|| {
-                    self.policy.could_permit_resource(
-                        &pv,
-                        &context.principal,
-                        context.agent.as_deref(),
-                        &shape.0,
-                        &Resource::Tool {
-                            name: tool.name.to_string(),
-                        },
-                    )
-                })
+                match per_type {
+                    Some(answer) => answer,
+                    None => {
+                        per_tool.entry(shape.0).or_default().push(tool);
+                        continue;
+                    }
+                }
             } else {
                 *shapes.entry(shape.clone()).or_insert_with(|| {
                     self.policy.could_permit(
@@ -341,6 +339,23 @@ impl Kernel {
             if visible {
                 visible_tools.push(tool);
             }
+        }
+        for (action, tools) in per_tool {
+            let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+            let answers = self.policy.permitted_tools(
+                &pv,
+                &context.principal,
+                context.agent.as_deref(),
+                &action,
+                &names,
+            );
+            visible_tools.extend(
+                tools
+                    .iter()
+                    .zip(answers)
+                    .filter(|(_, visible)| *visible)
+                    .map(|(t, _)| t.clone()),
+            );
         }
         // Names are unique and ASCII: byte order is the hash's order.
         visible_tools.sort_by(|a, b| a.name.cmp(&b.name));
