@@ -480,6 +480,9 @@ pub struct Handoffs {
     pub task_round_trip: Samples,
     /// Writing a call line with write(2), inline.
     pub write_inline: Samples,
+    /// 300 bytes to another process (`cat`) over a pipe and back: the least one more process
+    /// on a call's path costs (two wake-ups of a sleeping process).
+    pub process_round_trip: Samples,
 }
 
 pub async fn handoffs(budget: Budget) -> anyhow::Result<Handoffs> {
@@ -527,9 +530,46 @@ pub async fn handoffs(budget: Budget) -> anyhow::Result<Handoffs> {
     let write_inline = time_loop(budget, || {
         let _ = black_box(file.write_all(&line));
     });
+    let process_round_trip = tokio::task::spawn_blocking(move || process_echo(budget)).await??;
     Ok(Handoffs {
         spawn_blocking,
         task_round_trip,
         write_inline,
+        process_round_trip,
     })
+}
+
+/// Round trips of a 300-byte message through `cat` (stdin pipe in, stdout pipe back).
+fn process_echo(budget: Budget) -> anyhow::Result<Samples> {
+    use std::io::Read;
+    let mut child = std::process::Command::new("cat")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot start `cat` for the process round trip: {e}"))?;
+    let (Some(mut to), Some(mut from)) = (child.stdin.take(), child.stdout.take()) else {
+        anyhow::bail!("`cat` has no pipes");
+    };
+    let message = [b'x'; 300];
+    let mut back = [0u8; 300];
+    let mut once = || -> std::io::Result<()> {
+        to.write_all(&message)?;
+        from.read_exact(&mut back)
+    };
+    for _ in 0..100 {
+        once()?;
+    }
+    let mut samples = Samples::with_capacity(budget.iterations);
+    let deadline = Instant::now() + budget.duration;
+    for _ in 0..budget.iterations {
+        let t = Instant::now();
+        if t >= deadline {
+            break;
+        }
+        once()?;
+        samples.push(t.elapsed());
+    }
+    drop(to);
+    let _ = child.wait();
+    Ok(samples)
 }

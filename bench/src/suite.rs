@@ -719,9 +719,12 @@ async fn record(plan: &Plan, report: &mut Report, shared: &Shared) -> anyhow::Re
     );
     t.text(
         "In this benchmark's runtime (tokio multi-thread, one worker per core), the kinds of hop \
-         a call makes inside the broker (blocking pool for the file read and the record write, \
-         channels to the record writer and the bridge writer) and in the shim, next to the \
-         work a `batch` record line needs without them.",
+         a call can make inside a process (to the blocking pool, to another task and back), \
+         next to the work a `batch` record line needs without them; and the least that one \
+         more process on a call's path costs: a message to `cat` and back (a sleeping process \
+         woken, then this one). Through the boundary a call makes one such trip more than to a \
+         direct server (client → shim → broker → shim → client, against client → server → \
+         client).",
     );
     for (what, s) in [
         (
@@ -733,6 +736,10 @@ async fn record(plan: &Plan, report: &mut Report, shared: &Shared) -> anyhow::Re
             &h.task_round_trip,
         ),
         ("write(2) of a call line, inline", &h.write_inline),
+        (
+            "300 bytes to another process (`cat`) over a pipe and back",
+            &h.process_round_trip,
+        ),
     ] {
         let s = s.summary();
         t.row(vec![
