@@ -252,10 +252,31 @@ impl FilesProvider {
         Some(format!("/{}", parts?.join("/")))
     }
 
+    /// The lexical path when it is already the real one: the root is still a folder (not a
+    /// link put in its place) and every component below it exists and is not a symbolic link.
+    /// One lstat per component from the root, where `realpath` reads every component from `/`.
+    /// `None` sends the caller through the filesystem's own resolution.
+    fn plain_path(&self, canonical: &str) -> Option<PathBuf> {
+        let mut p = self.root.clone();
+        if !std::fs::symlink_metadata(&p).ok()?.is_dir() {
+            return None;
+        }
+        for part in vpath::components(canonical) {
+            p.push(part);
+            if std::fs::symlink_metadata(&p).ok()?.file_type().is_symlink() {
+                return None;
+            }
+        }
+        Some(p)
+    }
+
     /// Resolves a virtual path to the file that would be touched: lexically canonical, then
     /// through symbolic links. `Err` is a sentence for `denied: ... unresolvable`.
     pub fn resolve_path(&self, raw: &str) -> Result<(String, PathBuf), String> {
         let canonical = vpath::canonicalize(raw).map_err(|e| e.to_string())?;
+        if let Some(real) = self.plain_path(&canonical) {
+            return Ok((canonical, real));
+        }
         let lexical = self.real_of(&canonical);
         let outside = || {
             format!(
@@ -598,6 +619,22 @@ mod tests {
 
     fn args(v: Value) -> Map<String, Value> {
         v.as_object().cloned().expect("object")
+    }
+
+    #[test]
+    fn a_root_swapped_for_a_link_after_start_is_not_followed() {
+        let (d, p) = setup();
+        assert!(
+            p.resolve(FileOp::Read, &args(json!({"path": "/public/hello.txt"})))
+                .is_ok()
+        );
+        let elsewhere = d.path().join("elsewhere");
+        std::fs::create_dir_all(elsewhere.join("public")).expect("mk");
+        std::fs::write(elsewhere.join("public/hello.txt"), "not the root's").expect("w");
+        std::fs::rename(d.path().join("root"), d.path().join("old-root")).expect("mv");
+        std::os::unix::fs::symlink(&elsewhere, d.path().join("root")).expect("ln");
+        let swapped = p.resolve(FileOp::Read, &args(json!({"path": "/public/hello.txt"})));
+        assert!(swapped.is_err(), "resolved through a swapped root");
     }
 
     #[test]
