@@ -435,6 +435,12 @@ impl Kernel {
                 ),
             );
         };
+        let empty = Value::Object(Map::new());
+        // The instance the input schema checks: the arguments as sent (no copy), or `{}`.
+        let instance = match arguments {
+            Some(v @ Value::Object(_)) => v,
+            _ => &empty,
+        };
         let arguments = match arguments {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(m)) => m.clone(),
@@ -449,9 +455,8 @@ impl Kernel {
             }
         };
         if let Some(validator) = &registered.authority.validator {
-            let instance = Value::Object(arguments.clone());
             let errors: Vec<String> = validator
-                .iter_errors(&instance)
+                .iter_errors(instance)
                 .take(3)
                 .map(|e| {
                     let at = e.instance_path().to_string();
