@@ -12,10 +12,10 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex, RwLock};
 
 use cedar_policy::{
-    Authorizer, Context, Decision as CedarDecision, Effect, Entities, Entity, EntityId,
-    EntityTypeName, EntityUid, PartialEntities, PartialEntityUid, PartialRequest, Policy, PolicyId,
-    PolicySet, PrincipalConstraint, Request, RestrictedExpression, Schema, ValidationMode,
-    Validator,
+    ActionConstraint, Authorizer, Context, Decision as CedarDecision, Effect, Entities, Entity,
+    EntityId, EntityTypeName, EntityUid, PartialEntities, PartialEntityUid, PartialRequest, Policy,
+    PolicyId, PolicySet, PrincipalConstraint, Request, ResourceConstraint, RestrictedExpression,
+    Schema, ValidationMode, Validator,
 };
 
 /// The schema that covers the built-in tools. A config may name its own (`schema = ...`).
@@ -145,6 +145,9 @@ struct Prepared {
     base: Entities,
     context: Context,
     set: Arc<PolicySet>,
+    /// The slice narrowed to one (action, resource type): only policies whose action and
+    /// resource scopes can match it. Cedar evaluates every policy it is given.
+    narrowed: RwLock<Vec<(String, &'static str, Arc<PolicySet>)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -198,6 +201,8 @@ pub struct PolicyEngine {
     current: RwLock<Arc<PolicyVersion>>,
     names: Names,
     authorizer: Authorizer,
+    /// The schema's action entities (for action groups); `None` keeps every action scope.
+    action_entities: Option<Entities>,
     /// Request shapes whose resource entity and request have passed schema validation.
     conforming: RwLock<Vec<Shape>>,
 }
@@ -326,12 +331,13 @@ impl PolicyEngine {
         let src = read(policy_path)?;
         let set = compile_policies(&schema, policy_path, &src)?;
         Ok(Self {
-            schema,
             policy_path: policy_path.to_path_buf(),
             current: RwLock::new(Arc::new(PolicyVersion::new(1, set))),
             names: Names::new(),
             authorizer: Authorizer::new(),
+            action_entities: schema.action_entities().ok(),
             conforming: RwLock::new(Vec::new()),
+            schema,
         })
     }
 
@@ -463,6 +469,7 @@ impl PolicyEngine {
             base,
             context,
             set,
+            narrowed: RwLock::new(Vec::new()),
         });
         let mut cache = lock(&pv.prepared);
         if cache.len() >= CACHE_MAX {
@@ -470,6 +477,67 @@ impl PolicyEngine {
         }
         cache.insert(key, prepared.clone());
         Ok(prepared)
+    }
+
+    /// `prepared`'s slice narrowed to the policies whose action scope can match `action` (an
+    /// `in` scope through the schema's action groups) and whose resource scope can match a
+    /// resource of `resource_type`; cached per (action, type). Keeping a policy that cannot
+    /// match is only slower; dropping one that can would be wrong, so every doubt keeps it.
+    fn narrowed(
+        &self,
+        prepared: &Prepared,
+        action: &str,
+        action_uid: &EntityUid,
+        resource_type: &'static str,
+    ) -> Arc<PolicySet> {
+        if let Some((_, _, set)) = prepared
+            .narrowed
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|(a, t, _)| a == action && *t == resource_type)
+        {
+            return set.clone();
+        }
+        let Ok(ty) = self
+            .names
+            .types
+            .get(resource_type)
+            .cloned()
+            .ok_or(())
+            .or_else(|()| type_name(resource_type).map_err(|_| ()))
+        else {
+            return prepared.set.clone();
+        };
+        let action_may_match = |u: &EntityUid| {
+            u == action_uid
+                || self
+                    .action_entities
+                    .as_ref()
+                    .is_none_or(|e| e.is_ancestor_of(u, action_uid))
+        };
+        let keep = prepared.set.policies().filter(|p| {
+            let action_ok = match p.action_constraint() {
+                ActionConstraint::Any => true,
+                ActionConstraint::Eq(u) => &u == action_uid,
+                ActionConstraint::In(us) => us.iter().any(action_may_match),
+            };
+            let resource_ok = match p.resource_constraint() {
+                ResourceConstraint::Is(t) | ResourceConstraint::IsIn(t, _) => t == ty,
+                ResourceConstraint::Eq(u) => u.type_name() == &ty,
+                ResourceConstraint::Any | ResourceConstraint::In(_) => true,
+            };
+            action_ok && resource_ok
+        });
+        let set = match PolicySet::from_policies(keep.cloned()) {
+            Ok(set) => Arc::new(set),
+            Err(_) => prepared.set.clone(),
+        };
+        let mut cache = prepared.narrowed.write().unwrap_or_else(|p| p.into_inner());
+        if cache.len() < CACHE_MAX {
+            cache.push((action.to_owned(), resource_type, set.clone()));
+        }
+        set
     }
 
     fn try_decide(
@@ -482,6 +550,7 @@ impl PolicyEngine {
     ) -> Result<Decision, String> {
         let prepared = self.prepared(pv, principal, agent)?;
         let a = self.names.action(action)?;
+        let a_uid = a.clone();
         let r = self.names.uid(resource.type_name(), resource.id())?;
         // The resource entity and the request are validated against the schema the first time
         // their shape is seen (see `Shape`); a shape that fails is never remembered, so it
@@ -507,6 +576,7 @@ impl PolicyEngine {
             schema,
         )
         .map_err(|e| format!("request does not fit the schema: {e}"))?;
+        let set = &self.narrowed(&prepared, action, &a_uid, resource.type_name());
         if !known {
             let shape = (action.to_owned(), resource.type_name(), agent.is_some());
             let mut conforming = self.conforming.write().unwrap_or_else(|p| p.into_inner());
@@ -514,7 +584,6 @@ impl PolicyEngine {
                 conforming.push(shape);
             }
         }
-        let set = &prepared.set;
         let response = self.authorizer.is_authorized(&request, set, &entities);
         let policies: Vec<String> = response
             .diagnostics()
@@ -621,6 +690,7 @@ impl PolicyEngine {
                 .clone()
                 .add_entities(tools, None)
                 .map_err(|e| e.to_string())?;
+            let set = self.narrowed(&prepared, action, &a, "Tool");
             uids.into_iter()
                 .map(|r| {
                     let request = Request::new(
@@ -631,9 +701,7 @@ impl PolicyEngine {
                         None,
                     )
                     .map_err(|e| e.to_string())?;
-                    let response =
-                        self.authorizer
-                            .is_authorized(&request, &prepared.set, &entities);
+                    let response = self.authorizer.is_authorized(&request, &set, &entities);
                     Ok(response.decision() == CedarDecision::Allow
                         || response.diagnostics().errors().next().is_some())
                 })
@@ -853,6 +921,53 @@ when { resource.path like "*/secret*" };
             &Resource::Tool { name: "x.y".into() },
         );
         assert!(!tool.allowed && tool.errors.is_empty(), "{tool:?}");
+    }
+
+    #[test]
+    fn narrowing_by_action_keeps_action_groups_and_every_forbid_that_can_match() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let schema = dir.path().join("s.cedarschema");
+        std::fs::write(
+            &schema,
+            r#"namespace SharedOS {
+  entity User;
+  entity Agent { owner?: User };
+  entity File { path: String };
+  entity Tool { name: String };
+  action readish;
+  action read in [readish] appliesTo { principal: [User], resource: [File], context: { agent?: Agent } };
+  action list, search, write appliesTo { principal: [User], resource: [File], context: { agent?: Agent } };
+  action call appliesTo { principal: [User], resource: [Tool], context: { agent?: Agent } };
+}"#,
+        )
+        .expect("schema");
+        let policy = dir.path().join("p.cedar");
+        std::fs::write(
+            &policy,
+            r#"@id("group") permit(principal, action in [SharedOS::Action::"readish"], resource is SharedOS::File);
+               @id("tools") permit(principal, action, resource is SharedOS::Tool);
+               @id("no-secrets") forbid(principal, action, resource) when { resource has path && resource.path like "*secret*" };"#,
+        )
+        .expect("policy");
+        let e = PolicyEngine::load(Some(&schema), &policy).expect("load");
+        let pv = e.current();
+        let read = e.decide(&pv, "alice", None, "read", &file("/a.txt"));
+        assert!(read.allowed, "{read:?}");
+        assert_eq!(read.policies, vec!["group".to_owned()]);
+        assert!(
+            !e.decide(&pv, "alice", None, "list", &file("/a.txt"))
+                .allowed
+        );
+        let secret = e.decide(&pv, "alice", None, "read", &file("/secret.txt"));
+        assert!(!secret.allowed && secret.forbidden, "{secret:?}");
+        let tool = e.decide(
+            &pv,
+            "alice",
+            None,
+            "call",
+            &Resource::Tool { name: "x.y".into() },
+        );
+        assert!(tool.allowed, "{tool:?}");
     }
 
     #[test]
