@@ -47,6 +47,8 @@ pub struct Authority {
     /// RFC 8785 text of the published projection (`None` if it cannot be canonicalized),
     /// computed on first use: a registration never changes, and catalogues hash these pieces.
     canonical: std::sync::OnceLock<Option<String>>,
+    /// The published definition, made on first use and shared by every catalogue.
+    published: std::sync::OnceLock<Arc<PublishedToolDefinition>>,
 }
 
 impl Authority {
@@ -55,19 +57,33 @@ impl Authority {
             handler: Handler::Mcp(handler),
             validator,
             canonical: std::sync::OnceLock::new(),
+            published: std::sync::OnceLock::new(),
         }
     }
 
     /// The requirement shape (action, resource type): tools of one shape share the catalogue
     /// answer.
-    fn shape(&self) -> (String, &'static str) {
+    fn shape(&self) -> (&str, &'static str) {
         match &self.handler {
-            Handler::Files { op, .. } => (op.action().to_owned(), "File"),
+            Handler::Files { op, .. } => (op.action(), "File"),
             Handler::Mcp(h) => match &h.template {
-                Some(t) => (t.action.clone(), "File"),
-                None => ("call".to_owned(), "Tool"),
+                Some(t) => (t.action.as_str(), "File"),
+                None => ("call", "Tool"),
             },
         }
+    }
+}
+
+/// A registration's published definition, made once and shared by every catalogue.
+trait Published {
+    fn published(&self) -> &Arc<PublishedToolDefinition>;
+}
+
+impl Published for Registered {
+    fn published(&self) -> &Arc<PublishedToolDefinition> {
+        self.authority
+            .published
+            .get_or_init(|| Arc::new(self.publish()))
     }
 }
 
@@ -149,6 +165,7 @@ impl Registry {
                     },
                     validator,
                     canonical: std::sync::OnceLock::new(),
+                    published: std::sync::OnceLock::new(),
                 },
             }));
         }
@@ -183,7 +200,8 @@ pub struct AccessContext {
 /// A turn's effective catalogue. Immutable once computed; shared between turns of the same
 /// context and policy version (sharing derived data mutates nothing).
 pub struct Catalog {
-    pub tools: Vec<PublishedToolDefinition>,
+    /// Shared with the registrations: a catalogue copies no definition.
+    pub tools: Vec<Arc<PublishedToolDefinition>>,
     pub hash: CatalogHash,
     by_name: HashMap<String, Arc<Registered>>,
     pub policy_version: u64,
@@ -299,45 +317,46 @@ impl Kernel {
         {
             return c.clone();
         }
-        let mut shapes: HashMap<(String, &'static str), bool> = HashMap::new();
+        let mut shapes: HashMap<(&str, &'static str), bool> = HashMap::new();
         // For tools whose resource is the tool itself: one type-level answer per action, and
         // a per-tool evaluation only where the answer depends on which tool it is.
-        let mut tool_shapes: HashMap<String, Option<bool>> = HashMap::new();
+        let mut tool_shapes: HashMap<&str, Option<bool>> = HashMap::new();
         // Tools whose answer depends on the tool, per action: decided together below.
-        let mut per_tool: HashMap<String, Vec<Arc<Registered>>> = HashMap::new();
+        let mut per_tool: HashMap<&str, Vec<Arc<Registered>>> = HashMap::new();
         let mut visible_tools: Vec<Arc<Registered>> = Vec::new();
-        for tool in self.registry.tools_for(context) {
+        let registered = self.registry.tools_for(context);
+        for tool in &registered {
             let shape = tool.authority.shape();
             let visible = if shape.1 == "Tool" {
-                let per_type = *tool_shapes.entry(shape.0.clone()).or_insert_with(|| {
+                let per_type = *tool_shapes.entry(shape.0).or_insert_with(|| {
                     self.policy.permit_for_every(
                         &pv,
                         &context.principal,
                         context.agent.as_deref(),
-                        &shape.0,
+                        shape.0,
                         shape.1,
                     )
                 });
                 match per_type {
                     Some(answer) => answer,
                     None => {
-                        per_tool.entry(shape.0).or_default().push(tool);
+                        per_tool.entry(shape.0).or_default().push(tool.clone());
                         continue;
                     }
                 }
             } else {
-                *shapes.entry(shape.clone()).or_insert_with(|| {
+                *shapes.entry(shape).or_insert_with(|| {
                     self.policy.could_permit(
                         &pv,
                         &context.principal,
                         context.agent.as_deref(),
-                        &shape.0,
+                        shape.0,
                         shape.1,
                     )
                 })
             };
             if visible {
-                visible_tools.push(tool);
+                visible_tools.push(tool.clone());
             }
         }
         for (action, tools) in per_tool {
@@ -346,7 +365,7 @@ impl Kernel {
                 &pv,
                 &context.principal,
                 context.agent.as_deref(),
-                &action,
+                action,
                 &names,
             );
             visible_tools.extend(
@@ -364,7 +383,7 @@ impl Kernel {
             .map(|t| {
                 t.authority
                     .canonical
-                    .get_or_init(|| match sharedos_proto::catalog::canonical_projection(&t.publish()) {
+                    .get_or_init(|| match sharedos_proto::catalog::canonical_projection(t.published()) {
                         Ok(text) => Some(text),
                         Err(e) => {
                             tracing::error!(tool = %t.name, error = %e, "tool definition cannot be canonicalized");
@@ -378,7 +397,10 @@ impl Kernel {
         // If it ever did, an empty catalogue is the safe answer.
         let (tools, hash, by_name) = match parts {
             Some(parts) => (
-                visible_tools.iter().map(|t| t.publish()).collect(),
+                visible_tools
+                    .iter()
+                    .map(|t| t.published().clone())
+                    .collect(),
                 sharedos_proto::catalog::catalog_hash_of_sorted(parts),
                 visible_tools
                     .iter()

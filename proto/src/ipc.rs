@@ -98,7 +98,7 @@ pub enum BridgeEvent {
         protocol: u32,
         turn: String,
         catalog_hash: CatalogHash,
-        tools: Vec<PublishedToolDefinition>,
+        tools: Vec<std::sync::Arc<PublishedToolDefinition>>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         expires_at: Option<String>,
         /// The turn asked for portable names: the shim presents `.`-free names and maps them back.
@@ -191,7 +191,8 @@ pub struct TurnOpened {
     pub turn: String,
     pub token: TurnToken,
     pub catalog_hash: CatalogHash,
-    pub tools: Vec<PublishedToolDefinition>,
+    /// Shared with the broker's catalogue (serialized as the definitions themselves).
+    pub tools: Vec<std::sync::Arc<PublishedToolDefinition>>,
     pub expires_at: String,
     /// Problems a harness will have with this catalogue (names over its 64-character limit,
     /// aliases that collide). The turn is open; the host decides.
@@ -273,7 +274,7 @@ pub enum ControlResponse {
     },
     Catalog {
         catalog_hash: CatalogHash,
-        tools: Vec<PublishedToolDefinition>,
+        tools: Vec<std::sync::Arc<PublishedToolDefinition>>,
     },
     Records {
         lines: Vec<Value>,

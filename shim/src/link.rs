@@ -85,7 +85,8 @@ impl Link {
             } if protocol == PROTOCOL_VERSION => Welcome {
                 turn,
                 catalog_hash,
-                tools,
+                // Freshly decoded: each Arc is the only one, so this moves, not copies.
+                tools: tools.into_iter().map(Arc::unwrap_or_clone).collect(),
                 portable_names,
             },
             BridgeEvent::Welcome { protocol, .. } => {
