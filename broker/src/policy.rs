@@ -690,7 +690,11 @@ impl PolicyEngine {
                 .clone()
                 .add_entities(tools, None)
                 .map_err(|e| e.to_string())?;
-            let set = self.narrowed(&prepared, action, &a, "Tool");
+            let narrowed = self.narrowed(&prepared, action, &a, "Tool");
+            // What is left of those policies once everything but the tool is known (Cedar's
+            // residual policies, made for re-authorization): each tool evaluates only that.
+            let residual = self.residual_for_type(&prepared, &a, "Tool", &narrowed);
+            let set = residual.as_ref().unwrap_or(&narrowed);
             uids.into_iter()
                 .map(|r| {
                     let request = Request::new(
@@ -701,7 +705,7 @@ impl PolicyEngine {
                         None,
                     )
                     .map_err(|e| e.to_string())?;
-                    let response = self.authorizer.is_authorized(&request, &set, &entities);
+                    let response = self.authorizer.is_authorized(&request, set, &entities);
                     Ok(response.decision() == CedarDecision::Allow
                         || response.diagnostics().errors().next().is_some())
                 })
@@ -727,6 +731,37 @@ impl PolicyEngine {
                     .collect()
             }
         }
+    }
+
+    /// `set`'s residual policies for `action` on an unknown resource of `resource_type`, the
+    /// principal, agent and context known. `None` if partial evaluation fails (the caller then
+    /// evaluates `set` itself).
+    fn residual_for_type(
+        &self,
+        prepared: &Prepared,
+        action: &EntityUid,
+        resource_type: &str,
+        set: &PolicySet,
+    ) -> Option<PolicySet> {
+        let attempt = || -> Result<PolicySet, String> {
+            let request = PartialRequest::new(
+                PartialEntityUid::from_concrete(prepared.principal.clone()),
+                action.clone(),
+                PartialEntityUid::new(type_name(resource_type)?, None),
+                Some(prepared.context.clone()),
+                &self.schema,
+            )
+            .map_err(|e| e.to_string())?;
+            let partial = PartialEntities::from_concrete(prepared.base.clone(), &self.schema)
+                .map_err(|e| e.to_string())?;
+            let response = set
+                .tpe(&request, &partial, &self.schema)
+                .map_err(|e| e.to_string())?;
+            Ok(response.policy_set())
+        };
+        attempt()
+            .inspect_err(|e| tracing::debug!(error = %e, "no residual policies; using the set"))
+            .ok()
     }
 
     /// Like [`Self::could_permit`], for one known resource (a tool whose resource is the tool
