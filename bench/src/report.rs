@@ -75,7 +75,8 @@ fn command_line(cmd: &str, args: &[&str]) -> Option<String> {
         .ok()?;
     out.status
         .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        // Only the end: `git status --porcelain` lines start with a meaningful space.
+        .then(|| String::from_utf8_lossy(&out.stdout).trim_end().to_owned())
 }
 
 /// A 1-minute load average at or above this at the start marks the run as taken on a busy machine.
@@ -85,15 +86,21 @@ fn workspace() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// The paths in `git status --porcelain` output (`XY path`), as code spans.
+fn changed_files(porcelain: &str) -> Vec<String> {
+    porcelain
+        .lines()
+        .filter_map(|l| l.get(3..).map(|p| format!("`{p}`")))
+        .collect()
+}
+
 /// `abc1234`, and which tracked files had uncommitted changes (the working tree is shared).
 fn commit() -> String {
     let head = command_line("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "?".into());
-    let changed: Vec<String> =
-        command_line("git", &["status", "--porcelain", "--untracked-files=no"])
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.get(3..).map(|p| format!("`{p}`")))
-            .collect();
+    let changed = changed_files(
+        &command_line("git", &["status", "--porcelain", "--untracked-files=no"])
+            .unwrap_or_default(),
+    );
     match changed.len() {
         0 => head,
         n if n <= 10 => format!("{head}, with uncommitted changes in {}", changed.join(", ")),
@@ -237,5 +244,18 @@ impl Report {
             out.push('\n');
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod porcelain_tests {
+    use super::changed_files;
+
+    #[test]
+    fn the_first_path_keeps_its_first_letter() {
+        assert_eq!(
+            changed_files(" M BENCHMARKS.md\nM  bench/NOTES.md"),
+            vec!["`BENCHMARKS.md`".to_owned(), "`bench/NOTES.md`".to_owned()]
+        );
     }
 }
