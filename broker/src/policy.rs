@@ -205,6 +205,19 @@ pub struct PolicyEngine {
     action_entities: Option<Entities>,
     /// Request shapes whose resource entity and request have passed schema validation.
     conforming: RwLock<Vec<Shape>>,
+    /// The entity store a catalogue's tools are decided against, for the last list of names.
+    tool_store: Mutex<Option<Arc<ToolStore>>>,
+}
+
+/// The schema's action entities and one `Tool` entity per name, built once per list of tool
+/// names (the registry's tools rarely change) and shared by every principal. Principal and
+/// agent entities are left out: they carry no attributes and no parents, and Cedar treats a
+/// missing entity the same way (`in` holds only by equality, `has` is false, reading an
+/// attribute is an error either way).
+struct ToolStore {
+    names: Vec<String>,
+    uids: Vec<EntityUid>,
+    entities: Entities,
 }
 
 /// (action, resource type, an agent in the context). Whether the resource entity and the
@@ -337,6 +350,7 @@ impl PolicyEngine {
             authorizer: Authorizer::new(),
             action_entities: schema.action_entities().ok(),
             conforming: RwLock::new(Vec::new()),
+            tool_store: Mutex::new(None),
             schema,
         })
     }
@@ -675,37 +689,24 @@ impl PolicyEngine {
             }
             let prepared = self.prepared(pv, principal, agent)?;
             let a = self.names.action(action)?;
-            let mut uids = Vec::with_capacity(names.len());
-            let mut tools = Vec::with_capacity(names.len());
-            for name in names {
-                let resource = Resource::Tool {
-                    name: (*name).to_owned(),
-                };
-                let r = self.names.uid("Tool", name)?;
-                tools.push(Self::resource_entity(&resource, &r)?);
-                uids.push(r);
-            }
-            let entities = prepared
-                .base
-                .clone()
-                .add_entities(tools, None)
-                .map_err(|e| e.to_string())?;
+            let store = self.tool_store(names)?;
+            let (uids, entities) = (&store.uids, &store.entities);
             let narrowed = self.narrowed(&prepared, action, &a, "Tool");
             // What is left of those policies once everything but the tool is known (Cedar's
             // residual policies, made for re-authorization): each tool evaluates only that.
             let residual = self.residual_for_type(&prepared, &a, "Tool", &narrowed);
             let set = residual.as_ref().unwrap_or(&narrowed);
-            uids.into_iter()
+            uids.iter()
                 .map(|r| {
                     let request = Request::new(
                         prepared.principal.clone(),
                         a.clone(),
-                        r,
+                        r.clone(),
                         prepared.context.clone(),
                         None,
                     )
                     .map_err(|e| e.to_string())?;
-                    let response = self.authorizer.is_authorized(&request, set, &entities);
+                    let response = self.authorizer.is_authorized(&request, set, entities);
                     Ok(response.decision() == CedarDecision::Allow
                         || response.diagnostics().errors().next().is_some())
                 })
@@ -731,6 +732,43 @@ impl PolicyEngine {
                     .collect()
             }
         }
+    }
+
+    /// The [`ToolStore`] for `names`: the cached one if it holds exactly these names.
+    fn tool_store(&self, names: &[&str]) -> Result<Arc<ToolStore>, String> {
+        if let Some(store) = lock(&self.tool_store).as_ref()
+            && store
+                .names
+                .iter()
+                .map(String::as_str)
+                .eq(names.iter().copied())
+        {
+            return Ok(store.clone());
+        }
+        let Some(actions) = &self.action_entities else {
+            return Err("the schema's action entities are not available".into());
+        };
+        let mut uids = Vec::with_capacity(names.len());
+        let mut tools = Vec::with_capacity(names.len());
+        for name in names {
+            let resource = Resource::Tool {
+                name: (*name).to_owned(),
+            };
+            let r = self.names.uid("Tool", name)?;
+            tools.push(Self::resource_entity(&resource, &r)?);
+            uids.push(r);
+        }
+        let entities = actions
+            .clone()
+            .add_entities(tools, None)
+            .map_err(|e| e.to_string())?;
+        let store = Arc::new(ToolStore {
+            names: names.iter().map(|n| (*n).to_owned()).collect(),
+            uids,
+            entities,
+        });
+        *lock(&self.tool_store) = Some(store.clone());
+        Ok(store)
     }
 
     /// `set`'s residual policies for `action` on an unknown resource of `resource_type`, the
@@ -1003,6 +1041,45 @@ when { resource.path like "*/secret*" };
             &Resource::Tool { name: "x.y".into() },
         );
         assert!(tool.allowed, "{tool:?}");
+    }
+
+    #[test]
+    fn the_batch_tool_answer_is_the_call_decision() {
+        let e = engine(
+            r#"@id("agents") permit(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool)
+                 when { context has agent && resource.name like "a.*" };
+               @id("owned") forbid(principal, action, resource is SharedOS::Tool)
+                 when { context has agent && context.agent has owner && resource.name == "a.z" };
+               @id("bob") forbid(principal == SharedOS::User::"bob", action, resource);"#,
+        );
+        let pv = e.current();
+        let names = ["a.x", "a.z", "b.y"];
+        for (principal, agent) in [("alice", Some("a1")), ("alice", None), ("bob", Some("a1"))] {
+            let batch = e.permitted_tools(&pv, principal, agent, "call", &names);
+            let single: Vec<bool> = names
+                .iter()
+                .map(|n| {
+                    let d = e.decide(
+                        &pv,
+                        principal,
+                        agent,
+                        "call",
+                        &Resource::Tool { name: (*n).into() },
+                    );
+                    d.allowed || !d.errors.is_empty()
+                })
+                .collect();
+            assert_eq!(batch, single, "{principal} {agent:?}");
+        }
+        assert_eq!(
+            e.permitted_tools(&pv, "alice", Some("a1"), "call", &names),
+            vec![true, true, false]
+        );
+        // A second list of names replaces the cached store.
+        assert_eq!(
+            e.permitted_tools(&pv, "alice", Some("a1"), "call", &["b.q", "a.q"]),
+            vec![false, true]
+        );
     }
 
     #[test]
