@@ -13,7 +13,7 @@ use std::time::Duration;
 use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::StreamCommon as _;
 use serde_json::json;
-use sharedos_ipc::{FrameReader, IpcError, write_frame};
+use sharedos_ipc::{Conn, FrameReader, IpcError, write_frame};
 use sharedos_proto::CancelCode;
 use sharedos_proto::ipc::{BridgeEvent, BridgeRequest, PROTOCOL_VERSION, RefusalCode};
 use tokio::io::AsyncWriteExt as _;
@@ -33,6 +33,13 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream) {
     let creds = stream.peer_creds().ok();
     let uid = creds.as_ref().and_then(|c| c.euid());
     let pid = creds.as_ref().and_then(|c| c.pid());
+    let stream = match Conn::new(stream) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "bridge connection could not be set up");
+            return;
+        }
+    };
     let (recv, mut send) = tokio::io::split(stream);
     let mut reader = FrameReader::new(recv);
     if !broker.harness_allowed(uid) {
@@ -147,7 +154,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream) {
 
 /// The bridge's write half, shared by the tasks that answer: each writes its own frame.
 struct Out {
-    send: tokio::io::WriteHalf<Stream>,
+    send: tokio::io::WriteHalf<Conn>,
     /// `turn_closed` was sent (or writing failed): nothing follows it.
     closed: bool,
 }
@@ -179,8 +186,8 @@ async fn send_event(out: &tokio::sync::Mutex<Out>, event: &BridgeEvent) {
 async fn run_connection(
     broker: Arc<Broker>,
     turn: Arc<Turn>,
-    mut reader: FrameReader<tokio::io::ReadHalf<Stream>>,
-    send: tokio::io::WriteHalf<Stream>,
+    mut reader: FrameReader<tokio::io::ReadHalf<Conn>>,
+    send: tokio::io::WriteHalf<Conn>,
 ) {
     let out = Arc::new(tokio::sync::Mutex::new(Out {
         send,

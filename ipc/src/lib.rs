@@ -6,6 +6,7 @@
 //!
 //! # Layout
 //! - [`FrameReader`] / [`write_frame`]: frames over `AsyncRead` / `AsyncWrite`.
+//! - [`Conn`]: a connected socket registered for readable readiness only.
 //! - [`runtime`]: the runtime directory rule and socket names.
 //! - [`connect`]: connect to a socket path.
 
@@ -19,7 +20,10 @@ use serde::{Serialize, de::DeserializeOwned};
 use sharedos_proto::frame::{self, FrameError, HEADER_BYTES, MAX_FRAME_BYTES};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+pub mod conn;
 pub mod runtime;
+
+pub use conn::Conn;
 
 /// Bytes read from the socket at a time. The buffer grows only as bytes actually arrive, never
 /// to the length a header claims.

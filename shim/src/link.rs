@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sharedos_ipc::{FrameReader, write_frame};
+use sharedos_ipc::{Conn, FrameReader, write_frame};
 use sharedos_proto::ToolCall;
 use sharedos_proto::ipc::{
     BridgeEvent, BridgeRequest, CallAnswer, PROTOCOL_VERSION, ShimInfo, TurnToken,
@@ -43,7 +43,7 @@ type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<CallAnswer, LinkDow
 pub struct Link {
     /// The write half; each caller writes its own frame under the lock. `None` once the link
     /// has ended or a write failed.
-    out: tokio::sync::Mutex<Option<WriteHalf<interprocess::local_socket::tokio::Stream>>>,
+    out: tokio::sync::Mutex<Option<WriteHalf<Conn>>>,
     pending: Pending,
     next_id: AtomicU64,
     /// Fires when the link is over (turn closed or broker gone); holds why.
@@ -57,6 +57,8 @@ impl Link {
             .await
             .map_err(|_| format!("timed out connecting to the SharedOS broker at `{}`", socket.display()))?
             .map_err(|e| format!("cannot reach the SharedOS broker at `{}`: {e} (is `sharedos-broker serve` running? set SHAREDOS_BROKER)", socket.display()))?;
+        let stream = Conn::new(stream)
+            .map_err(|e| format!("cannot set up the connection to the SharedOS broker: {e}"))?;
         let (recv, mut send) = tokio::io::split(stream);
         let mut reader = FrameReader::new(recv);
         let hello = BridgeRequest::Hello {
