@@ -42,3 +42,9 @@ pub mod vpath;
 
 pub use config::Config;
 pub use server::{run, start};
+
+/// Locks `m`, taking the data even if a panicking thread poisoned it: every lock in the broker
+/// leaves its data consistent at each unlock, so a panic elsewhere must not wedge it.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, RwLock};
 
+use crate::lock;
+
 use cedar_policy::{
     ActionConstraint, Authorizer, Context, Decision as CedarDecision, Effect, Entities, Entity,
     EntityId, EntityTypeName, EntityUid, PartialEntities, PartialEntityUid, PartialRequest, Policy,
@@ -148,10 +150,6 @@ struct Prepared {
     /// The slice narrowed to one (action, resource type): only policies whose action and
     /// resource scopes can match it. Cedar evaluates every policy it is given.
     narrowed: RwLock<Vec<(String, &'static str, Arc<PolicySet>)>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Cached decision inputs are bounded: a broker serving many principals must not grow without
@@ -383,10 +381,7 @@ impl PolicyEngine {
     /// The policies that can apply to `principal`, cached per principal for this version.
     fn slice(&self, pv: &PolicyVersion, principal: &EntityUid) -> Arc<PolicySet> {
         let key = principal.to_string();
-        let mut cache = match pv.sliced.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut cache = lock(&pv.sliced);
         if let Some(set) = cache.get(&key) {
             return set.clone();
         }

@@ -376,8 +376,7 @@ impl Drop for Leader<'_> {
 
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // The state stays consistent at every unlock; a panic elsewhere does not poison it.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock(&self.state)
     }
 
     fn failed_error(&self, e: &str) -> RecordError {

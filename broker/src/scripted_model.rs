@@ -32,7 +32,9 @@ use std::fs::{File, OpenOptions};
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::lock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
@@ -512,10 +514,6 @@ struct Log {
     path: PathBuf,
     file: Mutex<File>,
     seen: Mutex<HashSet<String>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Log {
