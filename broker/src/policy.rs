@@ -175,14 +175,18 @@ impl Names {
         Self { types, actions }
     }
 
-    fn uid(&self, ty: &str, id: &str) -> Result<EntityUid, String> {
+    fn type_name(&self, ty: &str) -> Result<EntityTypeName, String> {
         match self.types.get(ty) {
-            Some(t) => Ok(EntityUid::from_type_name_and_id(
-                t.clone(),
-                EntityId::new(id),
-            )),
-            None => uid(ty, id),
+            Some(t) => Ok(t.clone()),
+            None => type_name(ty),
         }
+    }
+
+    fn uid(&self, ty: &str, id: &str) -> Result<EntityUid, String> {
+        Ok(EntityUid::from_type_name_and_id(
+            self.type_name(ty)?,
+            EntityId::new(id),
+        ))
     }
 
     fn action(&self, action: &str) -> Result<EntityUid, String> {
@@ -508,14 +512,7 @@ impl PolicyEngine {
         {
             return set.clone();
         }
-        let Ok(ty) = self
-            .names
-            .types
-            .get(resource_type)
-            .cloned()
-            .ok_or(())
-            .or_else(|()| type_name(resource_type).map_err(|_| ()))
-        else {
+        let Ok(ty) = self.names.type_name(resource_type) else {
             return prepared.set.clone();
         };
         let action_may_match = |u: &EntityUid| {
@@ -559,7 +556,7 @@ impl PolicyEngine {
     ) -> Result<Decision, String> {
         let prepared = self.prepared(pv, principal, agent)?;
         let a = self.names.action(action)?;
-        let a_uid = a.clone();
+        let set = &self.narrowed(&prepared, action, &a, resource.type_name());
         let r = self.names.uid(resource.type_name(), resource.id())?;
         // The resource entity and the request are validated against the schema the first time
         // their shape is seen (see `Shape`); a shape that fails is never remembered, so it
@@ -585,7 +582,6 @@ impl PolicyEngine {
             schema,
         )
         .map_err(|e| format!("request does not fit the schema: {e}"))?;
-        let set = &self.narrowed(&prepared, action, &a_uid, resource.type_name());
         if !known {
             let shape = (action.to_owned(), resource.type_name(), agent.is_some());
             let mut conforming = self.conforming.write().unwrap_or_else(|p| p.into_inner());
@@ -780,7 +776,7 @@ impl PolicyEngine {
             let request = PartialRequest::new(
                 PartialEntityUid::from_concrete(prepared.principal.clone()),
                 action.clone(),
-                PartialEntityUid::new(type_name(resource_type)?, None),
+                PartialEntityUid::new(self.names.type_name(resource_type)?, None),
                 Some(prepared.context.clone()),
                 &self.schema,
             )
@@ -856,7 +852,7 @@ impl PolicyEngine {
                 known.push(Self::resource_entity(r, &r_uid)?);
                 PartialEntityUid::from_concrete(r_uid)
             }
-            None => PartialEntityUid::new(type_name(resource_type)?, None),
+            None => PartialEntityUid::new(self.names.type_name(resource_type)?, None),
         };
         let request = PartialRequest::new(
             PartialEntityUid::from_concrete(p.clone()),
