@@ -13,10 +13,9 @@ use std::time::Duration;
 use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::StreamCommon as _;
 use serde_json::json;
-use sharedos_ipc::{Conn, FrameReader, IpcError, write_frame};
+use sharedos_ipc::{Conn, FrameReader, IpcError, write_encoded, write_frame};
 use sharedos_proto::CancelCode;
 use sharedos_proto::ipc::{BridgeEvent, BridgeRequest, PROTOCOL_VERSION, RefusalCode};
-use tokio::io::AsyncWriteExt as _;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -173,12 +172,7 @@ async fn send_event(out: &tokio::sync::Mutex<Out>, event: &BridgeEvent) {
         return;
     }
     let last = matches!(event, BridgeEvent::TurnClosed { .. });
-    let written = async {
-        out.send.write_all(&bytes).await?;
-        out.send.flush().await
-    }
-    .await;
-    if written.is_err() || last {
+    if write_encoded(&mut out.send, &bytes).await.is_err() || last {
         out.closed = true;
     }
 }

@@ -5,7 +5,7 @@
 //! decision: it moves bytes.
 //!
 //! # Layout
-//! - [`FrameReader`] / [`write_frame`]: frames over `AsyncRead` / `AsyncWrite`.
+//! - [`FrameReader`] / [`write_frame`] / [`write_encoded`]: frames over `AsyncRead` / `AsyncWrite`.
 //! - [`Conn`]: a connected socket registered for readable readiness only.
 //! - [`runtime`]: the runtime directory rule and socket names.
 //! - [`connect`]: connect to a socket path.
@@ -96,10 +96,14 @@ pub async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(
     out: &mut W,
     message: &T,
 ) -> Result<(), IpcError> {
-    let bytes = frame::encode(message)?;
-    out.write_all(&bytes).await?;
-    out.flush().await?;
-    Ok(())
+    Ok(write_encoded(out, &frame::encode(message)?).await?)
+}
+
+/// Writes a frame already encoded with [`frame::encode`] (so that a writer can encode before
+/// it takes a lock on a shared write half) and flushes it.
+pub async fn write_encoded<W: AsyncWrite + Unpin>(out: &mut W, frame: &[u8]) -> io::Result<()> {
+    out.write_all(frame).await?;
+    out.flush().await
 }
 
 /// Connects to the local socket at `path`.

@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sharedos_ipc::{Conn, FrameReader, write_frame};
+use sharedos_ipc::{Conn, FrameReader, write_encoded, write_frame};
 use sharedos_proto::ToolCall;
 use sharedos_proto::ipc::{
     BridgeEvent, BridgeRequest, CallAnswer, PROTOCOL_VERSION, ShimInfo, TurnToken,
 };
 use sharedos_proto::{CatalogHash, PublishedToolDefinition};
-use tokio::io::{AsyncWriteExt as _, WriteHalf};
+use tokio::io::WriteHalf;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -158,12 +158,7 @@ impl Link {
         let Some(send) = out.as_mut() else {
             return false;
         };
-        let written = async {
-            send.write_all(&bytes).await?;
-            send.flush().await
-        }
-        .await;
-        if written.is_err() {
+        if write_encoded(send, &bytes).await.is_err() {
             *out = None;
             return false;
         }
