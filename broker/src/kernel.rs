@@ -44,21 +44,29 @@ pub struct Authority {
     pub handler: Handler,
     /// The compiled inputSchema.
     validator: Option<jsonschema::Validator>,
-    /// RFC 8785 text of the published projection (`None` if it cannot be canonicalized),
-    /// computed on first use: a registration never changes, and catalogues hash these pieces.
-    canonical: std::sync::OnceLock<Option<String>>,
-    /// The published definition, made on first use and shared by every catalogue.
-    published: std::sync::OnceLock<Arc<PublishedToolDefinition>>,
+    /// What catalogues take from this registration, made on first use (a registration never
+    /// changes).
+    published: std::sync::OnceLock<Published>,
+}
+
+/// A registration's published definition, shared by every catalogue, and the RFC 8785 text of
+/// its projection, which catalogue hashes are made of (`None` if it cannot be canonicalized).
+struct Published {
+    definition: Arc<PublishedToolDefinition>,
+    canonical: Option<String>,
 }
 
 impl Authority {
-    pub fn mcp(handler: McpHandler, validator: Option<jsonschema::Validator>) -> Self {
+    fn new(handler: Handler, validator: Option<jsonschema::Validator>) -> Self {
         Self {
-            handler: Handler::Mcp(handler),
+            handler,
             validator,
-            canonical: std::sync::OnceLock::new(),
             published: std::sync::OnceLock::new(),
         }
+    }
+
+    pub fn mcp(handler: McpHandler, validator: Option<jsonschema::Validator>) -> Self {
+        Self::new(Handler::Mcp(handler), validator)
     }
 
     /// The requirement shape (action, resource type): tools of one shape share the catalogue
@@ -74,17 +82,22 @@ impl Authority {
     }
 }
 
-/// A registration's published definition, made once and shared by every catalogue.
-trait Published {
-    fn published(&self) -> &Arc<PublishedToolDefinition>;
-}
-
-impl Published for Registered {
-    fn published(&self) -> &Arc<PublishedToolDefinition> {
-        self.authority
-            .published
-            .get_or_init(|| Arc::new(self.publish()))
-    }
+/// `tool`'s [`Published`] form, made on first use.
+fn published(tool: &Registered) -> &Published {
+    tool.authority.published.get_or_init(|| {
+        let definition = Arc::new(tool.publish());
+        let canonical = match sharedos_proto::catalog::canonical_projection(&definition) {
+            Ok(text) => Some(text),
+            Err(e) => {
+                tracing::error!(tool = %tool.name, error = %e, "tool definition cannot be canonicalized");
+                None
+            }
+        };
+        Published {
+            definition,
+            canonical,
+        }
+    })
 }
 
 /// A call's resolved requirement, plus what execution needs.
@@ -158,15 +171,13 @@ impl Registry {
                 output_schema: def.output_schema,
                 annotations: def.annotations,
                 metadata: def.metadata,
-                authority: Authority {
-                    handler: Handler::Files {
+                authority: Authority::new(
+                    Handler::Files {
                         provider: provider.clone(),
                         op: def.authority,
                     },
                     validator,
-                    canonical: std::sync::OnceLock::new(),
-                    published: std::sync::OnceLock::new(),
-                },
+                ),
             }));
         }
         Ok(())
@@ -380,18 +391,7 @@ impl Kernel {
         visible_tools.sort_by(|a, b| a.name.cmp(&b.name));
         let parts: Option<Vec<&str>> = visible_tools
             .iter()
-            .map(|t| {
-                t.authority
-                    .canonical
-                    .get_or_init(|| match sharedos_proto::catalog::canonical_projection(t.published()) {
-                        Ok(text) => Some(text),
-                        Err(e) => {
-                            tracing::error!(tool = %t.name, error = %e, "tool definition cannot be canonicalized");
-                            None
-                        }
-                    })
-                    .as_deref()
-            })
+            .map(|t| published(t).canonical.as_deref())
             .collect();
         // Published definitions are plain JSON values; canonicalization cannot fail on them.
         // If it ever did, an empty catalogue is the safe answer.
@@ -399,7 +399,7 @@ impl Kernel {
             Some(parts) => (
                 visible_tools
                     .iter()
-                    .map(|t| t.published().clone())
+                    .map(|t| published(t).definition.clone())
                     .collect(),
                 sharedos_proto::catalog::catalog_hash_of_sorted(parts),
                 visible_tools
