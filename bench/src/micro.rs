@@ -559,17 +559,17 @@ fn process_echo(budget: Budget) -> anyhow::Result<Samples> {
     for _ in 0..100 {
         once()?;
     }
-    let mut samples = Samples::with_capacity(budget.iterations);
-    let deadline = Instant::now() + budget.duration;
-    for _ in 0..budget.iterations {
-        let t = Instant::now();
-        if t >= deadline {
-            break;
+    // The first failure stops the timing (the remaining iterations do nothing) and is returned.
+    let mut failed = None;
+    let samples = time_loop(budget, || {
+        if failed.is_none() {
+            failed = once().err();
         }
-        once()?;
-        samples.push(t.elapsed());
-    }
+    });
     drop(to);
     let _ = child.wait();
-    Ok(samples)
+    match failed {
+        Some(e) => Err(e.into()),
+        None => Ok(samples),
+    }
 }
