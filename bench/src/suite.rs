@@ -720,11 +720,12 @@ async fn record(plan: &Plan, report: &mut Report, shared: &Shared) -> anyhow::Re
     t.text(
         "In this benchmark's runtime (tokio multi-thread, one worker per core), the kinds of hop \
          a call can make inside a process (to the blocking pool, to another task and back), \
-         next to the work a `batch` record line needs without them; and the least that one \
+         next to the work a `batch` record line needs without them; and what one \
          more process on a call's path costs: a message to `cat` and back (a sleeping process \
          woken, then this one). Through the boundary a call makes one such trip more than to a \
          direct server (client → shim → broker → shim → client, against client → server → \
-         client).",
+         client). The figure depends on placement: on a VM, waking a process on another vCPU \
+         costs far more than on the same one.",
     );
     for (what, s) in [
         (
