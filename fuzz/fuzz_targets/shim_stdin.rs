@@ -33,7 +33,7 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use sharedos_mcp_shim::guard::{
-    INVALID_PARAMS, INVALID_REQUEST, MAX_LINE_BYTES, PARSE_ERROR, Verdict, check_line,
+    INVALID_PARAMS, INVALID_REQUEST, MAX_LINE_BYTES, PARSE_ERROR, Referral, Verdict, check_line,
 };
 use sharedos_mcp_shim::stdio::guarded;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -114,9 +114,26 @@ fn checked(line: &[u8]) -> Verdict {
                 shown(line)
             );
         }
+        Verdict::Refer(r) => {
+            let v: Value = serde_json::from_slice(line)
+                .unwrap_or_else(|e| panic!("Refer for non-JSON ({e}): {}", shown(line)));
+            assert_eq!(v["method"], "tools/call", "Refer: {}", shown(line));
+            assert!(valid_id(&r.id), "Refer without a usable id: {}", shown(line));
+            assert!(
+                !v["params"]["name"].is_string()
+                    || !(v["params"]["arguments"].is_object() || v["params"]["arguments"].is_null()),
+                "Refer of a call rmcp can parse: {}",
+                shown(line)
+            );
+        }
         Verdict::Ignore(_) => {}
     }
     verdict
+}
+
+/// The fake kernel's answer to a referred call.
+fn referred(r: &Referral) -> Value {
+    serde_json::json!({"jsonrpc": "2.0", "id": r.id, "result": {"referred": r.tool, "arguments": r.arguments}})
 }
 
 /// What the guard should do with a stdin stream, line by line.
@@ -130,6 +147,8 @@ struct Expected {
 enum Answer {
     /// The answer `check_line` gives.
     Exactly(Value),
+    /// The fake kernel's answer to a referred call.
+    Referred(Value),
     /// A line of this many bytes (without its newline) over the limit.
     TooLong(usize),
 }
@@ -160,6 +179,7 @@ fn model(stdin: &[u8]) -> Expected {
         match checked(line) {
             Verdict::Pass => expected.passed.push(line.to_vec()),
             Verdict::Answer(v) => expected.answers.push(Answer::Exactly(v)),
+            Verdict::Refer(r) => expected.answers.push(Answer::Referred(referred(&r))),
             Verdict::Ignore(_) => {}
         }
     }
@@ -175,7 +195,17 @@ fn echo(n: usize) -> String {
 async fn session(stdin: Vec<u8>, chunk: usize) -> (Vec<Vec<u8>>, Vec<u8>) {
     let (mut client_in, shim_in) = tokio::io::duplex(64 * 1024);
     let (shim_out, mut client_out) = tokio::io::duplex(64 * 1024);
-    let ((rmcp_in, mut rmcp_out), writer) = guarded(shim_in, shim_out);
+    let ((rmcp_in, mut rmcp_out), writer) = guarded(
+        shim_in,
+        shim_out,
+        std::sync::Arc::new(|r: Referral| {
+            let answer = referred(&r);
+            Box::pin(async move {
+                tokio::task::yield_now().await;
+                answer
+            })
+        }),
+    );
 
     let feeder = tokio::spawn(async move {
         for piece in stdin.chunks(chunk) {
@@ -296,6 +326,8 @@ fuzz_target!(|data: &[u8]| {
         if let Some(n) = v.get("result").and_then(|r| r.get("echo")) {
             assert_eq!(n.as_u64(), Some(echoes as u64), "rmcp lines out of order");
             echoes += 1;
+        } else if v["result"].get("referred").is_some() {
+            answers.push(v);
         } else {
             assert_answer(&v);
             answers.push(v);
@@ -310,7 +342,7 @@ fuzz_target!(|data: &[u8]| {
     );
     for (got, want) in answers.iter().zip(&expected.answers) {
         match want {
-            Answer::Exactly(want) => assert_eq!(got, want, "guard answer"),
+            Answer::Exactly(want) | Answer::Referred(want) => assert_eq!(got, want, "guard answer"),
             Answer::TooLong(len) => {
                 assert_eq!(got["error"]["code"], INVALID_REQUEST, "{got}");
                 assert!(got["id"].is_null(), "{got}");

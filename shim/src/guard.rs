@@ -4,7 +4,10 @@
 //!
 //! [`check_line`] is a pure function (fuzzed: `fuzz/fuzz_targets/shim_stdin.rs`). It never
 //! decides anything about authority: a well-formed `tools/call`, whatever tool it names, passes
-//! through to the broker and its kernel.
+//! through to the broker and its kernel. A `tools/call` that rmcp could not parse (its name not
+//! a string or missing, its arguments not an object) is an attempt all the same: it is
+//! [`Verdict::Refer`]red to the kernel, which refuses and records it (ADR 0014: an attempt that
+//! leaves no trace is the one outcome the boundary must not produce).
 
 use serde_json::{Value, json};
 
@@ -23,9 +26,24 @@ pub enum Verdict {
     Pass,
     /// Answer with this JSON-RPC error response; the line goes no further.
     Answer(Value),
+    /// A `tools/call` rmcp cannot parse: send it to the kernel as it is, answer what it says.
+    Refer(Referral),
     /// A response or notification nobody waits for: nothing to answer (JSON-RPC never answers a
     /// response); note why.
     Ignore(&'static str),
+}
+
+/// A `tools/call` request whose name or arguments have the wrong shape, as the kernel gets it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Referral {
+    /// The request id, to answer with.
+    pub id: Value,
+    /// The name as a string: as sent when it is one, its JSON text when it is another value
+    /// (`5`, `null`), empty when it is missing. The kernel refuses it as malformed or
+    /// unpublished.
+    pub tool: String,
+    /// The arguments as sent, whatever their type.
+    pub arguments: Option<Value>,
 }
 
 /// A JSON-RPC error response.
@@ -126,31 +144,18 @@ pub fn check_line(line: &[u8]) -> Verdict {
                 "tools/call sent as a notification (no id): nothing can be answered",
             );
         }
-        match params.and_then(|p| p.get("name")) {
-            Some(Value::String(_)) => {}
-            Some(_) => {
-                return Verdict::Answer(error(
-                    answer_id,
-                    INVALID_PARAMS,
-                    "tools/call `params.name` must be a string",
-                ));
-            }
-            None => {
-                return Verdict::Answer(error(
-                    answer_id,
-                    INVALID_PARAMS,
-                    "tools/call needs `params.name`, the tool to call",
-                ));
-            }
-        }
-        if let Some(args) = params.and_then(|p| p.get("arguments"))
-            && !(args.is_object() || args.is_null())
-        {
-            return Verdict::Answer(error(
-                answer_id,
-                INVALID_PARAMS,
-                "tools/call `params.arguments` must be an object",
-            ));
+        let (tool, named) = match params.and_then(|p| p.get("name")) {
+            Some(Value::String(name)) => (name.clone(), true),
+            Some(other) => (other.to_string(), false),
+            None => (String::new(), false),
+        };
+        let arguments = params.and_then(|p| p.get("arguments"));
+        if !named || arguments.is_some_and(|a| !(a.is_object() || a.is_null())) {
+            return Verdict::Refer(Referral {
+                id: answer_id,
+                tool,
+                arguments: arguments.cloned(),
+            });
         }
     }
     Verdict::Pass
@@ -206,18 +211,6 @@ mod tests {
             Some(INVALID_PARAMS)
         );
         assert_eq!(
-            code(&check_line(
-                b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{}}"
-            )),
-            Some(INVALID_PARAMS)
-        );
-        assert_eq!(
-            code(&check_line(
-                b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":5}}"
-            )),
-            Some(INVALID_PARAMS)
-        );
-        assert_eq!(
             check_line(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}"),
             Verdict::Ignore("a response sent to the server, which made no request")
         );
@@ -245,10 +238,47 @@ mod tests {
     #[test]
     fn the_answer_keeps_a_usable_id() {
         let Verdict::Answer(e) =
-            check_line(br#"{"jsonrpc":"2.0","id":"x7","method":"tools/call","params":{}}"#)
+            check_line(br#"{"jsonrpc":"2.0","id":"x7","method":"tools/list","params":5}"#)
         else {
             panic!("answered");
         };
         assert_eq!(e["id"], "x7");
+    }
+
+    #[test]
+    fn calls_rmcp_cannot_parse_are_referred_to_the_kernel() {
+        let refer = |line: &[u8]| match check_line(line) {
+            Verdict::Refer(r) => r,
+            other => panic!("{other:?} for {}", String::from_utf8_lossy(line)),
+        };
+        let r = refer(br#"{"jsonrpc":"2.0","id":"x7","method":"tools/call","params":{}}"#);
+        assert_eq!(
+            r,
+            Referral {
+                id: json!("x7"),
+                tool: String::new(),
+                arguments: None
+            }
+        );
+        let r = refer(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":5}}"#);
+        assert_eq!((r.id, r.tool.as_str()), (json!(1), "5"));
+        let r = refer(
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":{"a":[1]},"arguments":{}}}"#,
+        );
+        assert_eq!(r.tool, r#"{"a":[1]}"#);
+        assert_eq!(r.arguments, Some(json!({})));
+        let r = refer(
+            br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"files.read","arguments":[1]}}"#,
+        );
+        assert_eq!(r.tool, "files.read");
+        assert_eq!(r.arguments, Some(json!([1])));
+        // Without params at all.
+        let r = refer(br#"{"jsonrpc":"2.0","id":3,"method":"tools/call"}"#);
+        assert_eq!(r.tool, "");
+        // Null arguments are rmcp's "none": the call passes.
+        assert_eq!(
+            check_line(br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","arguments":null}}"#),
+            Verdict::Pass
+        );
     }
 }

@@ -20,6 +20,7 @@ use sharedos_proto::alias::PortableNames;
 use sharedos_proto::ipc::{CallAnswer, META_KEY};
 use sharedos_proto::{CancelCode, FailCode, Outcome, ToolCall};
 
+use crate::guard::Referral;
 use crate::link::{Link, LinkDown, Welcome};
 
 pub enum End {
@@ -159,6 +160,62 @@ fn to_tool(def: &sharedos_proto::PublishedToolDefinition, shown_name: &str) -> O
     }
 }
 
+impl Shim {
+    /// Sends a call to the broker and maps its answer; the one path for every `tools/call`.
+    async fn forward(
+        &self,
+        sent: String,
+        arguments: Option<Value>,
+        request_id: Option<String>,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> Option<CallToolResult> {
+        // A portable name is mapped back to the canonical one; any other string goes as sent.
+        let tool = match &self.portable {
+            Some(p) => p.canonical(&sent).to_owned(),
+            None => sent,
+        };
+        let call = ToolCall {
+            tool: tool.clone(),
+            arguments,
+            request_id,
+        };
+        match self.link.call(call, cancel).await {
+            Some(Ok(answer)) => Some(to_mcp(&answer)),
+            Some(Err(why)) => Some(to_mcp(&local_answer(&tool, &why))),
+            None => None,
+        }
+    }
+
+    /// Answers the `tools/call` requests the stdin guard referred (rmcp could not parse them):
+    /// the kernel refuses and records them like any other call.
+    fn referrer(&self) -> crate::stdio::Refer {
+        let shim = self.clone();
+        Arc::new(move |referral: Referral| {
+            let shim = shim.clone();
+            Box::pin(async move {
+                let request_id = match &referral.id {
+                    Value::String(s) => Some(s.clone()),
+                    Value::Null => None,
+                    other => Some(other.to_string()),
+                };
+                let never = tokio_util::sync::CancellationToken::new();
+                let result = shim
+                    .forward(referral.tool, referral.arguments, request_id, &never)
+                    .await;
+                let result = result.and_then(|r| serde_json::to_value(r).ok());
+                match result {
+                    Some(result) => json!({"jsonrpc": "2.0", "id": referral.id, "result": result}),
+                    None => crate::guard::error(
+                        referral.id,
+                        crate::guard::INVALID_PARAMS,
+                        "tools/call could not be answered",
+                    ),
+                }
+            })
+        })
+    }
+}
+
 impl ServerHandler for Shim {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
@@ -201,25 +258,17 @@ impl ServerHandler for Shim {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        // A portable name is mapped back to the canonical one; any other string goes as sent.
-        let sent = request.name.to_string();
-        let tool = match &self.portable {
-            Some(p) => p.canonical(&sent).to_owned(),
-            None => sent,
-        };
         let request_id = match serde_json::to_value(&context.id) {
             Ok(Value::String(s)) => Some(s),
             Ok(other) => Some(other.to_string()),
             Err(_) => None,
         };
-        let call = ToolCall {
-            tool: tool.clone(),
-            arguments: request.arguments.map(Value::Object),
-            request_id,
-        };
-        match self.link.call(call, &context.ct).await {
-            Some(Ok(answer)) => Ok(to_mcp(&answer).into()),
-            Some(Err(why)) => Ok(to_mcp(&local_answer(&tool, &why)).into()),
+        let arguments = request.arguments.map(Value::Object);
+        match self
+            .forward(request.name.to_string(), arguments, request_id, &context.ct)
+            .await
+        {
+            Some(result) => Ok(result.into()),
             // Cancelled by the client: rmcp sends no response to a cancelled request.
             None => Err(McpError::internal_error("request cancelled", None)),
         }
@@ -233,7 +282,7 @@ pub async fn serve(shim: Shim) -> End {
     // rmcp's stdio pipes: faster than tokio's, and their reads can be cancelled, so the process
     // can exit while the client is still connected (turn closed, broker gone).
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
-    let (transport, writer) = crate::stdio::guarded(stdin, stdout);
+    let (transport, writer) = crate::stdio::guarded(stdin, stdout, shim.referrer());
     let end = serve_on(shim, transport, ct, &link).await;
     // Everything rmcp and the guard wrote reaches stdout before the process exits.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), writer).await;

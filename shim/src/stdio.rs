@@ -3,10 +3,18 @@
 //!
 //! Owns stdout: nothing else in the shim writes to it.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream};
 use tokio::sync::mpsc;
 
-use crate::guard::{self, Verdict};
+use crate::guard::{self, Referral, Verdict};
+
+/// Answers a [`Verdict::Refer`]red call: the whole JSON-RPC response for it.
+pub type Refer =
+    Arc<dyn Fn(Referral) -> Pin<Box<dyn Future<Output = serde_json::Value> + Send>> + Send + Sync>;
 
 /// Bytes buffered between the guard and rmcp, each way.
 const PIPE_BYTES: usize = 1 << 20;
@@ -54,9 +62,13 @@ async fn next_line<R: AsyncRead + Unpin>(
 
 /// Wires stdin and stdout to rmcp through the guard. Returns rmcp's transport ends and the task
 /// that owns stdout (await it after the session ends, so everything written is flushed).
+///
+/// A referred call is answered by `refer` before the next line is read: the kernel refuses such
+/// a call before anything runs, and the answers keep the order of the lines.
 pub fn guarded<R, W>(
     stdin: R,
     stdout: W,
+    refer: Refer,
 ) -> ((DuplexStream, DuplexStream), tokio::task::JoinHandle<()>)
 where
     R: AsyncRead + Unpin + Send + 'static,
@@ -92,6 +104,14 @@ where
                 Verdict::Answer(v) => {
                     tracing::info!(answer = %v, "malformed input answered by the shim");
                     let mut bytes = v.to_string().into_bytes();
+                    bytes.push(b'\n');
+                    if answers.send(bytes).await.is_err() {
+                        break;
+                    }
+                }
+                Verdict::Refer(referral) => {
+                    tracing::info!(tool = %referral.tool, "malformed tools/call referred to the kernel");
+                    let mut bytes = refer(referral).await.to_string().into_bytes();
                     bytes.push(b'\n');
                     if answers.send(bytes).await.is_err() {
                         break;

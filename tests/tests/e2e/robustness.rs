@@ -65,11 +65,6 @@ async fn malformed_json_rpc_on_stdin_is_answered_and_the_shim_survives() {
             -32602,
         ),
         (
-            "tools/call without a name",
-            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{}}}"#.to_vec(),
-            -32602,
-        ),
-        (
             "an unknown method",
             br#"{"jsonrpc":"2.0","id":1,"method":"no/such/method"}"#.to_vec(),
             -32601,
@@ -115,6 +110,60 @@ async fn malformed_json_rpc_on_stdin_is_answered_and_the_shim_survives() {
     );
     ping(&mut raw, 2002).await;
     assert_eq!(broker.calls_of(&turn.turn).len(), 1);
+}
+
+/// A `tools/call` rmcp cannot parse (no name, a name that is not a string, arguments that are
+/// not an object) is still an attempt: the kernel refuses it as an MCP result and records it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_with_a_malformed_name_or_arguments_reach_the_kernel_and_the_record() {
+    let broker = TestBroker::start(Options::default()).await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-06-18").await;
+    let cases: [(&[u8], &str, &str, &str); 4] = [
+        (
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{}}}"#,
+            "",
+            "denied",
+            "malformed_tool_name",
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":5}}"#,
+            // A number's text is a well-formed name that no turn publishes.
+            "5",
+            "denied",
+            "unpublished_tool",
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":["files.read"],"arguments":{"path":"/public/hello.txt"}}}"#,
+            r#"["files.read"]"#,
+            "denied",
+            "malformed_tool_name",
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"files.read","arguments":["/public/hello.txt"]}}"#,
+            "files.read",
+            "failed",
+            "invalid_arguments",
+        ),
+    ];
+    for (i, (line, tool, outcome, code)) in cases.iter().enumerate() {
+        let id = i as i64 + 1;
+        raw.send_raw(line).await;
+        let answer = raw.response(id).await;
+        let result = &answer["result"];
+        assert_eq!(result["isError"], true, "{answer}");
+        assert_eq!(meta(result)["outcome"], *outcome, "{answer}");
+        assert_eq!(meta(result)["code"], *code, "{answer}");
+        let calls = broker.calls_of(&turn.turn);
+        assert_eq!(calls.len(), i + 1, "one record line per attempt: {calls:?}");
+        let line = &calls[i];
+        assert_eq!(line["tool"], *tool, "{line}");
+        assert_eq!(line["outcome"], *outcome, "{line}");
+        assert_eq!(line["code"], *code, "{line}");
+        assert_eq!(line["requestId"], id.to_string(), "{line}");
+        ping(&mut raw, 100 + id).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
