@@ -748,6 +748,22 @@ pub fn register(
                 continue;
             }
         };
+        // A schema the broker cannot compile would let every call through unchecked: such a
+        // tool is not published (before its name is claimed, so the name stays free).
+        let input_schema = t.get("inputSchema").cloned();
+        let validator = match input_schema.as_ref().map(jsonschema::validator_for) {
+            None => None,
+            Some(Ok(v)) => Some(v),
+            Some(Err(e)) => {
+                rejected.push(Rejected {
+                    upstream,
+                    reason: format!(
+                        "its inputSchema is not a JSON Schema the broker can check: {e}"
+                    ),
+                });
+                continue;
+            }
+        };
         if let Err(owner) = provider.names.claim(name.as_str(), &ns) {
             rejected.push(Rejected {
                 upstream,
@@ -755,10 +771,6 @@ pub fn register(
             });
             continue;
         }
-        let input_schema = t.get("inputSchema").cloned();
-        let validator = input_schema
-            .as_ref()
-            .and_then(|s| jsonschema::validator_for(s).ok());
         registered.push(Arc::new(ToolDefinition {
             name,
             description: t
@@ -839,12 +851,15 @@ mod tests {
             json!({"name": "search", "inputSchema": {"type": "object"}}),
             json!({"name": "read", "inputSchema": {"type": "object"}}),
             json!({"name": "list files", "inputSchema": {"type": "object"}}),
+            json!({"name": "odd", "inputSchema": {"type": "no-such-type"}}),
         ];
         let (ok, rejected) = register(&p, &tools);
         assert_eq!(
             ok.iter().map(|t| t.name.to_string()).collect::<Vec<_>>(),
             ["gh.search"]
         );
+        // The schema that does not compile leaves its name unclaimed.
+        assert!(names.claim("gh.odd", "other").is_ok());
         assert_eq!(
             ok[0]
                 .metadata
@@ -853,7 +868,12 @@ mod tests {
                 .as_deref(),
             Some("mcp:gh")
         );
-        assert_eq!(rejected.len(), 2);
+        assert_eq!(rejected.len(), 3);
+        assert!(
+            rejected[2].upstream == "odd" && rejected[2].reason.contains("inputSchema"),
+            "{:?}",
+            rejected[2]
+        );
         assert!(
             rejected[0]
                 .reason
