@@ -61,13 +61,21 @@ const LOG_BUFFER_LINES: usize = 1024;
 fn init_logging(file: Option<&PathBuf>) -> Option<tracing_appender::non_blocking::WorkerGuard> {
     use tracing_subscriber::{EnvFilter, fmt};
     let filter = EnvFilter::try_from_env("SHAREDOS_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
-    let (writer, guard) = match file.and_then(|p| {
+    let opened = file.and_then(|p| {
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(p)
+            .inspect_err(|e| {
+                // Serving matters more than the log: say so once, and log to stderr instead.
+                eprintln!(
+                    "sharedos-mcp-shim: cannot open the log file `{}`: {e}; logging to stderr",
+                    p.display()
+                );
+            })
             .ok()
-    }) {
+    });
+    let (writer, guard) = match opened {
         Some(f) => log_writer().finish(f),
         None => log_writer().finish(std::io::stderr()),
     };
