@@ -27,6 +27,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// The broker binary's allocator, so that the in-process sections (decision, catalogue, turn
+/// open, record) measure the broker's library as `sharedos-broker` runs it.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let args = suite::Args::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -88,49 +88,30 @@ pub struct Decision {
     pub permitted: bool,
 }
 
-/// The decision at each policy-set size. All the kernels are built first; then the sizes are
-/// timed in turns, a slice of iterations each, until each has `budget.iterations` samples or the
-/// run has had `budget.duration` per size. On this VM the same loop moves by 30–50 % from one
-/// second to the next; timed one after the other, a noisy second lands on one size and reads as
-/// a difference between sizes. In turns, every size sees the same machine.
+/// The decision at each policy-set size, in [`DECISION_ROUNDS`] rounds: each round builds each
+/// size's kernel in turn, times it for its share of the budget and drops it. On this VM the same
+/// loop moves by 30–50 % from one second to the next: timed one size after the other, a noisy
+/// second lands on one size and reads as a difference between sizes. In rounds, every size sees
+/// the same machine, and each is timed alone in the process, as a broker holds one policy set.
 pub async fn decisions(
     data: &Path,
     sizes: &[usize],
     budget: Budget,
 ) -> anyhow::Result<Vec<Decision>> {
-    struct Built {
-        _dir: tempfile::TempDir,
-        root: CancellationToken,
-        kernel: sharedos_broker::kernel::Kernel,
-        decision: Decision,
-    }
-    let mut built = Vec::with_capacity(sizes.len());
-    for &n in sizes {
-        let dir = tempdir("policy")?;
-        let cfg = procs::write_config(
-            dir.path(),
-            "batch",
-            &policy_text(n),
-            &procs::files_provider("files", data, false),
-        )?;
-        let config = Config::from_file(&cfg)?;
-        let root = CancellationToken::new();
-        let t = Instant::now();
-        let kernel = sharedos_broker::server::build_kernel(&config, &root).await?;
-        let load = t.elapsed();
-        built.push(Built {
-            _dir: dir,
-            root,
-            kernel,
-            decision: Decision {
-                policies: n,
-                load,
-                check: Samples::with_capacity(budget.iterations),
-                decide: Samples::with_capacity(budget.iterations),
-                permitted: false,
-            },
-        });
-    }
+    let mut out: Vec<Decision> = sizes
+        .iter()
+        .map(|&n| Decision {
+            policies: n,
+            load: Duration::ZERO,
+            check: Samples::with_capacity(budget.iterations),
+            decide: Samples::with_capacity(budget.iterations),
+            permitted: true,
+        })
+        .collect();
+    let share = Budget {
+        iterations: budget.iterations.div_ceil(DECISION_ROUNDS),
+        duration: budget.duration / u32::try_from(DECISION_ROUNDS).unwrap_or(1),
+    };
     let ctx = AccessContext {
         principal: "alice".into(),
         agent: None,
@@ -139,43 +120,42 @@ pub async fn decisions(
     let resource = Resource::File {
         path: HELLO_PATH.into(),
     };
-    let slice = Budget {
-        iterations: (budget.iterations / 20).max(1),
-        duration: budget.duration,
-    };
-    let deadline = Instant::now() + budget.duration * u32::try_from(sizes.len()).unwrap_or(1);
-    for b in &mut built {
-        let catalog = b.kernel.catalog(&ctx);
-        b.decision.permitted = matches!(
-            b.kernel.check(&ctx, &catalog, "files.read", Some(&args)),
-            Verdict::Permitted { .. }
-        );
-    }
-    while Instant::now() < deadline
-        && built
-            .iter()
-            .any(|b| b.decision.check.len() < budget.iterations)
-    {
-        for b in &mut built {
-            let catalog = b.kernel.catalog(&ctx);
-            let kernel = &b.kernel;
-            b.decision.check.extend(time_loop(slice, || {
+    for round in 0..DECISION_ROUNDS {
+        for d in &mut out {
+            let dir = tempdir("policy")?;
+            let cfg = procs::write_config(
+                dir.path(),
+                "batch",
+                &policy_text(d.policies),
+                &procs::files_provider("files", data, false),
+            )?;
+            let config = Config::from_file(&cfg)?;
+            let root = CancellationToken::new();
+            let t = Instant::now();
+            let kernel = sharedos_broker::server::build_kernel(&config, &root).await?;
+            if round == 0 {
+                d.load = t.elapsed();
+            }
+            let catalog = kernel.catalog(&ctx);
+            d.permitted &= matches!(
+                kernel.check(&ctx, &catalog, "files.read", Some(&args)),
+                Verdict::Permitted { .. }
+            );
+            d.check.extend(time_loop(share, || {
                 black_box(kernel.check(&ctx, &catalog, "files.read", Some(&args)));
             }));
             let pv = kernel.policy.current();
-            b.decision.decide.extend(time_loop(slice, || {
+            d.decide.extend(time_loop(share, || {
                 black_box(kernel.policy.decide(&pv, "alice", None, "read", &resource));
             }));
+            root.cancel();
         }
     }
-    Ok(built
-        .into_iter()
-        .map(|b| {
-            b.root.cancel();
-            b.decision
-        })
-        .collect())
+    Ok(out)
 }
+
+/// Rounds of the decision benchmark (see [`decisions`]).
+pub const DECISION_ROUNDS: usize = 4;
 
 /// Which registered tools the catalogue benchmark uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

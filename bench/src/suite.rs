@@ -548,11 +548,12 @@ async fn decision(data: &Path, plan: &Plan, report: &mut Report) -> anyhow::Resu
          sliced to alice), and `PolicyEngine::decide` alone. Of the policies, 5 name alice \
          (4 permits, 1 forbid); every other one names another user. The call is permitted. \
          \"kernel build\" is loading the config, parsing and strictly validating the set. The \
-         sizes are timed in turns (a twentieth of the iterations each), so a noisy second of \
-         the machine falls on all of them alike.",
+         sizes are timed in four rounds, each size's kernel built, timed for a quarter of the \
+         iterations and dropped in turn, so a noisy second of the machine falls on all of them \
+         alike; \"kernel build\" is the first round's.",
     );
     eprintln!(
-        "bench:    {} policies, in turns…",
+        "bench:    {} policies, in rounds…",
         plan.policy_sizes
             .iter()
             .map(|n| thousands(*n as u64))
