@@ -18,6 +18,7 @@ pub const MAX_LINE_BYTES: usize = 4 * 1024 * 1024;
 pub const PARSE_ERROR: i64 = -32700;
 pub const INVALID_REQUEST: i64 = -32600;
 pub const INVALID_PARAMS: i64 = -32602;
+pub const INTERNAL_ERROR: i64 = -32603;
 
 /// What to do with one line.
 #[derive(Debug, Clone, PartialEq)]

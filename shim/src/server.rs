@@ -160,6 +160,15 @@ fn to_tool(def: &sharedos_proto::PublishedToolDefinition, shown_name: &str) -> O
     }
 }
 
+/// A JSON-RPC request id as the record carries it: a string as is, a number as its text.
+fn request_id_text(id: Value) -> Option<String> {
+    match id {
+        Value::String(s) => Some(s),
+        Value::Null => None,
+        other => Some(other.to_string()),
+    }
+}
+
 impl Shim {
     /// Sends a call to the broker and maps its answer; the one path for every `tools/call`.
     async fn forward(
@@ -193,11 +202,7 @@ impl Shim {
         Arc::new(move |referral: Referral| {
             let shim = shim.clone();
             Box::pin(async move {
-                let request_id = match &referral.id {
-                    Value::String(s) => Some(s.clone()),
-                    Value::Null => None,
-                    other => Some(other.to_string()),
-                };
+                let request_id = request_id_text(referral.id.clone());
                 let never = tokio_util::sync::CancellationToken::new();
                 let result = shim
                     .forward(referral.tool, referral.arguments, request_id, &never)
@@ -207,8 +212,8 @@ impl Shim {
                     Some(result) => json!({"jsonrpc": "2.0", "id": referral.id, "result": result}),
                     None => crate::guard::error(
                         referral.id,
-                        crate::guard::INVALID_PARAMS,
-                        "tools/call could not be answered",
+                        crate::guard::INTERNAL_ERROR,
+                        "the shim could not represent the broker's answer",
                     ),
                 }
             })
@@ -258,11 +263,9 @@ impl ServerHandler for Shim {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let request_id = match serde_json::to_value(&context.id) {
-            Ok(Value::String(s)) => Some(s),
-            Ok(other) => Some(other.to_string()),
-            Err(_) => None,
-        };
+        let request_id = serde_json::to_value(&context.id)
+            .ok()
+            .and_then(request_id_text);
         let arguments = request.arguments.map(Value::Object);
         match self
             .forward(request.name.to_string(), arguments, request_id, &context.ct)
