@@ -27,7 +27,8 @@ pub enum Verdict {
     Pass,
     /// Answer with this JSON-RPC error response; the line goes no further.
     Answer(Value),
-    /// A `tools/call` rmcp cannot parse: send it to the kernel as it is, answer what it says.
+    /// A `tools/call` rmcp cannot parse, or would drop (sent without an id): send it to the
+    /// kernel as it is, and answer what it says if it has an id.
     Refer(Referral),
     /// A response or notification nobody waits for: nothing to answer (JSON-RPC never answers a
     /// response); note why.
@@ -37,8 +38,9 @@ pub enum Verdict {
 /// A `tools/call` request whose name or arguments have the wrong shape, as the kernel gets it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Referral {
-    /// The request id, to answer with.
-    pub id: Value,
+    /// The request id, to answer with; `None` for a call sent as a notification, which is
+    /// decided and recorded but never answered.
+    pub id: Option<Value>,
     /// The name as a string: as sent when it is one, its JSON text when it is another value
     /// (`5`, `null`), empty when it is missing. The kernel refuses it as malformed or
     /// unpublished.
@@ -140,20 +142,17 @@ pub fn check_line(line: &[u8]) -> Verdict {
         ));
     }
     if method == "tools/call" {
-        if id.is_none() {
-            return Verdict::Ignore(
-                "tools/call sent as a notification (no id): nothing can be answered",
-            );
-        }
         let (tool, named) = match params.and_then(|p| p.get("name")) {
             Some(Value::String(name)) => (name.clone(), true),
             Some(other) => (other.to_string(), false),
             None => (String::new(), false),
         };
         let arguments = params.and_then(|p| p.get("arguments"));
-        if !named || arguments.is_some_and(|a| !(a.is_object() || a.is_null())) {
+        // Sent as a notification (no id), rmcp would drop it unseen; JSON-RPC forbids an answer
+        // but not the work, so the kernel decides and records it and nobody is answered.
+        if id.is_none() || !named || arguments.is_some_and(|a| !(a.is_object() || a.is_null())) {
             return Verdict::Refer(Referral {
-                id: answer_id,
+                id: id.cloned(),
                 tool,
                 arguments: arguments.cloned(),
             });
@@ -256,13 +255,13 @@ mod tests {
         assert_eq!(
             r,
             Referral {
-                id: json!("x7"),
+                id: Some(json!("x7")),
                 tool: String::new(),
                 arguments: None
             }
         );
         let r = refer(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":5}}"#);
-        assert_eq!((r.id, r.tool.as_str()), (json!(1), "5"));
+        assert_eq!((r.id, r.tool.as_str()), (Some(json!(1)), "5"));
         let r = refer(
             br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":{"a":[1]},"arguments":{}}}"#,
         );
@@ -276,6 +275,11 @@ mod tests {
         // Without params at all.
         let r = refer(br#"{"jsonrpc":"2.0","id":3,"method":"tools/call"}"#);
         assert_eq!(r.tool, "");
+        // A well-formed call sent as a notification: decided and recorded, never answered.
+        let r = refer(
+            br#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"files.read","arguments":{"path":"/x"}}}"#,
+        );
+        assert_eq!((r.id, r.tool.as_str()), (None, "files.read"));
         // Null arguments are rmcp's "none": the call passes.
         assert_eq!(
             check_line(br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","arguments":null}}"#),

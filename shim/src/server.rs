@@ -202,16 +202,17 @@ impl Shim {
         Arc::new(move |referral: Referral| {
             let shim = shim.clone();
             Box::pin(async move {
-                let request_id = request_id_text(referral.id.clone());
+                let id = referral.id.unwrap_or(Value::Null);
+                let request_id = request_id_text(id.clone());
                 let never = tokio_util::sync::CancellationToken::new();
                 let result = shim
                     .forward(referral.tool, referral.arguments, request_id, &never)
                     .await;
                 let result = result.and_then(|r| serde_json::to_value(r).ok());
                 match result {
-                    Some(result) => json!({"jsonrpc": "2.0", "id": referral.id, "result": result}),
+                    Some(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
                     None => crate::guard::error(
-                        referral.id,
+                        id,
                         crate::guard::INTERNAL_ERROR,
                         "the shim could not represent the broker's answer",
                     ),

@@ -63,8 +63,9 @@ async fn next_line<R: AsyncRead + Unpin>(
 /// Wires stdin and stdout to rmcp through the guard. Returns rmcp's transport ends and the task
 /// that owns stdout (await it after the session ends, so everything written is flushed).
 ///
-/// A referred call is answered by `refer` before the next line is read: the kernel refuses such
-/// a call before anything runs, and the answers keep the order of the lines.
+/// A referred call with an id is answered by `refer` before the next line is read: the kernel
+/// refuses such a call before anything runs, and the answers keep the order of the lines. One
+/// without an id (a notification) runs on its own task and its answer is dropped.
 pub fn guarded<R, W>(
     stdin: R,
     stdout: W,
@@ -108,6 +109,11 @@ where
                     if answers.send(bytes).await.is_err() {
                         break;
                     }
+                }
+                Verdict::Refer(referral) if referral.id.is_none() => {
+                    // Nobody waits for it, and it may run as long as any call: on its own task.
+                    tracing::info!(tool = %referral.tool, "tools/call sent as a notification: decided and recorded, not answered");
+                    tokio::spawn(refer(referral));
                 }
                 Verdict::Refer(referral) => {
                     tracing::info!(tool = %referral.tool, "malformed tools/call referred to the kernel");

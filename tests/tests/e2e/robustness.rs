@@ -164,6 +164,38 @@ async fn calls_with_a_malformed_name_or_arguments_reach_the_kernel_and_the_recor
         assert_eq!(line["requestId"], id.to_string(), "{line}");
         ping(&mut raw, 100 + id).await;
     }
+    // Sent as notifications (no id): decided and recorded like any call, never answered.
+    for path in ["/private/secret.txt", "/public/hello.txt"] {
+        raw.send(json!({"jsonrpc": "2.0", "method": "tools/call",
+            "params": {"name": "files.read", "arguments": {"path": path}}}))
+            .await;
+    }
+    ping(&mut raw, 200).await;
+    eventually("both notification calls are recorded", || {
+        broker.calls_of(&turn.turn).len() == cases.len() + 2
+    })
+    .await;
+    let calls = broker.calls_of(&turn.turn);
+    let outcomes: Vec<_> = calls[cases.len()..]
+        .iter()
+        .map(|l| {
+            assert!(l["requestId"].is_null(), "{l}");
+            (
+                l["outcome"].as_str().unwrap_or_default().to_owned(),
+                l["code"].clone(),
+            )
+        })
+        .collect();
+    assert!(
+        outcomes.contains(&("denied".into(), json!("no_permit"))),
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes.contains(&("succeeded".into(), json!("ok"))),
+        "{outcomes:?}"
+    );
+    // Nothing was answered for them: the next line on stdout answers the next request.
+    ping(&mut raw, 201).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
