@@ -29,6 +29,11 @@ pub use conn::Conn;
 /// to the length a header claims.
 const READ_CHUNK: usize = 64 * 1024;
 
+/// Bytes asked for at least by each read, so that a small frame (most are a few hundred bytes)
+/// arrives in one read(2) instead of a header read and a body read: one system call less per
+/// frame on the call path. What it reads beyond the frame stays in the buffer for the next one.
+const READ_AHEAD: usize = 4096;
+
 #[derive(Debug, thiserror::Error)]
 pub enum IpcError {
     #[error("connection closed")]
@@ -62,12 +67,13 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 self.buf.drain(..used);
                 return Ok(msg);
             }
-            // Read no more than the current frame still needs (or a header), bounded by a chunk.
+            // Read what the current frame still needs (or a header), at least READ_AHEAD and at
+            // most a chunk: the buffer never grows to the length a header claims.
             let want = match frame::body_len(&self.buf)? {
                 Some(len) => HEADER_BYTES + len - self.buf.len(),
                 None => HEADER_BYTES - self.buf.len(),
             }
-            .clamp(1, READ_CHUNK);
+            .clamp(READ_AHEAD, READ_CHUNK);
             let start = self.buf.len();
             self.buf.resize(start + want, 0);
             let n = self.inner.read(&mut self.buf[start..]).await;
@@ -86,7 +92,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     IpcError::Truncated(self.buf.len())
                 });
             }
-            debug_assert!(self.buf.len() <= HEADER_BYTES + MAX_FRAME_BYTES);
+            debug_assert!(self.buf.len() <= HEADER_BYTES + MAX_FRAME_BYTES + READ_AHEAD);
         }
     }
 }
@@ -115,7 +121,7 @@ pub async fn connect(path: &Path) -> io::Result<Stream> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sharedos_proto::ipc::ControlRequest;
+    use sharedos_proto::ipc::{BridgeRequest, ControlRequest};
 
     #[tokio::test]
     async fn reads_frames_split_anywhere() {
@@ -140,6 +146,29 @@ mod tests {
         writer.await.expect("join");
         assert!(matches!(
             reader.next::<ControlRequest>().await,
+            Err(IpcError::Closed)
+        ));
+    }
+
+    #[tokio::test]
+    async fn frames_read_ahead_together_come_out_one_by_one_in_order() {
+        // 300 small frames in one write: each read takes several, and the tail of the last
+        // frame in a read waits in the buffer for the next read.
+        let frames: Vec<_> = (0..300u64)
+            .map(|id| frame::encode(&BridgeRequest::Cancel { id }).expect("enc"))
+            .collect();
+        let (mut tx, rx) = tokio::io::duplex(1 << 20);
+        tx.write_all(&frames.concat()).await.expect("write");
+        drop(tx);
+        let mut reader = FrameReader::new(rx);
+        for id in 0..300u64 {
+            assert_eq!(
+                reader.next::<BridgeRequest>().await.expect("frame"),
+                BridgeRequest::Cancel { id }
+            );
+        }
+        assert!(matches!(
+            reader.next::<BridgeRequest>().await,
             Err(IpcError::Closed)
         ));
     }
