@@ -11,7 +11,7 @@ use std::sync::Arc;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     InitializeRequestParams, InitializeResult, ListToolsResult, MetaObject, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig, Tool,
+    ProtocolVersion, ServerCapabilities, ServerConfig, ServerResult, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler, ServiceExt};
@@ -36,6 +36,9 @@ pub struct Shim {
     tools: Arc<Vec<Tool>>,
     /// Portable ↔ canonical names, when the client cannot carry a dot.
     portable: Option<Arc<PortableNames>>,
+    /// The protocol version `initialize` settled on: the referred calls' answers take the wire
+    /// shape rmcp gives the others for it.
+    protocol: Arc<std::sync::Mutex<Option<ProtocolVersion>>>,
 }
 
 impl Shim {
@@ -64,6 +67,7 @@ impl Shim {
             turn: welcome.turn.clone(),
             tools: Arc::new(tools),
             portable,
+            protocol: Arc::default(),
         })
     }
 }
@@ -195,6 +199,23 @@ impl Shim {
         }
     }
 
+    /// A result as rmcp would put it on the wire for the negotiated protocol: before 2026-07-28
+    /// without `resultType: "complete"` and without non-object structured output.
+    fn wire_shape(&self, result: CallToolResult) -> ServerResult {
+        let mut result = ServerResult::from(result);
+        let current = self
+            .protocol
+            .lock()
+            .ok()
+            .and_then(|p| p.clone())
+            .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
+        if !current {
+            result.strip_result_type_for_legacy_peer();
+            result.strip_non_object_output_for_legacy_peer();
+        }
+        result
+    }
+
     /// Answers the `tools/call` requests the stdin guard referred (rmcp could not parse them):
     /// the kernel refuses and records them like any other call.
     fn referrer(&self) -> crate::stdio::Refer {
@@ -208,7 +229,7 @@ impl Shim {
                 let result = shim
                     .forward(referral.tool, referral.arguments, request_id, &never)
                     .await;
-                let result = result.and_then(|r| serde_json::to_value(r).ok());
+                let result = result.and_then(|r| serde_json::to_value(shim.wire_shape(r)).ok());
                 match result {
                     Some(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
                     None => crate::guard::error(
@@ -248,7 +269,11 @@ impl ServerHandler for Shim {
                 protocol,
             )
             .await;
-        self.negotiate_initialize(&request)
+        let result = self.negotiate_initialize(&request);
+        if let (Ok(r), Ok(mut p)) = (&result, self.protocol.lock()) {
+            *p = Some(r.protocol_version.clone());
+        }
+        result
     }
 
     async fn list_tools(

@@ -198,6 +198,41 @@ async fn calls_with_a_malformed_name_or_arguments_reach_the_kernel_and_the_recor
     ping(&mut raw, 201).await;
 }
 
+/// A referred call's answer has the wire shape rmcp gives every other result for the protocol
+/// version the client negotiated (`resultType` only from 2026-07-28 on, which `initialize` does
+/// not reach: the newest it settles on is 2025-11-25).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn referred_answers_have_the_negotiated_wire_shape() {
+    let broker = TestBroker::start(Options::default()).await;
+    for version in ["2025-06-18", "2025-11-25"] {
+        let turn = broker.open_turn("alice").await;
+        let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+        let init = raw.initialize(version).await;
+        assert_eq!(init["result"]["protocolVersion"], version, "{init}");
+        let ordinary = raw.call(1, "no.such.tool", json!({})).await;
+        raw.send_raw(br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":7}}"#)
+            .await;
+        let referred = raw.response(2).await;
+        let keys = |v: &Value| {
+            let mut k: Vec<String> = v["result"]
+                .as_object()
+                .map(|o| o.keys().cloned().collect())
+                .unwrap_or_default();
+            k.sort();
+            k
+        };
+        assert_eq!(
+            keys(&referred),
+            keys(&ordinary),
+            "{version}: {referred} vs {ordinary}"
+        );
+        assert!(
+            referred["result"].get("resultType").is_none(),
+            "{version}: {referred}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_argument_values_are_refused_cleanly() {
     let broker = TestBroker::start(Options::default()).await;
