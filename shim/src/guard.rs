@@ -5,9 +5,10 @@
 //! [`check_line`] is a pure function (fuzzed: `fuzz/fuzz_targets/shim_stdin.rs`). It never
 //! decides anything about authority: a well-formed `tools/call`, whatever tool it names, passes
 //! through to the broker and its kernel. A `tools/call` that rmcp could not parse (its name not
-//! a string or missing, its arguments not an object) is an attempt all the same: it is
-//! [`Verdict::Refer`]red to the kernel, which refuses and records it (ADR 0014: an attempt that
-//! leaves no trace is the one outcome the boundary must not produce).
+//! a string or missing, its arguments not an object) or would drop (sent as a notification) is
+//! an attempt all the same: it is [`Verdict::Refer`]red to the kernel, which decides and records
+//! it (ADR 0014: an attempt that leaves no trace is the one outcome the boundary must not
+//! produce).
 
 use serde_json::{Value, json};
 
@@ -35,7 +36,8 @@ pub enum Verdict {
     Ignore(&'static str),
 }
 
-/// A `tools/call` request whose name or arguments have the wrong shape, as the kernel gets it.
+/// A `tools/call` that rmcp would not carry to the kernel (a name or arguments of the wrong
+/// shape, or no id), as the kernel gets it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Referral {
     /// The request id, to answer with; `None` for a call sent as a notification, which is

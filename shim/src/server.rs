@@ -216,8 +216,8 @@ impl Shim {
         result
     }
 
-    /// Answers the `tools/call` requests the stdin guard referred (rmcp could not parse them):
-    /// the kernel refuses and records them like any other call.
+    /// Answers the `tools/call` requests the stdin guard referred (rmcp could not parse them, or
+    /// they came without an id): the kernel decides and records them like any other call.
     fn referrer(&self) -> crate::stdio::Refer {
         let shim = self.clone();
         Arc::new(move |referral: Referral| {
