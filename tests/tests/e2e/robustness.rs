@@ -114,6 +114,7 @@ async fn malformed_json_rpc_on_stdin_is_answered_and_the_shim_survives() {
 
 /// A `tools/call` rmcp cannot parse (no name, a name that is not a string, arguments that are
 /// not an object) is still an attempt: the kernel refuses it as an MCP result and records it.
+/// One sent as a notification (no id) is decided and recorded too, and never answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_with_a_malformed_name_or_arguments_reach_the_kernel_and_the_record() {
     let broker = TestBroker::start(Options::default()).await;
