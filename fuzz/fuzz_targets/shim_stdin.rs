@@ -4,18 +4,22 @@
 //! 1. `check_line` never panics, on the whole input and on every line of it. An `Answer` is a JSON
 //!    object with `jsonrpc: "2.0"`, an `error.code` in {-32700, -32600, -32602}, a string
 //!    `error.message` and an `id` that is null, a string or an integer, and serializes to one line.
-//!    `Pass` only for a JSON object with `jsonrpc == "2.0"`, a string `method` and no `id` or a
-//!    valid one.
+//!    `Pass` and `Cancel` only for a JSON object with `jsonrpc == "2.0"`, a string `method` other
+//!    than `tools/call` and no `id` or a valid one; `Cancel` only for `notifications/cancelled`
+//!    without an id, carrying its valid `params.requestId`. `Refer` exactly for `tools/call`,
+//!    with the line's id.
 //! 2. The input after a control byte is client stdin, written in pieces (1 to all bytes, low
 //!    three bits of the control byte, unless 3. applies) through a `tokio::io::duplex` into
-//!    `guarded`, on a current-thread runtime. A fake rmcp reads the guard's output to the end,
-//!    answering each line with a JSON line of its own written in two halves, then closes. Checks:
-//!    every line passed to rmcp is newline-terminated and `check_line` says `Pass` for it; the
-//!    passed lines are exactly the `Pass` lines of a model of the line splitting (`\n`, one
-//!    trailing `\r` stripped on a terminated line, blank lines skipped, lines over
-//!    `MAX_LINE_BYTES` answered); every line on stdout is valid JSON; the guard's answers on
-//!    stdout are exactly the model's answers, in order, and the fake rmcp's lines all arrive, in
-//!    order.
+//!    `guarded`, on a current-thread runtime. A fake kernel answers each referred call after a
+//!    yield, on the call's own task. A fake rmcp reads the guard's output to the end, answering
+//!    each line with a JSON line of its own written in two halves, then closes, and the session
+//!    is finished as the shim does. Checks: every line passed to rmcp is newline-terminated and
+//!    `check_line` says `Pass` or `Cancel` for it; the passed lines are exactly the `Pass` and
+//!    `Cancel` lines of a model of the line splitting (`\n`, one trailing `\r` stripped on a
+//!    terminated line, blank lines skipped, lines over `MAX_LINE_BYTES` answered); every line on
+//!    stdout is valid JSON; the guard's own answers on stdout are exactly the model's, in order;
+//!    the referred calls' answers are exactly the model's, in any order (each call runs on its
+//!    own task); a call without an id gets none; the fake rmcp's lines all arrive, in order.
 //! 3. If the control byte is 0xff (rare on purpose: such a run costs ~50 normal ones), the next
 //!    byte is a parameter and the first line after it is padded at its start with `x` to
 //!    `MAX_LINE_BYTES - 2 ..= MAX_LINE_BYTES + 1` bytes (bits 0-1 of the parameter), so the
@@ -91,9 +95,16 @@ fn checked(line: &[u8]) -> Verdict {
     let verdict = check_line(line);
     match &verdict {
         Verdict::Answer(v) => assert_answer(v),
-        Verdict::Pass => {
+        Verdict::Pass | Verdict::Cancel(_) => {
             let v: Value = serde_json::from_slice(line)
                 .unwrap_or_else(|e| panic!("Pass for non-JSON ({e}): {}", shown(line)));
+            assert_ne!(v["method"], "tools/call", "a call passed: {}", shown(line));
+            if let Verdict::Cancel(id) = &verdict {
+                assert_eq!(v["method"], "notifications/cancelled", "Cancel: {}", shown(line));
+                assert!(v.get("id").is_none(), "Cancel of a request: {}", shown(line));
+                assert_eq!(&v["params"]["requestId"], id, "Cancel of another id: {}", shown(line));
+                assert!(valid_id(id), "Cancel with a bad id: {}", shown(line));
+            }
             let obj = v
                 .as_object()
                 .unwrap_or_else(|| panic!("Pass for a non-object: {}", shown(line)));
@@ -121,10 +132,8 @@ fn checked(line: &[u8]) -> Verdict {
             assert_eq!(r.id.as_ref(), v.get("id"), "Refer with another id: {}", shown(line));
             assert!(r.id.as_ref().is_none_or(valid_id), "Refer with a bad id: {}", shown(line));
             assert!(
-                r.id.is_none()
-                    || !v["params"]["name"].is_string()
-                    || !(v["params"]["arguments"].is_object() || v["params"]["arguments"].is_null()),
-                "Refer of a call rmcp can parse: {}",
+                r.arguments.as_ref().is_none_or(|a| !a.is_null()),
+                "Refer with null arguments: {}",
                 shown(line)
             );
         }
@@ -142,15 +151,16 @@ fn referred(r: &Referral) -> Value {
 #[derive(Debug, Default)]
 struct Expected {
     passed: Vec<Vec<u8>>,
+    /// The guard's own answers, in order.
     answers: Vec<Answer>,
+    /// The fake kernel's answers to referred calls, in any order.
+    referred: Vec<Value>,
 }
 
 #[derive(Debug)]
 enum Answer {
     /// The answer `check_line` gives.
     Exactly(Value),
-    /// The fake kernel's answer to a referred call.
-    Referred(Value),
     /// A line of this many bytes (without its newline) over the limit.
     TooLong(usize),
 }
@@ -179,11 +189,11 @@ fn model(stdin: &[u8]) -> Expected {
             continue;
         }
         match checked(line) {
-            Verdict::Pass => expected.passed.push(line.to_vec()),
+            Verdict::Pass | Verdict::Cancel(_) => expected.passed.push(line.to_vec()),
             Verdict::Answer(v) => expected.answers.push(Answer::Exactly(v)),
             // A call without an id goes to the kernel, but nothing is answered.
             Verdict::Refer(r) if r.id.is_none() => {}
-            Verdict::Refer(r) => expected.answers.push(Answer::Referred(referred(&r))),
+            Verdict::Refer(r) => expected.referred.push(referred(&r)),
             Verdict::Ignore(_) => {}
         }
     }
@@ -199,14 +209,14 @@ fn echo(n: usize) -> String {
 async fn session(stdin: Vec<u8>, chunk: usize) -> (Vec<Vec<u8>>, Vec<u8>) {
     let (mut client_in, shim_in) = tokio::io::duplex(64 * 1024);
     let (shim_out, mut client_out) = tokio::io::duplex(64 * 1024);
-    let ((rmcp_in, mut rmcp_out), writer) = guarded(
+    let ((rmcp_in, mut rmcp_out), finish) = guarded(
         shim_in,
         shim_out,
-        std::sync::Arc::new(|r: Referral| {
-            let answer = referred(&r);
+        std::sync::Arc::new(|r: Referral, _cancel| {
+            let answer = referred(&r).to_string().into_bytes();
             Box::pin(async move {
                 tokio::task::yield_now().await;
-                answer
+                Some(answer)
             })
         }),
     );
@@ -257,7 +267,7 @@ async fn session(stdin: Vec<u8>, chunk: usize) -> (Vec<Vec<u8>>, Vec<u8>) {
     });
 
     let passed = fake_rmcp.await.expect("fake rmcp");
-    writer.await.expect("the stdout writer");
+    finish.finish(SESSION_TIMEOUT).await;
     feeder.await.expect("feeder");
     let out = stdout.await.expect("stdout reader");
     (passed, out)
@@ -294,9 +304,8 @@ fuzz_target!(|data: &[u8]| {
     // check_line must pass every line the guard passed. (A line over 64 KiB is only compared with
     // the model's line below, which check_line passed: re-parsing megabytes here costs too much.)
     for line in passed.iter().filter(|l| l.len() <= 64 * 1024) {
-        assert_eq!(
-            check_line(line),
-            Verdict::Pass,
+        assert!(
+            matches!(check_line(line), Verdict::Pass | Verdict::Cancel(_)),
             "the guard passed a line check_line does not pass: {}",
             shown(line)
         );
@@ -324,6 +333,7 @@ fuzz_target!(|data: &[u8]| {
     );
     let mut echoes = 0usize;
     let mut answers = Vec::new();
+    let mut referred_answers = Vec::new();
     for line in out.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
         let v: Value = serde_json::from_slice(line)
             .unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {}", shown(line)));
@@ -331,7 +341,7 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(n.as_u64(), Some(echoes as u64), "rmcp lines out of order");
             echoes += 1;
         } else if v["result"].get("referred").is_some() {
-            answers.push(v);
+            referred_answers.push(v);
         } else {
             assert_answer(&v);
             answers.push(v);
@@ -346,7 +356,7 @@ fuzz_target!(|data: &[u8]| {
     );
     for (got, want) in answers.iter().zip(&expected.answers) {
         match want {
-            Answer::Exactly(want) | Answer::Referred(want) => assert_eq!(got, want, "guard answer"),
+            Answer::Exactly(want) => assert_eq!(got, want, "guard answer"),
             Answer::TooLong(len) => {
                 assert_eq!(got["error"]["code"], INVALID_REQUEST, "{got}");
                 assert!(got["id"].is_null(), "{got}");
@@ -358,4 +368,9 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
+    let mut want: Vec<String> = expected.referred.iter().map(Value::to_string).collect();
+    let mut got: Vec<String> = referred_answers.iter().map(Value::to_string).collect();
+    want.sort();
+    got.sort();
+    assert_eq!(got, want, "answers to referred calls");
 });

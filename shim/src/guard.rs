@@ -1,14 +1,16 @@
-//! The stdin guard: every line a client writes is checked before rmcp sees it, so that malformed
-//! JSON-RPC gets the answer JSON-RPC prescribes (and the shim keeps serving) instead of being
-//! dropped silently, which leaves a client waiting for its timeout.
+//! The stdin guard: every line a client writes is checked before it goes anywhere, so that
+//! malformed JSON-RPC gets the answer JSON-RPC prescribes (and the shim keeps serving) instead of
+//! being dropped silently, which leaves a client waiting for its timeout.
 //!
 //! [`check_line`] is a pure function (fuzzed: `fuzz/fuzz_targets/shim_stdin.rs`). It never
-//! decides anything about authority: a well-formed `tools/call`, whatever tool it names, passes
-//! through to the broker and its kernel. A `tools/call` that rmcp could not parse (its name not
-//! a string or missing, its arguments not an object) or would drop (sent as a notification) is
-//! an attempt all the same: it is [`Verdict::Refer`]red to the kernel, which decides and records
-//! it (ADR 0014: an attempt that leaves no trace is the one outcome the boundary must not
-//! produce).
+//! decides anything about authority. Every `tools/call`, whatever tool it names and whatever the
+//! shape of its name and arguments, is [`Verdict::Refer`]red to the kernel, which decides and
+//! records it (ADR 0014: an attempt that leaves no trace is the one outcome the boundary must not
+//! produce); the shim answers it itself, in rmcp's wire shape, so a call does not pay for rmcp's
+//! parse, dispatch and serialization on top of the guard's own parse. That includes a call rmcp
+//! could not parse (its name not a string or missing, its arguments not an object) or would drop
+//! (sent as a notification). A `notifications/cancelled` passes on to rmcp and also names the
+//! referred call to cancel ([`Verdict::Cancel`]). Everything else passes to rmcp.
 
 use serde_json::{Value, json};
 
@@ -26,10 +28,12 @@ pub const INTERNAL_ERROR: i64 = -32603;
 pub enum Verdict {
     /// Hand it to the MCP server unchanged.
     Pass,
+    /// A `notifications/cancelled`: hand it to the MCP server unchanged (it may name one of
+    /// rmcp's requests), and cancel the referred call with this request id if one is in flight.
+    Cancel(Value),
     /// Answer with this JSON-RPC error response; the line goes no further.
     Answer(Value),
-    /// A `tools/call` rmcp cannot parse, or would drop (sent without an id): send it to the
-    /// kernel as it is, and answer what it says if it has an id.
+    /// A `tools/call`: send it to the kernel as it is, and answer what it says if it has an id.
     Refer(Referral),
     /// A response or notification nobody waits for: nothing to answer (JSON-RPC never answers a
     /// response); note why.
@@ -47,7 +51,8 @@ pub struct Referral {
     /// (`5`, `null`), empty when it is missing. The kernel refuses it as malformed or
     /// unpublished.
     pub tool: String,
-    /// The arguments as sent, whatever their type.
+    /// The arguments as sent, whatever their type; `None` when missing or null (rmcp's "no
+    /// arguments").
     pub arguments: Option<Value>,
 }
 
@@ -144,21 +149,29 @@ pub fn check_line(line: &[u8]) -> Verdict {
         ));
     }
     if method == "tools/call" {
-        let (tool, named) = match params.and_then(|p| p.get("name")) {
-            Some(Value::String(name)) => (name.clone(), true),
-            Some(other) => (other.to_string(), false),
-            None => (String::new(), false),
+        let tool = match params.and_then(|p| p.get("name")) {
+            Some(Value::String(name)) => name.clone(),
+            Some(other) => other.to_string(),
+            None => String::new(),
         };
-        let arguments = params.and_then(|p| p.get("arguments"));
-        // Sent as a notification (no id), rmcp would drop it unseen; JSON-RPC forbids an answer
-        // but not the work, so the kernel decides and records it and nobody is answered.
-        if id.is_none() || !named || arguments.is_some_and(|a| !(a.is_object() || a.is_null())) {
-            return Verdict::Refer(Referral {
-                id: id.cloned(),
-                tool,
-                arguments: arguments.cloned(),
-            });
-        }
+        // Sent as a notification (no id), the call is still an attempt: JSON-RPC forbids an
+        // answer but not the work, so the kernel decides and records it and nobody is answered.
+        return Verdict::Refer(Referral {
+            id: id.cloned(),
+            tool,
+            arguments: params
+                .and_then(|p| p.get("arguments"))
+                .filter(|a| !a.is_null())
+                .cloned(),
+        });
+    }
+    if method == "notifications/cancelled"
+        && id.is_none()
+        && let Some(request) = params
+            .and_then(|p| p.get("requestId"))
+            .filter(|r| valid_id(r))
+    {
+        return Verdict::Cancel(request.clone());
     }
     Verdict::Pass
 }
@@ -230,7 +243,6 @@ mod tests {
             check_line(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}"),
             Verdict::Pass
         );
-        assert_eq!(check_line(br#"{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"name":"files read","arguments":{}}}"#), Verdict::Pass);
         assert_eq!(
             check_line(br#"{"jsonrpc":"2.0","id":2,"method":"unknown/method"}"#),
             Verdict::Pass
@@ -248,7 +260,7 @@ mod tests {
     }
 
     #[test]
-    fn calls_rmcp_cannot_parse_are_referred_to_the_kernel() {
+    fn every_call_is_referred_to_the_kernel() {
         let refer = |line: &[u8]| match check_line(line) {
             Verdict::Refer(r) => r,
             other => panic!("{other:?} for {}", String::from_utf8_lossy(line)),
@@ -282,10 +294,47 @@ mod tests {
             br#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"files.read","arguments":{"path":"/x"}}}"#,
         );
         assert_eq!((r.id, r.tool.as_str()), (None, "files.read"));
-        // Null arguments are rmcp's "none": the call passes.
-        assert_eq!(
-            check_line(br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","arguments":null}}"#),
-            Verdict::Pass
+        // Well formed, whatever tool it names.
+        let r = refer(
+            br#"{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"name":"files read","arguments":{"p":1}}}"#,
         );
+        assert_eq!(
+            r,
+            Referral {
+                id: Some(json!("a")),
+                tool: "files read".into(),
+                arguments: Some(json!({"p": 1}))
+            }
+        );
+        // Null arguments are rmcp's "none".
+        let r = refer(
+            br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","arguments":null}}"#,
+        );
+        assert_eq!(r.arguments, None);
+    }
+
+    #[test]
+    fn a_cancellation_names_the_call_and_still_passes() {
+        assert_eq!(
+            check_line(
+                br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"x"}}"#
+            ),
+            Verdict::Cancel(json!(7))
+        );
+        assert_eq!(
+            check_line(
+                br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"r7"}}"#
+            ),
+            Verdict::Cancel(json!("r7"))
+        );
+        // No usable request id: rmcp gets it as it is.
+        for line in [
+            &br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1.5}}"#
+                [..],
+            br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{}}"#,
+            br#"{"jsonrpc":"2.0","method":"notifications/cancelled"}"#,
+        ] {
+            assert_eq!(check_line(line), Verdict::Pass);
+        }
     }
 }

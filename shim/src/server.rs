@@ -1,5 +1,7 @@
-//! The MCP side of the shim: an rmcp `ServerHandler` whose tool list is the turn's published
-//! catalogue and whose `tools/call` forwards the raw call to the broker.
+//! The MCP side of the shim: an rmcp `ServerHandler` that answers `initialize` and lists the
+//! turn's published catalogue, and the [`Shim::referrer`] that forwards every `tools/call` (which
+//! the stdin guard takes before rmcp sees it) to the broker as sent, and answers it in rmcp's wire
+//! shape.
 //!
 //! [`to_mcp`] is the one mapping from a kernel answer to an MCP result: succeeded → content;
 //! denied and failed → `isError: true` with a first text block that starts with the outcome
@@ -9,9 +11,9 @@
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    InitializeRequestParams, InitializeResult, ListToolsResult, MetaObject, PaginatedRequestParams,
-    ProtocolVersion, ServerCapabilities, ServerConfig, ServerResult, Tool,
+    CallToolResult, ContentBlock, Implementation, InitializeRequestParams, InitializeResult,
+    ListToolsResult, MetaObject, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
+    ServerConfig, ServerResult, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler, ServiceExt};
@@ -216,28 +218,45 @@ impl Shim {
         result
     }
 
-    /// Answers the `tools/call` requests the stdin guard referred (rmcp could not parse them, or
-    /// they came without an id): the kernel decides and records them like any other call.
+    /// The whole JSON-RPC response to a call, as one line.
+    fn response(&self, id: Value, result: CallToolResult) -> Vec<u8> {
+        #[derive(serde::Serialize)]
+        struct Response<'a> {
+            jsonrpc: &'static str,
+            id: &'a Value,
+            result: &'a ServerResult,
+        }
+        let result = self.wire_shape(result);
+        serde_json::to_vec(&Response {
+            jsonrpc: "2.0",
+            id: &id,
+            result: &result,
+        })
+        .unwrap_or_else(|e| {
+            crate::guard::error(
+                id,
+                crate::guard::INTERNAL_ERROR,
+                format!("the shim could not represent the broker's answer: {e}"),
+            )
+            .to_string()
+            .into_bytes()
+        })
+    }
+
+    /// Answers every `tools/call` (the stdin guard refers them all, rmcp never sees one): the
+    /// kernel decides and records it, whatever its shape, and the answer takes the wire shape
+    /// rmcp gives its own results. Nothing is answered for a call the client cancelled.
     fn referrer(&self) -> crate::stdio::Refer {
-        let shim = self.clone();
-        Arc::new(move |referral: Referral| {
+        let shim = Arc::new(self.clone());
+        Arc::new(move |referral: Referral, cancel| {
             let shim = shim.clone();
             Box::pin(async move {
                 let id = referral.id.unwrap_or(Value::Null);
                 let request_id = request_id_text(id.clone());
-                let never = tokio_util::sync::CancellationToken::new();
                 let result = shim
-                    .forward(referral.tool, referral.arguments, request_id, &never)
-                    .await;
-                let result = result.and_then(|r| serde_json::to_value(shim.wire_shape(r)).ok());
-                match result {
-                    Some(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
-                    None => crate::guard::error(
-                        id,
-                        crate::guard::INTERNAL_ERROR,
-                        "the shim could not represent the broker's answer",
-                    ),
-                }
+                    .forward(referral.tool, referral.arguments, request_id, &cancel)
+                    .await?;
+                Some(shim.response(id, result))
             })
         })
     }
@@ -284,25 +303,13 @@ impl ServerHandler for Shim {
         Ok(ListToolsResult::with_all_items(self.tools.as_ref().clone()))
     }
 
-    async fn call_tool(
-        &self,
-        request: CallToolRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, McpError> {
-        let request_id = serde_json::to_value(&context.id)
-            .ok()
-            .and_then(request_id_text);
-        let arguments = request.arguments.map(Value::Object);
-        match self
-            .forward(request.name.to_string(), arguments, request_id, &context.ct)
-            .await
-        {
-            Some(result) => Ok(result.into()),
-            // Cancelled by the client: rmcp sends no response to a cancelled request.
-            None => Err(McpError::internal_error("request cancelled", None)),
-        }
-    }
+    // No `call_tool`: the stdin guard takes every `tools/call` before rmcp sees it (see
+    // `referrer`).
 }
+
+/// How long calls still in flight when the client closes stdin may run on before the shim exits
+/// (then the broker records them as cancelled: the shim went away).
+const CALL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Serves MCP on stdin/stdout until the client leaves or the turn ends.
 pub async fn serve(shim: Shim) -> End {
@@ -311,10 +318,11 @@ pub async fn serve(shim: Shim) -> End {
     // rmcp's stdio pipes: faster than tokio's, and their reads can be cancelled, so the process
     // can exit while the client is still connected (turn closed, broker gone).
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
-    let (transport, writer) = crate::stdio::guarded(stdin, stdout, shim.referrer());
+    let (transport, session) = crate::stdio::guarded(stdin, stdout, shim.referrer());
     let end = serve_on(shim, transport, ct, &link).await;
-    // Everything rmcp and the guard wrote reaches stdout before the process exits.
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), writer).await;
+    // Calls in flight get their answers (when the turn ended, the link has answered them all
+    // already), and everything answered reaches stdout before the process exits.
+    session.finish(CALL_GRACE).await;
     end
 }
 

@@ -1,20 +1,35 @@
-//! The shim's stdin and stdout: lines from the client go through the [`crate::guard`] before
-//! rmcp sees them; rmcp's output and the guard's answers share one writer, whole lines only.
+//! The shim's stdin and stdout: lines from the client go through the [`crate::guard`] first.
+//! Every `tools/call` is answered here (by a [`Refer`] function, on its own task); the rest goes
+//! on to rmcp. rmcp's output and the calls' answers share one writer, whole lines only.
 //!
 //! Owns stdout: nothing else in the shim writes to it.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::guard::{self, Referral, Verdict};
 
-/// Answers a [`Verdict::Refer`]red call: the whole JSON-RPC response for it.
-pub type Refer =
-    Arc<dyn Fn(Referral) -> Pin<Box<dyn Future<Output = serde_json::Value> + Send>> + Send + Sync>;
+/// Answers a [`Verdict::Refer`]red call: the whole JSON-RPC response for it, one line without its
+/// newline, or `None` when nothing is to be answered (the client cancelled the call: the token
+/// it is given fired).
+pub type Refer = Arc<
+    dyn Fn(Referral, CancellationToken) -> Pin<Box<dyn Future<Output = Option<Vec<u8>>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// How long the writer waits for itself to drain once everything else is over.
+const WRITER_GRACE: Duration = Duration::from_secs(2);
 
 /// Bytes buffered between the guard and rmcp, each way.
 const PIPE_BYTES: usize = 1 << 20;
@@ -60,17 +75,45 @@ async fn next_line<R: AsyncRead + Unpin>(
     }
 }
 
-/// Wires stdin and stdout to rmcp through the guard. Returns rmcp's transport ends and the task
-/// that owns stdout (await it after the session ends, so everything written is flushed).
+/// Calls in flight by request id (its JSON text, so `7` and `"7"` stay apart), each with a serial
+/// so that a finished call does not remove a later one that reused its id.
+type InFlight = Arc<Mutex<HashMap<String, (u64, CancellationToken)>>>;
+
+/// What [`guarded`] leaves running besides rmcp's transport.
+pub struct Session {
+    writer: JoinHandle<()>,
+    calls: TaskTracker,
+    done: CancellationToken,
+}
+
+impl Session {
+    /// Ends the session once rmcp's has ended: waits up to `grace` for the calls still in
+    /// flight, then for the writer to put every answer on stdout. A call still running after
+    /// `grace` is left to the broker, which records it as cancelled when the shim goes away.
+    pub async fn finish(self, grace: Duration) {
+        self.calls.close();
+        if tokio::time::timeout(grace, self.calls.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                calls = self.calls.len(),
+                "calls still in flight at exit are left unanswered"
+            );
+        }
+        self.done.cancel();
+        let _ = tokio::time::timeout(WRITER_GRACE, self.writer).await;
+    }
+}
+
+/// Wires stdin and stdout to rmcp through the guard. Returns rmcp's transport ends and the
+/// [`Session`] to finish after rmcp's session ends, so everything answered reaches stdout.
 ///
-/// A referred call with an id is answered by `refer` before the next line is read: the kernel
-/// refuses such a call before anything runs, and the answers keep the order of the lines. One
-/// without an id (a notification) runs on its own task and its answer is dropped.
-pub fn guarded<R, W>(
-    stdin: R,
-    stdout: W,
-    refer: Refer,
-) -> ((DuplexStream, DuplexStream), tokio::task::JoinHandle<()>)
+/// Each `tools/call` runs on its own task and is answered when `refer` resolves, so a slow call
+/// holds up nothing else; one without an id (a notification) is decided and recorded but its
+/// answer is dropped. A `notifications/cancelled` naming a call in flight fires that call's
+/// token (and still goes on to rmcp, which ignores ids it does not know).
+pub fn guarded<R, W>(stdin: R, stdout: W, refer: Refer) -> ((DuplexStream, DuplexStream), Session)
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -78,6 +121,11 @@ where
     let (mut to_rmcp, rmcp_in) = tokio::io::duplex(PIPE_BYTES);
     let (rmcp_out, from_rmcp) = tokio::io::duplex(PIPE_BYTES);
     let (answers, mut answers_rx) = mpsc::channel::<Vec<u8>>(ANSWER_QUEUE);
+    let calls = TaskTracker::new();
+    let done = CancellationToken::new();
+    let in_flight = InFlight::default();
+    let serial = AtomicU64::new(0);
+    let tracker = calls.clone();
     tokio::spawn(async move {
         let mut input = BufReader::new(stdin);
         let mut line = Vec::new();
@@ -102,6 +150,20 @@ where
                         break;
                     }
                 }
+                Verdict::Cancel(id) => {
+                    let cancelled = in_flight
+                        .lock()
+                        .ok()
+                        .and_then(|mut m| m.remove(&id.to_string()));
+                    if let Some((_, token)) = cancelled {
+                        tracing::debug!(%id, "call cancelled by the client");
+                        token.cancel();
+                    }
+                    line.push(b'\n');
+                    if to_rmcp.write_all(&line).await.is_err() {
+                        break;
+                    }
+                }
                 Verdict::Answer(v) => {
                     tracing::info!(answer = %v, "malformed input answered by the shim");
                     let mut bytes = v.to_string().into_bytes();
@@ -110,18 +172,36 @@ where
                         break;
                     }
                 }
-                Verdict::Refer(referral) if referral.id.is_none() => {
-                    // Nobody waits for it, and it may run as long as any call: on its own task.
-                    tracing::info!(tool = %referral.tool, "tools/call sent as a notification: decided and recorded, not answered");
-                    tokio::spawn(refer(referral));
-                }
                 Verdict::Refer(referral) => {
-                    tracing::info!(tool = %referral.tool, "malformed tools/call referred to the kernel");
-                    let mut bytes = refer(referral).await.to_string().into_bytes();
-                    bytes.push(b'\n');
-                    if answers.send(bytes).await.is_err() {
-                        break;
+                    let token = CancellationToken::new();
+                    let key = referral.id.as_ref().map(|id| {
+                        let key = (id.to_string(), serial.fetch_add(1, Ordering::Relaxed));
+                        if let Ok(mut m) = in_flight.lock() {
+                            m.insert(key.0.clone(), (key.1, token.clone()));
+                        }
+                        key
+                    });
+                    if key.is_none() {
+                        // JSON-RPC forbids an answer, not the work: decided and recorded.
+                        tracing::info!(tool = %referral.tool, "tools/call sent as a notification: decided and recorded, not answered");
                     }
+                    let answer = refer(referral, token);
+                    let (answers, in_flight) = (answers.clone(), in_flight.clone());
+                    tracker.spawn(async move {
+                        let answer = answer.await;
+                        let Some((key, serial)) = key else {
+                            return;
+                        };
+                        if let Ok(mut m) = in_flight.lock()
+                            && m.get(&key).is_some_and(|(s, _)| *s == serial)
+                        {
+                            m.remove(&key);
+                        }
+                        if let Some(mut bytes) = answer {
+                            bytes.push(b'\n');
+                            let _ = answers.send(bytes).await;
+                        }
+                    });
                 }
                 Verdict::Ignore(why) => tracing::info!("ignored input: {why}"),
             }
@@ -129,12 +209,14 @@ where
         // End of stdin: rmcp sees the end of its input and the session closes.
         let _ = to_rmcp.shutdown().await;
     });
+    let finishing = done.clone();
     let writer = tokio::spawn(async move {
         let mut out = stdout;
         let mut from_rmcp = BufReader::new(from_rmcp);
         let mut line = Vec::new();
         let mut rmcp_open = true;
         let mut answers_open = true;
+        let mut finished = false;
         loop {
             let bytes = tokio::select! {
                 n = from_rmcp.read_until(b'\n', &mut line), if rmcp_open => match n {
@@ -148,6 +230,10 @@ where
                     answers_open = a.is_some();
                     a
                 }
+                () = finishing.cancelled(), if !finished => {
+                    finished = true;
+                    None
+                }
                 else => return,
             };
             if let Some(bytes) = bytes
@@ -155,8 +241,9 @@ where
             {
                 return;
             }
-            if !rmcp_open {
-                // The session is over: flush the answers already queued, then stop.
+            if !rmcp_open && finished {
+                // The session is over and the calls are done: write the answers already
+                // queued, then stop.
                 while let Ok(bytes) = answers_rx.try_recv() {
                     if out.write_all(&bytes).await.is_err() {
                         return;
@@ -167,5 +254,12 @@ where
             }
         }
     });
-    ((rmcp_in, rmcp_out), writer)
+    (
+        (rmcp_in, rmcp_out),
+        Session {
+            writer,
+            calls,
+            done,
+        },
+    )
 }

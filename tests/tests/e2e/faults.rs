@@ -269,7 +269,7 @@ async fn lifecycle_ends_are_recorded_and_leak_nothing() {
     assert_eq!(outcome_of(&t1).as_deref(), Some("cancelled/turn_closed"));
     assert_eq!(outcome_of(&t2).as_deref(), Some("cancelled/turn_closed"));
     assert_eq!(outcome_of(&t3).as_deref(), Some("cancelled/disconnected"));
-    // Closing stdin lets rmcp finish in-flight calls (up to 5 s), so the call may complete.
+    // Closing stdin lets the shim finish in-flight calls (up to 5 s), so the call may complete.
     assert!(
         matches!(
             outcome_of(&t4).as_deref(),

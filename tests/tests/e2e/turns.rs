@@ -135,6 +135,10 @@ async fn cancellation_of_a_slow_call_is_recorded_as_cancelled() {
                     "params": {"name": "files.read", "arguments": {"path": "/public/hello.txt"}}}))
         .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // The slow call holds up nothing else: a ping is answered while it runs.
+    raw.send(json!({"jsonrpc": "2.0", "id": 6, "method": "ping"}))
+        .await;
+    assert_eq!(raw.recv().await["id"], 6, "ping answered during the call");
     raw.send(
         json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
                     "params": {"requestId": 7, "reason": "test"}}),
