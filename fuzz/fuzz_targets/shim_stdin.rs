@@ -1,7 +1,8 @@
 //! Fuzzes the shim's stdin handling: the pure line check (`sharedos_mcp_shim::guard::check_line`)
 //! and the streaming path in front of rmcp (`sharedos_mcp_shim::stdio::guarded`).
 //!
-//! 1. `check_line` never panics, on the whole input and on every line of it. An `Answer` is a JSON
+//! 1. `check_line` never panics, on the whole input and on every line of it. Where
+//!    `check_line_fast` gives a verdict (lines up to 64 KiB), it is `check_line_full`'s. An `Answer` is a JSON
 //!    object with `jsonrpc: "2.0"`, an `error.code` in {-32700, -32600, -32602}, a string
 //!    `error.message` and an `id` that is null, a string or an integer, and serializes to one line.
 //!    `Pass` and `Cancel` only for a JSON object with `jsonrpc == "2.0"`, a string `method` other
@@ -38,6 +39,7 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use sharedos_mcp_shim::guard::{
     INVALID_PARAMS, INVALID_REQUEST, MAX_LINE_BYTES, PARSE_ERROR, Referral, Verdict, check_line,
+    check_line_fast, check_line_full,
 };
 use sharedos_mcp_shim::stdio::guarded;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -93,6 +95,16 @@ fn assert_answer(v: &Value) {
 /// `check_line` plus the invariants of its verdict.
 fn checked(line: &[u8]) -> Verdict {
     let verdict = check_line(line);
+    if line.len() <= 64 * 1024 {
+        if let Some(fast) = check_line_fast(line) {
+            assert_eq!(
+                fast,
+                check_line_full(line),
+                "the fast check disagrees with the full one: {}",
+                shown(line)
+            );
+        }
+    }
     match &verdict {
         Verdict::Answer(v) => assert_answer(v),
         Verdict::Pass | Verdict::Cancel(_) => {
