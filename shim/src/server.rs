@@ -17,6 +17,7 @@ use rmcp::model::{
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler, ServiceExt};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use sharedos_proto::alias::PortableNames;
 use sharedos_proto::ipc::{CallAnswer, META_KEY};
@@ -120,6 +121,123 @@ pub fn to_mcp(answer: &CallAnswer) -> CallToolResult {
     result
 }
 
+/// A result as rmcp would put it on the wire: before 2026-07-28 (`current` false) without
+/// `resultType: "complete"` and without non-object structured output.
+fn wire_shape(result: CallToolResult, current: bool) -> ServerResult {
+    let mut result = ServerResult::from(result);
+    if !current {
+        result.strip_result_type_for_legacy_peer();
+        result.strip_non_object_output_for_legacy_peer();
+    }
+    result
+}
+
+/// The MCP result for a kernel answer as [`to_mcp`] and [`wire_shape`] put it on the wire,
+/// written straight from the answer: rmcp's types cost a fifth of the shim's CPU per call
+/// (building the `_meta` map, converting each content block, serializing, dropping). Only where
+/// the outcome is plain: every content block is one rmcp can represent, and before 2026-07-28
+/// structured content, if any, is an object (rmcp rewrites the others). Content blocks go as the
+/// broker gave them; they come from rmcp's own types (upstreams) or the files provider, so rmcp's
+/// path writes the same. Tested against that path.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Direct<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result_type: Option<&'static str>,
+    content: Blocks<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    structured_content: Option<&'a Value>,
+    is_error: bool,
+    #[serde(rename = "_meta")]
+    meta: DirectMeta<'a>,
+}
+
+/// The content: for an error the sentence first, then what the provider gave.
+struct Blocks<'a> {
+    sentence: Option<Value>,
+    rest: &'a [Value],
+}
+
+impl serde::Serialize for Blocks<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.sentence.iter().chain(self.rest))
+    }
+}
+
+#[derive(serde::Serialize)]
+struct DirectMeta<'a> {
+    sharedos: MetaFields<'a>,
+}
+
+/// [`CallAnswer::meta`], field for field.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MetaFields<'a> {
+    outcome: &'static str,
+    code: String,
+    call_id: &'a str,
+    tool: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    action: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resource: Option<&'a str>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    policies: &'a [String],
+}
+
+impl<'a> Direct<'a> {
+    /// `None` where the answer needs rmcp's handling (see above).
+    fn new(answer: &'a CallAnswer, current: bool) -> Option<Self> {
+        let representable = answer
+            .content
+            .iter()
+            .all(|c| ContentBlock::deserialize(c).is_ok());
+        if !representable {
+            return None;
+        }
+        let is_error = answer.outcome.is_error();
+        let structured_content = if is_error {
+            None
+        } else {
+            answer.structured_content.as_ref()
+        };
+        if !current && structured_content.is_some_and(|v| !v.is_object()) {
+            return None;
+        }
+        let sentence = is_error.then(|| {
+            let text = answer.message.clone().unwrap_or_else(|| {
+                format!(
+                    "{}: {} ({})",
+                    answer.outcome.word(),
+                    answer.tool,
+                    answer.outcome.code()
+                )
+            });
+            json!({"type": "text", "text": text})
+        });
+        Some(Direct {
+            result_type: current.then_some("complete"),
+            content: Blocks {
+                sentence,
+                rest: &answer.content,
+            },
+            structured_content,
+            is_error,
+            meta: DirectMeta {
+                sharedos: MetaFields {
+                    outcome: answer.outcome.word(),
+                    code: answer.outcome.code(),
+                    call_id: &answer.call_id,
+                    tool: &answer.tool,
+                    action: answer.requirement.as_ref().map(|r| r.action.as_str()),
+                    resource: answer.requirement.as_ref().map(|r| r.resource.as_str()),
+                    policies: &answer.policies,
+                },
+            },
+        })
+    }
+}
+
 /// An answer the shim makes itself when the broker cannot give one.
 fn local_answer(tool: &str, why: &LinkDown) -> CallAnswer {
     let (outcome, message) = match why {
@@ -176,14 +294,16 @@ fn request_id_text(id: Value) -> Option<String> {
 }
 
 impl Shim {
-    /// Sends a call to the broker and maps its answer; the one path for every `tools/call`.
+    /// Sends a call to the broker; resolves with its answer (or the shim's own, when the broker
+    /// cannot give one), or `None` when the client cancelled it. The one path for every
+    /// `tools/call`.
     async fn forward(
         &self,
         sent: String,
         arguments: Option<Value>,
         request_id: Option<String>,
         cancel: &tokio_util::sync::CancellationToken,
-    ) -> Option<CallToolResult> {
+    ) -> Option<CallAnswer> {
         // A portable name is mapped back to the canonical one; any other string goes as sent.
         let tool = match &self.portable {
             Some(p) => p.canonical(&sent).to_owned(),
@@ -195,44 +315,50 @@ impl Shim {
             request_id,
         };
         match self.link.call(call, cancel).await {
-            Some(Ok(answer)) => Some(to_mcp(&answer)),
-            Some(Err(why)) => Some(to_mcp(&local_answer(&tool, &why))),
+            Some(Ok(answer)) => Some(answer),
+            Some(Err(why)) => Some(local_answer(&tool, &why)),
             None => None,
         }
     }
 
-    /// A result as rmcp would put it on the wire for the negotiated protocol: before 2026-07-28
-    /// without `resultType: "complete"` and without non-object structured output.
-    fn wire_shape(&self, result: CallToolResult) -> ServerResult {
-        let mut result = ServerResult::from(result);
-        let current = self
-            .protocol
+    /// The negotiated protocol is 2026-07-28 or later.
+    fn current_protocol(&self) -> bool {
+        self.protocol
             .lock()
             .ok()
             .and_then(|p| p.clone())
-            .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
-        if !current {
-            result.strip_result_type_for_legacy_peer();
-            result.strip_non_object_output_for_legacy_peer();
-        }
-        result
+            .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str())
     }
 
-    /// The whole JSON-RPC response to a call, as one line.
-    fn response(&self, id: Value, result: CallToolResult) -> Vec<u8> {
+    /// A result as rmcp would put it on the wire for the negotiated protocol.
+    fn wire_shape(&self, result: CallToolResult) -> ServerResult {
+        wire_shape(result, self.current_protocol())
+    }
+
+    /// The whole JSON-RPC response to a call, as one line: written straight from the answer
+    /// ([`Direct`]), or through rmcp's types ([`to_mcp`], [`wire_shape`]) for the shapes
+    /// the direct writer leaves to them.
+    fn response(&self, id: Value, answer: &CallAnswer) -> Vec<u8> {
         #[derive(serde::Serialize)]
-        struct Response<'a> {
+        struct Response<'a, R> {
             jsonrpc: &'static str,
             id: &'a Value,
-            result: &'a ServerResult,
+            result: R,
         }
-        let result = self.wire_shape(result);
-        serde_json::to_vec(&Response {
-            jsonrpc: "2.0",
-            id: &id,
-            result: &result,
-        })
-        .unwrap_or_else(|e| {
+        let current = self.current_protocol();
+        let written = match Direct::new(answer, current) {
+            Some(result) => serde_json::to_vec(&Response {
+                jsonrpc: "2.0",
+                id: &id,
+                result,
+            }),
+            None => serde_json::to_vec(&Response {
+                jsonrpc: "2.0",
+                id: &id,
+                result: self.wire_shape(to_mcp(answer)),
+            }),
+        };
+        written.unwrap_or_else(|e| {
             crate::guard::error(
                 id,
                 crate::guard::INTERNAL_ERROR,
@@ -253,10 +379,10 @@ impl Shim {
             Box::pin(async move {
                 let id = referral.id.unwrap_or(Value::Null);
                 let request_id = request_id_text(id.clone());
-                let result = shim
+                let answer = shim
                     .forward(referral.tool, referral.arguments, request_id, &cancel)
                     .await?;
-                Some(shim.response(id, result))
+                Some(shim.response(id, &answer))
             })
         })
     }
@@ -421,5 +547,67 @@ mod tests {
         ));
         let r = serde_json::to_value(gone).expect("json");
         assert_eq!(r["_meta"]["sharedos"]["code"], "broker_unavailable");
+    }
+
+    #[test]
+    fn the_direct_writer_writes_what_rmcp_writes() {
+        let text = json!({"type": "text", "text": "body"});
+        let mut answers = vec![
+            answer(Outcome::Succeeded),
+            answer(Outcome::Denied(DenyCode::NoPermit)),
+            answer(Outcome::Failed(FailCode::NotFound)),
+            CallAnswer {
+                message: None,
+                policies: vec!["p0".into(), "p1".into()],
+                ..answer(Outcome::Cancelled(CancelCode::ClientCancelled))
+            },
+            CallAnswer {
+                content: vec![
+                    text.clone(),
+                    json!({"type": "image", "data": "AA==", "mimeType": "image/png"}),
+                ],
+                ..answer(Outcome::Failed(FailCode::UpstreamError))
+            },
+        ];
+        for structured in [json!({"a": 1}), json!([1, 2])] {
+            answers.push(CallAnswer {
+                structured_content: Some(structured.clone()),
+                ..answer(Outcome::Succeeded)
+            });
+            answers.push(CallAnswer {
+                structured_content: Some(structured),
+                ..answer(Outcome::Failed(FailCode::ProviderError))
+            });
+        }
+        answers.push(CallAnswer {
+            content: vec![json!({"type": "nonsense"})],
+            ..answer(Outcome::Succeeded)
+        });
+        let mut direct = 0;
+        for a in &answers {
+            for current in [false, true] {
+                let rmcp = serde_json::to_value(wire_shape(to_mcp(a), current)).expect("json");
+                match Direct::new(a, current) {
+                    Some(d) => {
+                        direct += 1;
+                        assert_eq!(
+                            serde_json::to_value(d).expect("json"),
+                            rmcp,
+                            "{a:?} at current={current}"
+                        );
+                    }
+                    None => assert!(
+                        a.content.iter().any(|c| c["type"] == "nonsense")
+                            || (!current
+                                && a.structured_content
+                                    .as_ref()
+                                    .is_some_and(|v| !v.is_object())),
+                        "left to rmcp: {a:?}"
+                    ),
+                }
+            }
+        }
+        // Everything but the array output before 2026-07-28 and the unrepresentable block.
+        assert_eq!(direct, 2 * answers.len() - 3);
     }
 }
