@@ -60,8 +60,16 @@ impl AsyncRead for Conn {
         loop {
             let mut guard = ready!(self.read.poll_read_ready(cx))?;
             let unfilled = buf.initialize_unfilled();
+            let len = unfilled.len();
             match guard.try_io(|s| s.get_ref().read(unfilled)) {
                 Ok(Ok(n)) => {
+                    // A short read drained the socket: the next read would only find EAGAIN
+                    // (one wasted recvfrom per frame, seen under strace), so wait for the next
+                    // readiness event instead. Tokio's own streams do the same; a newer event
+                    // than the one this read answered is not lost (readiness carries a tick).
+                    if n > 0 && n < len {
+                        guard.clear_ready();
+                    }
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
                 }
