@@ -75,20 +75,26 @@ impl Shim {
     }
 }
 
+/// The sentence a refusal's first content block carries: the kernel's message, or one made from
+/// the outcome when it gave none.
+fn sentence(answer: &CallAnswer) -> String {
+    answer.message.clone().unwrap_or_else(|| {
+        format!(
+            "{}: {} ({})",
+            answer.outcome.word(),
+            answer.tool,
+            answer.outcome.code()
+        )
+    })
+}
+
 /// The one outcome mapping: kernel answer → MCP result.
 pub fn to_mcp(answer: &CallAnswer) -> CallToolResult {
     let mut meta = serde_json::Map::new();
     meta.insert(META_KEY.to_owned(), Value::Object(answer.meta()));
     // Constructors set `resultType` as the negotiated protocol requires (2026-07-28 needs it).
     let mut result = if answer.outcome.is_error() {
-        let text = answer.message.clone().unwrap_or_else(|| {
-            format!(
-                "{}: {} ({})",
-                answer.outcome.word(),
-                answer.tool,
-                answer.outcome.code()
-            )
-        });
+        let text = sentence(answer);
         // The sentence first (it carries the meaning where a harness drops the flag), then any
         // content the provider returned with its error, as it gave it.
         let mut blocks = vec![ContentBlock::text(text)];
@@ -204,17 +210,7 @@ impl<'a> Direct<'a> {
         if !current && structured_content.is_some_and(|v| !v.is_object()) {
             return None;
         }
-        let sentence = is_error.then(|| {
-            let text = answer.message.clone().unwrap_or_else(|| {
-                format!(
-                    "{}: {} ({})",
-                    answer.outcome.word(),
-                    answer.tool,
-                    answer.outcome.code()
-                )
-            });
-            json!({"type": "text", "text": text})
-        });
+        let sentence = is_error.then(|| json!({"type": "text", "text": sentence(answer)}));
         Some(Direct {
             result_type: current.then_some("complete"),
             content: Blocks {
