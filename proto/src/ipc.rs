@@ -58,7 +58,7 @@ pub struct ShimInfo {
 
 /// Shim → broker.
 ///
-/// Decoded in one pass when it is a call (see [`visit_tagged`]).
+/// Decoded in one pass when it is a call (see `TaggedVisitor`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", remote = "Self")]
 pub enum BridgeRequest {
@@ -229,7 +229,7 @@ where
 /// The broker's answer to one call: the kernel outcome in the one form both sides share.
 ///
 /// On the wire the outcome's two keys sit beside the others (`flatten`). Decoding goes through
-/// [`AnswerFields`] instead of serde's `flatten`, which buffers the whole answer into a tree of
+/// `AnswerFields` instead of serde's `flatten`, which buffers the whole answer into a tree of
 /// its own first (a tenth of the shim's CPU per call, measured by profiling the benchmarks).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", try_from = "AnswerFields")]

@@ -1,12 +1,13 @@
 //! The MCP side of the shim: an rmcp `ServerHandler` that answers `initialize` and lists the
-//! turn's published catalogue, and the [`Shim::referrer`] that forwards every `tools/call` (which
+//! turn's published catalogue, and the `Shim::referrer` that forwards every `tools/call` (which
 //! the stdin guard takes before rmcp sees it) to the broker as sent, and answers it in rmcp's wire
 //! shape.
 //!
 //! [`to_mcp`] is the one mapping from a kernel answer to an MCP result: succeeded → content;
 //! denied and failed → `isError: true` with a first text block that starts with the outcome
-//! word; every result carries the machine form under `_meta["sharedos"]`. A JSON-RPC error is
-//! returned only where rmcp could not process the request at all.
+//! word; every result carries the machine form under `_meta["sharedos"]`. On the hot path the
+//! same result is written without rmcp's types (`Direct`), held to `to_mcp` by a test. A
+//! JSON-RPC error is returned only where a request could not be processed at all.
 
 use std::sync::Arc;
 
