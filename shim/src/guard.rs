@@ -40,8 +40,7 @@ pub enum Verdict {
     Ignore(&'static str),
 }
 
-/// A `tools/call` that rmcp would not carry to the kernel (a name or arguments of the wrong
-/// shape, or no id), as the kernel gets it.
+/// A `tools/call` as the kernel gets it, whatever the shape of its name and arguments.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Referral {
     /// The request id, to answer with; `None` for a call sent as a notification, which is
@@ -54,6 +53,20 @@ pub struct Referral {
     /// The arguments as sent, whatever their type; `None` when missing or null (rmcp's "no
     /// arguments").
     pub arguments: Option<Value>,
+    /// The protocol version the call states for itself (2026-07-28 clients put it in
+    /// `params._meta["io.modelcontextprotocol/protocolVersion"]` on every request, and never
+    /// send `initialize`): its answer takes that version's wire shape.
+    pub protocol: Option<String>,
+}
+
+/// Where a request states its own protocol version.
+pub const PROTOCOL_META_KEY: &str = "io.modelcontextprotocol/protocolVersion";
+
+/// The protocol version a request's `_meta` states, if it is a string.
+fn stated_protocol(meta: Option<&Value>) -> Option<String> {
+    meta.and_then(|m| m.get(PROTOCOL_META_KEY))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
 }
 
 /// A JSON-RPC error response.
@@ -102,6 +115,8 @@ struct CallParams {
     /// Null is "none" (`Option` reads it so).
     #[serde(default)]
     arguments: Option<Value>,
+    #[serde(default, rename = "_meta")]
+    meta: Option<Value>,
 }
 
 /// `notifications/cancelled` params given as an object.
@@ -147,12 +162,12 @@ pub fn check_line_fast(line: &[u8]) -> Option<Verdict> {
     };
     Some(match message.method {
         "tools/call" => {
-            let (name, arguments) = match object {
+            let (name, arguments, protocol) = match object {
                 Some(p) => {
                     let p: CallParams = serde_json::from_str(p.get()).ok()?;
-                    (p.name, p.arguments)
+                    (p.name, p.arguments, stated_protocol(p.meta.as_ref()))
                 }
-                None => (None, None),
+                None => (None, None, None),
             };
             let tool = match name {
                 Some(Value::String(name)) => name,
@@ -163,6 +178,7 @@ pub fn check_line_fast(line: &[u8]) -> Option<Verdict> {
                 id: message.id,
                 tool,
                 arguments,
+                protocol,
             })
         }
         "notifications/cancelled" if message.id.is_none() => {
@@ -281,6 +297,7 @@ pub fn check_line_full(line: &[u8]) -> Verdict {
                 .and_then(|p| p.get("arguments"))
                 .filter(|a| !a.is_null())
                 .cloned(),
+            protocol: stated_protocol(params.and_then(|p| p.get("_meta"))),
         });
     }
     if method == "notifications/cancelled"
@@ -389,7 +406,8 @@ mod tests {
             Referral {
                 id: Some(json!("x7")),
                 tool: String::new(),
-                arguments: None
+                arguments: None,
+                protocol: None,
             }
         );
         let r = refer(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":5}}"#);
@@ -421,9 +439,15 @@ mod tests {
             Referral {
                 id: Some(json!("a")),
                 tool: "files read".into(),
-                arguments: Some(json!({"p": 1}))
+                arguments: Some(json!({"p": 1})),
+                protocol: None,
             }
         );
+        // A 2026-07-28 client states its version on the call itself.
+        let r = refer(
+            br#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"x","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
+        );
+        assert_eq!(r.protocol.as_deref(), Some("2026-07-28"));
         // Null arguments are rmcp's "none".
         let r = refer(
             br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","arguments":null}}"#,
@@ -466,6 +490,9 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":null,"arguments":null}}"#,
             br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":["files.read",{}]}"#,
             br#"{"jsonrpc":"2.0","id":2,"method":"tools/call"}"#,
+            br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"x","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
+            br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"x","_meta":["2026-07-28"]}}"#,
+            br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"x","_meta":{"io.modelcontextprotocol/protocolVersion":7}}}"#,
             br#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"x"}}"#,
             br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}"#,
             br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":null}}"#,

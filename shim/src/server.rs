@@ -318,31 +318,32 @@ impl Shim {
         }
     }
 
-    /// The negotiated protocol is 2026-07-28 or later.
-    fn current_protocol(&self) -> bool {
-        self.protocol
-            .lock()
-            .ok()
-            .and_then(|p| p.clone())
-            .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str())
-    }
-
-    /// A result as rmcp would put it on the wire for the negotiated protocol.
-    fn wire_shape(&self, result: CallToolResult) -> ServerResult {
-        wire_shape(result, self.current_protocol())
+    /// The call's protocol is 2026-07-28 or later: the version it states for itself if it does
+    /// (as rmcp decides per request), else the one `initialize` settled on.
+    fn current_protocol(&self, stated: Option<&str>) -> bool {
+        let current = |v: &str| v >= ProtocolVersion::V_2026_07_28.as_str();
+        match stated {
+            Some(v) => current(v),
+            None => self
+                .protocol
+                .lock()
+                .ok()
+                .and_then(|p| p.clone())
+                .is_some_and(|v| current(v.as_str())),
+        }
     }
 
     /// The whole JSON-RPC response to a call, as one line: written straight from the answer
     /// ([`Direct`]), or through rmcp's types ([`to_mcp`], [`wire_shape`]) for the shapes
     /// the direct writer leaves to them.
-    fn response(&self, id: Value, answer: &CallAnswer) -> Vec<u8> {
+    fn response(&self, id: Value, answer: &CallAnswer, stated: Option<&str>) -> Vec<u8> {
         #[derive(serde::Serialize)]
         struct Response<'a, R> {
             jsonrpc: &'static str,
             id: &'a Value,
             result: R,
         }
-        let current = self.current_protocol();
+        let current = self.current_protocol(stated);
         let written = match Direct::new(answer, current) {
             Some(result) => serde_json::to_vec(&Response {
                 jsonrpc: "2.0",
@@ -352,7 +353,7 @@ impl Shim {
             None => serde_json::to_vec(&Response {
                 jsonrpc: "2.0",
                 id: &id,
-                result: self.wire_shape(to_mcp(answer)),
+                result: wire_shape(to_mcp(answer), current),
             }),
         };
         written.unwrap_or_else(|e| {
@@ -379,7 +380,7 @@ impl Shim {
                 let answer = shim
                     .forward(referral.tool, referral.arguments, request_id, &cancel)
                     .await?;
-                Some(shim.response(id, &answer))
+                Some(shim.response(id, &answer, referral.protocol.as_deref()))
             })
         })
     }
