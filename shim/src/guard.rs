@@ -69,6 +69,15 @@ fn stated_protocol(meta: Option<&Value>) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// A call's `name` as the kernel gets it (see [`Referral::tool`]).
+fn tool_text(name: Option<Value>) -> String {
+    match name {
+        Some(Value::String(name)) => name,
+        Some(other) => other.to_string(),
+        None => String::new(),
+    }
+}
+
 /// A JSON-RPC error response.
 pub fn error(id: Value, code: i64, message: impl Into<String>) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into()}})
@@ -169,14 +178,9 @@ pub fn check_line_fast(line: &[u8]) -> Option<Verdict> {
                 }
                 None => (None, None, None),
             };
-            let tool = match name {
-                Some(Value::String(name)) => name,
-                Some(other) => other.to_string(),
-                None => String::new(),
-            };
             Verdict::Refer(Referral {
                 id: message.id,
-                tool,
+                tool: tool_text(name),
                 arguments,
                 protocol,
             })
@@ -283,11 +287,7 @@ pub fn check_line_full(line: &[u8]) -> Verdict {
         ));
     }
     if method == "tools/call" {
-        let tool = match params.and_then(|p| p.get("name")) {
-            Some(Value::String(name)) => name.clone(),
-            Some(other) => other.to_string(),
-            None => String::new(),
-        };
+        let tool = tool_text(params.and_then(|p| p.get("name")).cloned());
         // Sent as a notification (no id), the call is still an attempt: JSON-RPC forbids an
         // answer but not the work, so the kernel decides and records it and nobody is answered.
         return Verdict::Refer(Referral {

@@ -202,9 +202,8 @@ impl Link {
             ));
         }
         tokio::select! {
-            // An answer (or the link's end) wins over a cancellation that arrives with it: when
-            // the turn ends, rmcp cancels in-flight handlers too, and the call must still get
-            // its answer rather than an error.
+            // An answer (or the link's end) wins over a cancellation that arrives with it: the
+            // call gets its answer rather than nothing.
             biased;
             r = rx => Some(r.unwrap_or_else(|_| Err(LinkDown::BrokerGone("the broker link dropped the call".into())))),
             _ = self.ended.cancelled() => {

@@ -143,22 +143,20 @@ where
                 Ok(Some(Ok(()))) if line.iter().all(u8::is_ascii_whitespace) => continue,
                 Ok(Some(Ok(()))) => guard::check_line(&line),
             };
-            match verdict {
-                Verdict::Pass => {
-                    line.push(b'\n');
-                    if to_rmcp.write_all(&line).await.is_err() {
-                        break;
-                    }
+            // A cancellation fires the referred call's token, then goes on to rmcp like any line
+            // it passes (the id may name one of rmcp's requests).
+            if let Verdict::Cancel(id) = &verdict {
+                let cancelled = in_flight
+                    .lock()
+                    .ok()
+                    .and_then(|mut m| m.remove(&id.to_string()));
+                if let Some((_, token)) = cancelled {
+                    tracing::debug!(%id, "call cancelled by the client");
+                    token.cancel();
                 }
-                Verdict::Cancel(id) => {
-                    let cancelled = in_flight
-                        .lock()
-                        .ok()
-                        .and_then(|mut m| m.remove(&id.to_string()));
-                    if let Some((_, token)) = cancelled {
-                        tracing::debug!(%id, "call cancelled by the client");
-                        token.cancel();
-                    }
+            }
+            match verdict {
+                Verdict::Pass | Verdict::Cancel(_) => {
                     line.push(b'\n');
                     if to_rmcp.write_all(&line).await.is_err() {
                         break;
