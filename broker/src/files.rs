@@ -1,20 +1,27 @@
 //! The built-in files provider: `files.read`, `files.list`, `files.search`, `files.write`
 //! (registered only when writable) over a real folder, addressed by virtual paths.
 //!
-//! Owns: the tools' published definitions, requirement resolution from arguments (a virtual path
-//! canonicalized, then resolved through symbolic links *before* the policy sees it, so the policy
-//! decides on the file that will actually be touched), and bounded execution. It never decides
-//! authority itself: `search` asks the kernel (through [`ReadCheck`]) before returning each hit.
-//! Nothing here can leave the root: resolution refuses links that lead out, and execution checks
-//! through `/proc/self/fd` that the file it opened is the one that was authorized.
+//! Owns: the tools' published definitions, requirement resolution from arguments, and bounded
+//! execution. Resolution ([`crate::beneath`]) turns the call's virtual path into a descriptor of
+//! the file it names now, and the policy decides on the path that descriptor names; execution
+//! then works only through that descriptor (a reopen of it, `openat` relative to it, a walk of
+//! descriptors below it), never through a path resolved again. It never decides authority
+//! itself: `search` asks the kernel (through [`ReadCheck`]) before returning each hit, on the
+//! path the hit's own descriptor names.
 
-use std::io::Read;
-use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
+use rustix::fs::{FileType, Mode, OFlags};
+use rustix::io::Errno;
 use serde_json::{Map, Value, json};
 use sharedos_proto::{FailCode, ToolDefinition, ToolMetadata, ToolName};
 
+use crate::beneath::{Found, Resolution, ResolveError, Root, Strategy};
 use crate::policy::Resource;
 use crate::vpath;
 
@@ -24,8 +31,18 @@ pub const MAX_READ_BYTES: u64 = 1024 * 1024;
 pub const MAX_WRITE_BYTES: usize = 1024 * 1024;
 /// Most entries `list` returns (the rest are counted, not shown).
 pub const MAX_LIST_ENTRIES: usize = 1000;
+/// Most entries `list` reads from one folder (past that it says "at least").
+pub const MAX_LIST_SCAN: usize = 100_000;
 /// Most files `search` opens in one call.
 pub const MAX_SEARCH_FILES: usize = 10_000;
+/// Most directory entries `search` reads in one call, over every folder it walks.
+pub const MAX_SEARCH_ENTRIES: usize = 100_000;
+/// Most file bytes `search` reads in one call.
+pub const MAX_SEARCH_BYTES: u64 = 64 * 1024 * 1024;
+/// Deepest folder `search` descends into below the one it was given.
+pub const MAX_SEARCH_DEPTH: usize = 32;
+/// Longest `list` or `search` works on one call before it answers with what it has.
+pub const WORK_TIME_BUDGET: Duration = Duration::from_secs(10);
 /// Hits `search` returns by default and at most.
 pub const SEARCH_DEFAULT_LIMIT: u64 = 20;
 pub const SEARCH_MAX_LIMIT: u64 = 100;
@@ -53,20 +70,20 @@ impl FileOp {
 #[derive(Debug)]
 pub struct FilesProvider {
     pub namespace: String,
-    /// The real root, canonical (no symlinks).
-    root: PathBuf,
+    /// The root, held open: every resolution starts from its descriptor.
+    root: Root,
     pub writable: bool,
     /// Added before every call (fault injection for testing timeouts and cancellation).
     pub latency: Option<std::time::Duration>,
 }
 
-/// A resolved requirement, plus what execution needs to touch exactly that file.
-#[derive(Debug, Clone)]
+/// A resolved requirement, plus what execution needs to touch exactly that file: the
+/// descriptor the decision was made on.
+#[derive(Debug)]
 pub struct Resolved {
     pub action: &'static str,
     pub resource: Resource,
-    /// The real path of the resource (canonical, inside the root), when it exists or can.
-    pub real: PathBuf,
+    pub target: Resolution,
 }
 
 /// A failed execution: the code, the sentence after `failed: `, and any content a provider
@@ -150,18 +167,23 @@ pub enum FilesConfigError {
 
 impl FilesProvider {
     pub fn new(namespace: &str, root: &Path, writable: bool) -> Result<Self, FilesConfigError> {
-        let root_err = |source| FilesConfigError::Root {
+        Self::with_strategy(namespace, root, writable, Strategy::from_env())
+    }
+
+    pub fn with_strategy(
+        namespace: &str,
+        root: &Path,
+        writable: bool,
+        strategy: Strategy,
+    ) -> Result<Self, FilesConfigError> {
+        let root = Root::open(root, strategy).map_err(|source| FilesConfigError::Root {
             namespace: namespace.to_owned(),
             root: root.display().to_string(),
             source,
-        };
-        let canonical = std::fs::canonicalize(root).map_err(root_err)?;
-        if !canonical.is_dir() {
-            return Err(root_err(std::io::Error::other("not a folder")));
-        }
+        })?;
         Ok(Self {
             namespace: namespace.to_owned(),
-            root: canonical,
+            root,
             writable,
             latency: None,
         })
@@ -240,75 +262,13 @@ impl FilesProvider {
             .collect()
     }
 
-    fn real_of(&self, canonical: &str) -> PathBuf {
-        let mut p = self.root.clone();
-        p.extend(vpath::components(canonical));
-        p
-    }
-
-    fn virtual_of(&self, real: &Path) -> Option<String> {
-        let rel = real.strip_prefix(&self.root).ok()?;
-        let parts: Option<Vec<&str>> = rel.components().map(|c| c.as_os_str().to_str()).collect();
-        Some(format!("/{}", parts?.join("/")))
-    }
-
-    /// The lexical path when it is already the real one: the root is still a folder (not a
-    /// link put in its place) and every component below it exists and is not a symbolic link.
-    /// One lstat per component from the root, where `realpath` reads every component from `/`.
-    /// `None` sends the caller through the filesystem's own resolution.
-    fn plain_path(&self, canonical: &str) -> Option<PathBuf> {
-        let mut p = self.root.clone();
-        if !std::fs::symlink_metadata(&p).ok()?.is_dir() {
-            return None;
-        }
-        for part in vpath::components(canonical) {
-            p.push(part);
-            if std::fs::symlink_metadata(&p).ok()?.file_type().is_symlink() {
-                return None;
-            }
-        }
-        Some(p)
-    }
-
-    /// Resolves a virtual path to the file that would be touched: lexically canonical, then
-    /// through symbolic links. `Err` is a sentence for `denied: ... unresolvable`.
-    pub fn resolve_path(&self, raw: &str) -> Result<(String, PathBuf), String> {
+    /// Resolves a virtual path to what it names now (see [`crate::beneath`]). `Err` is a
+    /// sentence for `denied: ... could not resolve`.
+    pub fn resolve_path(&self, raw: &str) -> Result<Resolution, String> {
         let canonical = vpath::canonicalize(raw).map_err(|e| e.to_string())?;
-        if let Some(real) = self.plain_path(&canonical) {
-            return Ok((canonical, real));
-        }
-        let lexical = self.real_of(&canonical);
-        let outside = || {
-            format!(
-                "path `{}` leads outside the root through a symbolic link",
-                sharedos_proto::name::shown(raw)
-            )
-        };
-        match std::fs::canonicalize(&lexical) {
-            Ok(real) => {
-                let v = self.virtual_of(&real).ok_or_else(outside)?;
-                Ok((v, real))
-            }
-            Err(_) => {
-                // Does not exist (yet): resolve the folder it would be in.
-                let (Some(parent), Some(name)) = (lexical.parent(), lexical.file_name()) else {
-                    return Ok((canonical, lexical));
-                };
-                match std::fs::canonicalize(parent) {
-                    Ok(real_parent) => {
-                        let mut real = real_parent;
-                        real.push(name);
-                        if std::fs::symlink_metadata(&real).is_ok() {
-                            // A dangling symbolic link: where it points is unknown territory.
-                            return Err(outside());
-                        }
-                        let v = self.virtual_of(&real).ok_or_else(outside)?;
-                        Ok((v, real))
-                    }
-                    Err(_) => Ok((canonical, lexical)),
-                }
-            }
-        }
+        self.root
+            .resolve(vpath::components(&canonical))
+            .map_err(|e| resolve_sentence(raw, &e))
     }
 
     /// The requirement of a call: action and resource from its arguments.
@@ -318,26 +278,36 @@ impl FilesProvider {
             (FileOp::Search, None) => "/",
             _ => return Err("the call names no `path`".into()),
         };
-        let (virtual_path, real) = self.resolve_path(raw)?;
+        let target = self.resolve_path(raw)?;
         Ok(Resolved {
             action: op.action(),
-            resource: Resource::File { path: virtual_path },
-            real,
+            resource: Resource::File {
+                path: target.virtual_path().to_owned(),
+            },
+            target,
         })
     }
 
-    /// Runs an authorized call. Blocking file IO: call from a blocking thread.
+    /// Runs an authorized call. Blocking file IO: call from a blocking thread. `stop` is set when
+    /// the call is cancelled or timed out; long work checks it and ends early.
     pub fn execute(
         &self,
         op: FileOp,
         resolved: &Resolved,
         args: &Map<String, Value>,
         check: &dyn ReadCheck,
+        stop: &AtomicBool,
     ) -> Result<Success, Failure> {
         let vpath = resolved.resource.short();
+        let existing = || match &resolved.target {
+            Resolution::Exists(found) => Ok(found),
+            Resolution::Missing { .. } => {
+                Err(fail(FailCode::NotFound, format!("{vpath} does not exist")))
+            }
+        };
         match op {
-            FileOp::Read => self.read(vpath, &resolved.real),
-            FileOp::List => self.list(vpath, &resolved.real),
+            FileOp::Read => read(vpath, existing()?),
+            FileOp::List => list(vpath, existing()?, &Budget::new(stop)),
             FileOp::Search => {
                 let query = args
                     .get("query")
@@ -348,200 +318,124 @@ impl FilesProvider {
                     .and_then(Value::as_u64)
                     .unwrap_or(SEARCH_DEFAULT_LIMIT)
                     .clamp(1, SEARCH_MAX_LIMIT) as usize;
-                self.search(vpath, &resolved.real, query, limit, check)
+                self.search(vpath, existing()?, query, limit, check, &Budget::new(stop))
             }
             FileOp::Write => {
                 let content = args
                     .get("content")
                     .and_then(Value::as_str)
                     .unwrap_or_default();
-                self.write(vpath, &resolved.real, content)
+                self.write(vpath, &resolved.target, content)
             }
         }
-    }
-
-    /// Opens `real` and checks that the open file is the authorized one (no link swapped in).
-    /// Non-blocking, so a FIFO or device put in the tree cannot hang the call; only regular
-    /// files are read after that.
-    fn open_checked(&self, vpath: &str, real: &Path) -> Result<std::fs::File, Failure> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-            .open(real)
-            .map_err(|e| io_failure(vpath, &e))?;
-        let opened =
-            std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(|e| {
-                fail(
-                    FailCode::ProviderError,
-                    format!("cannot verify {vpath}: {e}"),
-                )
-            })?;
-        if opened != real {
-            return Err(fail(
-                FailCode::ProviderError,
-                format!("{vpath} changed while it was being opened; try again"),
-            ));
-        }
-        Ok(file)
-    }
-
-    fn read(&self, vpath: &str, real: &Path) -> Result<Success, Failure> {
-        let file = self.open_checked(vpath, real)?;
-        let meta = file.metadata().map_err(|e| io_failure(vpath, &e))?;
-        if meta.is_dir() {
-            return Err(fail(
-                FailCode::WrongKind,
-                format!("{vpath} is a folder; use files.list"),
-            ));
-        }
-        if !meta.is_file() {
-            return Err(fail(
-                FailCode::WrongKind,
-                format!("{vpath} is not a regular file"),
-            ));
-        }
-        if meta.len() > MAX_READ_BYTES {
-            return Err(fail(
-                FailCode::TooLarge,
-                format!(
-                    "{vpath} is {} bytes; files.read returns at most {MAX_READ_BYTES} bytes",
-                    meta.len()
-                ),
-            ));
-        }
-        let mut bytes = Vec::new();
-        file.take(MAX_READ_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| io_failure(vpath, &e))?;
-        if bytes.len() as u64 > MAX_READ_BYTES {
-            return Err(fail(
-                FailCode::TooLarge,
-                format!("{vpath} grew past {MAX_READ_BYTES} bytes while being read"),
-            ));
-        }
-        let text = String::from_utf8(bytes).map_err(|e| {
-            fail(
-                FailCode::WrongKind,
-                format!(
-                    "{vpath} is not UTF-8 text (invalid byte at offset {})",
-                    e.utf8_error().valid_up_to()
-                ),
-            )
-        })?;
-        Ok(Success::text(text))
-    }
-
-    fn list(&self, vpath: &str, real: &Path) -> Result<Success, Failure> {
-        let meta = std::fs::metadata(real).map_err(|e| io_failure(vpath, &e))?;
-        if !meta.is_dir() {
-            return Err(fail(
-                FailCode::WrongKind,
-                format!("{vpath} is not a folder; use files.read"),
-            ));
-        }
-        let mut names = Vec::new();
-        let mut total = 0usize;
-        for entry in std::fs::read_dir(real).map_err(|e| io_failure(vpath, &e))? {
-            let entry = entry.map_err(|e| io_failure(vpath, &e))?;
-            total += 1;
-            if names.len() < MAX_LIST_ENTRIES {
-                let mut name = entry.file_name().to_string_lossy().into_owned();
-                if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                    name.push('/');
-                }
-                names.push(name);
-            }
-        }
-        names.sort();
-        let mut text = names.join("\n");
-        if total > names.len() {
-            text.push_str(&format!(
-                "\n… {} more entries not shown",
-                total - names.len()
-            ));
-        }
-        if names.is_empty() {
-            text = format!("{vpath} is empty");
-        }
-        Ok(Success::text(text))
     }
 
     fn search(
         &self,
         vpath: &str,
-        real: &Path,
+        start: &Found,
         query: &str,
         limit: usize,
         check: &dyn ReadCheck,
+        budget: &Budget<'_>,
     ) -> Result<Success, Failure> {
-        let meta = std::fs::metadata(real).map_err(|e| io_failure(vpath, &e))?;
-        if !meta.is_dir() {
+        if start.file_type() != FileType::Directory {
             return Err(fail(
                 FailCode::WrongKind,
                 format!("{vpath} is not a folder"),
             ));
         }
+        let first =
+            crate::beneath::open_dir(start.fd.as_fd()).map_err(|e| io_failure(vpath, &e))?;
+        let mut walk = Walk {
+            budget,
+            entries: 0,
+            files: 0,
+            bytes: 0,
+            stopped: None,
+        };
         let mut hits = Vec::new();
-        let mut scanned = 0usize;
-        let mut stack = vec![real.to_path_buf()];
-        'walk: while let Some(dir) = stack.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
+        // Depth first, in name order; each level holds its folder's descriptor and names.
+        let mut stack = vec![walk.frame(first)];
+        'walk: while let Some(frame) = stack.last_mut() {
+            if let Some(why) = walk.over() {
+                walk.stopped = Some(why);
+                break;
+            }
+            let Some((name, hint)) = frame.names.pop() else {
+                stack.pop();
                 continue;
             };
-            let mut entries: Vec<_> = entries.filter_map(Result::ok).collect();
-            entries.sort_by_key(|e| e.file_name());
-            for entry in entries {
-                // Never follow links while walking: file_type() does not.
-                let Ok(kind) = entry.file_type() else {
-                    continue;
-                };
-                let path = entry.path();
-                if kind.is_dir() {
-                    stack.push(path);
-                    continue;
+            // The entry's type only says what is worth opening (links, FIFOs, devices and
+            // sockets are not); what was opened is judged by its descriptor.
+            if !matches!(
+                hint,
+                FileType::Directory | FileType::RegularFile | FileType::Unknown
+            ) {
+                continue;
+            }
+            let Some(opened) = open_entry(frame.fd.as_fd(), &name) else {
+                continue;
+            };
+            let kind = match rustix::fs::fstat(&opened) {
+                Ok(st) => FileType::from_raw_mode(st.st_mode),
+                Err(_) => continue,
+            };
+            match kind {
+                FileType::Directory if stack.len() <= MAX_SEARCH_DEPTH => {
+                    let frame = walk.frame(opened);
+                    stack.push(frame);
                 }
-                if !kind.is_file() {
-                    continue;
-                }
-                scanned += 1;
-                if scanned > MAX_SEARCH_FILES {
-                    break 'walk;
-                }
-                let Some(v) = self.virtual_of(&path) else {
-                    continue;
-                };
-                let name_hit = entry.file_name().to_string_lossy().contains(query);
-                let line_hit = if entry.metadata().is_ok_and(|m| m.len() <= MAX_READ_BYTES) {
-                    std::fs::read_to_string(&path).ok().and_then(|text| {
-                        text.lines()
-                            .enumerate()
-                            .find(|(_, l)| l.contains(query))
-                            .map(|(i, l)| (i + 1, l.chars().take(200).collect::<String>()))
-                    })
-                } else {
-                    None
-                };
-                if (name_hit || line_hit.is_some()) && check.may_read(&v) {
-                    hits.push(match line_hit {
-                        Some((n, line)) => format!("{v}:{n}: {line}"),
-                        None => v,
-                    });
-                    if hits.len() >= limit {
+                FileType::RegularFile => {
+                    walk.files += 1;
+                    if walk.files > MAX_SEARCH_FILES {
+                        walk.stopped = Some(format!("it opened {MAX_SEARCH_FILES} files"));
                         break 'walk;
                     }
+                    let Ok(name) = std::str::from_utf8(&name) else {
+                        continue;
+                    };
+                    let name_hit = name.contains(query);
+                    let line_hit = walk.line_hit(opened.as_fd(), query);
+                    if !name_hit && line_hit.is_none() {
+                        continue;
+                    }
+                    // The hit is reported, and decided, under the path its descriptor names.
+                    let Ok(host) = crate::beneath::fd_path(opened.as_fd()) else {
+                        continue;
+                    };
+                    let Ok(v) = self.root.virtual_of(&host) else {
+                        continue;
+                    };
+                    if check.may_read(&v) {
+                        hits.push(match line_hit {
+                            Some((n, line)) => format!("{v}:{n}: {line}"),
+                            None => v,
+                        });
+                        if hits.len() >= limit {
+                            break 'walk;
+                        }
+                    }
                 }
+                // Folders past the depth limit are not entered; FIFOs, devices, sockets are
+                // never read.
+                _ => {}
             }
         }
-        let text = if hits.is_empty() {
+        let mut text = if hits.is_empty() {
             format!("no readable file under {vpath} matches {query:?}")
         } else {
             hits.join("\n")
         };
+        if let Some(why) = walk.stopped {
+            text.push_str(&format!(
+                "\n… the search stopped early ({why}); results may be incomplete"
+            ));
+        }
         Ok(Success::text(text))
     }
 
-    fn write(&self, vpath: &str, real: &Path, content: &str) -> Result<Success, Failure> {
+    fn write(&self, vpath: &str, target: &Resolution, content: &str) -> Result<Success, Failure> {
         if !self.writable {
             return Err(fail(
                 FailCode::ProviderError,
@@ -557,27 +451,304 @@ impl FilesProvider {
                 ),
             ));
         }
-        if std::fs::symlink_metadata(real).is_ok_and(|m| !m.is_file()) {
-            return Err(fail(
+        let changed = || {
+            fail(
+                FailCode::ProviderError,
+                format!("{vpath} changed while it was being written; try again"),
+            )
+        };
+        let not_regular = || {
+            fail(
                 FailCode::WrongKind,
                 format!("{vpath} exists and is not a regular file"),
-            ));
+            )
+        };
+        let mut file = match target {
+            Resolution::Exists(found) => {
+                if found.file_type() != FileType::RegularFile {
+                    return Err(not_regular());
+                }
+                // The very file that was decided on, whatever its name is now.
+                let fd = crate::beneath::reopen(
+                    found.fd.as_fd(),
+                    OFlags::WRONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
+                )
+                .map_err(|e| io_failure(vpath, &e))?;
+                std::fs::File::from(fd)
+            }
+            Resolution::Missing {
+                parent: Some((parent, name)),
+                ..
+            } => {
+                // Created in the folder that was decided on; O_EXCL | O_NOFOLLOW: whatever was
+                // put at that name since is never followed or opened.
+                let fd = rustix::fs::openat(
+                    &parent.fd,
+                    name.as_str(),
+                    OFlags::WRONLY
+                        | OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::NOFOLLOW
+                        | OFlags::NONBLOCK
+                        | OFlags::NOCTTY
+                        | OFlags::CLOEXEC,
+                    Mode::from_bits_truncate(0o666),
+                )
+                .map_err(|e| match e {
+                    Errno::EXIST | Errno::LOOP => changed(),
+                    e => io_failure(vpath, &e.into()),
+                })?;
+                std::fs::File::from(fd)
+            }
+            Resolution::Missing { parent: None, .. } => {
+                return Err(fail(
+                    FailCode::NotFound,
+                    format!("the folder of {vpath} does not exist"),
+                ));
+            }
+        };
+        let meta = file.metadata().map_err(|e| io_failure(vpath, &e))?;
+        if !meta.is_file() {
+            return Err(not_regular());
         }
-        let parent_ok = real
-            .parent()
-            .is_some_and(|p| std::fs::canonicalize(p).is_ok_and(|c| c.starts_with(&self.root)));
-        if !parent_ok {
-            return Err(fail(
-                FailCode::NotFound,
-                format!("the folder of {vpath} does not exist"),
-            ));
+        {
+            use std::os::unix::fs::MetadataExt;
+            if meta.nlink() > 1 {
+                return Err(fail(
+                    FailCode::WrongKind,
+                    format!(
+                        "{vpath} has {} hard links; files.write does not write files that have other names",
+                        meta.nlink()
+                    ),
+                ));
+            }
         }
-        std::fs::write(real, content).map_err(|e| io_failure(vpath, &e))?;
+        file.set_len(0).map_err(|e| io_failure(vpath, &e))?;
+        file.write_all(content.as_bytes())
+            .map_err(|e| io_failure(vpath, &e))?;
         Ok(Success::text(format!(
             "wrote {} bytes to {vpath}",
             content.len()
         )))
     }
+}
+
+/// The sentence for a path that cannot be resolved.
+fn resolve_sentence(raw: &str, e: &ResolveError) -> String {
+    format!("path `{}`: {e}", sharedos_proto::name::shown(raw))
+}
+
+fn read(vpath: &str, found: &Found) -> Result<Success, Failure> {
+    match found.file_type() {
+        FileType::RegularFile => {}
+        FileType::Directory => {
+            return Err(fail(
+                FailCode::WrongKind,
+                format!("{vpath} is a folder; use files.list"),
+            ));
+        }
+        _ => {
+            return Err(fail(
+                FailCode::WrongKind,
+                format!("{vpath} is not a regular file"),
+            ));
+        }
+    }
+    let size = u64::try_from(found.stat.st_size).unwrap_or(0);
+    if size > MAX_READ_BYTES {
+        return Err(fail(
+            FailCode::TooLarge,
+            format!("{vpath} is {size} bytes; files.read returns at most {MAX_READ_BYTES} bytes"),
+        ));
+    }
+    // The very file that was decided on; non-blocking, though only a regular file gets here.
+    let fd = crate::beneath::reopen(
+        found.fd.as_fd(),
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
+    )
+    .map_err(|e| io_failure(vpath, &e))?;
+    let mut bytes = Vec::with_capacity(size as usize);
+    std::fs::File::from(fd)
+        .take(MAX_READ_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| io_failure(vpath, &e))?;
+    if bytes.len() as u64 > MAX_READ_BYTES {
+        return Err(fail(
+            FailCode::TooLarge,
+            format!("{vpath} grew past {MAX_READ_BYTES} bytes while being read"),
+        ));
+    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        fail(
+            FailCode::WrongKind,
+            format!(
+                "{vpath} is not UTF-8 text (invalid byte at offset {})",
+                e.utf8_error().valid_up_to()
+            ),
+        )
+    })?;
+    Ok(Success::text(text))
+}
+
+fn list(vpath: &str, found: &Found, budget: &Budget<'_>) -> Result<Success, Failure> {
+    if found.file_type() != FileType::Directory {
+        return Err(fail(
+            FailCode::WrongKind,
+            format!("{vpath} is not a folder; use files.read"),
+        ));
+    }
+    let fd = crate::beneath::open_dir(found.fd.as_fd()).map_err(|e| io_failure(vpath, &e))?;
+    let mut dir = rustix::fs::Dir::new(fd).map_err(|e| io_failure(vpath, &e.into()))?;
+    let mut names = Vec::new();
+    let mut total = 0usize;
+    let mut stopped = None;
+    while let Some(entry) = dir.read() {
+        let entry = entry.map_err(|e| io_failure(vpath, &e.into()))?;
+        let raw = entry.file_name().to_bytes();
+        if raw == b"." || raw == b".." {
+            continue;
+        }
+        if total >= MAX_LIST_SCAN {
+            stopped = Some(format!("at least {MAX_LIST_SCAN} entries"));
+            break;
+        }
+        if total.is_multiple_of(1024)
+            && let Some(why) = budget.over()
+        {
+            stopped = Some(why);
+            break;
+        }
+        total += 1;
+        if names.len() < MAX_LIST_ENTRIES {
+            let mut name = String::from_utf8_lossy(raw).into_owned();
+            if entry.file_type() == FileType::Directory {
+                name.push('/');
+            }
+            names.push(name);
+        }
+    }
+    names.sort();
+    let mut text = names.join("\n");
+    if total > names.len() {
+        text.push_str(&format!(
+            "\n… {} more entries not shown",
+            total - names.len()
+        ));
+    }
+    if names.is_empty() {
+        text = format!("{vpath} is empty");
+    }
+    if let Some(why) = stopped {
+        text.push_str(&format!("\n… the listing stopped early ({why})"));
+    }
+    Ok(Success::text(text))
+}
+
+/// What one `list` or `search` call may spend: time, and the call's stop flag.
+struct Budget<'a> {
+    stop: &'a AtomicBool,
+    deadline: Instant,
+}
+
+impl<'a> Budget<'a> {
+    fn new(stop: &'a AtomicBool) -> Self {
+        Self {
+            stop,
+            deadline: Instant::now() + WORK_TIME_BUDGET,
+        }
+    }
+
+    /// Why the work must end now, if it must.
+    fn over(&self) -> Option<String> {
+        if self.stop.load(Ordering::Relaxed) {
+            return Some("the call was cancelled or timed out".into());
+        }
+        if Instant::now() >= self.deadline {
+            return Some(format!("it ran for {} s", WORK_TIME_BUDGET.as_secs()));
+        }
+        None
+    }
+}
+
+/// One folder of a search walk: its descriptor and the entries still to visit (last first).
+struct Frame {
+    fd: OwnedFd,
+    names: Vec<(Vec<u8>, FileType)>,
+}
+
+/// A search walk's spending so far.
+struct Walk<'a> {
+    budget: &'a Budget<'a>,
+    entries: usize,
+    files: usize,
+    bytes: u64,
+    stopped: Option<String>,
+}
+
+impl Walk<'_> {
+    /// Reads a folder's names (bounded by the entry budget), sorted so the walk pops them in
+    /// name order.
+    fn frame(&mut self, fd: OwnedFd) -> Frame {
+        let mut names = Vec::new();
+        if let Ok(dup) = fd.try_clone()
+            && let Ok(mut dir) = rustix::fs::Dir::new(dup)
+        {
+            while let Some(Ok(entry)) = dir.read() {
+                let raw = entry.file_name().to_bytes();
+                if raw == b"." || raw == b".." {
+                    continue;
+                }
+                self.entries += 1;
+                if self.entries > MAX_SEARCH_ENTRIES {
+                    break;
+                }
+                names.push((raw.to_vec(), entry.file_type()));
+            }
+        }
+        names.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        Frame { fd, names }
+    }
+
+    fn over(&self) -> Option<String> {
+        if self.entries > MAX_SEARCH_ENTRIES {
+            return Some(format!("it read {MAX_SEARCH_ENTRIES} folder entries"));
+        }
+        if self.bytes > MAX_SEARCH_BYTES {
+            return Some(format!("it read {MAX_SEARCH_BYTES} bytes"));
+        }
+        self.budget.over()
+    }
+
+    /// The first line of an open regular file that contains `query`: at most
+    /// `MAX_READ_BYTES + 1` bytes are read, and a larger file is not looked into.
+    fn line_hit(&mut self, fd: BorrowedFd<'_>, query: &str) -> Option<(usize, String)> {
+        let mut bytes = Vec::new();
+        let file = std::fs::File::from(fd.try_clone_to_owned().ok()?);
+        let read = file.take(MAX_READ_BYTES + 1).read_to_end(&mut bytes).ok()?;
+        self.bytes += read as u64;
+        if read as u64 > MAX_READ_BYTES {
+            return None;
+        }
+        let text = std::str::from_utf8(&bytes).ok()?;
+        text.lines()
+            .enumerate()
+            .find(|(_, l)| l.contains(query))
+            .map(|(i, l)| (i + 1, l.chars().take(200).collect::<String>()))
+    }
+}
+
+/// Opens one entry of a folder being walked, never through a link: folders with `O_DIRECTORY`,
+/// everything else non-blocking (a FIFO cannot hang the walk); its type is then taken from the
+/// descriptor, never from the entry.
+fn open_entry(dir: BorrowedFd<'_>, name: &[u8]) -> Option<OwnedFd> {
+    let name = std::ffi::OsStr::from_bytes(name);
+    rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()
 }
 
 fn io_failure(vpath: &str, e: &std::io::Error) -> Failure {
@@ -686,7 +857,7 @@ mod tests {
         let run = |op, a: Value| {
             let a = args(a);
             let r = p.resolve(op, &a).expect("resolve");
-            p.execute(op, &r, &a, &AllowPublic)
+            p.execute(op, &r, &a, &AllowPublic, &AtomicBool::new(false))
         };
         assert_eq!(
             run(FileOp::Read, json!({"path": "/public/hello.txt"}))
@@ -734,7 +905,7 @@ mod tests {
             "x"
         );
         std::fs::write(
-            p.root.join("public/big"),
+            p.root.path().join("public/big"),
             vec![b'a'; MAX_READ_BYTES as usize + 1],
         )
         .expect("w");
@@ -744,7 +915,7 @@ mod tests {
                 .code,
             FailCode::TooLarge
         );
-        std::fs::write(p.root.join("public/bin"), [0xff, 0xfe]).expect("w");
+        std::fs::write(p.root.path().join("public/bin"), [0xff, 0xfe]).expect("w");
         assert_eq!(
             run(FileOp::Read, json!({"path": "/public/bin"}))
                 .expect_err("bin")

@@ -106,6 +106,9 @@ pub struct Resolved {
     pub resource: Resource,
     /// For files tools: the file that will be touched.
     files: Option<crate::files::Resolved>,
+    /// For brokered tools: the arguments to send upstream, when they are not the call's own (a
+    /// `file_root` path is sent as what it resolved to).
+    forwarded: Option<Map<String, Value>>,
 }
 
 pub type Registered = ToolDefinition<Authority>;
@@ -234,7 +237,7 @@ pub enum Verdict {
     },
     Permitted {
         tool: Arc<Registered>,
-        resolved: Resolved,
+        resolved: Box<Resolved>,
         arguments: Map<String, Value>,
         policies: Vec<String>,
     },
@@ -551,7 +554,7 @@ impl Kernel {
         }
         Verdict::Permitted {
             tool: registered.clone(),
-            resolved,
+            resolved: Box::new(resolved),
             arguments,
             policies: decision.policies,
         }
@@ -572,6 +575,7 @@ impl Kernel {
             &call.tool,
             call.arguments.as_ref(),
         );
+        let mut forwarded = None;
         let (outcome, message, requirement, policies, content) = match verdict {
             Verdict::Refused {
                 outcome,
@@ -586,8 +590,9 @@ impl Kernel {
                 policies,
             } => {
                 let requirement = Some(requirement_of(&resolved));
+                forwarded.clone_from(&resolved.forwarded);
                 let what = format!("{} of {}", call.tool, resolved.resource.short());
-                let (job, timeout) = self.job(tool, resolved, arguments, site.context.clone());
+                let (job, timeout) = self.job(tool, *resolved, arguments, site.context.clone());
                 // Dropping `job` on cancellation or timeout cancels it; for an upstream call that
                 // sends `notifications/cancelled` upstream.
                 let ran = tokio::select! {
@@ -643,7 +648,16 @@ impl Kernel {
             Some(Err(content)) => answer.content = content,
             None => {}
         }
-        let line = self.call_record(&site, &call, &answer, duration);
+        let mut line = self.call_record(&site, &call, &answer, duration);
+        if let Some(sent) = forwarded {
+            // What the upstream was sent instead of the call's own arguments.
+            let sent = Value::Object(sent);
+            if self.redact_arguments {
+                line.insert("forwardedArgumentsSha256".into(), json!(sha256_hex(&sent)));
+            } else {
+                line.insert("forwardedArguments".into(), sent);
+            }
+        }
         if let Err(e) = self.recorder.append(line).await {
             // The answer must not leave unrecorded: report the call as failed instead.
             tracing::error!(error = %e, call_id = %answer.call_id, "record write failed");
@@ -672,6 +686,9 @@ impl Kernel {
                 let latency = provider.latency;
                 let kernel = self.clone();
                 let job = async move {
+                    // Set when this future is dropped (the call was cancelled or timed out, or it
+                    // finished): blocking work it started checks it and stops.
+                    let stop = StopOnDrop::default();
                     if let Some(latency) = latency {
                         tokio::time::sleep(latency).await;
                     }
@@ -681,12 +698,13 @@ impl Kernel {
                             "files call without a resolved file",
                         ));
                     };
+                    let flag = stop.0.clone();
                     let run = move || {
                         let check = KernelReadCheck {
                             kernel: &kernel,
                             context: &context,
                         };
-                        provider.execute(op, &files, &arguments, &check)
+                        provider.execute(op, &files, &arguments, &check, &flag)
                     };
                     // A read is one open, fstat and read of at most MAX_READ_BYTES of a regular
                     // file (opened non-blocking, so a FIFO cannot hang it): done in place, which
@@ -710,6 +728,7 @@ impl Kernel {
                     .as_ref()
                     .map_or(self.call_timeout, |p| p.call_timeout());
                 let upstream = h.upstream.clone();
+                let arguments = resolved.forwarded.unwrap_or(arguments);
                 let job = async move {
                     match provider {
                         Some(p) => p.call(&upstream, &arguments).await,
@@ -739,9 +758,7 @@ impl Kernel {
         line.insert("tool".into(), json!(call.tool));
         let args = call.arguments.clone().unwrap_or(Value::Null);
         if self.redact_arguments {
-            let digest = Sha256::digest(args.to_string().as_bytes());
-            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-            line.insert("argumentsSha256".into(), json!(hex));
+            line.insert("argumentsSha256".into(), json!(sha256_hex(&args)));
         } else {
             line.insert("arguments".into(), args);
         }
@@ -767,6 +784,7 @@ fn resolve(tool: &Registered, arguments: &Map<String, Value>) -> Result<Resolved
                 action: r.action.to_owned(),
                 resource: r.resource.clone(),
                 files: Some(r),
+                forwarded: None,
             })
         }
         Handler::Mcp(h) => {
@@ -774,15 +792,21 @@ fn resolve(tool: &Registered, arguments: &Map<String, Value>) -> Result<Resolved
                 .provider
                 .upgrade()
                 .ok_or_else(|| "the provider is gone".to_owned())?;
-            let (action, resource) =
-                provider.resolve(tool.name.as_str(), h.template.as_ref(), arguments)?;
+            let r = provider.resolve(tool.name.as_str(), h.template.as_ref(), arguments)?;
             Ok(Resolved {
-                action,
-                resource,
+                action: r.action,
+                resource: r.resource,
                 files: None,
+                forwarded: r.forwarded,
             })
         }
     }
+}
+
+/// The SHA-256 of a value's JSON text, in hex (redacted arguments).
+fn sha256_hex(v: &Value) -> String {
+    let digest = Sha256::digest(v.to_string().as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn resource_noun(r: &Resource) -> &'static str {
@@ -800,6 +824,17 @@ fn json_kind(v: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
+    }
+}
+
+/// Sets its flag when dropped: how a dropped call future tells the blocking work it started to
+/// stop.
+#[derive(Default)]
+struct StopOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

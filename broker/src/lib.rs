@@ -8,6 +8,7 @@
 //! - [`column`]: the MCP conformance column (`column run`).
 //! - [`policy`]: Cedar schema and policies, decisions, the catalogue question.
 //! - [`vpath`]: canonical virtual paths.
+//! - [`beneath`]: a root held by descriptor; paths resolved beneath it without a gap.
 //! - [`files`]: the built-in files provider.
 //! - [`harness_config`]: harness MCP configs (`turn open --write-config`).
 //! - [`kernel`]: registry, per-context catalogue, `invoke` (the single call path).
@@ -22,6 +23,7 @@
 //! - [`demo`]: `sharedos-broker demo`.
 //! - [`cli`]: the command line.
 
+pub mod beneath;
 pub mod bridge;
 pub mod cli;
 pub mod client;

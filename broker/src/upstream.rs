@@ -24,6 +24,7 @@ use serde_json::{Map, Value, json};
 use sharedos_proto::{CatalogHash, FailCode, ToolDefinition, ToolMetadata, ToolName};
 use tokio_util::sync::CancellationToken;
 
+use crate::beneath::{Root, Strategy};
 use crate::files::{Failure, Success};
 use crate::policy::Resource;
 use crate::record::Recorder;
@@ -107,6 +108,15 @@ pub enum State {
 pub struct Rejected {
     pub upstream: String,
     pub reason: String,
+}
+
+/// What a brokered call requires, and what is sent upstream when it is not the call's own
+/// arguments (a `file_root` path is sent as what it resolved to).
+#[derive(Debug)]
+pub struct Requirement {
+    pub action: String,
+    pub resource: Resource,
+    pub forwarded: Option<Map<String, Value>>,
 }
 
 /// A registered upstream tool's authority.
@@ -257,6 +267,8 @@ pub struct McpProvider {
     default_timeout: Duration,
     /// Set when a restart is wanted by a re-pin.
     shutdown: CancellationToken,
+    /// Template `file_root` folders, held open (see [`crate::beneath`]).
+    roots: Mutex<HashMap<String, Arc<Root>>>,
 }
 
 /// `{arg}` names in a template.
@@ -305,6 +317,7 @@ impl McpProvider {
             recorder,
             default_timeout,
             shutdown,
+            roots: Mutex::new(HashMap::new()),
         })
     }
 
@@ -665,20 +678,22 @@ impl McpProvider {
         Ok(Success::content(content, result.structured_content))
     }
 
-    /// The resource a call touches, from its template.
+    /// The resource a call touches, from its template, and the arguments to send upstream when
+    /// they are not the call's own (a `file_root` path, sent as what it was resolved to).
     pub fn resolve(
         &self,
         tool: &str,
         template: Option<&TemplateConfig>,
         args: &Map<String, Value>,
-    ) -> Result<(String, Resource), String> {
+    ) -> Result<Requirement, String> {
         let Some(t) = template else {
-            return Ok((
-                "call".into(),
-                Resource::Tool {
+            return Ok(Requirement {
+                action: "call".into(),
+                resource: Resource::Tool {
                     name: tool.to_owned(),
                 },
-            ));
+                forwarded: None,
+            });
         };
         let mut path = t.file.clone();
         for arg in template_args(&t.file) {
@@ -688,41 +703,94 @@ impl McpProvider {
                 .ok_or_else(|| format!("the call has no string argument `{arg}`"))?;
             path = path.replace(&format!("{{{arg}}}"), v);
         }
-        let virtual_path = match &t.file_root {
-            None => vpath::canonicalize(&path).map_err(|e| e.to_string())?,
-            Some(root) => {
-                let root = if root.is_absolute() {
-                    root.clone()
+        let Some(root) = &t.file_root else {
+            let virtual_path = vpath::canonicalize(&path).map_err(|e| e.to_string())?;
+            return Ok(Requirement {
+                action: t.action.clone(),
+                resource: Resource::File { path: virtual_path },
+                forwarded: None,
+            });
+        };
+        let root = if root.is_absolute() {
+            root.clone()
+        } else {
+            self.base.join(root)
+        };
+        let shown = || sharedos_proto::name::shown(&path);
+        let root_c = vpath::canonicalize(&root.display().to_string()).map_err(|e| e.to_string())?;
+        // The argument is checked against the root as configured, component by component, and
+        // the rest is resolved physically beneath the root's descriptor, `..` and links as the
+        // filesystem takes them: what the policy decides on is what a plain `open` of the
+        // argument would reach, and the upstream is sent that, not the argument.
+        if !path.starts_with('/') {
+            return Err(format!("path `{}` is not absolute", shown()));
+        }
+        if path.contains('\0') || path.len() > vpath::MAX_PATH_BYTES {
+            return Err(format!("path `{}` is not a usable path", shown()));
+        }
+        let mut parts = path.split('/').filter(|c| !c.is_empty() && *c != ".");
+        for want in vpath::components(&root_c) {
+            if parts.next() != Some(want) {
+                return Err(format!(
+                    "path `{}` is not under the provider's root",
+                    shown()
+                ));
+            }
+        }
+        let beneath = self.root(&root_c)?;
+        let resolved = beneath
+            .resolve(parts)
+            .map_err(|e| format!("path `{}`: {e}", shown()))?;
+        let host = resolved
+            .host_path()
+            .to_str()
+            .ok_or_else(|| format!("path `{}` resolves to a name that is not UTF-8", shown()))?
+            .to_owned();
+        let resource = Resource::File {
+            path: resolved.virtual_path().to_owned(),
+        };
+        let forwarded = match template_args(&t.file).as_slice() {
+            [only] if t.file == format!("{{{only}}}") => {
+                if args.get(only).and_then(Value::as_str) == Some(host.as_str()) {
+                    None
                 } else {
-                    self.base.join(root)
-                };
-                let root_c =
-                    vpath::canonicalize(&root.display().to_string()).map_err(|e| e.to_string())?;
-                let host = vpath::canonicalize(&path).map_err(|e| e.to_string())?;
-                let rel = Path::new(&host).strip_prefix(&root_c).map_err(|_| {
-                    format!(
-                        "path `{}` is not under the provider's root",
-                        sharedos_proto::name::shown(&path)
-                    )
-                })?;
-                // Resolve links when the file exists here: the policy decides on the real file.
-                let real_root =
-                    std::fs::canonicalize(&root_c).unwrap_or_else(|_| PathBuf::from(&root_c));
-                let rel = match std::fs::canonicalize(Path::new(&root_c).join(rel)) {
-                    Ok(real) => real
-                        .strip_prefix(&real_root)
-                        .map(Path::to_path_buf)
-                        .map_err(|_| format!("path `{}` leads outside the provider's root through a symbolic link", sharedos_proto::name::shown(&path)))?,
-                    Err(_) => rel.to_path_buf(),
-                };
-                let parts: Vec<String> = rel
-                    .components()
-                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                    .collect();
-                format!("/{}", parts.join("/"))
+                    let mut a = args.clone();
+                    a.insert(only.clone(), Value::String(host));
+                    Some(a)
+                }
+            }
+            // A template with more than its path argument cannot be rewritten: the call goes on
+            // only when what it names is already what it resolves to.
+            _ if vpath::canonicalize(&path).ok().as_deref() == Some(host.as_str()) => None,
+            _ => {
+                return Err(format!(
+                    "path `{}` resolves to another place through a link or `..`, and this tool's template cannot be sent that place",
+                    shown()
+                ));
             }
         };
-        Ok((t.action.clone(), Resource::File { path: virtual_path }))
+        Ok(Requirement {
+            action: t.action.clone(),
+            resource,
+            forwarded,
+        })
+    }
+
+    /// The held-open root for a template's `file_root` (opened on first use).
+    fn root(&self, root: &str) -> Result<Arc<Root>, String> {
+        let mut roots = self
+            .roots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(r) = roots.get(root) {
+            return Ok(r.clone());
+        }
+        let opened = Arc::new(
+            Root::open(Path::new(root), Strategy::from_env())
+                .map_err(|e| format!("the provider's file_root `{root}` cannot be opened: {e}"))?,
+        );
+        roots.insert(root.to_owned(), opened.clone());
+        Ok(opened)
     }
 }
 

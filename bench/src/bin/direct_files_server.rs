@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -129,7 +130,13 @@ impl Direct {
             Ok(r) => r,
             Err(why) => return CallToolResult::error(vec![ContentBlock::text(why)]),
         };
-        match provider.execute(*op, &resolved, &arguments, &AllowAll) {
+        match provider.execute(
+            *op,
+            &resolved,
+            &arguments,
+            &AllowAll,
+            &AtomicBool::new(false),
+        ) {
             Ok(success) => {
                 let content: Result<Vec<ContentBlock>, _> = success
                     .content
