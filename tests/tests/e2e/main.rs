@@ -14,6 +14,7 @@ mod interop;
 mod kit;
 mod names;
 mod outside_client;
+mod races;
 mod robustness;
 mod security;
 mod turns;
