@@ -852,6 +852,72 @@ mod tests {
     }
 
     #[test]
+    fn a_stopped_call_ends_its_walk_and_says_so() {
+        let (_d, p) = setup();
+        for i in 0..50 {
+            std::fs::write(p.root.path().join(format!("public/sub/f{i}")), "needle").expect("w");
+        }
+        let a = args(json!({"query": "needle", "limit": 100}));
+        let r = p.resolve(FileOp::Search, &a).expect("resolve");
+        let running = p
+            .execute(
+                FileOp::Search,
+                &r,
+                &a,
+                &AllowPublic,
+                &AtomicBool::new(false),
+            )
+            .expect("search");
+        assert_eq!(running.first_text().lines().count(), 50);
+        let stopped = p
+            .execute(FileOp::Search, &r, &a, &AllowPublic, &AtomicBool::new(true))
+            .expect("search");
+        assert!(
+            stopped
+                .first_text()
+                .contains("stopped early (the call was cancelled or timed out)"),
+            "{}",
+            stopped.first_text()
+        );
+        assert!(!stopped.first_text().contains("/public/sub/f"));
+    }
+
+    #[test]
+    fn search_skips_links_fifos_and_unreadable_kinds_and_names_hits_by_descriptor() {
+        let (_d, p) = setup();
+        let public = p.root.path().join("public");
+        std::os::unix::fs::symlink("/dev/zero", public.join("zero")).expect("ln");
+        std::os::unix::fs::symlink("../private", public.join("privdir")).expect("ln");
+        let fifo = std::process::Command::new("mkfifo")
+            .arg(public.join("fifo-world"))
+            .status()
+            .expect("mkfifo");
+        assert!(fifo.success());
+        let a = args(json!({"query": "world"}));
+        let r = p.resolve(FileOp::Search, &a).expect("resolve");
+        // Every hit is checked: a check that allows everything shows what the walk reached.
+        struct All;
+        impl ReadCheck for All {
+            fn may_read(&self, _: &str) -> bool {
+                true
+            }
+        }
+        let found = p
+            .execute(FileOp::Search, &r, &a, &All, &AtomicBool::new(false))
+            .expect("search");
+        let text = found.first_text();
+        // The private file is reached by its own folder, under its own name, never through
+        // the public link to that folder; the FIFO and /dev/zero are not read.
+        assert!(
+            text.contains("/private/secret.txt:1: the world secret"),
+            "{text}"
+        );
+        assert!(!text.contains("privdir"), "{text}");
+        assert!(!text.contains("fifo"), "{text}");
+        assert!(!text.contains("zero"), "{text}");
+    }
+
+    #[test]
     fn operations() {
         let (_d, p) = setup();
         let run = |op, a: Value| {
