@@ -132,6 +132,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream) {
         tools: turn.catalog.tools.clone(),
         expires_at: Some(rfc3339(turn.expires_at)),
         portable_names: turn.portable_names,
+        answer_deadline_ms: Some(broker.kernel.answer_deadline().as_millis() as u64),
     };
     if write_frame(&mut send, &welcome).await.is_err() {
         return;

@@ -760,10 +760,7 @@ pub fn record_row(line: &Value) -> String {
                 .unwrap_or("-")
                 .to_owned();
             let mut tool = format!("{:?}", s("tool"));
-            if tool.len() > 28 {
-                tool.truncate(27);
-                tool.push('…');
-            }
+            sharedos_proto::name::clip(&mut tool, 28);
             (tool, format!("{}/{}", s("outcome"), s("code")), resource)
         }
         "turn_opened" => (

@@ -493,10 +493,7 @@ pub fn table(manifest: &Value) -> String {
             _ => "-".into(),
         };
         let mut args = r["arguments"].to_string();
-        if args.len() > 40 {
-            args.truncate(39);
-            args.push('…');
-        }
+        sharedos_proto::name::clip(&mut args, 40);
         let grade = match r["grade"].as_str() {
             Some("pass") => Grade::Pass.word(),
             Some("fail") => Grade::Fail.word(),

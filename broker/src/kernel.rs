@@ -28,6 +28,10 @@ use crate::upstream::{McpHandler, McpProvider, Names};
 /// Longest a provider may run one call before it fails with `timeout`.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// What a shim's per-call deadline adds to the longest call timeout (see
+/// [`Kernel::answer_deadline`]).
+pub const ANSWER_MARGIN: Duration = Duration::from_secs(5);
+
 /// How a registered tool runs. Never leaves the broker.
 pub enum Handler {
     /// A built-in files tool.
@@ -256,6 +260,8 @@ pub struct Kernel {
     /// Record arguments as their SHA-256 instead of as given.
     redact_arguments: bool,
     call_timeout: Duration,
+    /// The longest any provider may run one call (the built-in timeout or an upstream's own).
+    longest_call_timeout: Duration,
     catalogs: Mutex<HashMap<(AccessContext, u64, u64), Arc<Catalog>>>,
 }
 
@@ -284,14 +290,26 @@ impl Kernel {
         redact_arguments: bool,
         call_timeout: Duration,
     ) -> Self {
+        let longest_call_timeout = registry
+            .providers
+            .iter()
+            .map(|p| p.call_timeout())
+            .fold(call_timeout, Duration::max);
         Self {
             registry,
             policy,
             recorder,
             redact_arguments,
             call_timeout,
+            longest_call_timeout,
             catalogs: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// How long a shim should wait for any answer before it gives up on it: the longest call
+    /// timeout plus [`ANSWER_MARGIN`] for the decision and the record's sync.
+    pub fn answer_deadline(&self) -> Duration {
+        self.longest_call_timeout + ANSWER_MARGIN
     }
 
     pub fn registry(&self) -> &Registry {
@@ -439,6 +457,32 @@ impl Kernel {
         tool: &str,
         arguments: Option<&Value>,
     ) -> Verdict {
+        // Nothing a caller sends may take the call path down: a panic in the check (a bug) is
+        // contained here and becomes `failed/internal`, answered and recorded like any outcome.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.check_contained(context, catalog, tool, arguments)
+        }))
+        .unwrap_or_else(|_| {
+            tracing::error!(tool = %sharedos_proto::name::shown(tool), "the kernel's check panicked; the call fails as internal");
+            Verdict::Refused {
+                outcome: Outcome::Failed(FailCode::Internal),
+                message: format!(
+                    "failed: {} — an internal error in the broker stopped the check; it was recorded",
+                    sharedos_proto::name::shown(tool)
+                ),
+                requirement: None,
+                policies: vec![],
+            }
+        })
+    }
+
+    fn check_contained(
+        &self,
+        context: &AccessContext,
+        catalog: &Catalog,
+        tool: &str,
+        arguments: Option<&Value>,
+    ) -> Verdict {
         let refuse = |outcome, message: String| Verdict::Refused {
             outcome,
             message,
@@ -491,10 +535,8 @@ impl Kernel {
                         format!("`{at}`")
                     };
                     let mut msg = e.to_string();
-                    if msg.len() > 200 {
-                        msg.truncate(200);
-                        msg.push('…');
-                    }
+                    // The message quotes the call's own arguments: cut on a character boundary.
+                    sharedos_proto::name::clip(&mut msg, 200);
                     format!("{at}: {msg}")
                 })
                 .collect();
@@ -711,7 +753,13 @@ impl Kernel {
                     // spares two thread hand-offs per call. Folders and searches can be large
                     // and go to the blocking pool.
                     if op == FileOp::Read {
-                        return run();
+                        return std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
+                            .unwrap_or_else(|_| {
+                                Err(Failure::new(
+                                    FailCode::Internal,
+                                    "internal error: the read panicked",
+                                ))
+                            });
                     }
                     tokio::task::spawn_blocking(run).await.unwrap_or_else(|e| {
                         Err(Failure::new(

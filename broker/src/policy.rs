@@ -249,7 +249,7 @@ fn render(diag: &dyn miette::Diagnostic, path: &str, src: &str) -> String {
     if let Some(labels) = diag.labels() {
         for label in labels {
             let offset = label.offset().min(src.len());
-            let before = &src[..offset];
+            let before = src.get(..offset).unwrap_or(src);
             let line = before.matches('\n').count() + 1;
             let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
             let extra = label.label().map(|l| format!(" ({l})")).unwrap_or_default();

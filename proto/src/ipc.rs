@@ -110,6 +110,10 @@ pub enum BridgeEvent {
         /// The turn asked for portable names: the shim presents `.`-free names and maps them back.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         portable_names: bool,
+        /// How long the shim waits for any one answer before it answers `failed/timeout` itself
+        /// (the broker's longest call timeout plus a margin), in milliseconds.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        answer_deadline_ms: Option<u64>,
     },
     Refused {
         code: RefusalCode,

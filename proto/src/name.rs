@@ -55,6 +55,20 @@ pub fn shown(input: &str) -> String {
     out
 }
 
+/// Cuts `text` to at most `max_bytes` bytes on a character boundary, marking a cut with `…`
+/// (which counts toward the limit). Never panics, whatever the text: for outside input.
+pub fn clip(text: &mut String, max_bytes: usize) {
+    if text.len() <= max_bytes {
+        return;
+    }
+    let mut end = max_bytes.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push('…');
+}
+
 fn is_tool_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')
 }
@@ -187,6 +201,30 @@ impl fmt::Display for Identifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clip_cuts_on_character_boundaries() {
+        for (text, max) in [
+            ("aéééé", 4),
+            ("日本語のテキスト", 7),
+            ("abc", 3),
+            ("abcd", 3),
+            ("é", 1),
+        ] {
+            let mut t = text.to_owned();
+            clip(&mut t, max);
+            assert!(t.len() <= max.max('…'.len_utf8()), "{text:?} {max}: {t:?}");
+            if text.len() <= max {
+                assert_eq!(t, text);
+            } else {
+                assert!(t.ends_with('…'), "{t:?}");
+                assert!(text.starts_with(t.trim_end_matches('…')));
+            }
+        }
+        let mut long = format!("a{}", "é".repeat(150));
+        clip(&mut long, 200);
+        assert!(long.len() <= 200 && long.ends_with('…'));
+    }
     use proptest::prelude::*;
 
     fn vectors() -> serde_json::Value {

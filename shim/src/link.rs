@@ -31,11 +31,16 @@ pub struct Welcome {
     pub portable_names: bool,
 }
 
+/// How long a call waits for its answer when the broker names no deadline.
+const DEFAULT_ANSWER_DEADLINE: Duration = Duration::from_secs(300);
+
 /// Why a pending call got no answer from the broker.
 #[derive(Debug, Clone)]
 pub enum LinkDown {
     TurnClosed(String),
     BrokerGone(String),
+    /// No answer within the deadline the broker gave (the answer was lost, or the broker hangs).
+    NoAnswer(Duration),
 }
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<CallAnswer, LinkDown>>>>>;
@@ -49,6 +54,8 @@ pub struct Link {
     /// Fires when the link is over (turn closed or broker gone); holds why.
     pub ended: CancellationToken,
     pub end_reason: Arc<Mutex<Option<LinkDown>>>,
+    /// How long one call waits for its answer.
+    deadline: Duration,
 }
 
 impl Link {
@@ -76,6 +83,7 @@ impl Link {
             .await
             .map_err(|_| "the SharedOS broker did not answer hello".to_owned())?
             .map_err(|e| format!("the SharedOS broker closed the connection: {e}"))?;
+        let deadline;
         let welcome = match first {
             BridgeEvent::Welcome {
                 protocol,
@@ -83,14 +91,19 @@ impl Link {
                 catalog_hash,
                 tools,
                 portable_names,
+                answer_deadline_ms,
                 ..
-            } if protocol == PROTOCOL_VERSION => Welcome {
-                turn,
-                catalog_hash,
-                // Freshly decoded: each Arc is the only one, so this moves, not copies.
-                tools: tools.into_iter().map(Arc::unwrap_or_clone).collect(),
-                portable_names,
-            },
+            } if protocol == PROTOCOL_VERSION => {
+                deadline =
+                    answer_deadline_ms.map_or(DEFAULT_ANSWER_DEADLINE, Duration::from_millis);
+                Welcome {
+                    turn,
+                    catalog_hash,
+                    // Freshly decoded: each Arc is the only one, so this moves, not copies.
+                    tools: tools.into_iter().map(Arc::unwrap_or_clone).collect(),
+                    portable_names,
+                }
+            }
             BridgeEvent::Welcome { protocol, .. } => {
                 return Err(format!(
                     "the broker speaks protocol {protocol}; this shim speaks {PROTOCOL_VERSION}"
@@ -117,6 +130,7 @@ impl Link {
             next_id: AtomicU64::new(1),
             ended: CancellationToken::new(),
             end_reason: Arc::default(),
+            deadline,
         });
         // Reader: answers and the turn's end.
         let l = link.clone();
@@ -214,6 +228,13 @@ impl Link {
                 if let Ok(mut m) = self.pending.lock() { m.remove(&id); }
                 let _ = self.send(&BridgeRequest::Cancel { id }).await;
                 None
+            }
+            // A lost answer, or a broker that hangs: the call is answered anyway, and the broker
+            // is told to stop it.
+            _ = tokio::time::sleep(self.deadline) => {
+                if let Ok(mut m) = self.pending.lock() { m.remove(&id); }
+                let _ = self.send(&BridgeRequest::Cancel { id }).await;
+                Some(Err(LinkDown::NoAnswer(self.deadline)))
             }
         }
     }

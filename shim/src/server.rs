@@ -248,6 +248,13 @@ fn local_answer(tool: &str, why: &LinkDown) -> CallAnswer {
             Outcome::Failed(FailCode::BrokerUnavailable),
             format!("failed: {tool} could not be completed: {reason}"),
         ),
+        LinkDown::NoAnswer(waited) => (
+            Outcome::Failed(FailCode::Timeout),
+            format!(
+                "failed: {tool} got no answer from the SharedOS broker within {} s",
+                waited.as_secs_f64()
+            ),
+        ),
     };
     CallAnswer {
         outcome,
@@ -478,6 +485,10 @@ async fn serve_on(
 fn end_of(why: LinkDown) -> End {
     match why {
         LinkDown::TurnClosed(r) | LinkDown::BrokerGone(r) => End::TurnEnded(r),
+        LinkDown::NoAnswer(waited) => End::TurnEnded(format!(
+            "no answer from the broker within {} s",
+            waited.as_secs_f64()
+        )),
     }
 }
 

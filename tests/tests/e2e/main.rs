@@ -10,6 +10,7 @@
 mod boundary;
 mod cli;
 mod faults;
+mod hostile;
 mod interop;
 mod kit;
 mod names;

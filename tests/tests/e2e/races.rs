@@ -36,14 +36,19 @@ when { resource.path == "/public" || resource.path like "/public/*" };
 /// `outside/{outside.txt, f.txt, outside-9c1d.txt, target.txt}`, and in `data/public` the
 /// links an attacker swaps in: `x-priv`, `x-out`, `x-absout`, `x-privdir`, `x-outdir`,
 /// `x-privtarget`, `x-outtarget`.
-struct Served {
+pub struct Served {
     dir: tempfile::TempDir,
-    run_dir: PathBuf,
+    pub run_dir: PathBuf,
     child: tokio::process::Child,
 }
 
 impl Served {
-    async fn start(env: &[(&str, &str)]) -> Self {
+    pub async fn start(env: &[(&str, &str)]) -> Self {
+        Self::start_with(env, "").await
+    }
+
+    /// A broker with `config` added to the top of its config (before the providers).
+    pub async fn start_with(env: &[(&str, &str)], config: &str) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("sharedos-races-")
             .tempdir()
@@ -94,9 +99,12 @@ impl Served {
         std::fs::write(d.join("policy.cedar"), POLICY).expect("policy");
         std::fs::write(
             d.join("broker.toml"),
-            "record = \"record.jsonl\"\nrecord_sync = \"batch\"\npolicy = \"policy.cedar\"\n\
-             call_timeout_seconds = 10\n\
-             [[providers]]\ntype = \"files\"\nnamespace = \"files\"\nroot = \"data\"\nwritable = true\n",
+            format!(
+                "record = \"record.jsonl\"\nrecord_sync = \"batch\"\npolicy = \"policy.cedar\"\n\
+                 {config}\n\
+                 [[providers]]\ntype = \"files\"\nnamespace = \"files\"\nroot = \"data\"\nwritable = true\n",
+                config = if config.is_empty() { "call_timeout_seconds = 10" } else { config },
+            ),
         )
         .expect("config");
         let run_dir = d.join("run");
@@ -125,18 +133,18 @@ impl Served {
         }
     }
 
-    fn path(&self, rel: &str) -> PathBuf {
+    pub fn path(&self, rel: &str) -> PathBuf {
         std::fs::canonicalize(self.dir.path())
             .expect("canon")
             .join(rel)
     }
 
-    fn pid(&self) -> u32 {
+    pub fn pid(&self) -> u32 {
         self.child.id().expect("broker running")
     }
 
     /// A shim on a fresh turn of alice, initialized.
-    async fn shim(&self) -> Raw {
+    pub async fn shim(&self) -> Raw {
         let mut open = std::process::Command::new(bin("sharedos-broker"));
         open.args([
             "turn",
@@ -192,7 +200,7 @@ impl Served {
     }
 
     /// The record's call lines.
-    fn calls(&self) -> Vec<Value> {
+    pub fn calls(&self) -> Vec<Value> {
         std::fs::read_to_string(self.path("record.jsonl"))
             .expect("record")
             .lines()

@@ -1,0 +1,134 @@
+//! Hostile input that once took the call path down (issue 15), through real processes: every
+//! such call is answered and recorded, and the record's printers handle it.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+
+use crate::kit::{bin, meta, run};
+use crate::races::Served;
+
+/// Non-ASCII argument keys (byte 200 of the schema validator's message inside a multi-byte
+/// character), a CJK property name, and non-ASCII tool names: each answered, each recorded once,
+/// and `records` prints them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_ascii_arguments_and_names_are_answered_and_recorded() {
+    let b = Served::start(&[]).await;
+    let mut raw = b.shim().await;
+    let mut cases: Vec<(&str, Value, &str)> = Vec::new();
+    // One key of 150 non-ASCII characters, and 150 keys of one each.
+    let mut one_long = Map::new();
+    one_long.insert("path".into(), json!("/public/hello.txt"));
+    one_long.insert(format!("a{}", "é".repeat(150)), json!(1));
+    cases.push((
+        "files.read",
+        Value::Object(one_long),
+        "failed/invalid_arguments",
+    ));
+    let mut many = Map::new();
+    many.insert("path".into(), json!("/public/hello.txt"));
+    for i in 0..150 {
+        many.insert(format!("é{i}ü"), json!(i));
+    }
+    cases.push((
+        "files.read",
+        Value::Object(many),
+        "failed/invalid_arguments",
+    ));
+    cases.push((
+        "files.read",
+        json!({"path": "/public/hello.txt", "文件路径的名字很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长很长": "值"}),
+        "failed/invalid_arguments",
+    ));
+    cases.push((
+        "files.réad",
+        json!({"path": "/public/hello.txt"}),
+        "denied/malformed_tool_name",
+    ));
+    cases.push((
+        "文件.读取",
+        json!({"path": "/public/hello.txt"}),
+        "denied/malformed_tool_name",
+    ));
+    cases.push((
+        "files.read",
+        json!({"path": "/public/日本語のファイル名.txt"}),
+        "failed/not_found",
+    ));
+    for (i, (tool, args, want)) in cases.iter().enumerate() {
+        let r = raw.call(i as i64 + 1, tool, args.clone()).await;
+        let m = meta(&r["result"]);
+        assert_eq!(
+            format!(
+                "{}/{}",
+                m["outcome"].as_str().unwrap_or("?"),
+                m["code"].as_str().unwrap_or("?")
+            ),
+            *want,
+            "{tool}: {r}"
+        );
+    }
+    let calls = b.calls();
+    assert_eq!(
+        calls.len(),
+        cases.len(),
+        "one record line per call: {calls:#?}"
+    );
+    for (line, (tool, _, _)) in calls.iter().zip(&cases) {
+        assert_eq!(line["tool"], *tool);
+    }
+    // The table and the JSON form both print every line.
+    for extra in [&[][..], &["--json"][..]] {
+        let mut records = std::process::Command::new(bin("sharedos-broker"));
+        records
+            .arg("records")
+            .args(extra)
+            .arg("--runtime-dir")
+            .arg(&b.run_dir);
+        let (code, out, err) = run(records).await;
+        assert_eq!(code, 0, "records {extra:?}: {err}");
+        assert!(out.contains("réad") || out.contains("r\\u00e9ad"), "{out}");
+        assert!(out.contains("文件"), "{out}");
+    }
+}
+
+/// A broker that stops answering (frozen with SIGSTOP) does not hang the client: the shim
+/// answers the call `failed/timeout` once the deadline the broker gave it (its longest call
+/// timeout plus a margin) has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_the_broker_never_answers_fails_with_a_timeout() {
+    let b = Served::start_with(&[], "call_timeout_seconds = 1").await;
+    let mut raw = b.shim().await;
+    let r = raw
+        .call(1, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    let pid = b.pid().to_string();
+    let (code, _, err) = run({
+        let mut c = std::process::Command::new("kill");
+        c.args(["-STOP", &pid]);
+        c
+    })
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let started = Instant::now();
+    let r = raw
+        .call(2, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    let waited = started.elapsed();
+    let _ = run({
+        let mut c = std::process::Command::new("kill");
+        c.args(["-CONT", &pid]);
+        c
+    })
+    .await;
+    let m = meta(&r["result"]);
+    assert_eq!(m["outcome"], "failed", "{r}");
+    assert_eq!(m["code"], "timeout", "{r}");
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    // 1 s call timeout + the 5 s margin.
+    assert!(
+        waited >= Duration::from_secs(5) && waited < Duration::from_secs(15),
+        "answered after {waited:?}"
+    );
+}
