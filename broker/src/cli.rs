@@ -16,6 +16,40 @@ use tokio_util::sync::CancellationToken;
 use crate::client::ControlClient;
 use crate::config::Config;
 
+/// Stdout was closed by its reader (`records | head -1`): the command ends quietly, status 0.
+#[derive(Debug, thiserror::Error)]
+#[error("stdout is closed")]
+pub struct StdoutClosed;
+
+/// Writes command output. A closed pipe becomes [`StdoutClosed`] (which `main` turns into a
+/// quiet exit 0) instead of `println!`'s panic; any other write error is an error.
+pub fn write_out(args: std::fmt::Arguments<'_>) -> anyhow::Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_fmt(args) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
+        Err(e) => Err(anyhow::Error::new(e).context("cannot write to stdout")),
+    }
+}
+
+/// `println!` for command output, through [`write_out`] (use in functions returning
+/// `anyhow::Result`).
+macro_rules! outln {
+    () => {
+        $crate::cli::write_out(format_args!("\n"))?
+    };
+    ($($t:tt)*) => {
+        $crate::cli::write_out(format_args!("{}\n", format_args!($($t)*)))?
+    };
+}
+/// `print!` for command output, through [`write_out`].
+macro_rules! out {
+    ($($t:tt)*) => {
+        $crate::cli::write_out(format_args!($($t)*))?
+    };
+}
+pub(crate) use outln;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "sharedos-broker",
@@ -329,9 +363,9 @@ fn catalog_hash(file: &Path, canonical: bool) -> anyhow::Result<ExitCode> {
     };
     let tools = parse_tool_list(&text).with_context(|| format!("`{}`", file.display()))?;
     if canonical {
-        println!("{}", sharedos_proto::canonical_catalog(&tools)?);
+        outln!("{}", sharedos_proto::canonical_catalog(&tools)?);
     } else {
-        println!("{}", sharedos_proto::catalog_hash(&tools)?);
+        outln!("{}", sharedos_proto::catalog_hash(&tools)?);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -367,7 +401,7 @@ fn unexpected(r: ControlResponse) -> anyhow::Error {
 }
 
 fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
+    outln!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
 
@@ -387,8 +421,8 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
             workdir,
         };
         let (manifest, all_passed) = crate::column::run(&opts).await?;
-        print!("{}", crate::column::table(&manifest));
-        println!("manifest: {}", opts.out.display());
+        out!("{}", crate::column::table(&manifest));
+        outln!("manifest: {}", opts.out.display());
         return Ok(if all_passed {
             ExitCode::SUCCESS
         } else {
@@ -417,18 +451,16 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                             &serde_json::json!({"catalogHash": catalog_hash, "tools": tools}),
                         )?;
                     } else {
-                        println!("catalogHash: {catalog_hash}");
+                        outln!("catalogHash: {catalog_hash}");
                         for t in &tools {
-                            println!(
+                            outln!(
                                 "  {:<24} {}",
                                 t.name,
                                 t.description.as_deref().unwrap_or("")
                             );
                         }
                         if tools.is_empty() {
-                            println!(
-                                "  (no tools: no policy could permit this principal anything)"
-                            );
+                            outln!("  (no tools: no policy could permit this principal anything)");
                         }
                     }
                 }
@@ -515,14 +547,14 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
             if json {
                 print_json(&t)?;
             } else {
-                println!("turn:        {}", t.turn);
-                println!("token:       {}", t.token.expose());
-                println!("catalogHash: {}", t.catalog_hash);
-                println!("expiresAt:   {}", t.expires_at);
+                outln!("turn:        {}", t.turn);
+                outln!("token:       {}", t.token.expose());
+                outln!("catalogHash: {}", t.catalog_hash);
+                outln!("expiresAt:   {}", t.expires_at);
                 let names: Vec<String> = t.tools.iter().map(|t| t.name.to_string()).collect();
-                println!("tools:       {}", names.join(", "));
+                outln!("tools:       {}", names.join(", "));
                 if let Some((format, path)) = &write_config {
-                    println!(
+                    outln!(
                         "config:      {} ({}, mode 0600)",
                         path.display(),
                         format.as_str()
@@ -532,7 +564,7 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
         }
         Command::Turn(TurnCommand::Close { turn }) => {
             match client.call(&ControlRequest::CloseTurn { turn }).await? {
-                ControlResponse::TurnClosed { turn } => println!("closed {turn}"),
+                ControlResponse::TurnClosed { turn } => outln!("closed {turn}"),
                 r => return Err(unexpected(r)),
             }
         }
@@ -542,14 +574,19 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                     if json {
                         print_json(&turns)?;
                     } else if turns.is_empty() {
-                        println!("no open turns");
+                        outln!("no open turns");
                     } else {
-                        println!(
+                        outln!(
                             "{:<20} {:<12} {:<12} {:>5} {:>7} {:>6}  expires",
-                            "turn", "principal", "catalog", "tools", "bridges", "calls"
+                            "turn",
+                            "principal",
+                            "catalog",
+                            "tools",
+                            "bridges",
+                            "calls"
                         );
                         for t in turns {
-                            println!(
+                            outln!(
                                 "{:<20} {:<12} {:<12} {:>5} {:>7} {:>6}  {}",
                                 t.turn,
                                 t.principal,
@@ -568,7 +605,7 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
         Command::Records { turn, json } => {
             let mut after_seq = 0;
             if !json {
-                println!("{}", record_header());
+                outln!("{}", record_header());
             }
             loop {
                 let req = ControlRequest::Records {
@@ -584,9 +621,9 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                     } => {
                         for line in &lines {
                             if json {
-                                println!("{}", serde_json::to_string(line)?);
+                                outln!("{}", serde_json::to_string(line)?);
                             } else {
-                                println!("{}", record_row(line));
+                                outln!("{}", record_row(line));
                             }
                         }
                         after_seq = last_seq;
@@ -633,11 +670,11 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                                                        "requirement": requirement, "policies": policies, "message": message}),
                         )?;
                     } else {
-                        println!("{message}");
+                        outln!("{message}");
                         if let Some(req) = requirement {
-                            println!("requirement: {} on {}", req.action, req.resource);
+                            outln!("requirement: {} on {}", req.action, req.resource);
                         }
-                        println!(
+                        outln!(
                             "policies: {}",
                             if policies.is_empty() {
                                 "(none: default deny)".to_owned()
@@ -659,9 +696,9 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
         } => match client.call(&ControlRequest::PinProviders).await? {
             ControlResponse::Pinned { path, pins } => {
                 for (ns, hash) in &pins {
-                    println!("{ns} = {hash}");
+                    outln!("{ns} = {hash}");
                 }
-                println!("pinned in {path}");
+                outln!("pinned in {path}");
             }
             r => return Err(unexpected(r)),
         },
@@ -680,10 +717,10 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                         } else {
                             String::new()
                         };
-                        println!("{} ({}) {}{}", s("namespace"), s("type"), s("state"), scope);
+                        outln!("{} ({}) {}{}", s("namespace"), s("type"), s("state"), scope);
                         if let Some(h) = p["upstreamHash"].as_str() {
                             let pin = p["pinnedHash"].as_str().unwrap_or("(not pinned)");
-                            println!("  upstream catalogHash {h}, pinned {pin}");
+                            outln!("  upstream catalogHash {h}, pinned {pin}");
                         }
                         let tools: Vec<&str> = p["tools"]
                             .as_array()
@@ -691,7 +728,7 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                             .flatten()
                             .filter_map(Value::as_str)
                             .collect();
-                        println!(
+                        outln!(
                             "  tools: {}",
                             if tools.is_empty() {
                                 "(none)".to_owned()
@@ -700,14 +737,14 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                             }
                         );
                         for r in p["rejected"].as_array().into_iter().flatten() {
-                            println!(
+                            outln!(
                                 "  rejected {:?}: {}",
                                 r["upstream"].as_str().unwrap_or(""),
                                 r["reason"].as_str().unwrap_or("")
                             );
                         }
                         if let Some(e) = p["lastError"].as_str() {
-                            println!("  last error: {e}");
+                            outln!("  last error: {e}");
                         }
                     }
                 }
@@ -717,7 +754,7 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
         Command::Policy(PolicyCommand::Reload) => {
             match client.call(&ControlRequest::PolicyReload).await? {
                 ControlResponse::PolicyReloaded { version, policies } => {
-                    println!("policy reloaded: version {version}, {policies} policies")
+                    outln!("policy reloaded: version {version}, {policies} policies")
                 }
                 r => return Err(unexpected(r)),
             }

@@ -5,6 +5,7 @@
 //! over stdio), makes five calls, prints what happened and the record, closes the turn and checks
 //! the shim exited. It exits non-zero if any outcome is not the expected one.
 
+use crate::cli::outln;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -114,12 +115,12 @@ pub async fn run() -> anyhow::Result<ExitCode> {
     shutdown.cancel();
     running.wait().await?;
     let ok = result?;
-    println!();
+    outln!();
     if ok {
-        println!("demo: every outcome was the expected one.");
+        outln!("demo: every outcome was the expected one.");
         Ok(ExitCode::SUCCESS)
     } else {
-        println!("demo: some outcome was NOT the expected one (see the table).");
+        outln!("demo: some outcome was NOT the expected one (see the table).");
         Ok(ExitCode::from(1))
     }
 }
@@ -135,10 +136,11 @@ async fn drive(runtime_dir: &std::path::Path) -> anyhow::Result<bool> {
         ControlResponse::TurnOpened(t) => t,
         other => bail!("unexpected answer to open_turn: {other:?}"),
     };
-    println!("SharedOS demo: broker on {}", runtime_dir.display());
-    println!(
+    outln!("SharedOS demo: broker on {}", runtime_dir.display());
+    outln!(
         "turn {} for principal alice, catalogHash {}",
-        turn.turn, turn.catalog_hash
+        turn.turn,
+        turn.catalog_hash
     );
 
     let shim = locate_shim()?;
@@ -153,8 +155,8 @@ async fn drive(runtime_dir: &std::path::Path) -> anyhow::Result<bool> {
     let client = ().serve(transport).await.context("MCP initialize with the shim failed")?;
     let tools = client.list_all_tools().await.context("tools/list failed")?;
     let names: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
-    println!("tools/list through the shim: {}", names.join(", "));
-    println!();
+    outln!("tools/list through the shim: {}", names.join(", "));
+    outln!();
 
     let steps = [
         Step {
@@ -184,9 +186,13 @@ async fn drive(runtime_dir: &std::path::Path) -> anyhow::Result<bool> {
         },
     ];
     let mut all_ok = true;
-    println!(
+    outln!(
         "{:<3} {:<14} {:<38} {:<30} {:<4} answer",
-        "#", "tool", "arguments", "outcome", "ok"
+        "#",
+        "tool",
+        "arguments",
+        "outcome",
+        "ok"
     );
     for (i, step) in steps.iter().enumerate() {
         let Value::Object(args) = step.arguments.clone() else {
@@ -203,7 +209,7 @@ async fn drive(runtime_dir: &std::path::Path) -> anyhow::Result<bool> {
         if text.chars().count() > 90 {
             text = text.chars().take(89).collect::<String>() + "…";
         }
-        println!(
+        outln!(
             "{:<3} {:<14} {:<38} {:<30} {:<4} {}",
             i + 1,
             format!("{:?}", step.tool),
@@ -220,8 +226,8 @@ async fn drive(runtime_dir: &std::path::Path) -> anyhow::Result<bool> {
     .await?;
     let ended = tokio::time::timeout(Duration::from_secs(10), client.waiting()).await;
     let shim_exited = matches!(ended, Ok(Ok(_)));
-    println!();
-    println!(
+    outln!();
+    outln!(
         "turn closed; the shim {}",
         if shim_exited {
             "exited"
@@ -230,8 +236,8 @@ async fn drive(runtime_dir: &std::path::Path) -> anyhow::Result<bool> {
         }
     );
 
-    println!();
-    println!("record lines of turn {}:", turn.turn);
+    outln!();
+    outln!("record lines of turn {}:", turn.turn);
     match host
         .call(&ControlRequest::Records {
             turn: Some(turn.turn.clone()),
@@ -242,11 +248,11 @@ async fn drive(runtime_dir: &std::path::Path) -> anyhow::Result<bool> {
     {
         ControlResponse::Records { lines, .. } => {
             for line in &lines {
-                println!("{}", serde_json::to_string(line)?);
+                outln!("{}", serde_json::to_string(line)?);
             }
             let calls = lines.iter().filter(|l| l["kind"] == "call").count();
             if calls != steps.len() {
-                println!("expected {} call lines, found {calls}", steps.len());
+                outln!("expected {} call lines, found {calls}", steps.len());
                 all_ok = false;
             }
         }

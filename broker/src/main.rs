@@ -14,6 +14,13 @@ fn main() -> std::process::ExitCode {
     let cli = sharedos_broker::cli::Cli::parse();
     match sharedos_broker::cli::main(cli) {
         Ok(code) => code,
+        // A reader that closed stdout (`records | head -1`) has what it wanted.
+        Err(e)
+            if e.chain()
+                .any(|c| c.is::<sharedos_broker::cli::StdoutClosed>()) =>
+        {
+            std::process::ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("sharedos-broker: error: {e:#}");
             std::process::ExitCode::from(1)

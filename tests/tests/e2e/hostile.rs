@@ -132,3 +132,49 @@ async fn a_call_the_broker_never_answers_fails_with_a_timeout() {
         "answered after {waited:?}"
     );
 }
+
+/// `records | head -1`: the reader closes the pipe after one line; the command ends quietly
+/// with status 0 (it used to panic with "failed printing to stdout: Broken pipe", status 101).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_pipe_ends_printing_commands_quietly() {
+    use std::io::BufRead;
+    let b = Served::start(&[]).await;
+    let mut raw = b.shim().await;
+    // Enough lines that the output is well over a pipe's buffer (64 KiB): about 300 KiB.
+    for batch in 0..30 {
+        for i in 0..100 {
+            let id = batch * 100 + i + 1;
+            raw.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": "files.read", "arguments": {"path": format!("/public/missing-{id}.txt")}}}))
+                .await;
+        }
+        for _ in 0..100 {
+            raw.recv().await;
+        }
+    }
+    for args in [&["records"][..], &["records", "--json"][..]] {
+        let mut child = std::process::Command::new(bin("sharedos-broker"))
+            .args(args)
+            .arg("--runtime-dir")
+            .arg(&b.run_dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("records");
+        let mut first = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut first)
+            .expect("read");
+        // The pipe's read end is closed here.
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+            .await
+            .expect("join")
+            .expect("wait");
+        assert!(!first.is_empty());
+        let stderr_text = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr_text.contains("rror"), "{args:?}: {stderr_text}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?}: {err}");
+    }
+}
