@@ -59,6 +59,9 @@ pub enum ProviderConfig {
     Mcp(crate::upstream::McpProviderConfig),
 }
 
+/// Arguments longer than this (as JSON text) are recorded by size and SHA-256, not inline.
+pub const DEFAULT_RECORD_MAX_ARGUMENT_BYTES: usize = 64 * 1024;
+
 fn default_files_namespace() -> String {
     "files".into()
 }
@@ -74,6 +77,8 @@ struct RawConfig {
     schema: Option<PathBuf>,
     #[serde(default)]
     redact_arguments: bool,
+    #[serde(default)]
+    record_max_argument_bytes: Option<usize>,
     #[serde(default)]
     host_uids: Vec<u32>,
     #[serde(default)]
@@ -99,6 +104,9 @@ pub struct Config {
     pub policy: PathBuf,
     pub schema: Option<PathBuf>,
     pub redact_arguments: bool,
+    /// Arguments whose JSON text is longer are recorded as `argumentsDigest: {bytes, sha256}`
+    /// instead of inline (the record must not grow with what a caller chooses to send).
+    pub record_max_argument_bytes: usize,
     /// Uids allowed on the control socket (empty: the broker's own uid).
     pub host_uids: Vec<u32>,
     /// Uids allowed on the bridge socket (empty: the broker's own uid).
@@ -160,6 +168,9 @@ impl Config {
             policy: rel(&raw.policy),
             schema: raw.schema.as_deref().map(rel),
             redact_arguments: raw.redact_arguments,
+            record_max_argument_bytes: raw
+                .record_max_argument_bytes
+                .unwrap_or(DEFAULT_RECORD_MAX_ARGUMENT_BYTES),
             host_uids: raw.host_uids,
             harness_uids: raw.harness_uids,
             default_ttl: raw
@@ -230,6 +241,7 @@ impl Config {
             policy: dir.join("policy.cedar"),
             schema: None,
             redact_arguments: false,
+            record_max_argument_bytes: DEFAULT_RECORD_MAX_ARGUMENT_BYTES,
             host_uids: vec![],
             harness_uids: vec![],
             default_ttl: DEFAULT_TTL,

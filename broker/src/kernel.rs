@@ -259,6 +259,8 @@ pub struct Kernel {
     pub recorder: Recorder,
     /// Record arguments as their SHA-256 instead of as given.
     redact_arguments: bool,
+    /// Arguments longer than this (JSON text) are recorded as `argumentsDigest`.
+    pub record_max_argument_bytes: usize,
     call_timeout: Duration,
     /// The longest any provider may run one call (the built-in timeout or an upstream's own).
     longest_call_timeout: Duration,
@@ -300,6 +302,7 @@ impl Kernel {
             policy,
             recorder,
             redact_arguments,
+            record_max_argument_bytes: crate::config::DEFAULT_RECORD_MAX_ARGUMENT_BYTES,
             call_timeout,
             longest_call_timeout,
             catalogs: Mutex::new(HashMap::new()),
@@ -808,7 +811,16 @@ impl Kernel {
         if self.redact_arguments {
             line.insert("argumentsSha256".into(), json!(sha256_hex(&args)));
         } else {
-            line.insert("arguments".into(), args);
+            let text = args.to_string();
+            if text.len() > self.record_max_argument_bytes {
+                // The record does not grow with what a caller chooses to send.
+                line.insert(
+                    "argumentsDigest".into(),
+                    json!({"bytes": text.len(), "sha256": sha256_text(&text)}),
+                );
+            } else {
+                line.insert("arguments".into(), args);
+            }
         }
         line.insert("requirement".into(), json!(answer.requirement));
         line.insert("outcome".into(), json!(answer.outcome.word()));
@@ -853,7 +865,11 @@ fn resolve(tool: &Registered, arguments: &Map<String, Value>) -> Result<Resolved
 
 /// The SHA-256 of a value's JSON text, in hex (redacted arguments).
 fn sha256_hex(v: &Value) -> String {
-    let digest = Sha256::digest(v.to_string().as_bytes());
+    sha256_text(&v.to_string())
+}
+
+fn sha256_text(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -9,11 +9,14 @@
 //! crash) and synced within [`BATCH_SYNC_INTERVAL`].
 //!
 //! On open, a torn last line (a crash mid-write) is detected, reported, moved aside to
-//! `<record>.torn` and cut off, never parsed as if whole. This module never drops a line: an
+//! `<record>.torn` and cut off, never parsed as if whole. The file is created 0600 and locked
+//! (`flock`) while open: a second broker on the same record refuses to start, naming the pid that
+//! holds it. This module never drops a line: an
 //! append that returns `Ok` has written its line, and one that cannot write says so.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -50,6 +53,10 @@ pub enum RecordError {
     },
     #[error("the record writer has stopped")]
     Stopped,
+    #[error(
+        "record `{path}` is in use by another process ({holder}); two brokers never append to one record"
+    )]
+    Locked { path: String, holder: String },
 }
 
 /// What opening an existing record found.
@@ -179,6 +186,7 @@ fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {
         let mut saved = OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600)
             .open(&aside)
             .map_err(io_err(&aside))?;
         saved.write_all(torn).map_err(io_err(&aside))?;
@@ -192,6 +200,30 @@ fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {
     Ok(recovery)
 }
 
+/// Who holds the lock on `file`, from `/proc/locks` (the pid that took it).
+fn lock_holder(file: &File) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = file.metadata() else {
+        return "holder unknown".into();
+    };
+    let dev = meta.dev();
+    let id = format!(
+        "{:02x}:{:02x}:{}",
+        rustix::fs::major(dev),
+        rustix::fs::minor(dev),
+        meta.ino()
+    );
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    locks
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // `1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF`
+            (f.len() >= 6 && f[5] == id).then(|| format!("pid {}", f[4]))
+        })
+        .unwrap_or_else(|| "holder unknown".into())
+}
+
 impl Recorder {
     /// Opens (or creates) the record. With `batch`, starts the task that syncs within
     /// [`BATCH_SYNC_INTERVAL`] (needs a Tokio runtime).
@@ -203,8 +235,27 @@ impl Recorder {
             .read(true)
             .append(true)
             .create(true)
+            // It holds every call's arguments: readable by the broker's uid only.
+            .mode(0o600)
             .open(path)
             .map_err(io_err(path))?;
+        // One writer per record, whatever path names it (the lock is on the file itself).
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(RecordError::Locked {
+                    path: path.display().to_string(),
+                    holder: lock_holder(&file),
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io_err(path)(e)),
+        }
+        let meta = file.metadata().map_err(io_err(path))?;
+        if meta.permissions().mode() & 0o077 != 0 {
+            tracing::warn!(record = %path.display(), mode = format!("{:o}", meta.permissions().mode() & 0o777), "the record was readable by others: made 0600");
+            file.set_permissions(std::fs::Permissions::from_mode(0o600))
+                .map_err(io_err(path))?;
+        }
         let recovery = recover(path, &mut file)?;
         let len = file.metadata().map_err(io_err(path))?.len();
         let (synced_tx, _) = watch::channel(recovery.last_seq);
@@ -231,6 +282,13 @@ impl Recorder {
 
     pub fn path(&self) -> &Path {
         &self.shared.path
+    }
+
+    /// Releases the record's lock at shutdown (exiting releases it too).
+    pub fn release(&self) {
+        if let Err(e) = self.shared.file.unlock() {
+            tracing::warn!(record = %self.shared.path.display(), error = %e, "could not release the record's lock");
+        }
     }
 
     /// Appends one event (`kind`, `turn` and the rest; `seq` and `at` are added, and replace any

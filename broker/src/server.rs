@@ -172,13 +172,15 @@ pub async fn build_kernel(config: &Config, root: &CancellationToken) -> anyhow::
             }
         }
     }
-    Ok(Kernel::new(
+    let mut kernel = Kernel::new(
         registry,
         policy,
         recorder,
         config.redact_arguments,
         config.call_timeout,
-    ))
+    );
+    kernel.record_max_argument_bytes = config.record_max_argument_bytes;
+    Ok(kernel)
 }
 
 /// Creates the runtime dir 0700 (or checks an existing one is ours and private).
@@ -198,14 +200,20 @@ fn prepare_runtime_dir(dir: &Path, uid: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Refuses a socket path another broker is listening on.
+async fn refuse_if_listening(path: &Path) -> anyhow::Result<()> {
+    if path.exists() && sharedos_ipc::connect(path).await.is_ok() {
+        bail!(
+            "a broker is already listening on `{}`; stop it or use another --runtime-dir",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 async fn bind(path: &Path) -> anyhow::Result<Listener> {
     if path.exists() {
-        if sharedos_ipc::connect(path).await.is_ok() {
-            bail!(
-                "a broker is already listening on `{}`; stop it or use another --runtime-dir",
-                path.display()
-            );
-        }
+        refuse_if_listening(path).await?;
         std::fs::remove_file(path)
             .with_context(|| format!("cannot remove stale socket `{}`", path.display()))?;
     }
@@ -241,6 +249,9 @@ pub async fn start(
     let root = CancellationToken::new();
     // Until the broker is up, a failure stops the providers already started.
     let stop_on_error = root.clone().drop_guard();
+    // A broker already on this runtime dir is the likelier mistake than a shared record: say so
+    // before the record's lock says the other.
+    refuse_if_listening(&runtime::control_socket(&runtime_dir)).await?;
     let kernel = Arc::new(build_kernel(&config, &root).await?);
     prepare_runtime_dir(&runtime_dir, uid)?;
     let control = bind(&runtime::control_socket(&runtime_dir)).await?;
@@ -275,8 +286,10 @@ pub async fn start(
         b.root.cancel();
         let _ = std::fs::remove_file(runtime::control_socket(&b.runtime_dir));
         let _ = std::fs::remove_file(runtime::bridge_socket(&b.runtime_dir));
-        // Give the record writer a moment to finish the last lines.
+        // Give the record writer a moment to finish the last lines, then let the record go (a
+        // process that exits releases it anyway; a broker restarted in the same process needs it).
         tokio::time::sleep(Duration::from_millis(10)).await;
+        b.kernel.recorder.release();
     });
     Ok(Running { broker, task })
 }

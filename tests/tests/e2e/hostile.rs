@@ -178,3 +178,66 @@ async fn a_closed_pipe_ends_printing_commands_quietly() {
         assert!(err.is_empty(), "{args:?}: {err}");
     }
 }
+
+/// The record is private (0600), one broker's alone (a second broker on it refuses to start,
+/// naming the record and the pid holding it), and does not grow with huge arguments (over 64 KiB
+/// they are recorded as `argumentsDigest: {bytes, sha256}`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_is_private_exclusive_and_bounded_per_call() {
+    use std::os::unix::fs::PermissionsExt;
+    let b = Served::start(&[]).await;
+    let record = b.path("record.jsonl");
+    let mode = std::fs::metadata(&record)
+        .expect("record")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "record mode {mode:o}");
+    // A second broker on the same config (so the same record), another runtime dir.
+    let mut second = std::process::Command::new(bin("sharedos-broker"));
+    second
+        .args(["serve", "--runtime-dir"])
+        .arg(b.path("run2"))
+        .arg("--config")
+        .arg(b.path("broker.toml"));
+    let (code, _, err) = run(second).await;
+    assert_ne!(code, 0, "a second broker started on the same record");
+    assert!(err.contains("record.jsonl"), "{err}");
+    assert!(err.contains(&format!("pid {}", b.pid())), "{err}");
+    // Huge arguments are recorded by size and digest.
+    let mut raw = b.shim().await;
+    let content = "x".repeat(100 * 1024);
+    let r = raw
+        .call(
+            1,
+            "files.write",
+            json!({"path": "/public/big.txt", "content": content}),
+        )
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    let r = raw
+        .call(2, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    let calls = b.calls();
+    assert_eq!(calls.len(), 2);
+    assert!(calls[0].get("arguments").is_none(), "{}", calls[0]);
+    let digest = &calls[0]["argumentsDigest"];
+    assert!(
+        digest["bytes"].as_u64().is_some_and(|n| n > 100 * 1024),
+        "{digest}"
+    );
+    assert_eq!(
+        digest["sha256"].as_str().map(str::len),
+        Some(64),
+        "{digest}"
+    );
+    assert_eq!(calls[1]["arguments"]["path"], "/public/hello.txt");
+    let line_len = std::fs::read_to_string(&record)
+        .expect("record")
+        .lines()
+        .map(str::len)
+        .max()
+        .unwrap_or(0);
+    assert!(line_len < 4096, "a record line of {line_len} bytes");
+}
