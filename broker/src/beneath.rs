@@ -123,9 +123,8 @@ impl Resolution {
     }
 }
 
-/// A folder held open: every resolution starts from this descriptor, so a root renamed or
-/// replaced by a link after start is never followed (a file whose descriptor no longer names a
-/// place below the root's path is refused as outside).
+/// A folder held open: every resolution starts from this descriptor, so a root replaced by a
+/// link after start is never followed, and a root renamed is still the root it was.
 #[derive(Debug)]
 pub struct Root {
     fd: OwnedFd,
@@ -179,6 +178,36 @@ impl Root {
             } else {
                 components.join("/")
             };
+            // The common case first: no link and no `..` on the way, so the descriptor names
+            // exactly the path as written (a rename of a folder on the way while the kernel walks
+            // it can only move what was reachable, never put another folder's entry there). One
+            // system call, no `/proc` read.
+            if !components.contains(&"..") {
+                match rustix::fs::openat2(
+                    &self.fd,
+                    rel.as_str(),
+                    OFlags::PATH | OFlags::CLOEXEC,
+                    Mode::empty(),
+                    ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+                ) {
+                    Ok(fd) => {
+                        let stat = rustix::fs::fstat(&fd)?;
+                        let mut host_path = self.path.clone();
+                        host_path.extend(&components);
+                        return Ok(Resolution::Exists(Found {
+                            fd,
+                            stat,
+                            virtual_path: format!("/{}", components.join("/")),
+                            host_path,
+                        }));
+                    }
+                    Err(Errno::ACCESS) => return Err(Errno::ACCESS.into()),
+                    Err(Errno::NOTDIR) => return Err(ResolveError::NotDir),
+                    // ELOOP: a link on the way; ENOENT: missing (the walk tells where); anything
+                    // else: the full resolution decides.
+                    Err(_) => {}
+                }
+            }
             match rustix::fs::openat2(
                 &self.fd,
                 rel.as_str(),
@@ -203,7 +232,7 @@ impl Root {
     fn found(&self, fd: OwnedFd) -> Result<Found, ResolveError> {
         let stat = rustix::fs::fstat(&fd)?;
         let host_path = fd_path(fd.as_fd()).map_err(ResolveError::Io)?;
-        let virtual_path = self.virtual_of(&host_path)?;
+        let virtual_path = self.virtual_of(&host_path, &self.current_path()?)?;
         Ok(Found {
             fd,
             stat,
@@ -212,11 +241,15 @@ impl Root {
         })
     }
 
-    /// The virtual path of a host path below the root.
-    pub fn virtual_of(&self, host: &Path) -> Result<String, ResolveError> {
-        let rel = host
-            .strip_prefix(&self.path)
-            .map_err(|_| ResolveError::Outside)?;
+    /// Where the root is now (it is held by descriptor: renamed, it is still the root).
+    pub fn current_path(&self) -> Result<PathBuf, ResolveError> {
+        fd_path(self.fd.as_fd()).map_err(ResolveError::Io)
+    }
+
+    /// The virtual path of a host path below the root, which is now at `root` (see
+    /// [`Root::current_path`]).
+    pub fn virtual_of(&self, host: &Path, root: &Path) -> Result<String, ResolveError> {
+        let rel = host.strip_prefix(root).map_err(|_| ResolveError::Outside)?;
         let mut v = String::with_capacity(host.as_os_str().len());
         for c in rel.components() {
             let Component::Normal(name) = c else {
@@ -505,16 +538,25 @@ mod tests {
     }
 
     #[test]
-    fn a_root_renamed_after_it_was_opened_is_refused() {
+    fn a_root_renamed_after_it_was_opened_is_still_the_root() {
         let (d, root) = tree();
         for strategy in [Strategy::Kernel, Strategy::Walk] {
             let r = Root::open(&root, strategy).expect("root");
             std::fs::rename(&root, d.path().join("moved")).expect("mv");
-            assert!(
-                virt(&r, "public/a.txt")
-                    .expect_err("moved")
-                    .contains("outside")
-            );
+            // Something else put where the root was is never reached.
+            std::fs::create_dir_all(root.join("public")).expect("mkdir");
+            std::fs::write(root.join("public/a.txt"), "impostor").expect("w");
+            assert_eq!(virt(&r, "public/a.txt").as_deref(), Ok("/public/a.txt"));
+            assert_eq!(virt(&r, "public/in").as_deref(), Ok("/private/s.txt"));
+            let Ok(Resolution::Exists(f)) = r.resolve(["public", "a.txt"]) else {
+                panic!("resolves");
+            };
+            let mut text = String::new();
+            std::fs::File::from(reopen(f.fd.as_fd(), OFlags::RDONLY).expect("reopen"))
+                .read_to_string(&mut text)
+                .expect("read");
+            assert_eq!(text, "public", "{strategy:?}");
+            std::fs::remove_dir_all(&root).expect("rm");
             std::fs::rename(d.path().join("moved"), &root).expect("mv back");
         }
     }

@@ -178,6 +178,58 @@ async fn send_event(out: &tokio::sync::Mutex<Out>, event: &BridgeEvent) {
     }
 }
 
+/// A call frame the broker cannot decode (arguments nested past serde_json's limit, a field of
+/// the wrong type) is still an attempt: its id and, when readable, its tool are salvaged and it
+/// goes to the kernel without arguments, to be refused and recorded; the bridge stays open. Any
+/// other undecodable frame ends the connection, as before.
+fn salvage_call(u: sharedos_ipc::Undecodable) -> Result<BridgeRequest, IpcError> {
+    #[derive(serde::Deserialize)]
+    struct Shallow {
+        #[serde(rename = "type")]
+        kind: String,
+        id: u64,
+        #[serde(default)]
+        call: Option<ShallowCall>,
+    }
+    #[derive(serde::Deserialize)]
+    struct ShallowCall {
+        #[serde(default)]
+        tool: Option<serde_json::Value>,
+        #[serde(default, rename = "requestId")]
+        request_id: Option<serde_json::Value>,
+    }
+    let malformed = || {
+        IpcError::Frame(sharedos_proto::frame::FrameError::Malformed(
+            u.error.clone(),
+        ))
+    };
+    // Everything but `type`, `id`, `call.tool` and `call.requestId` is skipped, at any depth.
+    let shallow: Shallow = serde_json::from_slice(&u.body).map_err(|_| malformed())?;
+    if shallow.kind != "call" {
+        return Err(malformed());
+    }
+    let text = |v: Option<serde_json::Value>| match v {
+        Some(serde_json::Value::String(s)) => Some(s),
+        Some(other) => Some(other.to_string()),
+        None => None,
+    };
+    let (tool, request_id) = match shallow.call {
+        Some(c) => (text(c.tool).unwrap_or_default(), text(c.request_id)),
+        None => (String::new(), None),
+    };
+    let mut why = u.error;
+    sharedos_proto::name::clip(&mut why, 200);
+    Ok(BridgeRequest::Call {
+        id: shallow.id,
+        call: sharedos_proto::ToolCall {
+            tool,
+            arguments: None,
+            request_id,
+            rejected_arguments: Some(format!("the broker could not decode the call: {why}")),
+        },
+    })
+}
+
 async fn run_connection(
     broker: Arc<Broker>,
     turn: Arc<Turn>,
@@ -198,7 +250,9 @@ async fn run_connection(
     }
     loop {
         let event = tokio::select! {
-            f = reader.next::<BridgeRequest>() => Event::Frame(f),
+            f = reader.next_or_undecodable::<BridgeRequest>() => {
+                Event::Frame(f.and_then(|r| r.or_else(salvage_call)))
+            }
             _ = turn.cancel.cancelled() => Event::TurnEnded,
         };
         match event {

@@ -347,6 +347,13 @@ impl FilesProvider {
         }
         let first =
             crate::beneath::open_dir(start.fd.as_fd()).map_err(|e| io_failure(vpath, &e))?;
+        // Hits are named by their descriptors' paths, below where the root is now.
+        let root_now = self.root.current_path().map_err(|e| {
+            fail(
+                FailCode::ProviderError,
+                format!("cannot search {vpath}: {e}"),
+            )
+        })?;
         let mut walk = Walk {
             budget,
             entries: 0,
@@ -404,7 +411,7 @@ impl FilesProvider {
                     let Ok(host) = crate::beneath::fd_path(opened.as_fd()) else {
                         continue;
                     };
-                    let Ok(v) = self.root.virtual_of(&host) else {
+                    let Ok(v) = self.root.virtual_of(&host, &root_now) else {
                         continue;
                     };
                     if check.may_read(&v) {
@@ -804,8 +811,15 @@ mod tests {
         std::fs::write(elsewhere.join("public/hello.txt"), "not the root's").expect("w");
         std::fs::rename(d.path().join("root"), d.path().join("old-root")).expect("mv");
         std::os::unix::fs::symlink(&elsewhere, d.path().join("root")).expect("ln");
-        let swapped = p.resolve(FileOp::Read, &args(json!({"path": "/public/hello.txt"})));
-        assert!(swapped.is_err(), "resolved through a swapped root");
+        // The root is held by descriptor: the link is never followed, the original is served.
+        let a = args(json!({"path": "/public/hello.txt"}));
+        let r = p
+            .resolve(FileOp::Read, &a)
+            .expect("resolves in the held root");
+        let read = p
+            .execute(FileOp::Read, &r, &a, &AllowPublic, &AtomicBool::new(false))
+            .expect("read");
+        assert_eq!(read.first_text(), "Hello\nworld\n");
     }
 
     #[test]

@@ -460,10 +460,23 @@ impl Kernel {
         tool: &str,
         arguments: Option<&Value>,
     ) -> Verdict {
+        self.check_rejecting(context, catalog, tool, arguments, None)
+    }
+
+    /// [`Kernel::check`], for a call whose arguments could not be passed on (`rejected`): it is
+    /// refused `failed/invalid_arguments` once its name and publication are checked.
+    fn check_rejecting(
+        &self,
+        context: &AccessContext,
+        catalog: &Catalog,
+        tool: &str,
+        arguments: Option<&Value>,
+        rejected: Option<&str>,
+    ) -> Verdict {
         // Nothing a caller sends may take the call path down: a panic in the check (a bug) is
         // contained here and becomes `failed/internal`, answered and recorded like any outcome.
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.check_contained(context, catalog, tool, arguments)
+            self.check_contained(context, catalog, tool, arguments, rejected)
         }))
         .unwrap_or_else(|_| {
             tracing::error!(tool = %sharedos_proto::name::shown(tool), "the kernel's check panicked; the call fails as internal");
@@ -485,6 +498,7 @@ impl Kernel {
         catalog: &Catalog,
         tool: &str,
         arguments: Option<&Value>,
+        rejected: Option<&str>,
     ) -> Verdict {
         let refuse = |outcome, message: String| Verdict::Refused {
             outcome,
@@ -507,6 +521,12 @@ impl Kernel {
                 ),
             );
         };
+        if let Some(why) = rejected {
+            return refuse(
+                Outcome::Failed(FailCode::InvalidArguments),
+                format!("failed: {tool} arguments were not passed on: {why}"),
+            );
+        }
         let empty = Value::Object(Map::new());
         // The instance the input schema checks: the arguments as sent (no copy), or `{}`.
         let instance = match arguments {
@@ -614,11 +634,12 @@ impl Kernel {
         cancel_cause: impl Fn() -> CancelCode,
     ) -> CallAnswer {
         let started = Instant::now();
-        let verdict = self.check(
+        let verdict = self.check_rejecting(
             site.context,
             site.catalog,
             &call.tool,
             call.arguments.as_ref(),
+            call.rejected_arguments.as_deref(),
         );
         let mut forwarded = None;
         let (outcome, message, requirement, policies, content) = match verdict {

@@ -741,6 +741,12 @@ impl McpProvider {
         let resolved = beneath
             .resolve(parts)
             .map_err(|e| format!("path `{}`: {e}", shown()))?;
+        // The upstream gets a host path: it must still lead where the descriptor is.
+        if beneath.current_path().ok().as_deref() != Some(beneath.path()) {
+            return Err(format!(
+                "the provider's file_root `{root_c}` has been moved or replaced since the broker opened it"
+            ));
+        }
         let host = resolved
             .host_path()
             .to_str()

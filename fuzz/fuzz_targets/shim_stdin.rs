@@ -137,6 +137,16 @@ fn checked(line: &[u8]) -> Verdict {
                 shown(line)
             );
         }
+        Verdict::Refer(r) if r.rejected.is_some() => {
+            // Referred without its arguments: only for lines past the one nesting limit (which
+            // may be past what a Value can hold).
+            assert!(
+                sharedos_proto::nesting::json_depth(line) > sharedos_proto::nesting::MAX_LINE_DEPTH,
+                "Refer without arguments for a shallow line: {}",
+                shown(line)
+            );
+            assert!(r.arguments.is_none(), "rejected with arguments: {}", shown(line));
+        }
         Verdict::Refer(r) => {
             let v: Value = serde_json::from_slice(line)
                 .unwrap_or_else(|e| panic!("Refer for non-JSON ({e}): {}", shown(line)));

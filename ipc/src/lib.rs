@@ -46,6 +46,13 @@ pub enum IpcError {
     Io(#[from] io::Error),
 }
 
+/// A whole frame whose body is not a message of the expected type.
+#[derive(Debug)]
+pub struct Undecodable {
+    pub body: Vec<u8>,
+    pub error: String,
+}
+
 /// Reads frames from a stream, one message at a time.
 pub struct FrameReader<R> {
     inner: R,
@@ -62,10 +69,36 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
     /// The next message. `Err(IpcError::Closed)` on a clean end of stream between frames.
     pub async fn next<T: DeserializeOwned>(&mut self) -> Result<T, IpcError> {
+        match self.next_or_undecodable().await? {
+            Ok(msg) => Ok(msg),
+            Err(u) => Err(IpcError::Frame(FrameError::Malformed(u.error))),
+        }
+    }
+
+    /// Like [`FrameReader::next`], but a whole frame whose body does not decode as `T` is
+    /// consumed and handed back (so that a reader can salvage what it can say about it and go
+    /// on with the next frame).
+    pub async fn next_or_undecodable<T: DeserializeOwned>(
+        &mut self,
+    ) -> Result<Result<T, Undecodable>, IpcError> {
         loop {
-            if let Some((msg, used)) = frame::decode::<T>(&self.buf)? {
-                self.buf.drain(..used);
-                return Ok(msg);
+            match frame::decode::<T>(&self.buf) {
+                Ok(Some((msg, used))) => {
+                    self.buf.drain(..used);
+                    return Ok(Ok(msg));
+                }
+                Ok(None) => {}
+                Err(FrameError::Malformed(error)) => {
+                    let len = frame::body_len(&self.buf)?.unwrap_or(0);
+                    let body = self
+                        .buf
+                        .get(HEADER_BYTES..HEADER_BYTES + len)
+                        .unwrap_or_default()
+                        .to_vec();
+                    self.buf.drain(..(HEADER_BYTES + len).min(self.buf.len()));
+                    return Ok(Err(Undecodable { body, error }));
+                }
+                Err(e) => return Err(e.into()),
             }
             // Read what the current frame still needs (or a header), at least READ_AHEAD and at
             // most a chunk: the buffer never grows to the length a header claims.

@@ -21,6 +21,11 @@ pub struct ToolCall {
     /// The MCP request id, rendered as text (numbers and strings both occur).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
+    /// Why the arguments could not be passed on (nested deeper than
+    /// [`crate::nesting::MAX_ARGUMENT_DEPTH`], a frame that could not be decoded): the kernel
+    /// refuses the call `failed/invalid_arguments` and records it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejected_arguments: Option<String>,
 }
 
 /// Why a call was denied: the kernel processed it and the answer is no.

@@ -575,6 +575,7 @@ mod tests {
                     tool: "files.read".into(),
                     arguments: Some(serde_json::json!({"path": "/public/a.txt"})),
                     request_id: Some("7".into()),
+                    rejected_arguments: None,
                 },
             },
             BridgeRequest::Hello {

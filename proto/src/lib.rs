@@ -10,6 +10,7 @@
 //! - [`definition`]: registered and published tool definitions, the fixed projection.
 //! - [`catalog`]: RFC 8785 canonical JSON and `catalogHash`.
 //! - [`call`]: `ToolCall` (raw tool string) and outcomes with codes.
+//! - [`nesting`]: the one nesting limit for arguments, and a depth scan.
 //! - [`declaration`]: `ToolPolicy` and `SystemIdentity` with their rules.
 //! - [`frame`]: the length-prefixed frame codec.
 //! - [`ipc`]: the messages on the bridge and control sockets.
@@ -22,6 +23,7 @@ pub mod definition;
 pub mod frame;
 pub mod ipc;
 pub mod name;
+pub mod nesting;
 
 pub use call::{CancelCode, DenyCode, FailCode, Outcome, Requirement, ToolCall};
 pub use catalog::{CatalogHash, canonical_catalog, catalog_hash};

@@ -13,6 +13,7 @@
 //! referred call to cancel ([`Verdict::Cancel`]). Everything else passes to rmcp.
 
 use serde_json::{Value, json};
+use sharedos_proto::nesting::{MAX_ARGUMENT_DEPTH, MAX_LINE_DEPTH, json_depth};
 
 /// Longest line accepted. Tool arguments travel to the broker in one frame, so this stays below
 /// the frame limit.
@@ -57,6 +58,9 @@ pub struct Referral {
     /// `params._meta["io.modelcontextprotocol/protocolVersion"]` on every request, and never
     /// send `initialize`): its answer takes that version's wire shape.
     pub protocol: Option<String>,
+    /// Why the arguments were not passed on (the line is nested deeper than
+    /// [`MAX_LINE_DEPTH`]): the kernel refuses and records the call without them.
+    pub rejected: Option<String>,
 }
 
 /// Where a request states its own protocol version.
@@ -95,12 +99,59 @@ fn valid_id(v: &Value) -> bool {
 /// settle goes to [`check_line_full`]. Both give the same verdict wherever the fast one gives
 /// one (fuzzed).
 pub fn check_line(line: &[u8]) -> Verdict {
-    if line.len() <= MAX_LINE_BYTES
-        && let Some(verdict) = check_line_fast(line)
-    {
-        return verdict;
+    if line.len() <= MAX_LINE_BYTES {
+        // One nesting limit, checked here where a call enters, so that everything passed on
+        // parses everywhere after (sharedos_proto::nesting).
+        let depth = json_depth(line);
+        if depth > MAX_LINE_DEPTH {
+            return check_deep_line(line, depth);
+        }
+        if let Some(verdict) = check_line_fast(line) {
+            return verdict;
+        }
     }
     check_line_full(line)
+}
+
+/// `tools/call` params of a line nested too deep: the name if it is shallow enough to read;
+/// everything else is skipped (serde_json skips without a depth limit).
+#[derive(serde::Deserialize)]
+struct DeepCallParams {
+    #[serde(default, deserialize_with = "present")]
+    name: Option<Value>,
+}
+
+/// A line nested deeper than [`MAX_LINE_DEPTH`]: a `tools/call` is referred without its
+/// arguments (refused and recorded by the kernel), any other request gets -32600, a
+/// notification is dropped with a note.
+fn check_deep_line(line: &[u8], depth: usize) -> Verdict {
+    let why = format!(
+        "the message is nested {depth} levels deep; tool arguments may be nested at most {MAX_ARGUMENT_DEPTH} levels"
+    );
+    let message = std::str::from_utf8(line)
+        .ok()
+        .and_then(|text| serde_json::from_str::<Message>(text).ok());
+    let Some(message) = message else {
+        return Verdict::Answer(error(Value::Null, INVALID_REQUEST, why));
+    };
+    let id = message.id.filter(valid_id);
+    match (message.method, id) {
+        ("tools/call", id) => {
+            let name = message
+                .params
+                .and_then(|p| serde_json::from_str::<DeepCallParams>(p.get()).ok())
+                .and_then(|p| p.name);
+            Verdict::Refer(Referral {
+                id,
+                tool: tool_text(name),
+                arguments: None,
+                protocol: None,
+                rejected: Some(why),
+            })
+        }
+        (_, Some(id)) => Verdict::Answer(error(id, INVALID_REQUEST, why)),
+        (_, None) => Verdict::Ignore("a notification nested too deep"),
+    }
 }
 
 /// A message in one of the common shapes: `jsonrpc` and `method` plain strings, no key twice.
@@ -183,6 +234,7 @@ pub fn check_line_fast(line: &[u8]) -> Option<Verdict> {
                 tool: tool_text(name),
                 arguments,
                 protocol,
+                rejected: None,
             })
         }
         "notifications/cancelled" if message.id.is_none() => {
@@ -298,6 +350,7 @@ pub fn check_line_full(line: &[u8]) -> Verdict {
                 .filter(|a| !a.is_null())
                 .cloned(),
             protocol: stated_protocol(params.and_then(|p| p.get("_meta"))),
+            rejected: None,
         });
     }
     if method == "notifications/cancelled"
@@ -395,6 +448,54 @@ mod tests {
     }
 
     #[test]
+    fn lines_nested_too_deep_are_referred_without_arguments_or_answered() {
+        let nest = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+        // Arguments exactly at the limit pass as usual.
+        let ok = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"files.read","arguments":{{"a":{}}}}}}}"#,
+            nest(MAX_ARGUMENT_DEPTH - 1)
+        );
+        match check_line(ok.as_bytes()) {
+            Verdict::Refer(r) => assert!(r.rejected.is_none() && r.arguments.is_some()),
+            other => panic!("{other:?}"),
+        }
+        for n in [MAX_ARGUMENT_DEPTH, 125, 126, 127, 128, 129, 130, 10_000] {
+            let call = format!(
+                r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"files.read","arguments":{{"a":{}}}}}}}"#,
+                nest(n)
+            );
+            match check_line(call.as_bytes()) {
+                Verdict::Refer(r) => {
+                    assert_eq!((r.id, r.tool.as_str()), (Some(json!(7)), "files.read"));
+                    assert!(r.arguments.is_none());
+                    assert!(
+                        r.rejected.as_deref().is_some_and(|w| w.contains("nested")),
+                        "{n}"
+                    );
+                }
+                other => panic!("depth {n}: {other:?}"),
+            }
+            // A ping's params are one level shallower than a call's arguments.
+            let ping = format!(
+                r#"{{"jsonrpc":"2.0","id":8,"method":"ping","params":{{"x":{}}}}}"#,
+                nest(n + 1)
+            );
+            let Verdict::Answer(e) = check_line(ping.as_bytes()) else {
+                panic!("depth {n}: a deep ping must be answered");
+            };
+            assert_eq!(
+                (e["id"].clone(), e["error"]["code"].clone()),
+                (json!(8), json!(INVALID_REQUEST))
+            );
+            let note = format!(
+                r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"x":{}}}}}"#,
+                nest(n + 1)
+            );
+            assert!(matches!(check_line(note.as_bytes()), Verdict::Ignore(_)));
+        }
+    }
+
+    #[test]
     fn every_call_is_referred_to_the_kernel() {
         let refer = |line: &[u8]| match check_line(line) {
             Verdict::Refer(r) => r,
@@ -408,6 +509,7 @@ mod tests {
                 tool: String::new(),
                 arguments: None,
                 protocol: None,
+                rejected: None,
             }
         );
         let r = refer(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":5}}"#);
@@ -441,6 +543,7 @@ mod tests {
                 tool: "files read".into(),
                 arguments: Some(json!({"p": 1})),
                 protocol: None,
+                rejected: None,
             }
         );
         // A 2026-07-28 client states its version on the call itself.

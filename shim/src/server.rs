@@ -305,6 +305,7 @@ impl Shim {
         &self,
         sent: String,
         arguments: Option<Value>,
+        rejected_arguments: Option<String>,
         request_id: Option<String>,
         cancel: &tokio_util::sync::CancellationToken,
     ) -> Option<CallAnswer> {
@@ -317,6 +318,7 @@ impl Shim {
             tool: tool.clone(),
             arguments,
             request_id,
+            rejected_arguments,
         };
         match self.link.call(call, cancel).await {
             Some(Ok(answer)) => Some(answer),
@@ -385,7 +387,13 @@ impl Shim {
                 let id = referral.id.unwrap_or(Value::Null);
                 let request_id = request_id_text(id.clone());
                 let answer = shim
-                    .forward(referral.tool, referral.arguments, request_id, &cancel)
+                    .forward(
+                        referral.tool,
+                        referral.arguments,
+                        referral.rejected,
+                        request_id,
+                        &cancel,
+                    )
                     .await?;
                 Some(shim.response(id, &answer, referral.protocol.as_deref()))
             })

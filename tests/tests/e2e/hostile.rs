@@ -241,3 +241,139 @@ async fn the_record_is_private_exclusive_and_bounded_per_call() {
         .unwrap_or(0);
     assert!(line_len < 4096, "a record line of {line_len} bytes");
 }
+
+/// Depths 120 to 130 around serde_json's limit, on calls and on pings, through a real shim:
+/// every call is answered (`failed/invalid_arguments`) and recorded once, every ping gets a
+/// JSON-RPC error, and the bridge survives (a normal call after them succeeds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deeply_nested_calls_and_pings_are_answered_and_the_bridge_survives() {
+    let b = Served::start(&[]).await;
+    let mut raw = b.shim().await;
+    let nest = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+    let mut id = 0i64;
+    for depth in 120..=130usize {
+        id += 1;
+        let call = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"files.read","arguments":{{"path":"/public/hello.txt","x":{}}}}}}}"#,
+            nest(depth)
+        );
+        raw.send_raw(call.as_bytes()).await;
+        let r = raw.response(id).await;
+        let m = meta(&r["result"]);
+        assert_eq!(
+            (m["outcome"].as_str(), m["code"].as_str()),
+            (Some("failed"), Some("invalid_arguments")),
+            "depth {depth}: {r}"
+        );
+        assert!(crate::kit::text(&r["result"]).contains("nested"), "{r}");
+        id += 1;
+        let ping = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"ping","params":{{"x":{}}}}}"#,
+            nest(depth)
+        );
+        raw.send_raw(ping.as_bytes()).await;
+        let r = raw.response(id).await;
+        assert_eq!(r["error"]["code"], -32600, "depth {depth}: {r}");
+    }
+    id += 1;
+    let r = raw
+        .call(id, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    let calls = b.calls();
+    assert_eq!(
+        calls.len(),
+        12,
+        "11 deep calls and the last one, each recorded once"
+    );
+    assert!(
+        calls[..11]
+            .iter()
+            .all(|c| c["code"] == "invalid_arguments" && c["tool"] == "files.read")
+    );
+}
+
+/// A call frame the broker cannot decode (sent straight to the bridge socket, past the shim)
+/// is answered and recorded, and the bridge stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_call_frame_is_answered_and_recorded_without_closing_the_bridge() {
+    use sharedos_ipc::{FrameReader, write_frame};
+    use sharedos_proto::ipc::{BridgeEvent, BridgeRequest, PROTOCOL_VERSION, ShimInfo, TurnToken};
+    use tokio::io::AsyncWriteExt;
+    let b = Served::start(&[]).await;
+    let mut open = std::process::Command::new(bin("sharedos-broker"));
+    open.args([
+        "turn",
+        "open",
+        "--principal",
+        "alice",
+        "--json",
+        "--runtime-dir",
+    ])
+    .arg(&b.run_dir);
+    let (code, out, err) = run(open).await;
+    assert_eq!(code, 0, "{err}");
+    let token = serde_json::from_str::<Value>(&out).expect("json")["token"]
+        .as_str()
+        .expect("token")
+        .to_owned();
+    let stream = sharedos_ipc::connect(&b.run_dir.join("bridge.sock"))
+        .await
+        .expect("connect");
+    let (r, mut w) = tokio::io::split(stream);
+    let mut reader = FrameReader::new(r);
+    write_frame(
+        &mut w,
+        &BridgeRequest::Hello {
+            protocol: PROTOCOL_VERSION,
+            token: TurnToken::new(token),
+            client: ShimInfo::default(),
+        },
+    )
+    .await
+    .expect("hello");
+    assert!(matches!(
+        reader.next::<BridgeEvent>().await.expect("welcome"),
+        BridgeEvent::Welcome { .. }
+    ));
+    // Arguments 200 deep, and a call whose arguments are a number where a map belongs.
+    let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    for (id, body) in [
+        (1u64, format!(r#"{{"type":"call","id":1,"call":{{"tool":"files.read","arguments":{deep}}}}}"#)),
+        (2, r#"{"type":"call","id":2,"call":{"tool":"files.read","arguments":{"path":"/public/hello.txt"},"requestId":[1,2]}}"#.to_owned()),
+    ] {
+        let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(body.as_bytes());
+        w.write_all(&frame).await.expect("write");
+        match reader.next::<BridgeEvent>().await.expect("answer") {
+            BridgeEvent::Answer { id: got, answer } => {
+                assert_eq!(got, id);
+                assert_eq!(answer.outcome.code(), "invalid_arguments", "{answer:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // The bridge is still open: a good call goes through.
+    write_frame(
+        &mut w,
+        &BridgeRequest::Call {
+            id: 3,
+            call: sharedos_proto::ToolCall {
+                tool: "files.read".into(),
+                arguments: Some(json!({"path": "/public/hello.txt"})),
+                request_id: None,
+                rejected_arguments: None,
+            },
+        },
+    )
+    .await
+    .expect("call");
+    match reader.next::<BridgeEvent>().await.expect("answer") {
+        BridgeEvent::Answer { id: 3, answer } => assert_eq!(answer.outcome.word(), "succeeded"),
+        other => panic!("{other:?}"),
+    }
+    let calls = b.calls();
+    assert_eq!(calls.len(), 3, "{calls:#?}");
+    assert_eq!(calls[0]["tool"], "files.read");
+    assert_eq!(calls[0]["code"], "invalid_arguments");
+}

@@ -278,15 +278,24 @@ async fn hostile_argument_values_are_refused_cleanly() {
         let r = raw.call(i as i64 + 1, "files.read", args.clone()).await;
         assert_eq!(meta(&r["result"])["code"], *code, "{args}: {r}");
     }
-    // Nesting past what the JSON parser accepts is a parse error, answered, and the shim goes on.
+    // Nesting past the one limit (sharedos_proto::nesting), even past what the JSON parser
+    // accepts: the call is still an attempt, refused without its arguments and recorded, and the
+    // shim goes on.
     let mut deep = json!("x");
     for _ in 0..200 {
         deep = json!({"a": deep});
     }
-    raw.send(json!({"jsonrpc": "2.0", "id": 50, "method": "tools/call", "params": {"name": "files.read", "arguments": {"path": deep}}})).await;
-    assert_eq!(raw.recv().await["error"]["code"], -32700);
+    raw.send_raw(
+        format!(
+            r#"{{"jsonrpc":"2.0","id":50,"method":"tools/call","params":{{"name":"files.read","arguments":{{"path":{deep}}}}}}}"#
+        )
+        .as_bytes(),
+    )
+    .await;
+    let r = raw.response(50).await;
+    assert_eq!(meta(&r["result"])["code"], "invalid_arguments", "{r}");
     ping(&mut raw, 51).await;
-    assert_eq!(broker.calls_of(&turn.turn).len(), cases.len());
+    assert_eq!(broker.calls_of(&turn.turn).len(), cases.len() + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -383,6 +392,7 @@ async fn hostile_clients_on_the_bridge_socket_get_nothing_and_the_broker_keeps_s
             tool: "files.read".into(),
             arguments: Some(json!({"path": "/public/hello.txt"})),
             request_id: None,
+            rejected_arguments: None,
         };
         if tokio::time::timeout(
             Duration::from_millis(200),

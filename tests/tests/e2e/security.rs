@@ -181,6 +181,7 @@ async fn nothing_a_shim_sends_widens_its_turn() {
             tool: tool.into(),
             arguments: Some(args),
             request_id: None,
+            rejected_arguments: None,
         },
     };
     write_frame(
