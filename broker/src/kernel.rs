@@ -32,6 +32,30 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// [`Kernel::answer_deadline`]).
 pub const ANSWER_MARGIN: Duration = Duration::from_secs(5);
 
+/// How a call ended, before its answer is made: outcome, message, requirement, policies, and
+/// the provider's content (its error's content on a failure).
+type Ending = (
+    Outcome,
+    Option<String>,
+    Option<Requirement>,
+    Vec<String>,
+    Option<Result<Success, Vec<Value>>>,
+);
+
+/// Can this tool change state? `files.write`, and every brokered tool not annotated
+/// `readOnlyHint: true` (MCP's default is "may change state"). Such calls are written ahead.
+fn changes_state(tool: &Registered) -> bool {
+    match &tool.authority.handler {
+        Handler::Files { op, .. } => *op == FileOp::Write,
+        Handler::Mcp(_) => !tool
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("readOnlyHint"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+    }
+}
+
 /// How a registered tool runs. Never leaves the broker.
 pub enum Handler {
     /// A built-in files tool.
@@ -658,6 +682,41 @@ impl Kernel {
                 let requirement = Some(requirement_of(&resolved));
                 forwarded.clone_from(&resolved.forwarded);
                 let what = format!("{} of {}", call.tool, resolved.resource.short());
+                // Write-ahead: a call that can change state is on record, as durable as the
+                // record is, before it runs; its outcome line follows. A crash in between leaves
+                // the intent, which the next start closes as `unknown`.
+                if changes_state(&tool) {
+                    let mut intent = Map::new();
+                    intent.insert("kind".into(), json!("intent"));
+                    intent.insert("turn".into(), json!(site.turn));
+                    intent.insert("callId".into(), json!(site.call_id));
+                    intent.insert("requestId".into(), json!(call.request_id));
+                    intent.insert("tool".into(), json!(call.tool));
+                    self.insert_arguments(&mut intent, &call);
+                    intent.insert("requirement".into(), json!(requirement));
+                    crate::record::apply_stamp(&mut intent, site.stamp);
+                    if let Err(e) = self.recorder.append(intent).await {
+                        tracing::error!(error = %e, call_id = %site.call_id, "intent not recorded: the call is not run");
+                        let message = format!(
+                            "failed: {what} — the broker could not record the call before running it ({e}); it was not run"
+                        );
+                        return self
+                            .finish(
+                                &site,
+                                &call,
+                                started,
+                                (
+                                    Outcome::Failed(FailCode::Internal),
+                                    Some(message),
+                                    requirement,
+                                    policies,
+                                    None,
+                                ),
+                                None,
+                            )
+                            .await;
+                    }
+                }
                 let (job, timeout) = self.job(tool, *resolved, arguments, site.context.clone());
                 // Dropping `job` on cancellation or timeout cancels it; for an upstream call that
                 // sends `notifications/cancelled` upstream.
@@ -694,6 +753,25 @@ impl Kernel {
                 }
             }
         };
+        self.finish(
+            &site,
+            &call,
+            started,
+            (outcome, message, requirement, policies, content),
+            forwarded,
+        )
+        .await
+    }
+
+    /// Makes a call's answer, and its record line, which must be written before it leaves.
+    async fn finish(
+        &self,
+        site: &CallSite<'_>,
+        call: &ToolCall,
+        started: Instant,
+        (outcome, message, requirement, policies, content): Ending,
+        forwarded: Option<Map<String, Value>>,
+    ) -> CallAnswer {
         let duration = started.elapsed();
         let mut answer = CallAnswer {
             outcome,
@@ -714,7 +792,7 @@ impl Kernel {
             Some(Err(content)) => answer.content = content,
             None => {}
         }
-        let mut line = self.call_record(&site, &call, &answer, duration);
+        let mut line = self.call_record(site, call, &answer, duration);
         if let Some(sent) = forwarded {
             // What the upstream was sent instead of the call's own arguments.
             let sent = Value::Object(sent);
@@ -815,6 +893,26 @@ impl Kernel {
         }
     }
 
+    /// A call's arguments on a record line: as sent, or their SHA-256 (`redact_arguments`), or
+    /// their size and SHA-256 when they are longer than `record_max_argument_bytes`.
+    fn insert_arguments(&self, line: &mut Map<String, Value>, call: &ToolCall) {
+        let args = call.arguments.clone().unwrap_or(Value::Null);
+        if self.redact_arguments {
+            line.insert("argumentsSha256".into(), json!(sha256_hex(&args)));
+            return;
+        }
+        let text = args.to_string();
+        if text.len() > self.record_max_argument_bytes {
+            // The record does not grow with what a caller chooses to send.
+            line.insert(
+                "argumentsDigest".into(),
+                json!({"bytes": text.len(), "sha256": sha256_text(&text)}),
+            );
+        } else {
+            line.insert("arguments".into(), args);
+        }
+    }
+
     fn call_record(
         &self,
         site: &CallSite<'_>,
@@ -828,21 +926,7 @@ impl Kernel {
         line.insert("callId".into(), json!(answer.call_id));
         line.insert("requestId".into(), json!(call.request_id));
         line.insert("tool".into(), json!(call.tool));
-        let args = call.arguments.clone().unwrap_or(Value::Null);
-        if self.redact_arguments {
-            line.insert("argumentsSha256".into(), json!(sha256_hex(&args)));
-        } else {
-            let text = args.to_string();
-            if text.len() > self.record_max_argument_bytes {
-                // The record does not grow with what a caller chooses to send.
-                line.insert(
-                    "argumentsDigest".into(),
-                    json!({"bytes": text.len(), "sha256": sha256_text(&text)}),
-                );
-            } else {
-                line.insert("arguments".into(), args);
-            }
-        }
+        self.insert_arguments(&mut line, call);
         line.insert("requirement".into(), json!(answer.requirement));
         line.insert("outcome".into(), json!(answer.outcome.word()));
         line.insert("code".into(), json!(answer.outcome.code()));

@@ -68,6 +68,11 @@ pub struct Recovery {
     /// Bytes of a torn last line that were cut off and saved to `torn_saved_to`.
     pub torn_bytes: usize,
     pub torn_saved_to: Option<PathBuf>,
+    /// `intent` lines with no `call` line of the same `callId` after them: calls that could
+    /// change state and whose outcome the last broker never recorded (it stopped first).
+    pub open_intents: Vec<Map<String, Value>>,
+    /// Turns opened and never closed (`turn_opened` without `turn_closed`), in order.
+    pub open_turns: Vec<String>,
 }
 
 struct State {
@@ -133,6 +138,10 @@ fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {
     file.seek(SeekFrom::Start(0)).map_err(&err)?;
     file.read_to_end(&mut bytes).map_err(&err)?;
     let mut recovery = Recovery::default();
+    // Open intents and turns by id, with the seq that opened them (for their order).
+    let mut intents: std::collections::HashMap<String, (u64, Map<String, Value>)> =
+        Default::default();
+    let mut turns: std::collections::HashMap<String, u64> = Default::default();
     let mut good_end = 0usize;
     let mut start = 0usize;
     let mut line_no = 0usize;
@@ -165,6 +174,26 @@ fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {
                 }
                 recovery.last_seq = seq;
                 recovery.lines += 1;
+                let text = |k: &str| obj.get(k).and_then(Value::as_str).map(str::to_owned);
+                match (
+                    obj.get("kind").and_then(Value::as_str),
+                    text("callId"),
+                    text("turn"),
+                ) {
+                    (Some("intent"), Some(id), _) => {
+                        intents.insert(id, (seq, obj));
+                    }
+                    (Some("call"), Some(id), _) => {
+                        intents.remove(&id);
+                    }
+                    (Some("turn_opened"), _, Some(turn)) => {
+                        turns.insert(turn, seq);
+                    }
+                    (Some("turn_closed"), _, Some(turn)) => {
+                        turns.remove(&turn);
+                    }
+                    _ => {}
+                }
             }
             Err(e) => {
                 // A complete line that does not parse is corruption, not a torn write, unless it
@@ -180,6 +209,12 @@ fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {
         start += nl + 1;
         good_end = start;
     }
+    let mut intents: Vec<(u64, Map<String, Value>)> = intents.into_values().collect();
+    intents.sort_by_key(|(seq, _)| *seq);
+    recovery.open_intents = intents.into_iter().map(|(_, line)| line).collect();
+    let mut turns: Vec<(String, u64)> = turns.into_iter().collect();
+    turns.sort_by_key(|(_, seq)| *seq);
+    recovery.open_turns = turns.into_iter().map(|(turn, _)| turn).collect();
     if good_end < bytes.len() {
         let torn = &bytes[good_end..];
         let aside = PathBuf::from(format!("{}.torn", path.display()));

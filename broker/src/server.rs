@@ -13,7 +13,7 @@ use anyhow::{Context as _, bail};
 use interprocess::local_socket::tokio::{Listener, Stream};
 use interprocess::local_socket::traits::tokio::Listener as _;
 use interprocess::local_socket::{GenericFilePath, ListenerOptions, ToFsName};
-use serde_json::json;
+use serde_json::{Map, json};
 use sharedos_ipc::runtime;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -89,6 +89,15 @@ pub fn peer_allowed(uid: Option<u32>, listed: &[u32], own: u32) -> bool {
 /// registration), then brokered providers (started and listed before this returns; a failed
 /// start or a template naming an argument the upstream lacks is a config error).
 pub async fn build_kernel(config: &Config, root: &CancellationToken) -> anyhow::Result<Kernel> {
+    Ok(build(config, root).await?.0)
+}
+
+/// [`build_kernel`], and what the record's last broker left open (closed out by [`start`]
+/// once this broker's start is on record).
+async fn build(
+    config: &Config,
+    root: &CancellationToken,
+) -> anyhow::Result<(Kernel, crate::record::Recovery)> {
     let policy = PolicyEngine::load(config.schema.as_deref(), &config.policy)?;
     let mut registry = Registry::default();
     let (recorder, recovery) = Recorder::open(&config.record, config.record_sync)?;
@@ -180,7 +189,44 @@ pub async fn build_kernel(config: &Config, root: &CancellationToken) -> anyhow::
         config.call_timeout,
     );
     kernel.record_max_argument_bytes = config.record_max_argument_bytes;
-    Ok(kernel)
+    Ok((kernel, recovery))
+}
+
+/// What the last broker left open when it stopped without closing: each call whose intent is on
+/// record but whose outcome is not gets `outcome: unknown` (its effect may or may not have
+/// happened), and each turn still open is closed with reason `broker_restart`.
+async fn close_out(recorder: &Recorder, recovery: &crate::record::Recovery) -> anyhow::Result<()> {
+    for intent in &recovery.open_intents {
+        let mut line = Map::new();
+        line.insert("kind".into(), json!("call"));
+        for key in ["turn", "callId", "requestId", "tool", "requirement"] {
+            if let Some(v) = intent.get(key) {
+                line.insert(key.into(), v.clone());
+            }
+        }
+        line.insert("outcome".into(), json!("unknown"));
+        line.insert("code".into(), json!("broker_restart"));
+        line.insert(
+            "message".into(),
+            json!("the broker stopped before this call's outcome was recorded; its effect may or may not have happened"),
+        );
+        recorder.append(line).await?;
+    }
+    for turn in &recovery.open_turns {
+        let mut line = Map::new();
+        line.insert("kind".into(), json!("turn_closed"));
+        line.insert("turn".into(), json!(turn));
+        line.insert("reason".into(), json!("broker_restart"));
+        recorder.append(line).await?;
+    }
+    if !recovery.open_intents.is_empty() || !recovery.open_turns.is_empty() {
+        tracing::warn!(
+            calls = recovery.open_intents.len(),
+            turns = recovery.open_turns.len(),
+            "the last broker stopped without closing: calls with no outcome recorded as unknown, open turns closed"
+        );
+    }
+    Ok(())
 }
 
 /// Creates the runtime dir 0700 (or checks an existing one is ours and private).
@@ -252,7 +298,8 @@ pub async fn start(
     // A broker already on this runtime dir is the likelier mistake than a shared record: say so
     // before the record's lock says the other.
     refuse_if_listening(&runtime::control_socket(&runtime_dir)).await?;
-    let kernel = Arc::new(build_kernel(&config, &root).await?);
+    let (kernel, recovery) = build(&config, &root).await?;
+    let kernel = Arc::new(kernel);
     prepare_runtime_dir(&runtime_dir, uid)?;
     let control = bind(&runtime::control_socket(&runtime_dir)).await?;
     let bridge = bind(&runtime::bridge_socket(&runtime_dir)).await?;
@@ -270,6 +317,8 @@ pub async fn start(
     if let Some(obj) = started.as_object() {
         broker.kernel.recorder.append(obj.clone()).await?;
     }
+    // Before the first call is taken: what the last broker left open.
+    close_out(&broker.kernel.recorder, &recovery).await?;
     tracing::info!(runtime_dir = %runtime_dir.display(), tools = broker.kernel.registry().len(), "broker ready");
     let b = broker.clone();
     let task = tokio::spawn(async move {

@@ -377,3 +377,120 @@ async fn an_undecodable_call_frame_is_answered_and_recorded_without_closing_the_
     assert_eq!(calls[0]["tool"], "files.read");
     assert_eq!(calls[0]["code"], "invalid_arguments");
 }
+
+/// Write-ahead: a broker killed (SIGKILL) while writes run, with `record_sync = "always"`: every
+/// file a write created is on disk with its `intent` line; the next start records each intent
+/// without an outcome as `unknown` and closes the turn the crash left open (`broker_restart`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_broker_leaves_every_write_it_made_on_record() {
+    let mut b =
+        Served::start_with(&[], "record_sync = \"always\"\ncall_timeout_seconds = 10").await;
+    let mut raw = b.shim().await;
+    // Writes to new files, 16 in flight, until the shim's broker is gone.
+    let writer = tokio::spawn(async move {
+        let (mut next, mut pending, mut answered) = (1u64, 0u64, 0u64);
+        loop {
+            while pending < 16 {
+                let sent = raw.try_send(json!({"jsonrpc": "2.0", "id": next, "method": "tools/call",
+                    "params": {"name": "files.write",
+                               "arguments": {"path": format!("/public/k-{next}.txt"), "content": "k"}}}))
+                    .await;
+                if !sent {
+                    return answered; // the shim is gone with its broker
+                }
+                next += 1;
+                pending += 1;
+            }
+            match tokio::time::timeout(Duration::from_secs(20), raw.next_line()).await {
+                Ok(Some(line)) if line.contains("\"id\"") => {
+                    pending -= 1;
+                    answered += 1;
+                }
+                Ok(Some(_)) => {}
+                _ => return answered,
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    b.kill().await;
+    let answered = writer.await.expect("writer");
+    let lines = b.lines();
+    let intents: std::collections::BTreeMap<String, Value> = lines
+        .iter()
+        .filter(|l| l["kind"] == "intent")
+        .map(|l| {
+            (
+                l["arguments"]["path"].as_str().unwrap_or("").to_owned(),
+                l.clone(),
+            )
+        })
+        .collect();
+    let written: Vec<String> = std::fs::read_dir(b.path("data/public"))
+        .expect("public")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("k-"))
+        .map(|n| format!("/public/{n}"))
+        .collect();
+    eprintln!(
+        "killed after {answered} answers; {} files written, {} intents",
+        written.len(),
+        intents.len()
+    );
+    assert!(
+        written.len() >= 10,
+        "the writes did not get going: {}",
+        written.len()
+    );
+    for path in &written {
+        assert!(
+            intents.contains_key(path),
+            "{path} is on disk without its intent line"
+        );
+    }
+    let open: Vec<String> = {
+        let outcomes: std::collections::BTreeSet<&str> = lines
+            .iter()
+            .filter(|l| l["kind"] == "call")
+            .filter_map(|l| l["callId"].as_str())
+            .collect();
+        intents
+            .values()
+            .filter_map(|i| i["callId"].as_str())
+            .filter(|id| !outcomes.contains(id))
+            .map(str::to_owned)
+            .collect()
+    };
+    b.kill_and_restart().await;
+    // The new broker closes out what the last one left right after its start line.
+    crate::kit::eventually("the close-out lines", || {
+        b.lines()
+            .iter()
+            .any(|l| l["kind"] == "turn_closed" && l["reason"] == "broker_restart")
+    })
+    .await;
+    let after = b.lines();
+    for id in &open {
+        let closed: Vec<&Value> = after
+            .iter()
+            .filter(|l| l["kind"] == "call" && l["callId"] == id.as_str())
+            .collect();
+        assert_eq!(closed.len(), 1, "{id}");
+        assert_eq!(closed[0]["outcome"], "unknown", "{}", closed[0]);
+        assert_eq!(closed[0]["code"], "broker_restart", "{}", closed[0]);
+    }
+    let turn = intents.values().next().expect("an intent")["turn"].clone();
+    let closed_turn: Vec<&Value> = after
+        .iter()
+        .filter(|l| l["kind"] == "turn_closed" && l["turn"] == turn)
+        .collect();
+    assert_eq!(closed_turn.len(), 1, "{closed_turn:?}");
+    assert_eq!(closed_turn[0]["reason"], "broker_restart");
+    // Every intent now has exactly one outcome line.
+    for i in intents.values() {
+        let n = after
+            .iter()
+            .filter(|l| l["kind"] == "call" && l["callId"] == i["callId"])
+            .count();
+        assert_eq!(n, 1, "{i}");
+    }
+}

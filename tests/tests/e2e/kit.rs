@@ -297,6 +297,13 @@ impl Raw {
             .expect("write to shim");
     }
 
+    /// Like [`Raw::send`], but `false` instead of a panic when the shim is gone.
+    pub async fn try_send(&mut self, v: Value) -> bool {
+        let mut line = v.to_string();
+        line.push('\n');
+        self.stdin.write_all(line.as_bytes()).await.is_ok()
+    }
+
     /// Writes raw bytes (plus a newline) to the shim's stdin.
     pub async fn send_raw(&mut self, bytes: &[u8]) {
         self.stdin.write_all(bytes).await.expect("write to shim");

@@ -100,18 +100,29 @@ impl Served {
         std::fs::write(
             d.join("broker.toml"),
             format!(
-                "record = \"record.jsonl\"\nrecord_sync = \"batch\"\npolicy = \"policy.cedar\"\n\
+                "record = \"record.jsonl\"\npolicy = \"policy.cedar\"\n{sync}\
                  {config}\n\
                  [[providers]]\ntype = \"files\"\nnamespace = \"files\"\nroot = \"data\"\nwritable = true\n",
                 config = if config.is_empty() { "call_timeout_seconds = 10" } else { config },
+                sync = if config.contains("record_sync") { "" } else { "record_sync = \"batch\"\n" },
             ),
         )
         .expect("config");
         let run_dir = d.join("run");
+        let child = Self::serve(&d, &run_dir, env).await;
+        Self {
+            dir,
+            run_dir,
+            child,
+        }
+    }
+
+    /// Starts `sharedos-broker serve` on the laid-out folder and waits until it serves.
+    async fn serve(d: &Path, run_dir: &Path, env: &[(&str, &str)]) -> tokio::process::Child {
         let mut serve = tokio::process::Command::new(bin("sharedos-broker"));
         serve
             .args(["serve", "--runtime-dir"])
-            .arg(&run_dir)
+            .arg(run_dir)
             .arg("--config")
             .arg(d.join("broker.toml"))
             .arg("--log-file")
@@ -122,15 +133,31 @@ impl Served {
         let child = serve.spawn().expect("serve");
         let control = run_dir.join("control.sock");
         let record = d.join("record.jsonl");
+        let before = std::fs::read_to_string(&record).map_or(0, |t| t.lines().count());
         eventually("broker started", || {
-            control.exists() && std::fs::read_to_string(&record).is_ok_and(|t| !t.is_empty())
+            control.exists()
+                && std::fs::read_to_string(&record).is_ok_and(|t| {
+                    t.lines().any(|l| l.contains("broker_started")) && t.lines().count() > before
+                })
         })
         .await;
-        Self {
-            dir,
-            run_dir,
-            child,
-        }
+        child
+    }
+
+    /// Kills the broker (SIGKILL: no shutdown, no last lines) if it runs, and starts it again
+    /// on the same config, runtime dir and record.
+    pub async fn kill_and_restart(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+        let d = std::fs::canonicalize(self.dir.path()).expect("canon");
+        let _ = std::fs::remove_file(self.run_dir.join("control.sock"));
+        self.child = Self::serve(&d, &self.run_dir, &[]).await;
+    }
+
+    /// Kills the broker with SIGKILL.
+    pub async fn kill(&mut self) {
+        self.child.start_kill().expect("kill");
+        let _ = self.child.wait().await;
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
@@ -201,11 +228,18 @@ impl Served {
 
     /// The record's call lines.
     pub fn calls(&self) -> Vec<Value> {
+        self.lines()
+            .into_iter()
+            .filter(|l| l["kind"] == "call")
+            .collect()
+    }
+
+    /// Every whole line of the record (a torn last line, after a kill, is left out).
+    pub fn lines(&self) -> Vec<Value> {
         std::fs::read_to_string(self.path("record.jsonl"))
             .expect("record")
             .lines()
-            .map(|l| serde_json::from_str::<Value>(l).expect("json"))
-            .filter(|l| l["kind"] == "call")
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
             .collect()
     }
 }
