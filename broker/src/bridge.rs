@@ -23,12 +23,15 @@ use crate::kernel::CallSite;
 use crate::server::Broker;
 use crate::turn::{Turn, rfc3339};
 
-/// How long a new connection has to say hello.
-pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new connection has to say hello (a shim sends it at once).
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(3);
+/// Largest hello frame: a token and a few client fields. Nothing larger is buffered for a
+/// connection that has not said who it is.
+pub const HELLO_MAX_BYTES: usize = 4096;
 /// Calls in flight per bridge; the reader waits beyond it (backpressure, nothing dropped).
 pub const MAX_INFLIGHT_PER_BRIDGE: usize = 256;
 
-pub async fn serve(broker: Arc<Broker>, stream: Stream) {
+pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::server::PendingHello) {
     let creds = stream.peer_creds().ok();
     let uid = creds.as_ref().and_then(|c| c.euid());
     let pid = creds.as_ref().and_then(|c| c.pid());
@@ -40,7 +43,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream) {
         }
     };
     let (recv, mut send) = tokio::io::split(stream);
-    let mut reader = FrameReader::new(recv);
+    let mut reader = FrameReader::with_limit(recv, HELLO_MAX_BYTES);
     if !broker.harness_allowed(uid) {
         tracing::warn!(
             ?uid,
@@ -119,12 +122,34 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream) {
         Err(_) => {
             let _ = write_frame(
                 &mut send,
-                &refuse(RefusalCode::NotHello, "no hello within 10 s"),
+                &refuse(
+                    RefusalCode::NotHello,
+                    &format!("no hello within {} s", HELLO_TIMEOUT.as_secs()),
+                ),
             )
             .await;
             return;
         }
     };
+    // Past hello: the connection's place at the gate is given back, and its frames may be as
+    // large as the protocol's.
+    drop(pending);
+    reader.set_limit(sharedos_proto::frame::MAX_FRAME_BYTES);
+    // One token holds a bounded number of bridges.
+    let max = broker.config.max_bridges_per_turn;
+    if turn.bridges.fetch_add(1, Ordering::Relaxed) >= max {
+        turn.bridges.fetch_sub(1, Ordering::Relaxed);
+        let _ = write_frame(
+            &mut send,
+            &refuse(
+                RefusalCode::Busy,
+                &format!("turn {} already has {max} bridges open (max_bridges_per_turn); close one first", turn.id),
+            ),
+        )
+        .await;
+        tracing::info!(turn = %turn.id, ?pid, "bridge refused: the turn has max_bridges_per_turn bridges");
+        return;
+    }
     let welcome = BridgeEvent::Welcome {
         protocol: PROTOCOL_VERSION,
         turn: turn.id.clone(),
@@ -135,9 +160,9 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream) {
         answer_deadline_ms: Some(broker.kernel.answer_deadline().as_millis() as u64),
     };
     if write_frame(&mut send, &welcome).await.is_err() {
+        turn.bridges.fetch_sub(1, Ordering::Relaxed);
         return;
     }
-    turn.bridges.fetch_add(1, Ordering::Relaxed);
     // Harness aliases are recorded here, on the bridge, and never on a call.
     let connected = turn.line(
         "bridge_connected",

@@ -59,6 +59,9 @@ pub enum ProviderConfig {
     Mcp(crate::upstream::McpProviderConfig),
 }
 
+/// Most bridges one turn may have open at once, by default.
+pub const DEFAULT_MAX_BRIDGES_PER_TURN: usize = 8;
+
 /// Arguments longer than this (as JSON text) are recorded by size and SHA-256, not inline.
 pub const DEFAULT_RECORD_MAX_ARGUMENT_BYTES: usize = 64 * 1024;
 
@@ -79,6 +82,8 @@ struct RawConfig {
     redact_arguments: bool,
     #[serde(default)]
     record_max_argument_bytes: Option<usize>,
+    #[serde(default)]
+    max_bridges_per_turn: Option<usize>,
     #[serde(default)]
     host_uids: Vec<u32>,
     #[serde(default)]
@@ -107,6 +112,8 @@ pub struct Config {
     /// Arguments whose JSON text is longer are recorded as `argumentsDigest: {bytes, sha256}`
     /// instead of inline (the record must not grow with what a caller chooses to send).
     pub record_max_argument_bytes: usize,
+    /// Most bridges (shim connections) one turn may have open at once.
+    pub max_bridges_per_turn: usize,
     /// Uids allowed on the control socket (empty: the broker's own uid).
     pub host_uids: Vec<u32>,
     /// Uids allowed on the bridge socket (empty: the broker's own uid).
@@ -171,6 +178,10 @@ impl Config {
             record_max_argument_bytes: raw
                 .record_max_argument_bytes
                 .unwrap_or(DEFAULT_RECORD_MAX_ARGUMENT_BYTES),
+            max_bridges_per_turn: raw
+                .max_bridges_per_turn
+                .unwrap_or(DEFAULT_MAX_BRIDGES_PER_TURN)
+                .max(1),
             host_uids: raw.host_uids,
             harness_uids: raw.harness_uids,
             default_ttl: raw
@@ -242,6 +253,7 @@ impl Config {
             schema: None,
             redact_arguments: false,
             record_max_argument_bytes: DEFAULT_RECORD_MAX_ARGUMENT_BYTES,
+            max_bridges_per_turn: DEFAULT_MAX_BRIDGES_PER_TURN,
             host_uids: vec![],
             harness_uids: vec![],
             default_ttl: DEFAULT_TTL,

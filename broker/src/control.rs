@@ -33,7 +33,7 @@ fn error(code: &str, message: impl Into<String>) -> ControlResponse {
     }
 }
 
-pub async fn serve(broker: Arc<Broker>, stream: Stream) {
+pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::server::PendingHello) {
     let uid = stream.peer_creds().ok().and_then(|c| c.euid());
     let (recv, mut send) = tokio::io::split(stream);
     let mut reader = FrameReader::new(recv);
@@ -57,6 +57,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream) {
     }
     match tokio::time::timeout(Duration::from_secs(10), reader.next::<ControlRequest>()).await {
         Ok(Ok(ControlRequest::Hello { protocol })) if protocol == PROTOCOL_VERSION => {
+            drop(pending);
             let welcome = ControlResponse::Welcome {
                 protocol: PROTOCOL_VERSION,
                 broker_version: env!("CARGO_PKG_VERSION").into(),

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use interprocess::local_socket::tokio::{Listener, Stream};
+use interprocess::local_socket::traits::StreamCommon as _;
 use interprocess::local_socket::traits::tokio::Listener as _;
 use interprocess::local_socket::{GenericFilePath, ListenerOptions, ToFsName};
 use serde_json::{Map, json};
@@ -292,6 +293,7 @@ pub async fn start(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Running> {
     let uid = runtime::current_uid();
+    raise_open_files_limit();
     let root = CancellationToken::new();
     // Until the broker is up, a failure stops the providers already started.
     let stop_on_error = root.clone().drop_guard();
@@ -360,6 +362,8 @@ enum Kind {
 
 async fn accept_loop(broker: Arc<Broker>, listener: Listener, kind: Kind) {
     let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let gate = Arc::new(HelloGate::default());
+    let mut refusals = RateLimitedLog::default();
     loop {
         let Ok(permit) = limit.clone().acquire_owned().await else {
             return;
@@ -372,14 +376,126 @@ async fn accept_loop(broker: Arc<Broker>, listener: Listener, kind: Kind) {
                 continue;
             }
         };
+        // Until it says hello, a connection is bounded per peer process (harness and attacker
+        // usually share a uid, so a per-uid bound would lock the harness out too) and in all:
+        // idle connections cannot keep anyone else out. Over a bound it is closed at once.
+        let pid = stream.peer_creds().ok().and_then(|c| c.pid());
+        let Some(pending) = gate.admit(pid) else {
+            refusals.note(|n| {
+                tracing::warn!(
+                    ?pid,
+                    refused = n,
+                    "connections not yet past hello over the bound: closed at once"
+                );
+            });
+            continue;
+        };
         let broker = broker.clone();
         tokio::spawn(async move {
             match kind {
-                Kind::Control => crate::control::serve(broker, stream).await,
-                Kind::Bridge => crate::bridge::serve(broker, stream).await,
+                Kind::Control => crate::control::serve(broker, stream, pending).await,
+                Kind::Bridge => crate::bridge::serve(broker, stream, pending).await,
             }
             drop(permit);
         });
+    }
+}
+
+/// Most connections one peer process may have open before hello.
+pub const MAX_PENDING_HELLO_PER_PEER: usize = 16;
+/// Most connections before hello on one socket, from all peers together.
+pub const MAX_PENDING_HELLO: usize = 256;
+
+/// Counts connections that have not said hello yet, per peer process and in all.
+#[derive(Default)]
+pub struct HelloGate {
+    state: std::sync::Mutex<(usize, std::collections::HashMap<i32, usize>)>,
+}
+
+impl HelloGate {
+    /// A place for one more connection from `pid`, or `None` over a bound.
+    fn admit(self: &Arc<Self>, pid: Option<i32>) -> Option<PendingHello> {
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = pid.unwrap_or(-1);
+        let per_peer = s.1.get(&key).copied().unwrap_or(0);
+        if s.0 >= MAX_PENDING_HELLO || per_peer >= MAX_PENDING_HELLO_PER_PEER {
+            return None;
+        }
+        s.0 += 1;
+        *s.1.entry(key).or_default() += 1;
+        Some(PendingHello {
+            gate: self.clone(),
+            key,
+        })
+    }
+}
+
+/// A connection's place at the [`HelloGate`]: given back when dropped (after hello, or when the
+/// connection ends first).
+pub struct PendingHello {
+    gate: Arc<HelloGate>,
+    key: i32,
+}
+
+impl Drop for PendingHello {
+    fn drop(&mut self) {
+        let mut s = self
+            .gate
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.0 = s.0.saturating_sub(1);
+        if let Some(n) = s.1.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                s.1.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// A warning at most once a second, saying how many were held back.
+#[derive(Default)]
+struct RateLimitedLog {
+    last: Option<std::time::Instant>,
+    held: u64,
+}
+
+impl RateLimitedLog {
+    fn note(&mut self, log: impl FnOnce(u64)) {
+        self.held += 1;
+        if self
+            .last
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            log(self.held);
+            self.held = 0;
+            self.last = Some(std::time::Instant::now());
+        }
+    }
+}
+
+/// Raises the soft limit on open files to the hard one: every connection and every file a call
+/// opens is a descriptor, and systemd's default soft limit (1,024) is easily reached.
+pub fn raise_open_files_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if let Some(max) = limit.maximum
+        && limit.current != Some(max)
+    {
+        let raised = rustix::process::Rlimit {
+            current: Some(max),
+            maximum: Some(max),
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => {
+                tracing::info!(from = ?limit.current, to = max, "raised the open-files limit")
+            }
+            Err(e) => tracing::warn!(error = %e, "could not raise the open-files limit"),
+        }
     }
 }
 

@@ -57,14 +57,28 @@ pub struct Undecodable {
 pub struct FrameReader<R> {
     inner: R,
     buf: Vec<u8>,
+    /// Largest frame body this reader takes (at most the protocol's `MAX_FRAME_BYTES`).
+    limit: usize,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub fn new(inner: R) -> Self {
+        Self::with_limit(inner, MAX_FRAME_BYTES)
+    }
+
+    /// A reader that refuses frames longer than `limit` bytes from their header (a connection
+    /// that has not said hello yet gets a small one: nothing large is buffered for it).
+    pub fn with_limit(inner: R, limit: usize) -> Self {
         Self {
             inner,
             buf: Vec::with_capacity(4096),
+            limit: limit.min(MAX_FRAME_BYTES),
         }
+    }
+
+    /// Changes the frame limit (after hello, to the protocol's).
+    pub fn set_limit(&mut self, limit: usize) {
+        self.limit = limit.min(MAX_FRAME_BYTES);
     }
 
     /// The next message. `Err(IpcError::Closed)` on a clean end of stream between frames.
@@ -82,6 +96,15 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         &mut self,
     ) -> Result<Result<T, Undecodable>, IpcError> {
         loop {
+            if let Some(len) = frame::body_len(&self.buf)?
+                && len > self.limit
+            {
+                return Err(FrameError::Oversized {
+                    len,
+                    max: self.limit,
+                }
+                .into());
+            }
             match frame::decode::<T>(&self.buf) {
                 Ok(Some((msg, used))) => {
                     self.buf.drain(..used);
@@ -106,7 +129,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 Some(len) => HEADER_BYTES + len - self.buf.len(),
                 None => HEADER_BYTES - self.buf.len(),
             }
-            .clamp(READ_AHEAD, READ_CHUNK);
+            .clamp(READ_AHEAD.min(self.limit + HEADER_BYTES), READ_CHUNK);
             let start = self.buf.len();
             self.buf.resize(start + want, 0);
             let n = self.inner.read(&mut self.buf[start..]).await;

@@ -494,3 +494,155 @@ async fn a_killed_broker_leaves_every_write_it_made_on_record() {
         assert_eq!(n, 1, "{i}");
     }
 }
+
+/// No token is needed to try to lock everyone out: 3,000 connections that never say hello, held
+/// open by one process. The broker keeps at most 16 of them per peer process before hello and
+/// closes the rest at once, so a real shim still gets in, and the host's `turn list` answers,
+/// each within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_unauthenticated_connections_keep_nobody_out() {
+    let b = Served::start(&[]).await;
+    let mut idle = Vec::new();
+    for socket in ["bridge.sock", "control.sock"] {
+        for _ in 0..1500 {
+            match sharedos_ipc::connect(&b.run_dir.join(socket)).await {
+                Ok(s) => idle.push(s),
+                Err(e) => panic!("connect {socket}: {e}"),
+            }
+        }
+    }
+    let started = Instant::now();
+    let mut raw = b.shim().await;
+    let shim_in = started.elapsed();
+    let r = raw
+        .call(1, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    let started = Instant::now();
+    let mut list = std::process::Command::new(bin("sharedos-broker"));
+    list.args(["turn", "list", "--runtime-dir"]).arg(&b.run_dir);
+    let (code, _, err) = run(list).await;
+    let listed_in = started.elapsed();
+    eprintln!(
+        "with {} idle connections: shim in {shim_in:?} (turn open + connect + initialize), turn list in {listed_in:?}",
+        idle.len()
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        shim_in < Duration::from_secs(1),
+        "the shim took {shim_in:?}"
+    );
+    assert!(
+        listed_in < Duration::from_secs(1),
+        "turn list took {listed_in:?}"
+    );
+    drop(idle);
+}
+
+/// A hello frame larger than a few KiB is refused from its header (nothing is buffered for a
+/// connection that has not said who it is), and a silent connection is dropped after the short
+/// hello deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_or_late_hello_is_refused() {
+    use sharedos_ipc::FrameReader;
+    use sharedos_proto::ipc::BridgeEvent;
+    use tokio::io::AsyncWriteExt;
+    let b = Served::start(&[]).await;
+    let stream = sharedos_ipc::connect(&b.run_dir.join("bridge.sock"))
+        .await
+        .expect("connect");
+    let (r, mut w) = tokio::io::split(stream);
+    let mut reader = FrameReader::new(r);
+    // A header claiming 8 MiB, then a trickle.
+    w.write_all(&(8u32 * 1024 * 1024).to_be_bytes())
+        .await
+        .expect("header");
+    w.write_all(b"{\"type\":\"hello\"").await.expect("body");
+    match tokio::time::timeout(Duration::from_secs(5), reader.next::<BridgeEvent>()).await {
+        Ok(Ok(BridgeEvent::Refused { message, .. })) => {
+            assert!(message.contains("hello"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let stream = sharedos_ipc::connect(&b.run_dir.join("bridge.sock"))
+        .await
+        .expect("connect");
+    let (r, _w) = tokio::io::split(stream);
+    let mut reader = FrameReader::new(r);
+    let started = Instant::now();
+    match tokio::time::timeout(Duration::from_secs(10), reader.next::<BridgeEvent>()).await {
+        Ok(Ok(BridgeEvent::Refused { message, .. })) => {
+            assert!(message.contains("no hello"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// One token holds at most `max_bridges_per_turn` (default 8) bridges: the ninth shim is refused
+/// with a clear message, the eight keep working, another turn gets in, and the host can close
+/// the turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_turn_holds_a_bounded_number_of_bridges() {
+    let b = Served::start(&[]).await;
+    let mut open = std::process::Command::new(bin("sharedos-broker"));
+    open.args([
+        "turn",
+        "open",
+        "--principal",
+        "alice",
+        "--json",
+        "--runtime-dir",
+    ])
+    .arg(&b.run_dir);
+    let (code, out, err) = run(open).await;
+    assert_eq!(code, 0, "{err}");
+    let opened: Value = serde_json::from_str(&out).expect("json");
+    let token = opened["token"].as_str().expect("token").to_owned();
+    let turn = opened["turn"].as_str().expect("turn").to_owned();
+    let shim = || {
+        let mut c = tokio::process::Command::new(bin("sharedos-mcp-shim"));
+        c.env("SHAREDOS_TURN_TOKEN", &token)
+            .env("SHAREDOS_BROKER", b.run_dir.join("bridge.sock"))
+            .kill_on_drop(true);
+        crate::kit::Raw::spawn(c)
+    };
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let mut raw = shim();
+        raw.initialize("2025-06-18").await;
+        held.push(raw);
+    }
+    let mut ninth = tokio::process::Command::new(bin("sharedos-mcp-shim"));
+    ninth
+        .env("SHAREDOS_TURN_TOKEN", &token)
+        .env("SHAREDOS_BROKER", b.run_dir.join("bridge.sock"))
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(10), ninth.output())
+        .await
+        .expect("the ninth shim ends")
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("max_bridges_per_turn"), "{err}");
+    let r = held[0]
+        .call(1, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    let mut other = b.shim().await;
+    let r = other
+        .call(1, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    let mut close = std::process::Command::new(bin("sharedos-broker"));
+    close
+        .args(["turn", "close", &turn, "--runtime-dir"])
+        .arg(&b.run_dir);
+    let (code, _, err) = run(close).await;
+    assert_eq!(code, 0, "{err}");
+}
