@@ -28,8 +28,10 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(3);
 /// Largest hello frame: a token and a few client fields. Nothing larger is buffered for a
 /// connection that has not said who it is.
 pub const HELLO_MAX_BYTES: usize = 4096;
-/// Calls in flight per bridge; the reader waits beyond it (backpressure, nothing dropped).
-pub const MAX_INFLIGHT_PER_BRIDGE: usize = 256;
+/// Calls in flight per bridge, counted until their answers are written; the reader waits beyond
+/// it (backpressure, nothing dropped). It also bounds what a client that never reads can make the
+/// broker hold: this many answers, each as its encoded bytes only (with 1 MiB reads, 8 MiB).
+pub const MAX_INFLIGHT_PER_BRIDGE: usize = 8;
 
 pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::server::PendingHello) {
     let creds = stream.peer_creds().ok();
@@ -184,20 +186,22 @@ struct Out {
     closed: bool,
 }
 
-async fn send_event(out: &tokio::sync::Mutex<Out>, event: &BridgeEvent) {
-    // Encoded before taking the lock; a frame that cannot encode is a bug, logged.
-    let bytes = match sharedos_proto::frame::encode(event) {
+async fn send_event(out: &tokio::sync::Mutex<Out>, event: BridgeEvent) {
+    // Encoded before taking the lock; a frame that cannot encode is a bug, logged. The event is
+    // dropped once encoded: an answer waiting for a slow client is held as its bytes only.
+    let last = matches!(event, BridgeEvent::TurnClosed { .. });
+    let bytes = match sharedos_proto::frame::encode(&event) {
         Ok(b) => b,
         Err(e) => {
             tracing::error!(error = %e, "bridge frame does not encode");
             return;
         }
     };
+    drop(event);
     let mut out = out.lock().await;
     if out.closed {
         return;
     }
-    let last = matches!(event, BridgeEvent::TurnClosed { .. });
     if write_encoded(&mut out.send, &bytes).await.is_err() || last {
         out.closed = true;
     }
@@ -283,7 +287,7 @@ async fn run_connection(
         match event {
             Event::TurnEnded => {
                 let reason = turn.closed_reason().unwrap_or_else(|| "closed".into());
-                send_event(&out, &BridgeEvent::TurnClosed { reason }).await;
+                send_event(&out, BridgeEvent::TurnClosed { reason }).await;
                 break;
             }
             Event::Frame(Ok(BridgeRequest::Call { id, call })) => {
@@ -323,7 +327,7 @@ async fn run_connection(
                     if let Ok(mut m) = inflight.lock() {
                         m.remove(&id);
                     }
-                    send_event(&out, &BridgeEvent::Answer { id, answer }).await;
+                    send_event(&out, BridgeEvent::Answer { id, answer }).await;
                     drop(permit);
                 });
             }

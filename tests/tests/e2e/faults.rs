@@ -132,7 +132,10 @@ async fn every_answered_call_is_on_disk_when_the_broker_is_killed() {
                 let mut answered = Vec::new();
                 for n in 0..100_000i64 {
                     let path = if n % 3 == 0 { "/private/secret.txt" } else { "/public/hello.txt" };
-                    raw.send(json!({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": "files.read", "arguments": {"path": path}}})).await;
+                    // The shim exits once its broker is gone: a failed send ends this client.
+                    if !raw.try_send(json!({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": "files.read", "arguments": {"path": path}}})).await {
+                        break;
+                    }
                     let Ok(Some(line)) = tokio::time::timeout(Duration::from_secs(5), raw.next_line()).await else { break };
                     let v: Value = serde_json::from_str(&line).expect("json");
                     let m = &v["result"]["_meta"]["sharedos"];

@@ -646,3 +646,93 @@ async fn one_turn_holds_a_bounded_number_of_bridges() {
     let (code, _, err) = run(close).await;
     assert_eq!(code, 0, "{err}");
 }
+
+/// Clients that never read their answers: 4 bridges × 300 calls of a 1 MB file. Each bridge
+/// holds at most its in-flight answers (8, as encoded bytes) and stops reading calls beyond
+/// them, so the broker's memory grows by at most 64 MiB; another shim is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_never_read_cannot_grow_the_broker() {
+    use sharedos_ipc::write_frame;
+    use sharedos_proto::ipc::{BridgeRequest, PROTOCOL_VERSION, ShimInfo, TurnToken};
+    let b = Served::start(&[]).await;
+    std::fs::write(b.path("data/public/big.txt"), "a".repeat(1_000_000)).expect("big");
+    let rss_kib = |pid: u32| -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .expect("status")
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS")
+    };
+    // Warm up: one shim reads the file once, so the allocator's first growth is not counted.
+    let mut warm = b.shim().await;
+    let r = warm
+        .call(1, "files.read", json!({"path": "/public/big.txt"}))
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded");
+    let before = rss_kib(b.pid());
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut open = std::process::Command::new(bin("sharedos-broker"));
+        open.args([
+            "turn",
+            "open",
+            "--principal",
+            "alice",
+            "--json",
+            "--runtime-dir",
+        ])
+        .arg(&b.run_dir);
+        let (code, out, err) = run(open).await;
+        assert_eq!(code, 0, "{err}");
+        let token = serde_json::from_str::<Value>(&out).expect("json")["token"]
+            .as_str()
+            .expect("token")
+            .to_owned();
+        let stream = sharedos_ipc::connect(&b.run_dir.join("bridge.sock"))
+            .await
+            .expect("connect");
+        let (r, mut w) = tokio::io::split(stream);
+        write_frame(
+            &mut w,
+            &BridgeRequest::Hello {
+                protocol: PROTOCOL_VERSION,
+                token: TurnToken::new(token),
+                client: ShimInfo::default(),
+            },
+        )
+        .await
+        .expect("hello");
+        for id in 0..300u64 {
+            let call = BridgeRequest::Call {
+                id,
+                call: sharedos_proto::ToolCall {
+                    tool: "files.read".into(),
+                    arguments: Some(json!({"path": "/public/big.txt"})),
+                    request_id: None,
+                    rejected_arguments: None,
+                },
+            };
+            // The broker stops reading this bridge once its answers back up.
+            if tokio::time::timeout(Duration::from_millis(500), write_frame(&mut w, &call))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        held.push((r, w)); // never read
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = rss_kib(b.pid());
+    let grown_mib = after.saturating_sub(before) / 1024;
+    eprintln!(
+        "broker RSS {before} KiB -> {after} KiB (+{grown_mib} MiB) with 4 bridges that never read"
+    );
+    assert!(grown_mib <= 64, "the broker grew by {grown_mib} MiB");
+    let r = warm
+        .call(2, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    drop(held);
+}
