@@ -322,6 +322,7 @@ async fn run_connection(
                         context: &turn2.context,
                         catalog: &turn2.catalog,
                         stamp: turn2.stamp.as_ref(),
+                        blocking: Some(&turn2.blocking),
                     };
                     let answer = broker.kernel.invoke(site, call, token, cause).await;
                     if let Ok(mut m) = inflight.lock() {

@@ -306,6 +306,8 @@ pub struct CallSite<'a> {
     pub catalog: &'a Catalog,
     /// Fields stamped on the call's record line (e.g. a column's system identity).
     pub stamp: Option<&'a Map<String, Value>>,
+    /// The turn's places for blocking work (list, search, write), if it has a bound.
+    pub blocking: Option<&'a Arc<tokio::sync::Semaphore>>,
 }
 
 impl Kernel {
@@ -717,7 +719,13 @@ impl Kernel {
                             .await;
                     }
                 }
-                let (job, timeout) = self.job(tool, *resolved, arguments, site.context.clone());
+                let (job, timeout) = self.job(
+                    tool,
+                    *resolved,
+                    arguments,
+                    site.context.clone(),
+                    site.blocking.cloned(),
+                );
                 // Dropping `job` on cancellation or timeout cancels it; for an upstream call that
                 // sends `notifications/cancelled` upstream.
                 let ran = tokio::select! {
@@ -823,6 +831,7 @@ impl Kernel {
         resolved: Resolved,
         arguments: Map<String, Value>,
         context: AccessContext,
+        blocking: Option<Arc<tokio::sync::Semaphore>>,
     ) -> (Job, Duration) {
         match &tool.authority.handler {
             Handler::Files { provider, op } => {
@@ -863,6 +872,12 @@ impl Kernel {
                                 ))
                             });
                     }
+                    // One of the turn's places first (waiting counts toward the call's timeout,
+                    // and a cancelled call stops waiting).
+                    let _place = match &blocking {
+                        Some(s) => s.clone().acquire_owned().await.ok(),
+                        None => None,
+                    };
                     tokio::task::spawn_blocking(run).await.unwrap_or_else(|e| {
                         Err(Failure::new(
                             FailCode::Internal,

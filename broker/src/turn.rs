@@ -25,6 +25,10 @@ use crate::kernel::{AccessContext, Catalog};
 /// How long closing a turn waits for its in-flight calls to record their outcome.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
+/// Most list, search and write calls one turn runs at once (each on a blocking thread); the
+/// rest wait their turn, within their call timeout.
+pub const MAX_BLOCKING_PER_TURN: usize = 2;
+
 pub struct Turn {
     pub id: String,
     pub context: AccessContext,
@@ -39,6 +43,9 @@ pub struct Turn {
     pub tracker: TaskTracker,
     pub bridges: AtomicUsize,
     pub calls: AtomicU64,
+    /// Places for this turn's calls that run on blocking threads (list, search, write): turns
+    /// share the broker's threads fairly, whatever one of them sends.
+    pub blocking: Arc<tokio::sync::Semaphore>,
     /// Fields stamped on every call record of this turn (a column's identity).
     pub stamp: Option<Map<String, Value>>,
     pub tool_policy: Option<ToolPolicy>,
@@ -154,6 +161,7 @@ impl Turns {
             cancel: root.child_token(),
             tracker: TaskTracker::new(),
             bridges: AtomicUsize::new(0),
+            blocking: Arc::new(tokio::sync::Semaphore::new(MAX_BLOCKING_PER_TURN)),
             calls: AtomicU64::new(0),
             stamp: new.stamp,
             tool_policy: new.tool_policy,
