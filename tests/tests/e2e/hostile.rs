@@ -297,45 +297,12 @@ async fn deeply_nested_calls_and_pings_are_answered_and_the_bridge_survives() {
 /// is answered and recorded, and the bridge stays open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_call_frame_is_answered_and_recorded_without_closing_the_bridge() {
-    use sharedos_ipc::{FrameReader, write_frame};
-    use sharedos_proto::ipc::{BridgeEvent, BridgeRequest, PROTOCOL_VERSION, ShimInfo, TurnToken};
+    use sharedos_ipc::write_frame;
+    use sharedos_proto::ipc::{BridgeEvent, BridgeRequest};
     use tokio::io::AsyncWriteExt;
     let b = Served::start(&[]).await;
-    let mut open = std::process::Command::new(bin("sharedos-broker"));
-    open.args([
-        "turn",
-        "open",
-        "--principal",
-        "alice",
-        "--json",
-        "--runtime-dir",
-    ])
-    .arg(&b.run_dir);
-    let (code, out, err) = run(open).await;
-    assert_eq!(code, 0, "{err}");
-    let token = serde_json::from_str::<Value>(&out).expect("json")["token"]
-        .as_str()
-        .expect("token")
-        .to_owned();
-    let stream = sharedos_ipc::connect(&b.run_dir.join("bridge.sock"))
-        .await
-        .expect("connect");
-    let (r, mut w) = tokio::io::split(stream);
-    let mut reader = FrameReader::new(r);
-    write_frame(
-        &mut w,
-        &BridgeRequest::Hello {
-            protocol: PROTOCOL_VERSION,
-            token: TurnToken::new(token),
-            client: ShimInfo::default(),
-        },
-    )
-    .await
-    .expect("hello");
-    assert!(matches!(
-        reader.next::<BridgeEvent>().await.expect("welcome"),
-        BridgeEvent::Welcome { .. }
-    ));
+    let (_, token) = b.open_turn().await;
+    let (mut reader, mut w) = b.raw_bridge(&token).await;
     // Arguments 200 deep, and a call whose arguments are a number where a map belongs.
     let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
     for (id, body) in [
@@ -589,21 +556,7 @@ async fn a_large_or_late_hello_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_turn_holds_a_bounded_number_of_bridges() {
     let b = Served::start(&[]).await;
-    let mut open = std::process::Command::new(bin("sharedos-broker"));
-    open.args([
-        "turn",
-        "open",
-        "--principal",
-        "alice",
-        "--json",
-        "--runtime-dir",
-    ])
-    .arg(&b.run_dir);
-    let (code, out, err) = run(open).await;
-    assert_eq!(code, 0, "{err}");
-    let opened: Value = serde_json::from_str(&out).expect("json");
-    let token = opened["token"].as_str().expect("token").to_owned();
-    let turn = opened["turn"].as_str().expect("turn").to_owned();
+    let (turn, token) = b.open_turn().await;
     let shim = || {
         let mut c = tokio::process::Command::new(bin("sharedos-mcp-shim"));
         c.env("SHAREDOS_TURN_TOKEN", &token)
@@ -653,7 +606,7 @@ async fn one_turn_holds_a_bounded_number_of_bridges() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_that_never_read_cannot_grow_the_broker() {
     use sharedos_ipc::write_frame;
-    use sharedos_proto::ipc::{BridgeRequest, PROTOCOL_VERSION, ShimInfo, TurnToken};
+    use sharedos_proto::ipc::BridgeRequest;
     let b = Served::start(&[]).await;
     std::fs::write(b.path("data/public/big.txt"), "a".repeat(1_000_000)).expect("big");
     let rss_kib = |pid: u32| -> u64 {
@@ -673,36 +626,8 @@ async fn clients_that_never_read_cannot_grow_the_broker() {
     let before = rss_kib(b.pid());
     let mut held = Vec::new();
     for _ in 0..4 {
-        let mut open = std::process::Command::new(bin("sharedos-broker"));
-        open.args([
-            "turn",
-            "open",
-            "--principal",
-            "alice",
-            "--json",
-            "--runtime-dir",
-        ])
-        .arg(&b.run_dir);
-        let (code, out, err) = run(open).await;
-        assert_eq!(code, 0, "{err}");
-        let token = serde_json::from_str::<Value>(&out).expect("json")["token"]
-            .as_str()
-            .expect("token")
-            .to_owned();
-        let stream = sharedos_ipc::connect(&b.run_dir.join("bridge.sock"))
-            .await
-            .expect("connect");
-        let (r, mut w) = tokio::io::split(stream);
-        write_frame(
-            &mut w,
-            &BridgeRequest::Hello {
-                protocol: PROTOCOL_VERSION,
-                token: TurnToken::new(token),
-                client: ShimInfo::default(),
-            },
-        )
-        .await
-        .expect("hello");
+        let (_, token) = b.open_turn().await;
+        let (r, mut w) = b.raw_bridge(&token).await;
         for id in 0..300u64 {
             let call = BridgeRequest::Call {
                 id,
@@ -743,8 +668,8 @@ async fn clients_that_never_read_cannot_grow_the_broker() {
 /// once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_turns_searches_do_not_starve_another_turn() {
-    use sharedos_ipc::{FrameReader, write_frame};
-    use sharedos_proto::ipc::{BridgeEvent, BridgeRequest, PROTOCOL_VERSION, ShimInfo, TurnToken};
+    use sharedos_ipc::write_frame;
+    use sharedos_proto::ipc::{BridgeEvent, BridgeRequest};
     let b = Served::start(&[]).await;
     let tree = b.path("data/public/tree");
     for d in 0..30 {
@@ -758,44 +683,11 @@ async fn one_turns_searches_do_not_starve_another_turn() {
             .expect("w");
         }
     }
-    let mut open = std::process::Command::new(bin("sharedos-broker"));
-    open.args([
-        "turn",
-        "open",
-        "--principal",
-        "alice",
-        "--json",
-        "--runtime-dir",
-    ])
-    .arg(&b.run_dir);
-    let (code, out, err) = run(open).await;
-    assert_eq!(code, 0, "{err}");
-    let token = serde_json::from_str::<Value>(&out).expect("json")["token"]
-        .as_str()
-        .expect("token")
-        .to_owned();
+    let (_, token) = b.open_turn().await;
     let stop = tokio_util::sync::CancellationToken::new();
     let mut hogs = Vec::new();
     for _ in 0..8 {
-        let stream = sharedos_ipc::connect(&b.run_dir.join("bridge.sock"))
-            .await
-            .expect("connect");
-        let (r, mut w) = tokio::io::split(stream);
-        let mut reader = FrameReader::new(r);
-        write_frame(
-            &mut w,
-            &BridgeRequest::Hello {
-                protocol: PROTOCOL_VERSION,
-                token: TurnToken::new(token.clone()),
-                client: ShimInfo::default(),
-            },
-        )
-        .await
-        .expect("hello");
-        assert!(matches!(
-            reader.next::<BridgeEvent>().await.expect("welcome"),
-            BridgeEvent::Welcome { .. }
-        ));
+        let (mut reader, mut w) = b.raw_bridge(&token).await;
         let stop = stop.clone();
         hogs.push(tokio::spawn(async move {
             let search = |id| BridgeRequest::Call {

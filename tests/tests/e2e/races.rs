@@ -170,8 +170,8 @@ impl Served {
         self.child.id().expect("broker running")
     }
 
-    /// A shim on a fresh turn of alice, initialized.
-    pub async fn shim(&self) -> Raw {
+    /// Opens a turn of alice with the CLI: (turn, token).
+    pub async fn open_turn(&self) -> (String, String) {
         let mut open = std::process::Command::new(bin("sharedos-broker"));
         open.args([
             "turn",
@@ -185,13 +185,57 @@ impl Served {
         let (code, out, err) = run(open).await;
         assert_eq!(code, 0, "turn open: {err}");
         let opened: Value = serde_json::from_str(&out).expect("json");
-        let mut c = tokio::process::Command::new(bin("sharedos-mcp-shim"));
-        c.env(
-            "SHAREDOS_TURN_TOKEN",
-            opened["token"].as_str().expect("token"),
+        let text = |k: &str| {
+            opened[k]
+                .as_str()
+                .expect("turn open --json field")
+                .to_owned()
+        };
+        (text("turn"), text("token"))
+    }
+
+    /// A connection straight to `bridge.sock` (no shim) that has said hello with `token` and
+    /// read the broker's welcome.
+    pub async fn raw_bridge(
+        &self,
+        token: &str,
+    ) -> (
+        sharedos_ipc::FrameReader<impl tokio::io::AsyncRead + Unpin + Send + use<>>,
+        impl tokio::io::AsyncWrite + Unpin + Send + use<>,
+    ) {
+        use sharedos_proto::ipc::{
+            BridgeEvent, BridgeRequest, PROTOCOL_VERSION, ShimInfo, TurnToken,
+        };
+        let stream = sharedos_ipc::connect(&self.run_dir.join("bridge.sock"))
+            .await
+            .expect("connect");
+        let (r, mut w) = tokio::io::split(stream);
+        let mut reader = sharedos_ipc::FrameReader::new(r);
+        sharedos_ipc::write_frame(
+            &mut w,
+            &BridgeRequest::Hello {
+                protocol: PROTOCOL_VERSION,
+                token: TurnToken::new(token.to_owned()),
+                client: ShimInfo::default(),
+            },
         )
-        .env("SHAREDOS_BROKER", self.run_dir.join("bridge.sock"))
-        .kill_on_drop(true);
+        .await
+        .expect("hello");
+        let welcome = reader.next::<BridgeEvent>().await.expect("welcome");
+        assert!(
+            matches!(welcome, BridgeEvent::Welcome { .. }),
+            "{welcome:?}"
+        );
+        (reader, w)
+    }
+
+    /// A shim on a fresh turn of alice, initialized.
+    pub async fn shim(&self) -> Raw {
+        let (_, token) = self.open_turn().await;
+        let mut c = tokio::process::Command::new(bin("sharedos-mcp-shim"));
+        c.env("SHAREDOS_TURN_TOKEN", token)
+            .env("SHAREDOS_BROKER", self.run_dir.join("bridge.sock"))
+            .kill_on_drop(true);
         let mut raw = Raw::spawn(c);
         raw.initialize("2025-06-18").await;
         raw
@@ -343,6 +387,31 @@ fn assert_contested(what: &str, tally: &Tally, swapped: u64) {
     );
 }
 
+/// `/private` and the folder outside the root, as they were: an attack must leave both as they
+/// are.
+struct Untouched {
+    folders: Vec<(PathBuf, BTreeMap<String, String>)>,
+}
+
+impl Untouched {
+    fn now(b: &Served) -> Self {
+        let folders = [b.path("data/private"), b.path("outside")]
+            .into_iter()
+            .map(|p| {
+                let before = snapshot(&p);
+                (p, before)
+            })
+            .collect();
+        Self { folders }
+    }
+
+    fn assert_unchanged(&self) {
+        for (path, before) in &self.folders {
+            assert_eq!(&snapshot(path), before, "{} changed", path.display());
+        }
+    }
+}
+
 /// The files of a folder and their contents.
 fn snapshot(dir: &Path) -> BTreeMap<String, String> {
     std::fs::read_dir(dir)
@@ -429,9 +498,8 @@ async fn search_walking_a_swapped_folder_never_returns_private_or_outside_hits()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_under_swapped_files_touches_only_public() {
     let b = Served::start(&[]).await;
-    let private = b.path("data/private");
+    let untouched = Untouched::now(&b);
     let outside = b.path("outside");
-    let (private_before, outside_before) = (snapshot(&private), snapshot(&outside));
     let mut raw = b.shim().await;
     let flipper = b.flip(&["w.txt", "x-privtarget", "x-outtarget"]);
     let toggle_private = b.flip(&["--toggle", "n.txt", "../private/created.txt"]);
@@ -454,12 +522,7 @@ async fn write_under_swapped_files_touches_only_public() {
     .await;
     let swapped = swaps(flipper) + swaps(toggle_private) + swaps(toggle_outside);
     assert_contested("write (file swapped, dangling links)", &tally, swapped);
-    assert_eq!(snapshot(&private), private_before, "/private changed");
-    assert_eq!(
-        snapshot(&outside),
-        outside_before,
-        "the folder outside the root changed"
-    );
+    untouched.assert_unchanged();
 }
 
 /// Writes to `/public/wd/w.txt` while `/public/wd` is swapped with links to `/private` and to a
@@ -467,9 +530,7 @@ async fn write_under_swapped_files_touches_only_public() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_through_a_swapped_folder_touches_only_public() {
     let b = Served::start(&[]).await;
-    let private = b.path("data/private");
-    let outside = b.path("outside");
-    let (private_before, outside_before) = (snapshot(&private), snapshot(&outside));
+    let untouched = Untouched::now(&b);
     let mut raw = b.shim().await;
     let flipper = b.flip(&["wd", "x-privdir", "x-outdir"]);
     let tally = hammer(&mut raw, |_| {
@@ -480,12 +541,7 @@ async fn write_through_a_swapped_folder_touches_only_public() {
     })
     .await;
     assert_contested("write through the parent", &tally, swaps(flipper));
-    assert_eq!(snapshot(&private), private_before, "/private changed");
-    assert_eq!(
-        snapshot(&outside),
-        outside_before,
-        "the folder outside the root changed"
-    );
+    untouched.assert_unchanged();
 }
 
 /// The same read and write attacks with the component-by-component walk forced (what kernels
