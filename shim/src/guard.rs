@@ -113,6 +113,141 @@ pub fn check_line(line: &[u8]) -> Verdict {
     check_line_full(line)
 }
 
+/// How much of an over-size line is kept to see what it was.
+pub const OVERSIZE_PREFIX_BYTES: usize = 64 * 1024;
+
+/// The SHA-256 of `bytes`, in hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A line over [`MAX_LINE_BYTES`], of which only its first [`OVERSIZE_PREFIX_BYTES`] were kept
+/// (`prefix`), with its length and SHA-256: a `tools/call` the prefix reveals is still an attempt,
+/// referred to the kernel without its arguments (refused and recorded with the size and digest);
+/// anything else gets -32600, with the id if the prefix shows one.
+pub fn check_oversize(len: usize, prefix: &[u8], sha256: &str) -> Verdict {
+    let seen = reveal(prefix);
+    let id = seen.id.filter(valid_id);
+    if seen.method.as_deref() == Some("tools/call") {
+        return Verdict::Refer(Referral {
+            id,
+            tool: seen.name.unwrap_or_default(),
+            arguments: None,
+            protocol: None,
+            rejected: Some(format!(
+                "the message is {len} bytes (SHA-256 {sha256}); the limit is {MAX_LINE_BYTES} bytes"
+            )),
+        });
+    }
+    Verdict::Answer(error(
+        id.unwrap_or(Value::Null),
+        INVALID_REQUEST,
+        format!("message of {len} bytes exceeds the {MAX_LINE_BYTES}-byte limit"),
+    ))
+}
+
+/// What the start of a JSON-RPC message shows: `id`, `method` and `params.name`, when they are
+/// whole within it.
+#[derive(Debug, Default, PartialEq)]
+pub struct Revealed {
+    pub id: Option<Value>,
+    pub method: Option<String>,
+    pub name: Option<String>,
+}
+
+/// A tolerant scan of the start of a message (it may stop anywhere, mid-token): keys and scalar
+/// values of the top-level object and of its `params` object. Never panics, no recursion.
+pub fn reveal(prefix: &[u8]) -> Revealed {
+    let mut seen = Revealed::default();
+    // The open brackets, and the key read last at depths 1 and 2.
+    let mut stack: Vec<u8> = Vec::new();
+    let (mut key1, mut key2): (Option<String>, Option<String>) = (None, None);
+    let mut expect_key = false;
+    let mut i = 0;
+    while let Some(&b) = prefix.get(i) {
+        match b {
+            b'{' | b'[' => {
+                stack.push(b);
+                expect_key = b == b'{';
+                i += 1;
+            }
+            b'}' | b']' => {
+                stack.pop();
+                expect_key = false;
+                i += 1;
+            }
+            b',' => {
+                expect_key = stack.last() == Some(&b'{');
+                i += 1;
+            }
+            b':' => {
+                expect_key = false;
+                i += 1;
+            }
+            b'"' => {
+                // The string's end: the next quote not escaped.
+                let mut j = i + 1;
+                let mut escaped = false;
+                let end = loop {
+                    match prefix.get(j) {
+                        None => break None,
+                        Some(b'\\') if !escaped => escaped = true,
+                        Some(b'"') if !escaped => break Some(j),
+                        Some(_) => escaped = false,
+                    }
+                    j += 1;
+                };
+                let Some(end) = end else { break };
+                let text: Option<String> = prefix
+                    .get(i..=end)
+                    .and_then(|t| serde_json::from_slice(t).ok());
+                let top = stack.as_slice() == b"{";
+                let in_params = stack.as_slice() == b"{{" && key1.as_deref() == Some("params");
+                if expect_key {
+                    if top {
+                        key1 = text;
+                    } else if in_params {
+                        key2 = text;
+                    }
+                } else if top {
+                    match key1.as_deref() {
+                        Some("method") => seen.method = text,
+                        Some("id") => seen.id = text.map(Value::String),
+                        _ => {}
+                    }
+                } else if in_params && key2.as_deref() == Some("name") {
+                    seen.name = text;
+                }
+                i = end + 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let mut j = i;
+                while prefix
+                    .get(j)
+                    .is_some_and(|c| c.is_ascii_digit() || b"-+.eE".contains(c))
+                {
+                    j += 1;
+                }
+                if j == prefix.len() {
+                    break; // the number may go on past the prefix
+                }
+                if stack.as_slice() == b"{" && key1.as_deref() == Some("id") {
+                    seen.id = prefix
+                        .get(i..j)
+                        .and_then(|t| serde_json::from_slice::<Value>(t).ok());
+                }
+                i = j;
+            }
+            _ => i += 1,
+        }
+    }
+    seen
+}
+
 /// `tools/call` params of a line nested too deep: the name if it is shallow enough to read;
 /// everything else is skipped (serde_json skips without a depth limit).
 #[derive(serde::Deserialize)]
@@ -445,6 +580,51 @@ mod tests {
             panic!("answered");
         };
         assert_eq!(e["id"], "x7");
+    }
+
+    #[test]
+    fn the_start_of_an_over_size_line_shows_what_it_was() {
+        let r = reveal(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"files.write","arguments":{"name":"not this","content":"xxxx"#);
+        assert_eq!(
+            r,
+            Revealed {
+                id: Some(json!(7)),
+                method: Some("tools/call".into()),
+                name: Some("files.write".into()),
+            }
+        );
+        let r = reveal(
+            br#"{"params":{"arguments":{"a":[1,2]},"name":"x\"y"},"method":"tools/call","id":"s"}"#,
+        );
+        assert_eq!(r.name.as_deref(), Some("x\"y"));
+        assert_eq!(r.id, Some(json!("s")));
+        // Cut mid-token: nothing half-read is taken.
+        assert_eq!(reveal(br#"{"id":12"#).id, None);
+        assert_eq!(reveal(br#"{"method":"tools/ca"#).method, None);
+        for junk in [&b""[..], b"\"", b"{{{{", b"]]]", b"\\\"", b"{\"id\":-"] {
+            let _ = reveal(junk);
+        }
+        // A call is referred without arguments, with its size and digest; anything else answered.
+        match check_oversize(5_000_000, br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"files.write","arguments":{"#, "ab12") {
+            Verdict::Refer(r) => {
+                assert_eq!((r.id, r.tool.as_str()), (Some(json!(3)), "files.write"));
+                assert!(r.arguments.is_none());
+                let why = r.rejected.expect("why");
+                assert!(why.contains("5000000 bytes") && why.contains("ab12"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let Verdict::Answer(e) = check_oversize(
+            5_000_000,
+            br#"{"jsonrpc":"2.0","id":4,"method":"ping","params":{"#,
+            "ab12",
+        ) else {
+            panic!("a ping is answered");
+        };
+        assert_eq!(
+            (e["id"].clone(), e["error"]["code"].clone()),
+            (json!(4), json!(INVALID_REQUEST))
+        );
     }
 
     #[test]

@@ -36,41 +36,84 @@ const PIPE_BYTES: usize = 1 << 20;
 /// Guard answers queued to the writer.
 const ANSWER_QUEUE: usize = 64;
 
-/// Reads one line (without its newline), bounded: a longer line is consumed and reported by its
-/// length instead. `Ok(None)` at end of input.
+/// A line over [`guard::MAX_LINE_BYTES`]: never buffered whole, but its length, its first
+/// [`guard::OVERSIZE_PREFIX_BYTES`] and the SHA-256 of all of it are kept, so that a call it
+/// carries can still be recorded.
+struct Oversize {
+    len: usize,
+    prefix: Vec<u8>,
+    sha: sha2::Sha256,
+}
+
+impl Oversize {
+    fn add(&mut self, bytes: &[u8]) {
+        use sha2::Digest;
+        self.sha.update(bytes);
+        self.len += bytes.len();
+        let room = guard::OVERSIZE_PREFIX_BYTES.saturating_sub(self.prefix.len());
+        self.prefix
+            .extend_from_slice(&bytes[..room.min(bytes.len())]);
+    }
+
+    fn verdict(self) -> Verdict {
+        use sha2::Digest;
+        let sha: String = self
+            .sha
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        guard::check_oversize(self.len, &self.prefix, &sha)
+    }
+}
+
+/// Reads one line (without its newline), bounded: a longer line is consumed and reported as an
+/// [`Oversize`] instead. `Ok(None)` at end of input.
 async fn next_line<R: AsyncRead + Unpin>(
     input: &mut BufReader<R>,
     buf: &mut Vec<u8>,
-) -> std::io::Result<Option<Result<(), usize>>> {
+) -> std::io::Result<Option<Result<(), Oversize>>> {
     buf.clear();
-    let mut overflow = 0usize;
+    let mut over: Option<Oversize> = None;
     loop {
         let chunk = input.fill_buf().await?;
         if chunk.is_empty() {
-            return Ok(if buf.is_empty() && overflow == 0 {
-                None
-            } else if overflow > 0 {
-                Some(Err(overflow))
-            } else {
-                Some(Ok(()))
+            return Ok(match over {
+                Some(o) => Some(Err(o)),
+                None if buf.is_empty() => None,
+                None => Some(Ok(())),
             });
         }
         let (take, done) = match chunk.iter().position(|b| *b == b'\n') {
             Some(i) => (i, true),
             None => (chunk.len(), false),
         };
-        if overflow == 0 && buf.len() + take <= guard::MAX_LINE_BYTES {
-            buf.extend_from_slice(&chunk[..take]);
-        } else {
-            overflow = overflow.max(buf.len()) + take;
-            buf.clear();
+        match over.as_mut() {
+            None if buf.len() + take <= guard::MAX_LINE_BYTES => {
+                buf.extend_from_slice(&chunk[..take]);
+            }
+            None => {
+                let mut o = Oversize {
+                    len: 0,
+                    prefix: Vec::new(),
+                    sha: sha2::Digest::new(),
+                };
+                o.add(buf);
+                o.add(&chunk[..take]);
+                buf.clear();
+                over = Some(o);
+            }
+            Some(o) => o.add(&chunk[..take]),
         }
         input.consume(take + usize::from(done));
         if done {
             if buf.last() == Some(&b'\r') {
                 buf.pop();
             }
-            return Ok(Some(if overflow > 0 { Err(overflow) } else { Ok(()) }));
+            return Ok(Some(match over {
+                Some(o) => Err(o),
+                None => Ok(()),
+            }));
         }
     }
 }
@@ -132,14 +175,7 @@ where
         loop {
             let verdict = match next_line(&mut input, &mut line).await {
                 Ok(None) | Err(_) => break,
-                Ok(Some(Err(len))) => Verdict::Answer(guard::error(
-                    serde_json::Value::Null,
-                    guard::INVALID_REQUEST,
-                    format!(
-                        "message of {len} bytes exceeds the {}-byte limit",
-                        guard::MAX_LINE_BYTES
-                    ),
-                )),
+                Ok(Some(Err(oversize))) => oversize.verdict(),
                 Ok(Some(Ok(()))) if line.iter().all(u8::is_ascii_whitespace) => continue,
                 Ok(Some(Ok(()))) => guard::check_line(&line),
             };

@@ -747,3 +747,51 @@ async fn one_turns_searches_do_not_starve_another_turn() {
         "files.list took {worst:?}"
     );
 }
+
+/// A `tools/call` line over the 4 MiB line limit is never buffered whole, but it is still an
+/// attempt: answered (`failed/invalid_arguments`) and recorded once, with the tool its start
+/// names and the line's size and SHA-256. An over-size ping gets -32600 with its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_over_size_call_is_answered_and_recorded() {
+    let b = Served::start(&[]).await;
+    let mut raw = b.shim().await;
+    let big = "x".repeat(5 * 1024 * 1024);
+    let call = format!(
+        r#"{{"jsonrpc":"2.0","id":41,"method":"tools/call","params":{{"name":"files.write","arguments":{{"path":"/public/big.txt","content":"{big}"}}}}}}"#
+    );
+    raw.send_raw(call.as_bytes()).await;
+    let r = raw.response(41).await;
+    let m = meta(&r["result"]);
+    assert_eq!(
+        (m["outcome"].as_str(), m["code"].as_str()),
+        (Some("failed"), Some("invalid_arguments")),
+        "{r}"
+    );
+    let ping = format!(r#"{{"jsonrpc":"2.0","id":42,"method":"ping","params":{{"x":"{big}"}}}}"#);
+    raw.send_raw(ping.as_bytes()).await;
+    let r = raw.response(42).await;
+    assert_eq!(r["error"]["code"], -32600, "{r}");
+    let calls = b.calls();
+    assert_eq!(calls.len(), 1, "{calls:#?}");
+    assert_eq!(calls[0]["tool"], "files.write");
+    let message = calls[0]["message"].as_str().unwrap_or_default();
+    let digest = {
+        use std::fmt::Write;
+        let mut hex = String::new();
+        for byte in sha2_digest(call.as_bytes()) {
+            let _ = write!(hex, "{byte:02x}");
+        }
+        hex
+    };
+    assert!(
+        message.contains(&format!("{} bytes", call.len())),
+        "{message}"
+    );
+    assert!(message.contains(&digest), "{message}");
+    assert!(!b.path("data/public/big.txt").exists());
+}
+
+fn sha2_digest(bytes: &[u8]) -> Vec<u8> {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).to_vec()
+}

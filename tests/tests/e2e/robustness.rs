@@ -80,7 +80,8 @@ async fn malformed_json_rpc_on_stdin_is_answered_and_the_shim_survives() {
     raw.send(json!({"jsonrpc": "2.0", "id": 99, "result": {}}))
         .await;
     ping(&mut raw, 2000).await;
-    // A line over the limit is refused whole; the next line is read normally.
+    // A call on a line over the limit is never buffered whole, but it is still an attempt:
+    // refused without its arguments and recorded; the next line is read normally.
     let big = format!(
         r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{{"name":"files.read","arguments":{{"path":"{}"}}}}}}"#,
         "a".repeat(5 << 20)
@@ -88,8 +89,8 @@ async fn malformed_json_rpc_on_stdin_is_answered_and_the_shim_survives() {
     raw.send_raw(big.as_bytes()).await;
     let answer = raw.recv().await;
     assert_eq!(
-        answer["error"]["code"],
-        -32600,
+        meta(&answer["result"])["code"],
+        "invalid_arguments",
         "{}",
         answer.to_string().chars().take(200).collect::<String>()
     );
@@ -109,7 +110,7 @@ async fn malformed_json_rpc_on_stdin_is_answered_and_the_shim_survives() {
         r.to_string().chars().take(300).collect::<String>()
     );
     ping(&mut raw, 2002).await;
-    assert_eq!(broker.calls_of(&turn.turn).len(), 1);
+    assert_eq!(broker.calls_of(&turn.turn).len(), 2);
 }
 
 /// A `tools/call` rmcp cannot parse (no name, a name that is not a string, arguments that are
