@@ -33,6 +33,17 @@ pub const HELLO_MAX_BYTES: usize = 4096;
 /// broker hold: this many answers, each as its encoded bytes only (with 1 MiB reads, 8 MiB).
 pub const MAX_INFLIGHT_PER_BRIDGE: usize = 8;
 
+/// Refused hellos are logged at most once a second (with how many there were): a peer that
+/// keeps trying does not fill the log.
+fn refused_hello(log: impl FnOnce(u64)) {
+    static REFUSED: Mutex<crate::server::RateLimitedLog> =
+        Mutex::new(crate::server::RateLimitedLog::new());
+    REFUSED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .note(log);
+}
+
 pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::server::PendingHello) {
     let creds = stream.peer_creds().ok();
     let uid = creds.as_ref().and_then(|c| c.euid());
@@ -47,10 +58,13 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::server::
     let (recv, mut send) = tokio::io::split(stream);
     let mut reader = FrameReader::with_limit(recv, HELLO_MAX_BYTES);
     if !broker.harness_allowed(uid) {
-        tracing::warn!(
-            ?uid,
-            "bridge connection from a uid that is not a harness uid: refused"
-        );
+        refused_hello(|n| {
+            tracing::warn!(
+                ?uid,
+                refused = n,
+                "bridge connection from a uid that is not a harness uid: refused"
+            );
+        });
         // Read the hello first (bounded), so the refusal is not lost to a reset on close.
         let _ = tokio::time::timeout(
             std::time::Duration::from_secs(1),
@@ -96,10 +110,13 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::server::
                         ),
                     )
                     .await;
-                    tracing::info!(
-                        ?pid,
-                        "bridge hello with an unknown or closed token: refused"
-                    );
+                    refused_hello(|n| {
+                        tracing::info!(
+                            ?pid,
+                            refused = n,
+                            "bridge hello with an unknown or closed token: refused"
+                        );
+                    });
                     return;
                 }
             }
@@ -149,7 +166,9 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::server::
             ),
         )
         .await;
-        tracing::info!(turn = %turn.id, ?pid, "bridge refused: the turn has max_bridges_per_turn bridges");
+        refused_hello(|n| {
+            tracing::info!(turn = %turn.id, ?pid, refused = n, "bridge refused: the turn has max_bridges_per_turn bridges");
+        });
         return;
     }
     let welcome = BridgeEvent::Welcome {

@@ -459,13 +459,22 @@ impl Drop for PendingHello {
 
 /// A warning at most once a second, saying how many were held back.
 #[derive(Default)]
-struct RateLimitedLog {
+pub struct RateLimitedLog {
     last: Option<std::time::Instant>,
     held: u64,
 }
 
 impl RateLimitedLog {
-    fn note(&mut self, log: impl FnOnce(u64)) {
+    pub const fn new() -> Self {
+        Self {
+            last: None,
+            held: 0,
+        }
+    }
+
+    /// Counts one event, and calls `log` with the count since the last call when a second has
+    /// passed.
+    pub fn note(&mut self, log: impl FnOnce(u64)) {
         self.held += 1;
         if self
             .last

@@ -795,3 +795,78 @@ fn sha2_digest(bytes: &[u8]) -> Vec<u8> {
     use sha2::Digest;
     sha2::Sha256::digest(bytes).to_vec()
 }
+
+/// One token against a broker whose open-files limit is 1,024 (soft and hard, so it cannot
+/// raise it): of 1,024 bridges it asks for, 8 (`max_bridges_per_turn`) get in and every other is
+/// refused with a clear message; another turn's shim still gets in, and the host can close the
+/// abusive turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_token_cannot_hold_the_broker_under_a_low_open_files_limit() {
+    use sharedos_ipc::{FrameReader, write_frame};
+    use sharedos_proto::ipc::{BridgeEvent, BridgeRequest, PROTOCOL_VERSION, ShimInfo, TurnToken};
+    let b = Served::start_limited(1024).await;
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", b.pid())).expect("limits");
+    let open_files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("open files line")
+        .to_owned();
+    assert!(
+        open_files
+            .split_whitespace()
+            .filter(|w| *w == "1024")
+            .count()
+            == 2,
+        "{open_files}"
+    );
+    let (turn, token) = b.open_turn().await;
+    let (mut held, mut refused) = (Vec::new(), 0usize);
+    for _ in 0..1024 {
+        let stream = sharedos_ipc::connect(&b.run_dir.join("bridge.sock"))
+            .await
+            .expect("connect");
+        let (r, mut w) = tokio::io::split(stream);
+        let mut reader = FrameReader::new(r);
+        write_frame(
+            &mut w,
+            &BridgeRequest::Hello {
+                protocol: PROTOCOL_VERSION,
+                token: TurnToken::new(token.clone()),
+                client: ShimInfo::default(),
+            },
+        )
+        .await
+        .expect("hello");
+        match reader
+            .next::<BridgeEvent>()
+            .await
+            .expect("an answer to hello")
+        {
+            BridgeEvent::Welcome { .. } => held.push((reader, w)),
+            BridgeEvent::Refused { message, .. } => {
+                assert!(message.contains("max_bridges_per_turn"), "{message}");
+                refused += 1;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((held.len(), refused), (8, 1016));
+    let mut other = b.shim().await;
+    let r = other
+        .call(1, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    let mut close = std::process::Command::new(bin("sharedos-broker"));
+    close
+        .args(["turn", "close", &turn, "--runtime-dir"])
+        .arg(&b.run_dir);
+    let (code, _, err) = run(close).await;
+    assert_eq!(code, 0, "{err}");
+    // The held bridges are told the turn closed.
+    for (reader, _) in held.iter_mut().take(1) {
+        assert!(matches!(
+            reader.next::<BridgeEvent>().await.expect("turn closed"),
+            BridgeEvent::TurnClosed { .. }
+        ));
+    }
+}

@@ -47,8 +47,20 @@ impl Served {
         Self::start_with(env, "").await
     }
 
+    /// A broker started under `prlimit --nofile=N:N` (soft and hard limit on open files).
+    pub async fn start_limited(open_files: u32) -> Self {
+        let limit = format!("--nofile={open_files}:{open_files}");
+        Self::start_wrapped(&[], "", &["prlimit", &limit, "--"]).await
+    }
+
     /// A broker with `config` added to the top of its config (before the providers).
     pub async fn start_with(env: &[(&str, &str)], config: &str) -> Self {
+        Self::start_wrapped(env, config, &[]).await
+    }
+
+    /// [`Served::start_with`], the broker started by `wrapper` (a command and its arguments
+    /// that then run the broker's command line) when one is given.
+    async fn start_wrapped(env: &[(&str, &str)], config: &str, wrapper: &[&str]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("sharedos-races-")
             .tempdir()
@@ -109,7 +121,7 @@ impl Served {
         )
         .expect("config");
         let run_dir = d.join("run");
-        let child = Self::serve(&d, &run_dir, env).await;
+        let child = Self::serve(&d, &run_dir, env, wrapper).await;
         Self {
             dir,
             run_dir,
@@ -118,8 +130,20 @@ impl Served {
     }
 
     /// Starts `sharedos-broker serve` on the laid-out folder and waits until it serves.
-    async fn serve(d: &Path, run_dir: &Path, env: &[(&str, &str)]) -> tokio::process::Child {
-        let mut serve = tokio::process::Command::new(bin("sharedos-broker"));
+    async fn serve(
+        d: &Path,
+        run_dir: &Path,
+        env: &[(&str, &str)],
+        wrapper: &[&str],
+    ) -> tokio::process::Child {
+        let mut serve = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = tokio::process::Command::new(program);
+                c.args(args).arg(bin("sharedos-broker"));
+                c
+            }
+            None => tokio::process::Command::new(bin("sharedos-broker")),
+        };
         serve
             .args(["serve", "--runtime-dir"])
             .arg(run_dir)
@@ -151,7 +175,7 @@ impl Served {
         let _ = self.child.wait().await;
         let d = std::fs::canonicalize(self.dir.path()).expect("canon");
         let _ = std::fs::remove_file(self.run_dir.join("control.sock"));
-        self.child = Self::serve(&d, &self.run_dir, &[]).await;
+        self.child = Self::serve(&d, &self.run_dir, &[], &[]).await;
     }
 
     /// Kills the broker with SIGKILL.
