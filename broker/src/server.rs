@@ -364,6 +364,15 @@ async fn accept_loop(broker: Arc<Broker>, listener: Listener, kind: Kind) {
     let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let gate = Arc::new(HelloGate::default());
     let mut refusals = RateLimitedLog::default();
+    let mut failures = RateLimitedLog::default();
+    // The host's reserve: descriptors held back so that control.sock can still take the host
+    // when everything else has used the process's open-files limit up.
+    // It is let go when an accept fails for want of descriptors, and taken back each time a
+    // host connection ends.
+    let reserve = Arc::new(std::sync::Mutex::new(match kind {
+        Kind::Control => FdReserve::hold(CONTROL_RESERVE_FDS),
+        Kind::Bridge => FdReserve::default(),
+    }));
     loop {
         let Ok(permit) = limit.clone().acquire_owned().await else {
             return;
@@ -371,7 +380,17 @@ async fn accept_loop(broker: Arc<Broker>, listener: Listener, kind: Kind) {
         let stream: Stream = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
+                let out_of_fds = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+                let released = out_of_fds
+                    && reserve
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .release();
+                if released {
+                    // The reserve goes to this connection (and the work its command needs).
+                    continue;
+                }
+                failures.note(|n| tracing::warn!(error = %e, failed = n, "accept failed"));
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -391,13 +410,53 @@ async fn accept_loop(broker: Arc<Broker>, listener: Listener, kind: Kind) {
             continue;
         };
         let broker = broker.clone();
+        let reserve = reserve.clone();
         tokio::spawn(async move {
             match kind {
-                Kind::Control => crate::control::serve(broker, stream, pending).await,
+                Kind::Control => {
+                    crate::control::serve(broker, stream, pending).await;
+                    reserve
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .refill(CONTROL_RESERVE_FDS);
+                }
                 Kind::Bridge => crate::bridge::serve(broker, stream, pending).await,
             }
             drop(permit);
         });
+    }
+}
+
+/// Descriptors the control socket keeps in reserve (see [`FdReserve`]).
+pub const CONTROL_RESERVE_FDS: usize = 16;
+
+/// Open descriptors held back (of `/dev/null`), to be let go when the process is out of them, so
+/// that the host can still connect and close turns.
+#[derive(Default)]
+struct FdReserve(Vec<std::fs::File>);
+
+impl FdReserve {
+    fn hold(n: usize) -> Self {
+        let mut r = Self(Vec::with_capacity(n));
+        r.refill(n);
+        r
+    }
+
+    /// Takes back up to `n` descriptors (as many as the process can spare).
+    fn refill(&mut self, n: usize) {
+        while self.0.len() < n {
+            match std::fs::File::open("/dev/null") {
+                Ok(f) => self.0.push(f),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Lets the reserve go; `false` if there was none to let go.
+    fn release(&mut self) -> bool {
+        let had = !self.0.is_empty();
+        self.0.clear();
+        had
     }
 }
 

@@ -870,3 +870,82 @@ async fn one_token_cannot_hold_the_broker_under_a_low_open_files_limit() {
         ));
     }
 }
+
+/// The host keeps its way in: with the broker's 1,024 open files used up by bridges (128 turns ×
+/// 8), a bridge more gets no answer, but `turn list` and `turn close` over `control.sock` still
+/// work, on the descriptors the control socket holds in reserve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_gets_in_when_bridges_use_up_the_open_files() {
+    use sharedos_ipc::{FrameReader, write_frame};
+    use sharedos_proto::ipc::{BridgeEvent, BridgeRequest, PROTOCOL_VERSION, ShimInfo, TurnToken};
+    let b = Served::start_limited(1024).await;
+    let mut host = sharedos_broker::client::ControlClient::connect(&b.run_dir)
+        .await
+        .expect("control");
+    let mut held = Vec::new();
+    let mut turns = Vec::new();
+    let mut full = false;
+    'fill: for _ in 0..128 {
+        let opened = match host
+            .call(&sharedos_proto::ipc::ControlRequest::OpenTurn(Box::new(
+                sharedos_proto::ipc::OpenTurn {
+                    principal: "alice".into(),
+                    ..Default::default()
+                },
+            )))
+            .await
+        {
+            Ok(sharedos_proto::ipc::ControlResponse::TurnOpened(t)) => t,
+            other => panic!("{other:?}"),
+        };
+        turns.push(opened.turn.clone());
+        for _ in 0..8 {
+            let Ok(stream) = sharedos_ipc::connect(&b.run_dir.join("bridge.sock")).await else {
+                full = true;
+                break 'fill;
+            };
+            let (r, mut w) = tokio::io::split(stream);
+            let mut reader = FrameReader::new(r);
+            let hello = BridgeRequest::Hello {
+                protocol: PROTOCOL_VERSION,
+                token: TurnToken::new(opened.token.expose().to_owned()),
+                client: ShimInfo::default(),
+            };
+            if write_frame(&mut w, &hello).await.is_err() {
+                full = true;
+                break 'fill;
+            }
+            match tokio::time::timeout(Duration::from_secs(2), reader.next::<BridgeEvent>()).await {
+                Ok(Ok(BridgeEvent::Welcome { .. })) => held.push((reader, w)),
+                // Out of descriptors: the bridge is not taken in (or is cut off).
+                _ => {
+                    full = true;
+                    break 'fill;
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{} bridges held over {} turns; broker full: {full}",
+        held.len(),
+        turns.len()
+    );
+    assert!(full, "1,024 bridges fitted in 1,024 open files");
+    let started = Instant::now();
+    let mut list = std::process::Command::new(bin("sharedos-broker"));
+    list.args(["turn", "list", "--runtime-dir"]).arg(&b.run_dir);
+    let (code, out, err) = run(list).await;
+    assert_eq!(code, 0, "turn list: {err}");
+    assert!(out.contains(&turns[0]), "{out}");
+    let mut close = std::process::Command::new(bin("sharedos-broker"));
+    close
+        .args(["turn", "close", &turns[0], "--runtime-dir"])
+        .arg(&b.run_dir);
+    let (code, _, err) = run(close).await;
+    assert_eq!(code, 0, "turn close: {err}");
+    eprintln!(
+        "turn list and turn close answered in {:?}",
+        started.elapsed()
+    );
+    drop(held);
+}
