@@ -587,17 +587,8 @@ async fn one_turn_holds_a_bounded_number_of_bridges() {
         .call(1, "files.read", json!({"path": "/public/hello.txt"}))
         .await;
     assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
-    let mut other = b.shim().await;
-    let r = other
-        .call(1, "files.read", json!({"path": "/public/hello.txt"}))
-        .await;
-    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
-    let mut close = std::process::Command::new(bin("sharedos-broker"));
-    close
-        .args(["turn", "close", &turn, "--runtime-dir"])
-        .arg(&b.run_dir);
-    let (code, _, err) = run(close).await;
-    assert_eq!(code, 0, "{err}");
+    b.serves_another_turn().await;
+    b.close_turn(&turn).await;
 }
 
 /// Clients that never read their answers: 4 bridges × 300 calls of a 1 MB file. Each bridge
@@ -851,17 +842,8 @@ async fn one_token_cannot_hold_the_broker_under_a_low_open_files_limit() {
         }
     }
     assert_eq!((held.len(), refused), (8, 1016));
-    let mut other = b.shim().await;
-    let r = other
-        .call(1, "files.read", json!({"path": "/public/hello.txt"}))
-        .await;
-    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
-    let mut close = std::process::Command::new(bin("sharedos-broker"));
-    close
-        .args(["turn", "close", &turn, "--runtime-dir"])
-        .arg(&b.run_dir);
-    let (code, _, err) = run(close).await;
-    assert_eq!(code, 0, "{err}");
+    b.serves_another_turn().await;
+    b.close_turn(&turn).await;
     // The held bridges are told the turn closed.
     for (reader, _) in held.iter_mut().take(1) {
         assert!(matches!(

@@ -218,6 +218,25 @@ impl Served {
         (text("turn"), text("token"))
     }
 
+    /// Closes a turn with the CLI, as the host does.
+    pub async fn close_turn(&self, turn: &str) {
+        let mut close = std::process::Command::new(bin("sharedos-broker"));
+        close
+            .args(["turn", "close", turn, "--runtime-dir"])
+            .arg(&self.run_dir);
+        let (code, _, err) = run(close).await;
+        assert_eq!(code, 0, "turn close {turn}: {err}");
+    }
+
+    /// A fresh turn's shim is served: the broker still lets others in.
+    pub async fn serves_another_turn(&self) {
+        let mut other = self.shim().await;
+        let r = other
+            .call(1, "files.read", json!({"path": "/public/hello.txt"}))
+            .await;
+        assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    }
+
     /// A connection straight to `bridge.sock` (no shim) that has said hello with `token` and
     /// read the broker's welcome.
     pub async fn raw_bridge(
