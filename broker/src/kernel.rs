@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
-use sha2::{Digest, Sha256};
 use sharedos_proto::ipc::CallAnswer;
 use sharedos_proto::{
     CancelCode, CatalogHash, DenyCode, FailCode, Outcome, PublishedToolDefinition, Requirement,
@@ -989,8 +988,7 @@ fn sha256_hex(v: &Value) -> String {
 }
 
 fn sha256_text(text: &str) -> String {
-    let digest = Sha256::digest(text.as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    sharedos_proto::catalog::sha256_hex(text.as_bytes())
 }
 
 fn resource_noun(r: &Resource) -> &'static str {

@@ -129,12 +129,22 @@ pub fn hash_canonical(canonical: &str) -> CatalogHash {
 }
 
 fn hex_of(digest: &[u8]) -> CatalogHash {
-    let mut hex = String::with_capacity(64);
-    for byte in digest {
+    CatalogHash(hex(digest))
+}
+
+/// Lowercase hex of bytes (a digest).
+pub fn hex(bytes: &[u8]) -> String {
+    let mut hex = String::with_capacity(2 * bytes.len());
+    for byte in bytes {
         use fmt::Write;
         let _ = write!(hex, "{byte:02x}");
     }
-    CatalogHash(hex)
+    hex
+}
+
+/// Lowercase hex SHA-256 of bytes (record digests of arguments and over-size lines).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
 }
 
 #[cfg(test)]

@@ -116,14 +116,8 @@ pub fn check_line(line: &[u8]) -> Verdict {
 /// How much of an over-size line is kept to see what it was.
 pub const OVERSIZE_PREFIX_BYTES: usize = 64 * 1024;
 
-/// The SHA-256 of `bytes`, in hex.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
+/// The SHA-256 of `bytes`, in hex (the fuzz model digests an over-size line with it).
+pub use sharedos_proto::catalog::sha256_hex;
 
 /// A line over [`MAX_LINE_BYTES`], of which only its first [`OVERSIZE_PREFIX_BYTES`] were kept
 /// (`prefix`), with its length and SHA-256: a `tools/call` the prefix reveals is still an attempt,

@@ -57,12 +57,7 @@ impl Oversize {
 
     fn verdict(self) -> Verdict {
         use sha2::Digest;
-        let sha: String = self
-            .sha
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let sha = sharedos_proto::catalog::hex(&self.sha.finalize());
         guard::check_oversize(self.len, &self.prefix, &sha)
     }
 }
