@@ -687,14 +687,7 @@ impl Kernel {
                 // record is, before it runs; its outcome line follows. A crash in between leaves
                 // the intent, which the next start closes as `unknown`.
                 if changes_state(&tool) {
-                    let mut intent = Map::new();
-                    intent.insert("kind".into(), json!("intent"));
-                    intent.insert("turn".into(), json!(site.turn));
-                    intent.insert("callId".into(), json!(site.call_id));
-                    intent.insert("requestId".into(), json!(call.request_id));
-                    intent.insert("tool".into(), json!(call.tool));
-                    self.insert_arguments(&mut intent, &call);
-                    intent.insert("requirement".into(), json!(requirement));
+                    let mut intent = self.call_head("intent", &site, &call, &requirement);
                     crate::record::apply_stamp(&mut intent, site.stamp);
                     if let Err(e) = self.recorder.append(intent).await {
                         tracing::error!(error = %e, call_id = %site.call_id, "intent not recorded: the call is not run");
@@ -801,13 +794,9 @@ impl Kernel {
         }
         let mut line = self.call_record(site, call, &answer, duration);
         if let Some(sent) = forwarded {
-            // What the upstream was sent instead of the call's own arguments.
-            let sent = Value::Object(sent);
-            if self.redact_arguments {
-                line.insert("forwardedArgumentsSha256".into(), json!(sha256_hex(&sent)));
-            } else {
-                line.insert("forwardedArguments".into(), sent);
-            }
+            // What the upstream was sent instead of the call's own arguments, recorded under
+            // the same rule as the arguments.
+            self.insert_arguments(&mut line, "forwardedArguments", Value::Object(sent));
         }
         if let Err(e) = self.recorder.append(line).await {
             // The answer must not leave unrecorded: report the call as failed instead.
@@ -907,24 +896,43 @@ impl Kernel {
         }
     }
 
-    /// A call's arguments on a record line: as sent, or their SHA-256 (`redact_arguments`), or
-    /// their size and SHA-256 when they are longer than `record_max_argument_bytes`.
-    fn insert_arguments(&self, line: &mut Map<String, Value>, call: &ToolCall) {
-        let args = call.arguments.clone().unwrap_or(Value::Null);
-        if self.redact_arguments {
-            line.insert("argumentsSha256".into(), json!(sha256_hex(&args)));
-            return;
-        }
+    /// Arguments on a record line under `key`: as they are, or `{key}Sha256`
+    /// (`redact_arguments`), or `{key}Digest` (size and SHA-256) when they are longer than
+    /// `record_max_argument_bytes`.
+    fn insert_arguments(&self, line: &mut Map<String, Value>, key: &str, args: Value) {
         let text = args.to_string();
-        if text.len() > self.record_max_argument_bytes {
+        if self.redact_arguments {
+            line.insert(format!("{key}Sha256"), json!(sha256_text(&text)));
+        } else if text.len() > self.record_max_argument_bytes {
             // The record does not grow with what a caller chooses to send.
             line.insert(
-                "argumentsDigest".into(),
+                format!("{key}Digest"),
                 json!({"bytes": text.len(), "sha256": sha256_text(&text)}),
             );
         } else {
-            line.insert("arguments".into(), args);
+            line.insert(key.to_owned(), args);
         }
+    }
+
+    /// What every line of one call starts with (its `intent` and its `call` line): kind, turn,
+    /// callId, requestId, tool, arguments and requirement.
+    fn call_head(
+        &self,
+        kind: &str,
+        site: &CallSite<'_>,
+        call: &ToolCall,
+        requirement: &Option<Requirement>,
+    ) -> Map<String, Value> {
+        let mut line = Map::new();
+        line.insert("kind".into(), json!(kind));
+        line.insert("turn".into(), json!(site.turn));
+        line.insert("callId".into(), json!(site.call_id));
+        line.insert("requestId".into(), json!(call.request_id));
+        line.insert("tool".into(), json!(call.tool));
+        let args = call.arguments.clone().unwrap_or(Value::Null);
+        self.insert_arguments(&mut line, "arguments", args);
+        line.insert("requirement".into(), json!(requirement));
+        line
     }
 
     fn call_record(
@@ -934,14 +942,7 @@ impl Kernel {
         answer: &CallAnswer,
         duration: Duration,
     ) -> Map<String, Value> {
-        let mut line = Map::new();
-        line.insert("kind".into(), json!("call"));
-        line.insert("turn".into(), json!(site.turn));
-        line.insert("callId".into(), json!(answer.call_id));
-        line.insert("requestId".into(), json!(call.request_id));
-        line.insert("tool".into(), json!(call.tool));
-        self.insert_arguments(&mut line, call);
-        line.insert("requirement".into(), json!(answer.requirement));
+        let mut line = self.call_head("call", site, call, &answer.requirement);
         line.insert("outcome".into(), json!(answer.outcome.word()));
         line.insert("code".into(), json!(answer.outcome.code()));
         line.insert("policies".into(), json!(answer.policies));
@@ -983,10 +984,6 @@ fn resolve(tool: &Registered, arguments: &Map<String, Value>) -> Result<Resolved
 }
 
 /// The SHA-256 of a value's JSON text, in hex (redacted arguments).
-fn sha256_hex(v: &Value) -> String {
-    sha256_text(&v.to_string())
-}
-
 fn sha256_text(text: &str) -> String {
     sharedos_proto::catalog::sha256_hex(text.as_bytes())
 }
