@@ -403,12 +403,13 @@ impl FilesProvider {
                         continue;
                     };
                     let name_hit = name.contains(query);
-                    let line_hit = walk.line_hit(opened.as_fd(), query);
+                    let file = std::fs::File::from(opened);
+                    let line_hit = walk.line_hit(&file, query);
                     if !name_hit && line_hit.is_none() {
                         continue;
                     }
                     // The hit is reported, and decided, under the path its descriptor names.
-                    let Ok(host) = crate::beneath::fd_path(opened.as_fd()) else {
+                    let Ok(host) = crate::beneath::fd_path(file.as_fd()) else {
                         continue;
                     };
                     let Ok(v) = self.root.virtual_of(&host, &root_now) else {
@@ -728,9 +729,8 @@ impl Walk<'_> {
 
     /// The first line of an open regular file that contains `query`: at most
     /// `MAX_READ_BYTES + 1` bytes are read, and a larger file is not looked into.
-    fn line_hit(&mut self, fd: BorrowedFd<'_>, query: &str) -> Option<(usize, String)> {
+    fn line_hit(&mut self, file: &std::fs::File, query: &str) -> Option<(usize, String)> {
         let mut bytes = Vec::new();
-        let file = std::fs::File::from(fd.try_clone_to_owned().ok()?);
         let read = file.take(MAX_READ_BYTES + 1).read_to_end(&mut bytes).ok()?;
         self.bytes += read as u64;
         if read as u64 > MAX_READ_BYTES {
@@ -744,9 +744,9 @@ impl Walk<'_> {
     }
 }
 
-/// Opens one entry of a folder being walked, never through a link: folders with `O_DIRECTORY`,
-/// everything else non-blocking (a FIFO cannot hang the walk); its type is then taken from the
-/// descriptor, never from the entry.
+/// Opens one entry of a folder being walked, never through a link (`O_NOFOLLOW`) and
+/// non-blocking (a FIFO cannot hang the walk); its type is then taken from the descriptor, never
+/// from the entry.
 fn open_entry(dir: BorrowedFd<'_>, name: &[u8]) -> Option<OwnedFd> {
     let name = std::ffi::OsStr::from_bytes(name);
     rustix::fs::openat(
@@ -862,6 +862,23 @@ mod tests {
             Resource::File {
                 path: "/public/new.txt".into()
             }
+        );
+    }
+
+    #[test]
+    fn write_refuses_a_file_with_another_name() {
+        let (_d, p) = setup();
+        let secret = p.root.path().join("private/secret.txt");
+        std::fs::hard_link(&secret, p.root.path().join("public/hard")).expect("link");
+        let a = args(json!({"path": "/public/hard", "content": "overwritten"}));
+        let r = p.resolve(FileOp::Write, &a).expect("resolve");
+        let refused = p
+            .execute(FileOp::Write, &r, &a, &AllowPublic, &AtomicBool::new(false))
+            .expect_err("a file with two names");
+        assert_eq!(refused.code, FailCode::WrongKind, "{}", refused.message);
+        assert_eq!(
+            std::fs::read_to_string(&secret).expect("read"),
+            "the world secret\n"
         );
     }
 
