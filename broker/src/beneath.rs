@@ -182,49 +182,55 @@ impl Root {
             // exactly the path as written (a rename of a folder on the way while the kernel walks
             // it can only move what was reachable, never put another folder's entry there). One
             // system call, no `/proc` read.
-            if !components.contains(&"..") {
-                match rustix::fs::openat2(
-                    &self.fd,
-                    rel.as_str(),
-                    OFlags::PATH | OFlags::CLOEXEC,
-                    Mode::empty(),
-                    ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-                ) {
-                    Ok(fd) => {
-                        let stat = rustix::fs::fstat(&fd)?;
-                        let mut host_path = self.path.clone();
-                        host_path.extend(&components);
-                        return Ok(Resolution::Exists(Found {
-                            fd,
-                            stat,
-                            virtual_path: format!("/{}", components.join("/")),
-                            host_path,
-                        }));
-                    }
-                    Err(Errno::ACCESS) => return Err(Errno::ACCESS.into()),
-                    Err(Errno::NOTDIR) => return Err(ResolveError::NotDir),
-                    // ELOOP: a link on the way; ENOENT: missing (the walk tells where); anything
-                    // else: the full resolution decides.
-                    Err(_) => {}
-                }
+            if !components.contains(&"..")
+                && let Some(fd) = self.open_beneath(&rel, ResolveFlags::NO_SYMLINKS)?
+            {
+                let stat = rustix::fs::fstat(&fd)?;
+                let mut host_path = self.path.clone();
+                host_path.extend(&components);
+                return Ok(Resolution::Exists(Found {
+                    fd,
+                    stat,
+                    virtual_path: if components.is_empty() {
+                        "/".to_owned()
+                    } else {
+                        format!("/{rel}")
+                    },
+                    host_path,
+                }));
             }
-            match rustix::fs::openat2(
-                &self.fd,
-                rel.as_str(),
-                OFlags::PATH | OFlags::CLOEXEC,
-                Mode::empty(),
-                ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
-            ) {
-                Ok(fd) => return self.found(fd).map(Resolution::Exists),
-                // EXDEV: an absolute link, or one leading out (the walk tells which). ENOENT: the
-                // walk tells a missing last component from a missing folder. ELOOP, EAGAIN,
-                // ENOSYS, EPERM (seccomp), E2BIG: the walk decides.
-                Err(Errno::ACCESS) => return Err(Errno::ACCESS.into()),
-                Err(Errno::NOTDIR) => return Err(ResolveError::NotDir),
-                Err(_) => {}
+            // Links on the way: the kernel follows those that stay beneath the root, and the
+            // path is read back from the descriptor.
+            if let Some(fd) = self.open_beneath(&rel, ResolveFlags::empty())? {
+                return self.found(fd).map(Resolution::Exists);
             }
         }
         self.walk(&components)
+    }
+
+    /// `openat2(O_PATH)` of `rel` beneath the root, with `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`
+    /// and `extra`. `None` leaves it to the next way of resolving: ELOOP (a link where
+    /// `RESOLVE_NO_SYMLINKS` forbids one), EXDEV (an absolute link, or one leading out: the walk
+    /// tells which), ENOENT (the walk tells a missing last component from a missing folder),
+    /// EAGAIN, ENOSYS, EPERM (seccomp), E2BIG. A folder that may not be searched, or a file used
+    /// as a folder, is final.
+    fn open_beneath(
+        &self,
+        rel: &str,
+        extra: ResolveFlags,
+    ) -> Result<Option<OwnedFd>, ResolveError> {
+        match rustix::fs::openat2(
+            &self.fd,
+            rel,
+            OFlags::PATH | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS | extra,
+        ) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(Errno::ACCESS) => Err(Errno::ACCESS.into()),
+            Err(Errno::NOTDIR) => Err(ResolveError::NotDir),
+            Err(_) => Ok(None),
+        }
     }
 
     /// A resolution result for `fd`: what it is, and the path it names (which must be below the
