@@ -112,12 +112,10 @@ pub async fn decisions(
         iterations: budget.iterations.div_ceil(DECISION_ROUNDS),
         duration: budget.duration / u32::try_from(DECISION_ROUNDS).unwrap_or(1),
     };
-    let ctx = AccessContext {
-        principal: "alice".into(),
-        agent: None,
-    };
+    let ctx = AccessContext::new("alice", None);
     let args = json!({"path": HELLO_PATH});
     let resource = Resource::File {
+        namespace: "files".into(),
         path: HELLO_PATH.into(),
     };
     for round in 0..DECISION_ROUNDS {
@@ -146,7 +144,7 @@ pub async fn decisions(
             }));
             let pv = kernel.policy.current();
             d.decide.extend(time_loop(share, || {
-                black_box(kernel.policy.decide(&pv, "alice", None, "read", &resource));
+                black_box(kernel.policy.decide(&pv, &ctx, "read", &resource));
             }));
             root.cancel();
         }
@@ -264,10 +262,7 @@ async fn measure_catalog(
     warm: Budget,
 ) -> anyhow::Result<CatalogSamples> {
     let kernel = &running.broker.kernel;
-    let ctx = |p: String| AccessContext {
-        principal: p,
-        agent: None,
-    };
+    let ctx = |p: String| AccessContext::new(&p, None);
     let mut i = 0usize;
     let cold_s = time_loop(cold, || {
         i += 1;

@@ -157,38 +157,7 @@ pub enum CatalogCommand {
 #[derive(Debug, Subcommand)]
 pub enum TurnCommand {
     /// Open a turn and print its id, token and catalogHash.
-    Open {
-        #[arg(long)]
-        principal: String,
-        #[arg(long)]
-        agent: Option<String>,
-        /// Lifetime in seconds (default 3600).
-        #[arg(long, value_name = "SECONDS")]
-        ttl: Option<u64>,
-        /// The harness this turn is for (recorded).
-        #[arg(long)]
-        harness: Option<String>,
-        /// ToolPolicy as JSON: {"mode":"strict","harnessLocal":[...],"externalDirect":[...]}.
-        #[arg(long, value_name = "JSON")]
-        tool_policy: Option<String>,
-        /// SystemIdentity as JSON (stamped on every record line of the turn).
-        #[arg(long, value_name = "JSON")]
-        system_identity: Option<String>,
-        /// Present `.`-free tool names (refused if two tools would collide).
-        #[arg(long)]
-        portable_names: bool,
-        /// Write the MCP config for this turn (FORMAT: claude-code, codex, pi or cordis) to PATH,
-        /// mode 0600; an existing Claude Code, Codex or pi file keeps its other entries.
-        #[arg(long, num_args = 2, value_names = ["FORMAT", "PATH"])]
-        write_config: Option<Vec<String>>,
-        /// Write the token to this file (0600) and have the config point the shim at it instead
-        /// of carrying the token itself.
-        #[arg(long, value_name = "PATH")]
-        token_file: Option<PathBuf>,
-        /// Print one JSON object.
-        #[arg(long)]
-        json: bool,
-    },
+    Open(Box<OpenArgs>),
     /// Close a turn: its shims exit and its token dies.
     Close { turn: String },
     /// List open turns (never their tokens).
@@ -196,6 +165,59 @@ pub enum TurnCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct OpenArgs {
+    #[arg(long)]
+    principal: String,
+    #[arg(long)]
+    agent: Option<String>,
+    /// The agent's owner (a principal id): `Agent.owner` in every decision of the turn.
+    #[arg(long, value_name = "PRINCIPAL", requires = "agent")]
+    agent_owner: Option<String>,
+    /// A turn attribute, `context.turn.KEY` in every decision of the turn and recorded on
+    /// `turn_opened`: KEY=VALUE for a string, KEY:=JSON for any other value (a number, true,
+    /// a list). Repeatable. The Cedar schema types them (the built-in one: tenant, project,
+    /// purpose, all strings); an attribute it does not declare refuses the turn.
+    #[arg(long = "attr", value_name = "KEY=VALUE")]
+    attributes: Vec<String>,
+    /// Lifetime in seconds (default 3600).
+    #[arg(long, value_name = "SECONDS")]
+    ttl: Option<u64>,
+    /// The harness this turn is for (recorded).
+    #[arg(long)]
+    harness: Option<String>,
+    /// ToolPolicy as JSON: {"mode":"strict","harnessLocal":[...],"externalDirect":[...]}.
+    #[arg(long, value_name = "JSON")]
+    tool_policy: Option<String>,
+    /// SystemIdentity as JSON (stamped on every record line of the turn).
+    #[arg(long, value_name = "JSON")]
+    system_identity: Option<String>,
+    /// Present `.`-free tool names (refused if two tools would collide).
+    #[arg(long)]
+    portable_names: bool,
+    /// Write the MCP config for this turn (FORMAT: claude-code, codex, pi or cordis) to PATH,
+    /// mode 0600; an existing Claude Code, Codex or pi file keeps its other entries. `{turn}`
+    /// in PATH becomes the turn's id. The folder must be this uid's (or root's) and
+    /// writable by no other uid, unless sticky.
+    #[arg(long, num_args = 2, value_names = ["FORMAT", "PATH"])]
+    write_config: Option<Vec<String>>,
+    /// Write the token to this file (0600) and have the config point the shim at it instead
+    /// of carrying the token itself. PATH must have `{turn}` in its file name (it becomes
+    /// the turn's id): no two turns share a token file. Removed when the turn closes.
+    #[arg(long, value_name = "PATH", conflicts_with = "token_dir")]
+    token_file: Option<String>,
+    /// Like --token-file DIR/{turn}.token.
+    #[arg(long, value_name = "DIR")]
+    token_dir: Option<PathBuf>,
+    /// Give the written config and token files to this uid (and gid): a harness that runs
+    /// under its own uid reads them, no other harness can. Needs the right to chown (root).
+    #[arg(long, value_name = "UID[:GID]")]
+    file_owner: Option<crate::harness_config::FileOwner>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -244,6 +266,29 @@ pub enum PolicyCommand {
     },
     /// Re-read the policy file; a file that fails to parse or validate is refused and the old set stays.
     Reload,
+}
+
+/// `--attr` values: KEY=VALUE (a string) or KEY:=JSON (any JSON value).
+fn parse_attributes(
+    given: &[String],
+) -> anyhow::Result<Option<serde_json::Map<String, serde_json::Value>>> {
+    let mut out = serde_json::Map::new();
+    for a in given {
+        let (key, value) = if let Some((k, json)) = a.split_once(":=") {
+            let v = serde_json::from_str(json).with_context(|| {
+                format!("--attr `{a}`: `{json}` is not JSON (use KEY=VALUE for a string)")
+            })?;
+            (k, v)
+        } else if let Some((k, v)) = a.split_once('=') {
+            (k, serde_json::Value::String(v.to_owned()))
+        } else {
+            bail!("--attr `{a}`: use KEY=VALUE (a string) or KEY:=JSON");
+        };
+        if out.insert(key.to_owned(), value).is_some() {
+            bail!("--attr `{key}` is given twice");
+        }
+    }
+    Ok((!out.is_empty()).then_some(out))
 }
 
 fn init_logging(
@@ -467,18 +512,33 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                 r => return Err(unexpected(r)),
             }
         }
-        Command::Turn(TurnCommand::Open {
-            principal,
-            agent,
-            ttl,
-            harness,
-            tool_policy,
-            system_identity,
-            portable_names,
-            write_config,
-            token_file,
-            json,
-        }) => {
+        Command::Turn(TurnCommand::Open(open)) => {
+            let OpenArgs {
+                principal,
+                agent,
+                agent_owner,
+                attributes,
+                ttl,
+                harness,
+                tool_policy,
+                system_identity,
+                portable_names,
+                write_config,
+                token_file,
+                token_dir,
+                file_owner,
+                json,
+            } = *open;
+            let attributes = parse_attributes(&attributes)?;
+            let token_file = match (token_file, token_dir) {
+                (Some(t), _) => Some(std::path::absolute(&t)?.display().to_string()),
+                (None, Some(d)) => Some(
+                    std::path::absolute(d.join("{turn}.token"))?
+                        .display()
+                        .to_string(),
+                ),
+                (None, None) => None,
+            };
             let write_config = write_config
                 .map(
                     |v| -> anyhow::Result<(sharedos_proto::alias::Harness, PathBuf)> {
@@ -509,12 +569,14 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
             let req = OpenTurn {
                 principal,
                 agent,
+                agent_owner,
+                attributes,
+                token_file,
                 ttl_seconds: ttl,
                 harness,
                 tool_policy,
                 system_identity,
                 portable_names,
-                ..Default::default()
             };
             let t = match client
                 .call(&ControlRequest::OpenTurn(Box::new(req)))
@@ -523,23 +585,41 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                 ControlResponse::TurnOpened(t) => t,
                 r => return Err(unexpected(r)),
             };
-            if let Some(path) = &token_file {
-                crate::harness_config::write_private(path, &format!("{}\n", t.token.expose()))?;
-            }
-            if let Some((format, path)) = &write_config {
-                let launch = crate::harness_config::ShimLaunch {
-                    shim: crate::demo::locate_shim()?,
-                    bridge: std::path::absolute(runtime::bridge_socket(runtime_dir))?,
-                    token: match &token_file {
-                        Some(p) => {
-                            crate::harness_config::TokenSource::File(std::path::absolute(p)?)
-                        }
-                        None => {
-                            crate::harness_config::TokenSource::Env(t.token.expose().to_owned())
-                        }
-                    },
-                };
-                crate::harness_config::write(*format, &launch, path)?;
+            let token_path = t.token_file.as_deref().map(PathBuf::from);
+            let config_path = write_config
+                .as_ref()
+                .map(|(_, p)| PathBuf::from(p.display().to_string().replace("{turn}", &t.turn)));
+            let written = (|| -> anyhow::Result<()> {
+                if let Some(path) = &token_path {
+                    crate::harness_config::write_private(
+                        path,
+                        &format!("{}\n", t.token.expose()),
+                        file_owner,
+                    )?;
+                }
+                if let (Some((format, _)), Some(path)) = (&write_config, &config_path) {
+                    let launch = crate::harness_config::ShimLaunch {
+                        shim: crate::demo::locate_shim()?,
+                        bridge: std::path::absolute(runtime::bridge_socket(runtime_dir))?,
+                        token: match &token_path {
+                            Some(p) => crate::harness_config::TokenSource::File(p.clone()),
+                            None => {
+                                crate::harness_config::TokenSource::Env(t.token.expose().to_owned())
+                            }
+                        },
+                    };
+                    crate::harness_config::write(*format, &launch, path, file_owner)?;
+                }
+                Ok(())
+            })();
+            if let Err(e) = written {
+                // A turn whose files could not be written is of no use to anyone: close it.
+                let _ = client
+                    .call(&ControlRequest::CloseTurn {
+                        turn: t.turn.clone(),
+                    })
+                    .await;
+                return Err(e.context(format!("turn {} closed again", t.turn)));
             }
             for w in &t.warnings {
                 eprintln!("warning: {w}");
@@ -553,18 +633,27 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                 outln!("expiresAt:   {}", t.expires_at);
                 let names: Vec<String> = t.tools.iter().map(|t| t.name.to_string()).collect();
                 outln!("tools:       {}", names.join(", "));
-                if let Some((format, path)) = &write_config {
+                if let (Some((format, _)), Some(path)) = (&write_config, &config_path) {
                     outln!(
                         "config:      {} ({}, mode 0600)",
                         path.display(),
                         format.as_str()
                     );
                 }
+                if let Some(path) = &token_path {
+                    outln!("tokenFile:   {} (mode 0600)", path.display());
+                }
             }
         }
         Command::Turn(TurnCommand::Close { turn }) => {
             match client.call(&ControlRequest::CloseTurn { turn }).await? {
-                ControlResponse::TurnClosed { turn } => outln!("closed {turn}"),
+                ControlResponse::TurnClosed { turn, token_file } => {
+                    // The broker removes it too; this covers a folder only the host can write.
+                    if let Some(path) = token_file {
+                        crate::server::remove_token_file(Path::new(&path));
+                    }
+                    outln!("closed {turn}")
+                }
                 r => return Err(unexpected(r)),
             }
         }

@@ -280,7 +280,10 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<(Value, bool)> {
         Some(d) => {
             std::fs::create_dir_all(d)
                 .with_context(|| format!("cannot create `{}`", d.display()))?;
-            d.clone()
+            // The harness runs inside the workdir: every path handed to it must be absolute,
+            // or `{config}` names nothing from there.
+            std::path::absolute(d)
+                .with_context(|| format!("cannot make `{}` absolute", d.display()))?
         }
         None => {
             temp = tempfile::Builder::new()
@@ -308,26 +311,26 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<(Value, bool)> {
     let result = async {
         let workdir_s = workdir.display().to_string();
         let pre = [("workdir", workdir_s.as_str())];
-        let config_path = PathBuf::from(expand(
+        let config_path = std::path::absolute(expand(
             cfg.config_path
                 .as_deref()
                 .unwrap_or("{workdir}/sharedos-mcp-config"),
             &pre,
-        ));
+        ))?;
         if let Some(base) = &cfg.config_base {
             let text = std::fs::read_to_string(base)
                 .with_context(|| format!("cannot read config_base `{}`", base.display()))?;
-            harness_config::write_private(&config_path, &expand(&text, &pre))?;
+            harness_config::write_private(&config_path, &expand(&text, &pre), None)?;
         }
         let launch = ShimLaunch {
             shim: crate::demo::locate_shim()?,
             bridge: std::path::absolute(runtime::bridge_socket(&opts.runtime_dir))?,
             token: TokenSource::Env(turn.token.expose().to_owned()),
         };
-        harness_config::write(format, &launch, &config_path)?;
+        harness_config::write(format, &launch, &config_path, None)?;
         for f in &cfg.files {
-            let path = PathBuf::from(expand(&f.path, &pre));
-            harness_config::write_private(&path, &expand(&f.content, &pre))?;
+            let path = std::path::absolute(expand(&f.path, &pre))?;
+            harness_config::write_private(&path, &expand(&f.content, &pre), None)?;
         }
         let prompt = prompt(&rows);
         let config_s = config_path.display().to_string();

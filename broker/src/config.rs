@@ -65,6 +65,45 @@ pub const DEFAULT_MAX_BRIDGES_PER_TURN: usize = 8;
 /// Arguments longer than this (as JSON text) are recorded by size and SHA-256, not inline.
 pub const DEFAULT_RECORD_MAX_ARGUMENT_BYTES: usize = 64 * 1024;
 
+/// A group, by number or by name (looked up in `/etc/group`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum GroupRef {
+    Id(u32),
+    Name(String),
+}
+
+impl GroupRef {
+    fn resolve(&self, key: &str) -> Result<u32, String> {
+        match self {
+            GroupRef::Id(g) => Ok(*g),
+            GroupRef::Name(name) => group_by_name(Path::new("/etc/group"), name)
+                .map_err(|e| format!("{key} = \"{name}\": {e}")),
+        }
+    }
+}
+
+/// A group's id from a `group(5)` file. Read directly rather than through NSS: `getgrnam` is
+/// C (and `unsafe` is forbidden here); a group kept only in a directory service can be given by
+/// number instead.
+fn group_by_name(file: &Path, name: &str) -> Result<u32, String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("cannot read `{}`: {e}", file.display()))?;
+    for line in text.lines() {
+        let mut fields = line.split(':');
+        if fields.next() == Some(name) {
+            return fields
+                .nth(1)
+                .and_then(|g| g.parse().ok())
+                .ok_or_else(|| format!("`{}` has no usable gid for it", file.display()));
+        }
+    }
+    Err(format!(
+        "no such group in `{}` (give its number instead if it lives elsewhere)",
+        file.display()
+    ))
+}
+
 fn default_files_namespace() -> String {
     "files".into()
 }
@@ -88,6 +127,10 @@ struct RawConfig {
     host_uids: Vec<u32>,
     #[serde(default)]
     harness_uids: Vec<u32>,
+    #[serde(default)]
+    harness_group: Option<GroupRef>,
+    #[serde(default)]
+    host_group: Option<GroupRef>,
     #[serde(default)]
     default_ttl_seconds: Option<u64>,
     #[serde(default)]
@@ -118,6 +161,12 @@ pub struct Config {
     pub host_uids: Vec<u32>,
     /// Uids allowed on the bridge socket (empty: the broker's own uid).
     pub harness_uids: Vec<u32>,
+    /// The group whose members may reach `bridge.sock` (0660, this group): harnesses under
+    /// their own uids. None: the socket is the broker's uid's only. The peer-uid check
+    /// (`harness_uids`) stays the authority; the group only lets the connection be made.
+    pub harness_group: Option<u32>,
+    /// The same for `control.sock` and host uids.
+    pub host_group: Option<u32>,
     pub default_ttl: Duration,
     pub call_timeout: Duration,
     pub pins: Option<PathBuf>,
@@ -168,6 +217,16 @@ impl Config {
                     .into(),
             });
         }
+        let group = |g: Option<GroupRef>, key: &str| {
+            g.map(|g| g.resolve(key))
+                .transpose()
+                .map_err(|detail| ConfigError::Parse {
+                    path: shown.clone(),
+                    detail,
+                })
+        };
+        let harness_group = group(raw.harness_group, "harness_group")?;
+        let host_group = group(raw.host_group, "host_group")?;
         Ok(Config {
             source: shown,
             record: rel(&raw.record),
@@ -184,6 +243,8 @@ impl Config {
                 .max(1),
             host_uids: raw.host_uids,
             harness_uids: raw.harness_uids,
+            harness_group,
+            host_group,
             default_ttl: raw
                 .default_ttl_seconds
                 .map_or(DEFAULT_TTL, Duration::from_secs)
@@ -256,6 +317,8 @@ impl Config {
             max_bridges_per_turn: DEFAULT_MAX_BRIDGES_PER_TURN,
             host_uids: vec![],
             harness_uids: vec![],
+            harness_group: None,
+            host_group: None,
             default_ttl: DEFAULT_TTL,
             call_timeout: crate::kernel::DEFAULT_CALL_TIMEOUT,
             providers: vec![ProviderConfig::Files {

@@ -117,10 +117,91 @@ fn context(principal: &str, agent: Option<&str>) -> Result<AccessContext, Refusa
     let agent = agent
         .map(|a| Identifier::new(a).map_err(|e| Refusal("invalid_agent", format!("agent: {e}"))))
         .transpose()?;
-    Ok(AccessContext {
-        principal: principal.to_string(),
-        agent: agent.map(|a| a.to_string()),
-    })
+    Ok(AccessContext::new(
+        &principal.to_string(),
+        agent.map(|a| a.to_string()).as_deref(),
+    ))
+}
+
+/// Most attributes one turn may carry, and the longest their canonical JSON may be.
+pub const MAX_TURN_ATTRIBUTES: usize = 32;
+pub const MAX_TURN_ATTRIBUTES_BYTES: usize = 4096;
+
+/// The whole context of a turn: principal, agent, the agent's owner and the turn's attributes.
+fn turn_context(open: &OpenTurn) -> Result<AccessContext, Refusal> {
+    let mut ctx = context(&open.principal, open.agent.as_deref())?;
+    if let Some(owner) = &open.agent_owner {
+        if open.agent.is_none() {
+            return Err(Refusal(
+                "invalid_agent_owner",
+                "an agent owner needs an agent: give --agent too".into(),
+            ));
+        }
+        let owner = Identifier::new(owner)
+            .map_err(|e| Refusal("invalid_agent_owner", format!("agent owner: {e}")))?;
+        ctx.agent_owner = Some(owner.to_string());
+    }
+    if let Some(attrs) = &open.attributes {
+        let bad = |m: String| Refusal("invalid_attributes", m);
+        if attrs.len() > MAX_TURN_ATTRIBUTES {
+            return Err(bad(format!(
+                "{} attributes; a turn may carry at most {MAX_TURN_ATTRIBUTES}",
+                attrs.len()
+            )));
+        }
+        if let Some(k) = attrs
+            .keys()
+            .find(|k| k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        {
+            return Err(bad(format!(
+                "attribute name `{}` is not an identifier (ASCII letters, digits and `_`)",
+                sharedos_proto::name::shown(k)
+            )));
+        }
+        let text = sharedos_proto::catalog::canonical_json(&Value::Object(attrs.clone()))
+            .map_err(|e| bad(e.to_string()))?;
+        if text.len() > MAX_TURN_ATTRIBUTES_BYTES {
+            return Err(bad(format!(
+                "the attributes are {} bytes as JSON; at most {MAX_TURN_ATTRIBUTES_BYTES}",
+                text.len()
+            )));
+        }
+        if !attrs.is_empty() {
+            ctx.turn = Some(text);
+        }
+    }
+    Ok(ctx)
+}
+
+/// The token file a host asked for: absolute, `{turn}` in its file name, replaced by `id`.
+fn token_file(template: &str, id: &str) -> Result<std::path::PathBuf, Refusal> {
+    let bad = |m: &str| {
+        Refusal(
+            "invalid_token_file",
+            format!(
+                "token file `{}`: {m}",
+                sharedos_proto::name::shown(template)
+            ),
+        )
+    };
+    let path = std::path::Path::new(template);
+    if !path.is_absolute() {
+        return Err(bad("not an absolute path"));
+    }
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| bad("names no file"))?;
+    if !name.contains("{turn}")
+        || path
+            .parent()
+            .is_some_and(|p| p.to_string_lossy().contains("{turn}"))
+    {
+        return Err(bad(
+            "put `{turn}` in the file name (not in a folder): a path two turns share would let a harness restarted late join the next turn",
+        ));
+    }
+    Ok(path.with_file_name(name.replace("{turn}", id)))
 }
 
 async fn handle(broker: &Arc<Broker>, req: ControlRequest) -> ControlResponse {
@@ -131,8 +212,11 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest) -> ControlResponse {
             Err(r) => r.into(),
         },
         ControlRequest::CloseTurn { turn } => {
-            if broker.close_turn(&turn, "host").await {
-                ControlResponse::TurnClosed { turn }
+            if let Some(closed) = broker.close_turn(&turn, "host").await {
+                ControlResponse::TurnClosed {
+                    turn,
+                    token_file: closed.token_file.as_ref().map(|p| p.display().to_string()),
+                }
             } else {
                 error(
                     "no_such_turn",
@@ -286,7 +370,16 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest) -> ControlResponse {
 }
 
 async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlResponse, Refusal> {
-    let ctx = context(&open.principal, open.agent.as_deref())?;
+    let ctx = turn_context(&open)?;
+    if let Some(t) = &open.token_file {
+        token_file(t, "t-0")?;
+    }
+    // Attributes the schema does not declare, or an owner it has no place for, are refused
+    // here by name, rather than denying every call of the turn.
+    broker
+        .kernel
+        .check_context(&ctx)
+        .map_err(|e| Refusal("invalid_attributes", e))?;
     if let Some(policy) = &open.tool_policy {
         policy
             .validate(open.harness.is_some() || open.system_identity.is_some())
@@ -353,6 +446,7 @@ async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlRespon
         harness: open.harness,
         portable_names: open.portable_names,
         aliases,
+        token_file: open.token_file.clone(),
     };
     let turn = broker
         .turns
@@ -377,5 +471,6 @@ async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlRespon
         tools: turn.catalog.tools.clone(),
         expires_at: rfc3339(turn.expires_at),
         warnings,
+        token_file: turn.token_file.as_ref().map(|p| p.display().to_string()),
     }))
 }

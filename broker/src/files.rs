@@ -282,6 +282,7 @@ impl FilesProvider {
         Ok(Resolved {
             action: op.action(),
             resource: Resource::File {
+                namespace: self.namespace.clone(),
                 path: target.virtual_path().to_owned(),
             },
             target,
@@ -831,6 +832,7 @@ mod tests {
         assert_eq!(
             r.resource,
             Resource::File {
+                namespace: "files".into(),
                 path: "/private/secret.txt".into()
             }
         );
@@ -851,6 +853,7 @@ mod tests {
         assert_eq!(
             r.resource,
             Resource::File {
+                namespace: "files".into(),
                 path: "/private/secret.txt".into()
             }
         );
@@ -860,6 +863,7 @@ mod tests {
         assert_eq!(
             r.resource,
             Resource::File {
+                namespace: "files".into(),
                 path: "/public/new.txt".into()
             }
         );

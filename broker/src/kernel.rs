@@ -231,12 +231,7 @@ impl Registry {
     }
 }
 
-/// Who is asking: resolved by the host, trusted because the control socket is the host's.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct AccessContext {
-    pub principal: String,
-    pub agent: Option<String>,
-}
+pub use crate::policy::AccessContext;
 
 /// A turn's effective catalogue. Immutable once computed; shared between turns of the same
 /// context and policy version (sharing derived data mutates nothing).
@@ -389,13 +384,7 @@ impl Kernel {
             let shape = tool.authority.shape();
             let visible = if shape.1 == "Tool" {
                 let per_type = *tool_shapes.entry(shape.0).or_insert_with(|| {
-                    self.policy.permit_for_every(
-                        &pv,
-                        &context.principal,
-                        context.agent.as_deref(),
-                        shape.0,
-                        shape.1,
-                    )
+                    self.policy.permit_for_every(&pv, context, shape.0, shape.1)
                 });
                 match per_type {
                     Some(answer) => answer,
@@ -405,15 +394,9 @@ impl Kernel {
                     }
                 }
             } else {
-                *shapes.entry(shape).or_insert_with(|| {
-                    self.policy.could_permit(
-                        &pv,
-                        &context.principal,
-                        context.agent.as_deref(),
-                        shape.0,
-                        shape.1,
-                    )
-                })
+                *shapes
+                    .entry(shape)
+                    .or_insert_with(|| self.policy.could_permit(&pv, context, shape.0, shape.1))
             };
             if visible {
                 visible_tools.push(tool.clone());
@@ -421,13 +404,7 @@ impl Kernel {
         }
         for (action, tools) in per_tool {
             let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
-            let answers = self.policy.permitted_tools(
-                &pv,
-                &context.principal,
-                context.agent.as_deref(),
-                action,
-                &names,
-            );
+            let answers = self.policy.permitted_tools(&pv, context, action, &names);
             visible_tools.extend(
                 tools
                     .iter()
@@ -475,6 +452,22 @@ impl Kernel {
             cache.insert(key, catalog.clone());
         }
         catalog
+    }
+
+    /// Does a turn's context fit the schema for every requirement shape the registry has? See
+    /// [`PolicyEngine::check_context`].
+    pub fn check_context(&self, context: &AccessContext) -> Result<(), String> {
+        let mut shapes: Vec<(String, &'static str)> = Vec::new();
+        for tool in self.registry.tools_for(context) {
+            let (action, ty) = tool.authority.shape();
+            if !shapes.iter().any(|(a, t)| a == action && *t == ty) {
+                shapes.push((action.to_owned(), ty));
+            }
+        }
+        let shapes: Vec<(&str, &'static str)> =
+            shapes.iter().map(|(a, t)| (a.as_str(), *t)).collect();
+        self.policy
+            .check_context(&self.policy.current(), context, &shapes)
     }
 
     /// Everything before execution: the refusals, or the permission with its requirement.
@@ -608,13 +601,9 @@ impl Kernel {
             }
         };
         let pv = self.policy.current();
-        let decision = self.policy.decide(
-            &pv,
-            &context.principal,
-            context.agent.as_deref(),
-            &resolved.action,
-            &resolved.resource,
-        );
+        let decision = self
+            .policy
+            .decide(&pv, context, &resolved.action, &resolved.resource);
         let requirement = Some(requirement_of(&resolved));
         if !decision.allowed {
             if !decision.errors.is_empty() {
@@ -844,6 +833,7 @@ impl Kernel {
                         let check = KernelReadCheck {
                             kernel: &kernel,
                             context: &context,
+                            namespace: &provider.namespace,
                         };
                         provider.execute(op, &files, &arguments, &check, &flag)
                     };
@@ -1021,6 +1011,7 @@ impl Drop for StopOnDrop {
 struct KernelReadCheck<'a> {
     kernel: &'a Kernel,
     context: &'a AccessContext,
+    namespace: &'a str,
 }
 
 impl ReadCheck for KernelReadCheck<'_> {
@@ -1030,10 +1021,10 @@ impl ReadCheck for KernelReadCheck<'_> {
             .policy
             .decide(
                 &pv,
-                &self.context.principal,
-                self.context.agent.as_deref(),
+                self.context,
                 "read",
                 &Resource::File {
+                    namespace: self.namespace.to_owned(),
                     path: virtual_path.to_owned(),
                 },
             )

@@ -24,20 +24,110 @@ use cedar_policy::{
 pub const BUILTIN_SCHEMA: &str = r#"namespace SharedOS {
   entity User;
   entity Agent { owner?: User };
-  entity File { path: String };
+  entity File { path: String, namespace: String };
   entity Tool { name: String };
+  type Turn = { tenant?: String, project?: String, purpose?: String };
   action read, list, search, write appliesTo {
     principal: [User],
     resource: [File],
-    context: { agent?: Agent }
+    context: { agent?: Agent, turn?: Turn }
   };
   action call appliesTo {
     principal: [User],
     resource: [Tool],
-    context: { agent?: Agent }
+    context: { agent?: Agent, turn?: Turn }
   };
 }
 "#;
+
+/// Who is asking, and in which turn: resolved by the host, trusted because the control socket
+/// is the host's. Every decision of a turn is made in this context (`context.agent`,
+/// `context.turn`, the agent's `owner`), and so is its catalogue.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct AccessContext {
+    pub principal: String,
+    pub agent: Option<String>,
+    /// The agent's owner (`Agent.owner`), when the host names one.
+    pub agent_owner: Option<String>,
+    /// The turn's attributes (`context.turn`): RFC 8785 canonical JSON of an object.
+    pub turn: Option<String>,
+}
+
+impl AccessContext {
+    pub fn new(principal: &str, agent: Option<&str>) -> Self {
+        Self {
+            principal: principal.to_owned(),
+            agent: agent.map(str::to_owned),
+            ..Self::default()
+        }
+    }
+
+    /// The turn's attributes as JSON, for the record.
+    pub fn turn_attributes(&self) -> Option<serde_json::Value> {
+        self.turn
+            .as_deref()
+            .and_then(|t| serde_json::from_str(t).ok())
+    }
+}
+
+/// A JSON value of a turn attribute as a Cedar value: strings, booleans, integers, sets and
+/// records. Cedar has no null and no fractions, so those are refused, naming the attribute.
+fn restricted(key: &str, v: &serde_json::Value) -> Result<RestrictedExpression, String> {
+    use serde_json::Value as J;
+    Ok(match v {
+        J::String(s) => RestrictedExpression::new_string(s.clone()),
+        J::Bool(b) => RestrictedExpression::new_bool(*b),
+        J::Number(n) => match n.as_i64() {
+            Some(i) => RestrictedExpression::new_long(i),
+            None => {
+                return Err(format!(
+                    "attribute `{key}`: {n} is not a 64-bit integer (Cedar has no fractions)"
+                ));
+            }
+        },
+        J::Array(items) => RestrictedExpression::new_set(
+            items
+                .iter()
+                .map(|i| restricted(key, i))
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+        J::Object(m) => RestrictedExpression::new_record(
+            m.iter()
+                .map(|(k, v)| Ok((k.clone(), restricted(&format!("{key}.{k}"), v)?)))
+                .collect::<Result<Vec<_>, String>>()?,
+        )
+        .map_err(|e| format!("attribute `{key}`: {e}"))?,
+        J::Null => {
+            return Err(format!(
+                "attribute `{key}` is null: Cedar has no null; leave it out"
+            ));
+        }
+    })
+}
+
+/// The shape of a JSON value (what schema conformance depends on), e.g. `{a:s,b:[l]}`.
+fn type_signature(v: &serde_json::Value) -> String {
+    use serde_json::Value as J;
+    match v {
+        J::String(_) => "s".into(),
+        J::Bool(_) => "b".into(),
+        J::Number(_) => "l".into(),
+        J::Null => "n".into(),
+        J::Array(items) => {
+            let mut parts: Vec<String> = items.iter().map(type_signature).collect();
+            parts.sort();
+            parts.dedup();
+            format!("[{}]", parts.join("|"))
+        }
+        J::Object(m) => format!(
+            "{{{}}}",
+            m.iter()
+                .map(|(k, v)| format!("{k:?}:{}", type_signature(v)))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    }
+}
 
 const NAMESPACE: &str = "SharedOS";
 
@@ -59,8 +149,15 @@ pub enum PolicyError {
 /// A resource a call is decided on, built from the call's canonicalized arguments.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Resource {
-    File { path: String },
-    Tool { name: String },
+    /// A file of one provider's space: `namespace` is the provider's (two providers' `/a` are
+    /// two files, and a policy can tell them apart with `resource.namespace`).
+    File {
+        namespace: String,
+        path: String,
+    },
+    Tool {
+        name: String,
+    },
 }
 
 impl Resource {
@@ -73,7 +170,7 @@ impl Resource {
 
     fn id(&self) -> &str {
         match self {
-            Resource::File { path } => path,
+            Resource::File { path, .. } => path,
             Resource::Tool { name } => name,
         }
     }
@@ -123,8 +220,8 @@ pub struct PolicyVersion {
     prepared: Mutex<HashMap<PrincipalKey, Arc<Prepared>>>,
 }
 
-/// (principal, agent).
-type PrincipalKey = (String, Option<String>);
+/// A turn's whole context: principal, agent, its owner and the turn's attributes.
+type PrincipalKey = AccessContext;
 
 impl PolicyVersion {
     fn new(version: u64, set: PolicySet) -> Self {
@@ -144,6 +241,8 @@ impl PolicyVersion {
 /// principal's slice of the set. Only the resource entity is added per call.
 struct Prepared {
     principal: EntityUid,
+    /// What schema conformance of this context depends on (see [`Shape`]).
+    signature: String,
     base: Entities,
     context: Context,
     set: Arc<PolicySet>,
@@ -222,13 +321,14 @@ struct ToolStore {
     entities: Entities,
 }
 
-/// (action, resource type, an agent in the context). Whether the resource entity and the
+/// (action, resource type, the context's signature). Whether the resource entity and the
 /// request this module builds conform to the schema depends on nothing else: the principal is
-/// always a `User` without attributes, the context holds at most `agent` (an `Agent`), a
-/// `File` carries exactly `path` and a `Tool` exactly `name`, both strings; ids and string
+/// always a `User` without attributes, the context holds at most `agent` (an `Agent`, with or
+/// without an `owner`) and `turn` (whose value types make the signature), a `File` carries
+/// exactly `path` and `namespace` and a `Tool` exactly `name`, all strings; ids and string
 /// contents play no part in conformance. The schema never changes while the engine lives
 /// (only policies reload), so a shape validated once stays valid.
-type Shape = (String, &'static str, bool);
+type Shape = (String, &'static str, String);
 
 fn type_name(name: &str) -> Result<EntityTypeName, String> {
     EntityTypeName::from_str(&format!("{NAMESPACE}::{name}")).map_err(|e| e.to_string())
@@ -411,74 +511,128 @@ impl PolicyEngine {
         sliced
     }
 
-    fn base_entities(principal: &EntityUid, agent: Option<&EntityUid>) -> Vec<Entity> {
+    /// The principal and (with its owner, when the host named one) the agent.
+    fn base_entities(
+        &self,
+        principal: &EntityUid,
+        agent: Option<&EntityUid>,
+        owner: Option<&str>,
+    ) -> Result<Vec<Entity>, String> {
         let mut out = vec![Entity::new_no_attrs(principal.clone(), HashSet::new())];
         if let Some(agent) = agent {
-            out.push(Entity::new_no_attrs(agent.clone(), HashSet::new()));
+            let attrs = match owner {
+                Some(o) => HashMap::from([(
+                    "owner".to_owned(),
+                    RestrictedExpression::new_entity_uid(self.names.uid("User", o)?),
+                )]),
+                None => HashMap::new(),
+            };
+            out.push(Entity::new(agent.clone(), attrs, HashSet::new()).map_err(|e| e.to_string())?);
         }
-        out
+        Ok(out)
     }
 
     fn resource_entity(resource: &Resource, r: &EntityUid) -> Result<Entity, String> {
-        let attr = match resource {
-            Resource::File { path } => (
-                "path".to_owned(),
-                RestrictedExpression::new_string(path.clone()),
-            ),
-            Resource::Tool { name } => (
+        let attrs = match resource {
+            Resource::File { namespace, path } => HashMap::from([
+                (
+                    "path".to_owned(),
+                    RestrictedExpression::new_string(path.clone()),
+                ),
+                (
+                    "namespace".to_owned(),
+                    RestrictedExpression::new_string(namespace.clone()),
+                ),
+            ]),
+            Resource::Tool { name } => HashMap::from([(
                 "name".to_owned(),
                 RestrictedExpression::new_string(name.clone()),
-            ),
+            )]),
         };
-        Entity::new(r.clone(), HashMap::from([attr]), HashSet::new()).map_err(|e| e.to_string())
+        Entity::new(r.clone(), attrs, HashSet::new()).map_err(|e| e.to_string())
+    }
+
+    /// Does `ctx` fit the schema for each (action, resource type)? Asked when a turn opens, so
+    /// that attributes the schema does not declare are refused there, by name, rather than
+    /// denying every call of the turn.
+    pub fn check_context(
+        &self,
+        pv: &PolicyVersion,
+        ctx: &AccessContext,
+        shapes: &[(&str, &'static str)],
+    ) -> Result<(), String> {
+        let prepared = self.prepared(pv, ctx)?;
+        for (action, ty) in shapes {
+            let a = self.names.action(action)?;
+            let r = self.names.uid(ty, "")?;
+            Request::new(
+                prepared.principal.clone(),
+                a,
+                r,
+                prepared.context.clone(),
+                Some(&self.schema),
+            )
+            .map_err(|e| {
+                format!("the turn's context does not fit the schema for action `{action}`: {e}")
+            })?;
+        }
+        Ok(())
     }
 
     /// The call-time decision. Never fails: any error is a deny with the error in `errors`.
     pub fn decide(
         &self,
         pv: &PolicyVersion,
-        principal: &str,
-        agent: Option<&str>,
+        ctx: &AccessContext,
         action: &str,
         resource: &Resource,
     ) -> Decision {
-        match self.try_decide(pv, principal, agent, action, resource) {
+        match self.try_decide(pv, ctx, action, resource) {
             Ok(d) => d,
             Err(e) => Decision::internal(e),
         }
     }
 
-    /// The decision inputs shared by every call of one (principal, agent) under `pv`.
-    fn prepared(
-        &self,
-        pv: &PolicyVersion,
-        principal: &str,
-        agent: Option<&str>,
-    ) -> Result<Arc<Prepared>, String> {
-        let key = (principal.to_owned(), agent.map(str::to_owned));
-        if let Some(p) = lock(&pv.prepared).get(&key) {
+    /// The decision inputs shared by every call of one context under `pv`.
+    fn prepared(&self, pv: &PolicyVersion, ctx: &AccessContext) -> Result<Arc<Prepared>, String> {
+        if let Some(p) = lock(&pv.prepared).get(ctx) {
             return Ok(p.clone());
         }
-        let p = self.names.uid("User", principal)?;
-        let agent_uid = agent.map(|id| self.names.uid("Agent", id)).transpose()?;
+        let p = self.names.uid("User", &ctx.principal)?;
+        let agent_uid = ctx
+            .agent
+            .as_deref()
+            .map(|id| self.names.uid("Agent", id))
+            .transpose()?;
         // Validated against the schema (see the module docs); with it, the schema's action
         // entities are added, so action groups work.
         let base = Entities::from_entities(
-            Self::base_entities(&p, agent_uid.as_ref()),
+            self.base_entities(&p, agent_uid.as_ref(), ctx.agent_owner.as_deref())?,
             Some(&self.schema),
         )
-        .map_err(|e| e.to_string())?;
-        let context = match &agent_uid {
-            Some(agent) => Context::from_pairs([(
+        .map_err(|e| format!("the agent does not fit the schema: {e}"))?;
+        let mut pairs = Vec::new();
+        if let Some(agent) = &agent_uid {
+            pairs.push((
                 "agent".to_owned(),
                 RestrictedExpression::new_entity_uid(agent.clone()),
-            )])
-            .map_err(|e| e.to_string())?,
-            None => Context::empty(),
-        };
+            ));
+        }
+        let turn = ctx.turn_attributes();
+        if let Some(t) = &turn {
+            pairs.push(("turn".to_owned(), restricted("turn", t)?));
+        }
+        let context = Context::from_pairs(pairs).map_err(|e| e.to_string())?;
+        let signature = format!(
+            "{}{}{}",
+            u8::from(agent_uid.is_some()),
+            u8::from(ctx.agent_owner.is_some()),
+            turn.as_ref().map(type_signature).unwrap_or_default()
+        );
         let set = self.slice(pv, &p);
         let prepared = Arc::new(Prepared {
             principal: p,
+            signature,
             base,
             context,
             set,
@@ -488,7 +642,7 @@ impl PolicyEngine {
         if cache.len() >= CACHE_MAX {
             cache.clear();
         }
-        cache.insert(key, prepared.clone());
+        cache.insert(ctx.clone(), prepared.clone());
         Ok(prepared)
     }
 
@@ -549,12 +703,11 @@ impl PolicyEngine {
     fn try_decide(
         &self,
         pv: &PolicyVersion,
-        principal: &str,
-        agent: Option<&str>,
+        ctx: &AccessContext,
         action: &str,
         resource: &Resource,
     ) -> Result<Decision, String> {
-        let prepared = self.prepared(pv, principal, agent)?;
+        let prepared = self.prepared(pv, ctx)?;
         let a = self.names.action(action)?;
         let set = &self.narrowed(&prepared, action, &a, resource.type_name());
         let r = self.names.uid(resource.type_name(), resource.id())?;
@@ -566,7 +719,7 @@ impl PolicyEngine {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .any(|(a, t, g)| a == action && *t == resource.type_name() && *g == agent.is_some());
+            .any(|(a, t, g)| a == action && *t == resource.type_name() && *g == prepared.signature);
         let schema = (!known).then_some(&self.schema);
         // Only the resource entity is new per call.
         let entities = prepared
@@ -583,7 +736,11 @@ impl PolicyEngine {
         )
         .map_err(|e| format!("request does not fit the schema: {e}"))?;
         if !known {
-            let shape = (action.to_owned(), resource.type_name(), agent.is_some());
+            let shape = (
+                action.to_owned(),
+                resource.type_name(),
+                prepared.signature.clone(),
+            );
             let mut conforming = self.conforming.write().unwrap_or_else(|p| p.into_inner());
             if !conforming.contains(&shape) {
                 conforming.push(shape);
@@ -614,19 +771,19 @@ impl PolicyEngine {
         })
     }
 
-    /// Could any call of `action` on some resource of type `resource_type` be permitted to this
-    /// principal? Type-aware partial evaluation with the resource and the context unknown:
-    /// hidden only when the answer is a definite deny. Errors answer "yes" (never hide a tool that
-    /// some call could be permitted; the call itself is still decided at call time).
+    /// Could any call of `action` on some resource of type `resource_type` be permitted in this
+    /// context? Type-aware partial evaluation with the principal and the whole turn context
+    /// known and only the resource unknown: hidden exactly when the answer is a definite deny
+    /// (no resource could be permitted). Errors answer "yes" (never hide a tool that some call
+    /// could be permitted; the call itself is still decided at call time).
     pub fn could_permit(
         &self,
         pv: &PolicyVersion,
-        principal: &str,
-        agent: Option<&str>,
+        ctx: &AccessContext,
         action: &str,
         resource_type: &str,
     ) -> bool {
-        self.could_permit_on(pv, principal, agent, action, resource_type, None)
+        self.could_permit_on(pv, ctx, action, resource_type, None)
     }
 
     /// Is the answer the same for every resource of `resource_type`? `Some(false)`: no call can
@@ -636,17 +793,16 @@ impl PolicyEngine {
     pub fn permit_for_every(
         &self,
         pv: &PolicyVersion,
-        principal: &str,
-        agent: Option<&str>,
+        ctx: &AccessContext,
         action: &str,
         resource_type: &str,
     ) -> Option<bool> {
-        match self.partial_decision(pv, principal, agent, action, resource_type, None) {
+        match self.partial_decision(pv, ctx, action, resource_type, None) {
             Ok(Some(CedarDecision::Allow)) => Some(true),
             Ok(Some(CedarDecision::Deny)) => Some(false),
             Ok(None) => None,
             Err(e) => {
-                tracing::debug!(%principal, %action, %resource_type, error = %e, "partial evaluation failed; deciding per tool");
+                tracing::debug!(principal = %ctx.principal, %action, %resource_type, error = %e, "partial evaluation failed; deciding per tool");
                 None
             }
         }
@@ -661,8 +817,7 @@ impl PolicyEngine {
     pub fn permitted_tools(
         &self,
         pv: &PolicyVersion,
-        principal: &str,
-        agent: Option<&str>,
+        ctx: &AccessContext,
         action: &str,
         names: &[&str],
     ) -> Vec<bool> {
@@ -674,11 +829,11 @@ impl PolicyEngine {
             let probe = Resource::Tool {
                 name: (*first).to_owned(),
             };
-            let d = self.try_decide(pv, principal, agent, action, &probe)?;
+            let d = self.try_decide(pv, ctx, action, &probe)?;
             if !d.errors.is_empty() {
                 return Err(d.errors.join("; "));
             }
-            let prepared = self.prepared(pv, principal, agent)?;
+            let prepared = self.prepared(pv, ctx)?;
             let a = self.names.action(action)?;
             let store = self.tool_store(names)?;
             let (uids, entities) = (&store.uids, &store.entities);
@@ -706,14 +861,13 @@ impl PolicyEngine {
         match batch() {
             Ok(answers) => answers,
             Err(e) => {
-                tracing::debug!(%principal, %action, error = %e, "batch tool decision failed; asking per tool");
+                tracing::debug!(principal = %ctx.principal, %action, error = %e, "batch tool decision failed; asking per tool");
                 names
                     .iter()
                     .map(|name| {
                         self.could_permit_resource(
                             pv,
-                            principal,
-                            agent,
+                            ctx,
                             action,
                             &Resource::Tool {
                                 name: (*name).to_owned(),
@@ -794,80 +948,69 @@ impl PolicyEngine {
     }
 
     /// Like [`Self::could_permit`], for one known resource (a tool whose resource is the tool
-    /// itself): exact, with only the context unknown.
+    /// itself).
     pub fn could_permit_resource(
         &self,
         pv: &PolicyVersion,
-        principal: &str,
-        agent: Option<&str>,
+        ctx: &AccessContext,
         action: &str,
         resource: &Resource,
     ) -> bool {
-        self.could_permit_on(
-            pv,
-            principal,
-            agent,
-            action,
-            resource.type_name(),
-            Some(resource),
-        )
+        self.could_permit_on(pv, ctx, action, resource.type_name(), Some(resource))
     }
 
     fn could_permit_on(
         &self,
         pv: &PolicyVersion,
-        principal: &str,
-        agent: Option<&str>,
+        ctx: &AccessContext,
         action: &str,
         resource_type: &str,
         resource: Option<&Resource>,
     ) -> bool {
-        match self.partial_decision(pv, principal, agent, action, resource_type, resource) {
+        match self.partial_decision(pv, ctx, action, resource_type, resource) {
             Ok(decision) => decision != Some(CedarDecision::Deny),
             Err(e) => {
-                tracing::debug!(%principal, %action, %resource_type, error = %e, "partial evaluation failed; showing the tool");
+                tracing::debug!(principal = %ctx.principal, %action, %resource_type, error = %e, "partial evaluation failed; showing the tool");
                 true
             }
         }
     }
 
-    /// Type-aware partial evaluation with the context (and, without `resource`, the resource)
-    /// unknown: `Some` decision when it is definite.
+    /// Type-aware partial evaluation with the principal and the context known and (without
+    /// `resource`) the resource unknown: `Some` decision when it is definite.
     fn partial_decision(
         &self,
         pv: &PolicyVersion,
-        principal: &str,
-        agent: Option<&str>,
+        ctx: &AccessContext,
         action: &str,
         resource_type: &str,
         resource: Option<&Resource>,
     ) -> Result<Option<CedarDecision>, String> {
-        let p = self.names.uid("User", principal)?;
+        let prepared = self.prepared(pv, ctx)?;
         let a = self.names.action(action)?;
-        let agent_uid = agent.map(|id| self.names.uid("Agent", id)).transpose()?;
-        let mut known = Self::base_entities(&p, agent_uid.as_ref());
+        let mut entities = prepared.base.clone();
         let partial_resource = match resource {
             Some(r) => {
                 let r_uid = self.names.uid(r.type_name(), r.id())?;
-                known.push(Self::resource_entity(r, &r_uid)?);
+                entities = entities
+                    .add_entities([Self::resource_entity(r, &r_uid)?], Some(&self.schema))
+                    .map_err(|e| e.to_string())?;
                 PartialEntityUid::from_concrete(r_uid)
             }
             None => PartialEntityUid::new(self.names.type_name(resource_type)?, None),
         };
         let request = PartialRequest::new(
-            PartialEntityUid::from_concrete(p.clone()),
+            PartialEntityUid::from_concrete(prepared.principal.clone()),
             a,
             partial_resource,
-            None,
+            Some(prepared.context.clone()),
             &self.schema,
         )
         .map_err(|e| e.to_string())?;
-        let entities =
-            Entities::from_entities(known, Some(&self.schema)).map_err(|e| e.to_string())?;
         let partial =
             PartialEntities::from_concrete(entities, &self.schema).map_err(|e| e.to_string())?;
-        let set = self.slice(pv, &p);
-        let response = set
+        let response = prepared
+            .set
             .tpe(&request, &partial, &self.schema)
             .map_err(|e| e.to_string())?;
         Ok(response.decision())
@@ -898,25 +1041,53 @@ when { resource.path like "*/secret*" };
     }
 
     fn file(path: &str) -> Resource {
-        Resource::File { path: path.into() }
+        Resource::File {
+            namespace: "files".into(),
+            path: path.into(),
+        }
     }
 
     #[test]
     fn decides_from_the_resource() {
         let e = engine(POLICY);
         let pv = e.current();
-        let d = e.decide(&pv, "alice", None, "read", &file("/public/a.txt"));
+        let d = e.decide(
+            &pv,
+            &AccessContext::new("alice", None),
+            "read",
+            &file("/public/a.txt"),
+        );
         assert!(d.allowed);
         assert_eq!(d.policies, vec!["alice-public".to_owned()]);
-        let d = e.decide(&pv, "alice", None, "read", &file("/private/a.txt"));
+        let d = e.decide(
+            &pv,
+            &AccessContext::new("alice", None),
+            "read",
+            &file("/private/a.txt"),
+        );
         assert!(!d.allowed && !d.forbidden && d.policies.is_empty());
-        let d = e.decide(&pv, "alice", None, "read", &file("/public/secret.txt"));
+        let d = e.decide(
+            &pv,
+            &AccessContext::new("alice", None),
+            "read",
+            &file("/public/secret.txt"),
+        );
         assert!(!d.allowed && d.forbidden);
         assert_eq!(d.policies, vec!["no-secrets".to_owned()]);
-        let d = e.decide(&pv, "bob", Some("agent-1"), "read", &file("/public/a.txt"));
+        let d = e.decide(
+            &pv,
+            &AccessContext::new("bob", Some("agent-1")),
+            "read",
+            &file("/public/a.txt"),
+        );
         assert!(!d.allowed);
         // `"` and `::` in ids cannot inject: the id is data.
-        let d = e.decide(&pv, "alice\"", None, "read", &file("/public/a.txt"));
+        let d = e.decide(
+            &pv,
+            &AccessContext::new("alice\"", None),
+            "read",
+            &file("/public/a.txt"),
+        );
         assert!(!d.allowed);
     }
 
@@ -928,26 +1099,51 @@ when { resource.path like "*/secret*" };
         );
         let pv = e.current();
         assert!(
-            e.decide(&pv, "carol", Some("helper"), "read", &file("/a"))
-                .allowed
+            e.decide(
+                &pv,
+                &AccessContext::new("carol", Some("helper")),
+                "read",
+                &file("/a")
+            )
+            .allowed
         );
         assert!(
-            !e.decide(&pv, "carol", Some("other"), "read", &file("/a"))
+            !e.decide(
+                &pv,
+                &AccessContext::new("carol", Some("other")),
+                "read",
+                &file("/a")
+            )
+            .allowed
+        );
+        assert!(
+            !e.decide(&pv, &AccessContext::new("carol", None), "read", &file("/a"))
                 .allowed
         );
-        assert!(!e.decide(&pv, "carol", None, "read", &file("/a")).allowed);
-        // The catalogue cannot know the call's context: it shows what some call could be permitted.
-        assert!(e.could_permit(&pv, "carol", None, "read", "File"));
+        // The catalogue is decided in the turn's context: shown only where a call can be permitted.
+        assert!(e.could_permit(
+            &pv,
+            &AccessContext::new("carol", Some("helper")),
+            "read",
+            "File"
+        ));
+        assert!(!e.could_permit(
+            &pv,
+            &AccessContext::new("carol", Some("other")),
+            "read",
+            "File"
+        ));
+        assert!(!e.could_permit(&pv, &AccessContext::new("carol", None), "read", "File"));
     }
 
     #[test]
     fn catalogue_question() {
         let e = engine(POLICY);
         let pv = e.current();
-        assert!(e.could_permit(&pv, "alice", None, "read", "File"));
-        assert!(!e.could_permit(&pv, "alice", None, "write", "File"));
-        assert!(!e.could_permit(&pv, "bob", None, "read", "File"));
-        assert!(!e.could_permit(&pv, "alice", None, "call", "Tool"));
+        assert!(e.could_permit(&pv, &AccessContext::new("alice", None), "read", "File"));
+        assert!(!e.could_permit(&pv, &AccessContext::new("alice", None), "write", "File"));
+        assert!(!e.could_permit(&pv, &AccessContext::new("bob", None), "read", "File"));
+        assert!(!e.could_permit(&pv, &AccessContext::new("alice", None), "call", "Tool"));
     }
 
     #[test]
@@ -958,8 +1154,8 @@ when { resource.path like "*/secret*" };
         std::fs::write(
             &schema,
             BUILTIN_SCHEMA.replace(
-                "entity File { path: String };",
-                "entity File { path: String, owner: User };",
+                "entity File { path: String, namespace: String };",
+                "entity File { path: String, namespace: String, owner: User };",
             ),
         )
         .expect("schema");
@@ -972,15 +1168,19 @@ when { resource.path like "*/secret*" };
         let e = PolicyEngine::load(Some(&schema), &policy).expect("load");
         let pv = e.current();
         for _ in 0..2 {
-            let d = e.decide(&pv, "alice", None, "read", &file("/public/a.txt"));
+            let d = e.decide(
+                &pv,
+                &AccessContext::new("alice", None),
+                "read",
+                &file("/public/a.txt"),
+            );
             assert!(!d.allowed, "{d:?}");
             assert!(!d.errors.is_empty(), "{d:?}");
         }
         // And a shape that fits is decided (and remembered) as before.
         let tool = e.decide(
             &pv,
-            "alice",
-            Some("a1"),
+            &AccessContext::new("alice", Some("a1")),
             "call",
             &Resource::Tool { name: "x.y".into() },
         );
@@ -996,7 +1196,7 @@ when { resource.path like "*/secret*" };
             r#"namespace SharedOS {
   entity User;
   entity Agent { owner?: User };
-  entity File { path: String };
+  entity File { path: String, namespace: String };
   entity Tool { name: String };
   action readish;
   action read in [readish] appliesTo { principal: [User], resource: [File], context: { agent?: Agent } };
@@ -1015,19 +1215,33 @@ when { resource.path like "*/secret*" };
         .expect("policy");
         let e = PolicyEngine::load(Some(&schema), &policy).expect("load");
         let pv = e.current();
-        let read = e.decide(&pv, "alice", None, "read", &file("/a.txt"));
+        let read = e.decide(
+            &pv,
+            &AccessContext::new("alice", None),
+            "read",
+            &file("/a.txt"),
+        );
         assert!(read.allowed, "{read:?}");
         assert_eq!(read.policies, vec!["group".to_owned()]);
         assert!(
-            !e.decide(&pv, "alice", None, "list", &file("/a.txt"))
-                .allowed
+            !e.decide(
+                &pv,
+                &AccessContext::new("alice", None),
+                "list",
+                &file("/a.txt")
+            )
+            .allowed
         );
-        let secret = e.decide(&pv, "alice", None, "read", &file("/secret.txt"));
+        let secret = e.decide(
+            &pv,
+            &AccessContext::new("alice", None),
+            "read",
+            &file("/secret.txt"),
+        );
         assert!(!secret.allowed && secret.forbidden, "{secret:?}");
         let tool = e.decide(
             &pv,
-            "alice",
-            None,
+            &AccessContext::new("alice", None),
             "call",
             &Resource::Tool { name: "x.y".into() },
         );
@@ -1046,29 +1260,34 @@ when { resource.path like "*/secret*" };
         let pv = e.current();
         let names = ["a.x", "a.z", "b.y"];
         for (principal, agent) in [("alice", Some("a1")), ("alice", None), ("bob", Some("a1"))] {
-            let batch = e.permitted_tools(&pv, principal, agent, "call", &names);
+            let ctx = AccessContext::new(principal, agent);
+            let batch = e.permitted_tools(&pv, &ctx, "call", &names);
             let single: Vec<bool> = names
                 .iter()
                 .map(|n| {
-                    let d = e.decide(
-                        &pv,
-                        principal,
-                        agent,
-                        "call",
-                        &Resource::Tool { name: (*n).into() },
-                    );
+                    let d = e.decide(&pv, &ctx, "call", &Resource::Tool { name: (*n).into() });
                     d.allowed || !d.errors.is_empty()
                 })
                 .collect();
             assert_eq!(batch, single, "{principal} {agent:?}");
         }
         assert_eq!(
-            e.permitted_tools(&pv, "alice", Some("a1"), "call", &names),
+            e.permitted_tools(
+                &pv,
+                &AccessContext::new("alice", Some("a1")),
+                "call",
+                &names
+            ),
             vec![true, true, false]
         );
         // A second list of names replaces the cached store.
         assert_eq!(
-            e.permitted_tools(&pv, "alice", Some("a1"), "call", &["b.q", "a.q"]),
+            e.permitted_tools(
+                &pv,
+                &AccessContext::new("alice", Some("a1")),
+                "call",
+                &["b.q", "a.q"]
+            ),
             vec![false, true]
         );
     }
@@ -1081,14 +1300,32 @@ when { resource.path like "*/secret*" };
         );
         let pv = e.current();
         let tool = |n: &str| Resource::Tool { name: n.into() };
-        assert!(e.could_permit(&pv, "alice", None, "call", "Tool"));
-        assert!(e.could_permit_resource(&pv, "alice", None, "call", &tool("everything.echo")));
-        assert!(!e.could_permit_resource(&pv, "alice", None, "call", &tool("everything.get-env")));
-        assert!(!e.could_permit_resource(&pv, "bob", None, "call", &tool("everything.echo")));
+        assert!(e.could_permit(&pv, &AccessContext::new("alice", None), "call", "Tool"));
+        assert!(e.could_permit_resource(
+            &pv,
+            &AccessContext::new("alice", None),
+            "call",
+            &tool("everything.echo")
+        ));
+        assert!(!e.could_permit_resource(
+            &pv,
+            &AccessContext::new("alice", None),
+            "call",
+            &tool("everything.get-env")
+        ));
+        assert!(!e.could_permit_resource(
+            &pv,
+            &AccessContext::new("bob", None),
+            "call",
+            &tool("everything.echo")
+        ));
         // Whether a per-tool question is needed at all.
-        assert_eq!(e.permit_for_every(&pv, "alice", None, "call", "Tool"), None);
         assert_eq!(
-            e.permit_for_every(&pv, "bob", None, "call", "Tool"),
+            e.permit_for_every(&pv, &AccessContext::new("alice", None), "call", "Tool"),
+            None
+        );
+        assert_eq!(
+            e.permit_for_every(&pv, &AccessContext::new("bob", None), "call", "Tool"),
             Some(false)
         );
         let all = engine(
@@ -1096,7 +1333,7 @@ when { resource.path like "*/secret*" };
         );
         let pv = all.current();
         assert_eq!(
-            all.permit_for_every(&pv, "alice", None, "call", "Tool"),
+            all.permit_for_every(&pv, &AccessContext::new("alice", None), "call", "Tool"),
             Some(true)
         );
         let but = engine(
@@ -1105,13 +1342,12 @@ when { resource.path like "*/secret*" };
         );
         let pv = but.current();
         assert_eq!(
-            but.permit_for_every(&pv, "alice", None, "call", "Tool"),
+            but.permit_for_every(&pv, &AccessContext::new("alice", None), "call", "Tool"),
             None
         );
         assert!(!but.could_permit_resource(
             &pv,
-            "alice",
-            None,
+            &AccessContext::new("alice", None),
             "call",
             &tool("everything.get-env")
         ));
@@ -1147,14 +1383,24 @@ when { resource.path like "*/secret*" };
         assert!(e.reload().is_err());
         assert_eq!(e.current().version, 1);
         assert!(
-            e.decide(&e.current(), "alice", None, "read", &file("/public/a"))
-                .allowed
+            e.decide(
+                &e.current(),
+                &AccessContext::new("alice", None),
+                "read",
+                &file("/public/a")
+            )
+            .allowed
         );
         std::fs::write(&path, "").expect("w");
         assert_eq!(e.reload().expect("reload").version, 2);
         assert!(
-            !e.decide(&e.current(), "alice", None, "read", &file("/public/a"))
-                .allowed
+            !e.decide(
+                &e.current(),
+                &AccessContext::new("alice", None),
+                "read",
+                &file("/public/a")
+            )
+            .allowed
         );
     }
 
@@ -1170,6 +1416,9 @@ when { resource.path like "*/secret*" };
         let pv = e.current();
         let p = uid("User", "alice").expect("uid");
         assert_eq!(e.slice(&pv, &p).policies().count(), 2);
-        assert!(e.decide(&pv, "user7", None, "read", &file("/x")).allowed);
+        assert!(
+            e.decide(&pv, &AccessContext::new("user7", None), "read", &file("/x"))
+                .allowed
+        );
     }
 }

@@ -50,11 +50,10 @@ impl Broker {
     }
 
     /// Closes a turn: kills its token, cancels its tree, waits (bounded) for in-flight calls to
-    /// record, then records `turn_closed`. False if no such open turn.
-    pub async fn close_turn(&self, id: &str, reason: &str) -> bool {
-        let Some(turn) = self.turns.remove(id) else {
-            return false;
-        };
+    /// record, records `turn_closed` and removes the turn's token file. `None` if no such open
+    /// turn.
+    pub async fn close_turn(&self, id: &str, reason: &str) -> Option<Arc<crate::turn::Turn>> {
+        let turn = self.turns.remove(id)?;
         if let Ok(mut r) = turn.close_reason.write() {
             *r = Some(reason.to_owned());
         }
@@ -73,7 +72,27 @@ impl Broker {
         if let Err(e) = self.kernel.recorder.append(line).await {
             tracing::error!(turn = %id, error = %e, "could not record turn_closed");
         }
-        true
+        if let Some(path) = &turn.token_file {
+            remove_token_file(path);
+        }
+        Some(turn)
+    }
+}
+
+/// Removes a closed turn's token file: only a regular file or a link (never followed), and a
+/// missing one is fine (the host may have removed it, or never written it). A folder this uid
+/// cannot write in is logged: the host's `turn close` removes it then.
+pub fn remove_token_file(path: &Path) {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_file() || m.file_type().is_symlink() => {
+            if let Err(e) = std::fs::remove_file(path) {
+                tracing::warn!(path = %path.display(), error = %e, "could not remove a closed turn's token file");
+            }
+        }
+        Ok(_) => {
+            tracing::warn!(path = %path.display(), "a closed turn's token file is not a file: left alone");
+        }
+        Err(_) => {}
     }
 }
 
@@ -230,11 +249,17 @@ async fn close_out(recorder: &Recorder, recovery: &crate::record::Recovery) -> a
     Ok(())
 }
 
-/// Creates the runtime dir 0700 (or checks an existing one is ours and private).
-fn prepare_runtime_dir(dir: &Path, uid: u32) -> anyhow::Result<()> {
+/// Creates the runtime dir (or checks an existing one is ours) and sets its access: 0700 when
+/// only this uid uses the sockets; 0710 and the one group that needs to reach a socket
+/// (`harness_group` or `host_group`); 0711 when both do and differ (each socket's own mode
+/// and group then decide who can connect).
+fn prepare_runtime_dir(dir: &Path, uid: u32, config: &Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create runtime dir `{}`", dir.display()))?;
-    let meta = std::fs::metadata(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() {
+        bail!("runtime dir `{}` is not a folder", dir.display());
+    }
     if std::os::unix::fs::MetadataExt::uid(&meta) != uid {
         bail!(
             "runtime dir `{}` belongs to uid {}, not to this broker's uid {uid}",
@@ -242,9 +267,57 @@ fn prepare_runtime_dir(dir: &Path, uid: u32) -> anyhow::Result<()> {
             std::os::unix::fs::MetadataExt::uid(&meta)
         );
     }
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-        .with_context(|| format!("cannot make runtime dir `{}` private", dir.display()))?;
+    let (mode, group) = match (config.harness_group, config.host_group) {
+        (None, None) => (0o700, None),
+        (Some(g), None) | (None, Some(g)) => (0o710, Some(g)),
+        (Some(a), Some(b)) if a == b => (0o710, Some(a)),
+        (Some(_), Some(_)) => (0o711, None),
+    };
+    if let Some(g) = group {
+        chgrp(dir, g)?;
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot set the mode of runtime dir `{}`", dir.display()))?;
+    if let Some(g) = config.harness_group {
+        warn_unreachable(dir, g);
+    }
     Ok(())
+}
+
+/// Gives `path` to group `gid` (keeping its owner).
+fn chgrp(path: &Path, gid: u32) -> anyhow::Result<()> {
+    rustix::fs::chown(path, None, Some(rustix::fs::Gid::from_raw(gid))).with_context(|| {
+        format!(
+            "cannot give `{}` to group {gid}: the broker's uid must be a member of that group (or root)",
+            path.display()
+        )
+    })
+}
+
+/// Says so when a folder above the runtime dir keeps members of `gid` (and everyone but its
+/// owner) from reaching the sockets: a common mistake is `$XDG_RUNTIME_DIR`, which is 0700.
+fn warn_unreachable(dir: &Path, gid: u32) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(full) = std::fs::canonicalize(dir) else {
+        return;
+    };
+    for ancestor in full.ancestors().skip(1) {
+        let Ok(m) = std::fs::metadata(ancestor) else {
+            continue;
+        };
+        let searchable = m.mode() & 0o001 != 0 || (m.gid() == gid && m.mode() & 0o010 != 0);
+        if !searchable {
+            tracing::warn!(folder = %ancestor.display(), "harness uids cannot reach the runtime dir through this folder");
+            eprintln!(
+                "warning: `{}` (mode {:04o}, group {}) is not searchable by harness_group {gid}: harness uids cannot reach `{}`; use a --runtime-dir they can reach",
+                ancestor.display(),
+                m.mode() & 0o7777,
+                m.gid(),
+                dir.display()
+            );
+            return;
+        }
+    }
 }
 
 /// Refuses a socket path another broker is listening on.
@@ -258,7 +331,8 @@ async fn refuse_if_listening(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn bind(path: &Path) -> anyhow::Result<Listener> {
+/// Listens on `path`: mode 0600, or 0660 with `group` when one is given.
+async fn bind(path: &Path, group: Option<u32>) -> anyhow::Result<Listener> {
     if path.exists() {
         refuse_if_listening(path).await?;
         std::fs::remove_file(path)
@@ -269,7 +343,11 @@ async fn bind(path: &Path) -> anyhow::Result<Listener> {
         .name(name)
         .create_tokio()
         .with_context(|| format!("cannot listen on `{}`", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    if let Some(g) = group {
+        chgrp(path, g)?;
+    }
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     Ok(listener)
 }
 
@@ -302,9 +380,9 @@ pub async fn start(
     refuse_if_listening(&runtime::control_socket(&runtime_dir)).await?;
     let (kernel, recovery) = build(&config, &root).await?;
     let kernel = Arc::new(kernel);
-    prepare_runtime_dir(&runtime_dir, uid)?;
-    let control = bind(&runtime::control_socket(&runtime_dir)).await?;
-    let bridge = bind(&runtime::bridge_socket(&runtime_dir)).await?;
+    prepare_runtime_dir(&runtime_dir, uid, &config)?;
+    let control = bind(&runtime::control_socket(&runtime_dir), config.host_group).await?;
+    let bridge = bind(&runtime::bridge_socket(&runtime_dir), config.harness_group).await?;
     let broker = Arc::new(Broker {
         kernel,
         turns: Turns::default(),

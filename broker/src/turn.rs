@@ -57,6 +57,8 @@ pub struct Turn {
     pub aliases: BTreeMap<String, AliasReport>,
     /// Why it closed, once it has.
     pub close_reason: RwLock<Option<String>>,
+    /// This turn's token file (the host writes it; removed when the turn closes).
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 impl Turn {
@@ -127,6 +129,8 @@ pub struct NewTurn {
     pub harness: Option<String>,
     pub portable_names: bool,
     pub aliases: BTreeMap<String, AliasReport>,
+    /// The host's token file template (`{turn}` in its name), checked by the caller.
+    pub token_file: Option<String>,
 }
 
 #[derive(Default)]
@@ -170,6 +174,14 @@ impl Turns {
             portable_names: new.portable_names,
             aliases: new.aliases,
             close_reason: RwLock::new(None),
+            token_file: new.token_file.map(|t| {
+                let path = std::path::Path::new(&t);
+                let name = path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().replace("{turn}", &id))
+                    .unwrap_or_default();
+                path.with_file_name(name)
+            }),
         });
         if let Ok(mut m) = self.by_id.write() {
             m.insert(id.clone(), turn.clone());
@@ -222,7 +234,10 @@ pub fn opened_record(turn: &Turn) -> Map<String, Value> {
     turn.line(
         "turn_opened",
         json!({
-            "accessContext": {"principal": turn.context.principal, "agent": turn.context.agent},
+            "accessContext": {"principal": turn.context.principal, "agent": turn.context.agent,
+                              "agentOwner": turn.context.agent_owner,
+                              "turn": turn.context.turn_attributes()},
+            "tokenFile": turn.token_file,
             "toolPolicy": turn.tool_policy,
             "systemIdentity": turn.system_identity,
             "catalogHash": turn.catalog.hash,

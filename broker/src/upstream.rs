@@ -213,7 +213,7 @@ impl Pins {
             path: path.display().to_string(),
             detail: e.to_string(),
         })?);
-        crate::harness_config::write_private(path, &text).map_err(|e| PinError::Write {
+        crate::harness_config::write_private(path, &text, None).map_err(|e| PinError::Write {
             path: path.display().to_string(),
             detail: e.to_string(),
         })?;
@@ -707,7 +707,10 @@ impl McpProvider {
             let virtual_path = vpath::canonicalize(&path).map_err(|e| e.to_string())?;
             return Ok(Requirement {
                 action: t.action.clone(),
-                resource: Resource::File { path: virtual_path },
+                resource: Resource::File {
+                    namespace: self.config.namespace.clone(),
+                    path: virtual_path,
+                },
                 forwarded: None,
             });
         };
@@ -753,6 +756,7 @@ impl McpProvider {
             .ok_or_else(|| format!("path `{}` resolves to a name that is not UTF-8", shown()))?
             .to_owned();
         let resource = Resource::File {
+            namespace: self.config.namespace.clone(),
             path: resolved.virtual_path().to_owned(),
         };
         let forwarded = match template_args(&t.file).as_slice() {

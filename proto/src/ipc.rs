@@ -345,8 +345,18 @@ pub struct OpenTurn {
     pub principal: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
+    /// The agent's owner (a principal id): fills `Agent.owner` in every decision of the turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_owner: Option<String>,
+    /// The turn's attributes: the context's `turn` record in every decision of the turn, typed
+    /// by the Cedar schema, and recorded on `turn_opened`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attributes: Option<Map<String, Value>>,
+    /// Where the host writes this turn's token: an absolute path with `{turn}` in its file
+    /// name, which the broker replaces with the turn's id. The broker removes that file when
+    /// the turn closes, for whatever reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_policy: Option<ToolPolicy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -374,6 +384,9 @@ pub struct TurnOpened {
     /// aliases that collide). The turn is open; the host decides.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// The token file the host asked for, with `{turn}` replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
 }
 
 /// One open turn, as `turn list` shows it (never the token).
@@ -444,6 +457,9 @@ pub enum ControlResponse {
     TurnOpened(TurnOpened),
     TurnClosed {
         turn: String,
+        /// The turn's token file, if it had one (the host removes it too, if it is still there).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token_file: Option<String>,
     },
     Turns {
         turns: Vec<TurnSummary>,

@@ -9,6 +9,7 @@
 
 mod boundary;
 mod cli;
+mod deploy;
 mod faults;
 mod hostile;
 mod interop;

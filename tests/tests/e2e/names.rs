@@ -194,11 +194,21 @@ async fn write_config_gives_a_harness_a_working_private_config() {
         "model = \"m\"\n[mcp_servers.other]\ncommand = \"x\"\n",
     )
     .expect("w");
-    let token_file = dir.join("turn.token");
+    // A token path two turns could share is refused: `{turn}` must be in its file name.
+    let mut cli = broker.cli();
+    cli.args(["turn", "open", "--principal", "alice", "--token-file"])
+        .arg(dir.join("turn.token"));
+    let (code, _, err) = run(cli).await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("{turn}") && err.contains("turn.token"),
+        "{err}"
+    );
     let mut cli = broker.cli();
     cli.args([
         "turn",
         "open",
+        "--json",
         "--principal",
         "alice",
         "--write-config",
@@ -206,9 +216,13 @@ async fn write_config_gives_a_harness_a_working_private_config() {
     ])
     .arg(&codex)
     .arg("--token-file")
-    .arg(&token_file);
-    let (code, _, err) = run(cli).await;
+    .arg(dir.join("tokens/{turn}.token"));
+    let (code, out, err) = run(cli).await;
     assert_eq!(code, 0, "{err}");
+    let opened: Value = serde_json::from_str(&out).expect("json");
+    let turn = opened["turn"].as_str().expect("turn").to_owned();
+    let token_file = dir.join(format!("tokens/{turn}.token"));
+    assert_eq!(opened["tokenFile"], json!(token_file.display().to_string()));
     let text = std::fs::read_to_string(&codex).expect("read");
     let token = std::fs::read_to_string(&token_file).expect("token");
     assert!(
@@ -220,7 +234,9 @@ async fn write_config_gives_a_harness_a_working_private_config() {
         "{text}"
     );
     assert!(
-        text.contains("--turn-token-file") && text.contains("required = true"),
+        text.contains("--turn-token-file")
+            && text.contains(&format!("{turn}.token"))
+            && text.contains("required = true"),
         "{text}"
     );
     assert_eq!(
@@ -231,6 +247,12 @@ async fn write_config_gives_a_harness_a_working_private_config() {
             & 0o777,
         0o600
     );
+    // The turn's token file goes when the turn does.
+    let mut cli = broker.cli();
+    cli.args(["turn", "close", &turn]);
+    let (code, _, err) = run(cli).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(!token_file.exists(), "removed at close");
 
     // Unknown formats are refused, naming the input.
     let mut cli = broker.cli();

@@ -1,0 +1,764 @@
+//! A real multi-user deployment (issue 16): harnesses under their own uid reaching the bridge
+//! socket through a group, config and token files written safely and per turn, trusted turn
+//! attributes in the policy and the record, exact catalogues, providers with their own file
+//! spaces, and `column run` with a relative work dir.
+//!
+//! The uid tests need root (CI runs as root): they use uids and a gid with no entry in
+//! `/etc/passwd` (64100–64103), set with `setpriv`, so nothing is created on the machine.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+use sharedos_broker::Config;
+use sharedos_broker::client::ControlClient;
+use sharedos_broker::server::Running;
+use sharedos_ipc::runtime;
+use sharedos_proto::ipc::{ControlRequest, ControlResponse, OpenTurn, TurnOpened};
+use tokio_util::sync::CancellationToken;
+
+use crate::kit::{Raw, WAIT, bin, meta, run};
+
+const HARNESS_GID: u32 = 64100;
+const HARNESS_UID: u32 = 64101;
+/// In the harness group, not a listed harness uid.
+const OTHER_UID: u32 = 64102;
+/// In no group of the broker's.
+const STRANGER_UID: u32 = 64103;
+
+/// A broker started in-process on a config written by the test.
+struct Deployed {
+    dir: tempfile::TempDir,
+    runtime: PathBuf,
+    shutdown: CancellationToken,
+    _running: Running,
+}
+
+impl Deployed {
+    /// Lays out `data/{public/hello.txt, private/secret.txt}` and `data2/` (the same files,
+    /// other text), the policy and `broker.toml` (`config` above the providers, `providers`
+    /// after), and starts the broker.
+    async fn start(policy: &str, config: &str, providers: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("sharedos-deploy-")
+            .tempdir()
+            .expect("tmp");
+        let d = dir.path();
+        for (path, text) in [
+            ("data/public/hello.txt", "hello from files\n"),
+            ("data/private/secret.txt", "files secret\n"),
+            ("data2/public/hello.txt", "hello from docs\n"),
+            ("data2/private/secret.txt", "docs secret\n"),
+        ] {
+            let p = d.join(path);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(p, text).expect("write");
+        }
+        std::fs::write(d.join("policy.cedar"), policy).expect("policy");
+        let providers = if providers.is_empty() {
+            "[[providers]]\ntype = \"files\"\nnamespace = \"files\"\nroot = \"data\"\n"
+        } else {
+            providers
+        };
+        std::fs::write(
+            d.join("broker.toml"),
+            format!("record = \"record.jsonl\"\npolicy = \"policy.cedar\"\n{config}\n{providers}"),
+        )
+        .expect("config");
+        let runtime = d.join("run");
+        let config = Config::from_file(&d.join("broker.toml")).expect("config");
+        let shutdown = CancellationToken::new();
+        let running = sharedos_broker::start(config, runtime.clone(), shutdown.clone())
+            .await
+            .expect("broker starts");
+        Self {
+            dir,
+            runtime,
+            shutdown,
+            _running: running,
+        }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    async fn host(&self) -> ControlClient {
+        ControlClient::connect(&self.runtime)
+            .await
+            .expect("control connection")
+    }
+
+    async fn ask(&self, req: ControlRequest) -> ControlResponse {
+        self.host().await.call(&req).await.expect("control call")
+    }
+
+    async fn open(&self, req: OpenTurn) -> TurnOpened {
+        match self.ask(ControlRequest::OpenTurn(Box::new(req))).await {
+            ControlResponse::TurnOpened(t) => t,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    /// The refusal's message (with its code) of an open that must fail.
+    async fn open_refused(&self, req: OpenTurn) -> String {
+        match self
+            .host()
+            .await
+            .call(&ControlRequest::OpenTurn(Box::new(req)))
+            .await
+        {
+            Err(e) => e.to_string(),
+            Ok(other) => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    fn records(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.path("record.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("record line is JSON"))
+            .collect()
+    }
+
+    fn shim(&self, token: &str) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(bin("sharedos-mcp-shim"));
+        cmd.env(runtime::TOKEN_ENV, token)
+            .env(runtime::BROKER_ENV, runtime::bridge_socket(&self.runtime))
+            .env_remove(runtime::RUNTIME_DIR_ENV)
+            .kill_on_drop(true);
+        cmd
+    }
+
+    fn cli(&self) -> std::process::Command {
+        let mut cmd = std::process::Command::new(bin("sharedos-broker"));
+        cmd.arg("--runtime-dir").arg(&self.runtime);
+        cmd
+    }
+}
+
+impl Drop for Deployed {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+fn is_root() -> bool {
+    runtime::current_uid() == 0
+}
+
+/// Root, or (outside CI) a skip with the reason. Under CI=true, not being root fails.
+fn need_root(test: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{test} needs root (CI runs as root)"
+    );
+    eprintln!("SKIPPED {test}: needs root to run processes under other uids");
+    false
+}
+
+/// `command` under `uid` with primary group `gid` and no other group, by `setpriv`.
+fn as_uid(uid: u32, gid: u32, program: &Path) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new("setpriv");
+    cmd.arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={gid}"))
+        .arg("--clear-groups")
+        .arg(program)
+        .kill_on_drop(true);
+    cmd
+}
+
+/// The workspace binaries copied into `dir/bin` (0755): the build tree may sit under folders
+/// other uids cannot search.
+fn public_bins(dir: &Path) -> (PathBuf, PathBuf) {
+    let bins = dir.join("bin");
+    std::fs::create_dir_all(&bins).expect("mkdir");
+    let mut out = Vec::new();
+    for name in ["sharedos-mcp-shim", "sharedos-broker"] {
+        let to = bins.join(name);
+        std::fs::copy(bin(name), &to).expect("copy");
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        out.push(to);
+    }
+    std::fs::set_permissions(&bins, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    (out[0].clone(), out[1].clone())
+}
+
+const ALICE_PUBLIC: &str = r#"
+@id("alice-public")
+permit(principal == SharedOS::User::"alice",
+       action in [SharedOS::Action::"read", SharedOS::Action::"list", SharedOS::Action::"search"],
+       resource is SharedOS::File)
+when { resource.path == "/public" || resource.path like "/public/*" };
+"#;
+
+async fn output(mut cmd: tokio::process::Command) -> (i32, String, String) {
+    cmd.stdin(std::process::Stdio::null());
+    let out = tokio::time::timeout(WAIT, cmd.output())
+        .await
+        .expect("finished in time")
+        .expect("run");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The deployment of the README: the broker (root here) gives `bridge.sock` to the harness
+/// group; a harness uid in that group and listed in `harness_uids` reaches its turn, with its
+/// token in a per-turn file given to it; a uid in the group but not listed is refused by the
+/// peer-uid check; a uid outside the group cannot even connect; and no harness uid can use
+/// `control.sock`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_harness_under_its_own_uid() {
+    if !need_root("a_harness_under_its_own_uid") {
+        return;
+    }
+    let b = Deployed::start(
+        ALICE_PUBLIC,
+        &format!("harness_uids = [{HARNESS_UID}]\nharness_group = {HARNESS_GID}\n"),
+        "",
+    )
+    .await;
+    // Other uids must be able to search the way to the runtime dir and the binaries.
+    std::fs::set_permissions(b.dir.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    let (shim, broker_bin) = public_bins(b.dir.path());
+
+    // The modes the broker set.
+    let run_dir = std::fs::metadata(&b.runtime).expect("run dir");
+    assert_eq!(run_dir.mode() & 0o7777, 0o710);
+    assert_eq!(run_dir.gid(), HARNESS_GID);
+    let bridge = std::fs::metadata(runtime::bridge_socket(&b.runtime)).expect("bridge.sock");
+    assert_eq!(bridge.mode() & 0o777, 0o660);
+    assert_eq!(bridge.gid(), HARNESS_GID);
+    let control = std::fs::metadata(runtime::control_socket(&b.runtime)).expect("control.sock");
+    assert_eq!(control.mode() & 0o777, 0o600);
+
+    // The host (root) opens the turn and writes the token in a per-turn file given to the
+    // harness uid, in a folder of its own that only root can write.
+    let tokens = b.path("tokens");
+    std::fs::create_dir(&tokens).expect("mkdir");
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    let mut cli = b.cli();
+    cli.args([
+        "turn",
+        "open",
+        "--json",
+        "--principal",
+        "alice",
+        "--token-dir",
+    ])
+    .arg(&tokens)
+    .arg("--file-owner")
+    .arg(format!("{HARNESS_UID}:{HARNESS_GID}"));
+    let (code, out, err) = run(cli).await;
+    assert_eq!(code, 0, "{err}");
+    let opened: Value = serde_json::from_str(&out).expect("json");
+    let turn = opened["turn"].as_str().expect("turn").to_owned();
+    let token_file = tokens.join(format!("{turn}.token"));
+    let meta_t = std::fs::metadata(&token_file).expect("token file");
+    assert_eq!(
+        (meta_t.uid(), meta_t.gid(), meta_t.mode() & 0o777),
+        (HARNESS_UID, HARNESS_GID, 0o600)
+    );
+
+    // (a) The listed harness uid reaches its turn, reading its token file itself.
+    let mut cmd = as_uid(HARNESS_UID, HARNESS_GID, &shim);
+    cmd.arg("--turn-token-file")
+        .arg(&token_file)
+        .env(runtime::BROKER_ENV, runtime::bridge_socket(&b.runtime))
+        .env_remove(runtime::TOKEN_ENV)
+        .env_remove(runtime::RUNTIME_DIR_ENV);
+    let mut raw = Raw::spawn(cmd);
+    raw.initialize("2025-06-18").await;
+    let r = raw
+        .call(1, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    let r = raw
+        .call(2, "files.read", json!({"path": "/private/secret.txt"}))
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "denied", "{r}");
+
+    // Another uid cannot read that turn's token file.
+    let mut cat = as_uid(OTHER_UID, HARNESS_GID, Path::new("/bin/cat"));
+    cat.arg(&token_file);
+    let (code, _, err) = output(cat).await;
+    assert_ne!(code, 0);
+    assert!(err.contains("Permission denied"), "{err}");
+
+    // (b) In the group but not a listed harness uid: connected, then refused by the uid check.
+    let token = std::fs::read_to_string(&token_file).expect("token");
+    let mut cmd = as_uid(OTHER_UID, HARNESS_GID, &shim);
+    cmd.env(runtime::TOKEN_ENV, token.trim())
+        .env(runtime::BROKER_ENV, runtime::bridge_socket(&b.runtime))
+        .env_remove(runtime::RUNTIME_DIR_ENV);
+    let (code, _, err) = output(cmd).await;
+    assert_ne!(code, 0);
+    assert!(err.contains("may not use the bridge socket"), "{err}");
+
+    // Outside the group: the socket cannot be reached at all.
+    let mut cmd = as_uid(STRANGER_UID, STRANGER_UID, &shim);
+    cmd.env(runtime::TOKEN_ENV, token.trim())
+        .env(runtime::BROKER_ENV, runtime::bridge_socket(&b.runtime))
+        .env_remove(runtime::RUNTIME_DIR_ENV);
+    let (code, _, err) = output(cmd).await;
+    assert_ne!(code, 0);
+    assert!(err.contains("ermission denied"), "{err}");
+
+    // (c) No harness uid can use control.sock, listed or not.
+    for (uid, gid) in [
+        (HARNESS_UID, HARNESS_GID),
+        (OTHER_UID, HARNESS_GID),
+        (STRANGER_UID, STRANGER_UID),
+    ] {
+        let mut cmd = as_uid(uid, gid, &broker_bin);
+        cmd.arg("--runtime-dir")
+            .arg(&b.runtime)
+            .args(["turn", "open", "--principal", "bob"]);
+        let (code, out, err) = output(cmd).await;
+        assert_ne!(code, 0, "uid {uid}: {out}");
+        assert!(err.contains("ermission denied"), "uid {uid}: {err}");
+    }
+
+    // Exactly one bridge reached the turn, from the harness uid; the turn's two calls are on
+    // record, and nothing else is.
+    raw.close_stdin().await.kill().await.ok();
+    let records = b.records();
+    let bridges: Vec<&Value> = records
+        .iter()
+        .filter(|l| l["kind"] == "bridge_connected" && l["turn"] == turn.as_str())
+        .collect();
+    assert_eq!(bridges.len(), 1, "{bridges:?}");
+    assert_eq!(bridges[0]["peer"]["uid"], HARNESS_UID);
+    let calls = records
+        .iter()
+        .filter(|l| l["kind"] == "call" && l["turn"] == turn.as_str())
+        .count();
+    assert_eq!(calls, 2);
+    // The token file goes with the turn.
+    let mut cli = b.cli();
+    cli.args(["turn", "close", &turn]);
+    let (code, _, err) = run(cli).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(!token_file.exists());
+}
+
+/// Without a harness group, the defaults stay private: 0700 and 0600.
+#[tokio::test]
+async fn the_defaults_stay_private() {
+    let b = Deployed::start(ALICE_PUBLIC, "", "").await;
+    let mode = |p: PathBuf| std::fs::metadata(p).expect("meta").mode() & 0o7777;
+    assert_eq!(mode(b.runtime.clone()), 0o700);
+    assert_eq!(mode(runtime::bridge_socket(&b.runtime)), 0o600);
+    assert_eq!(mode(runtime::control_socket(&b.runtime)), 0o600);
+    // A group name that does not exist is a config error naming it.
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = dir.path().join("broker.toml");
+    std::fs::write(
+        &cfg,
+        "record = \"r\"\npolicy = \"p\"\nharness_group = \"no-such-group-7f3a\"\n[[providers]]\ntype = \"files\"\nroot = \"d\"\n",
+    )
+    .expect("w");
+    let e = Config::from_file(&cfg)
+        .expect_err("unknown group")
+        .to_string();
+    assert!(
+        e.contains("harness_group") && e.contains("no-such-group-7f3a"),
+        "{e}"
+    );
+}
+
+/// A folder another uid owns is refused for the token and config files, naming it, and the
+/// turn the files were for is closed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_another_uid_owns_is_refused() {
+    if !need_root("a_folder_another_uid_owns_is_refused") {
+        return;
+    }
+    let b = Deployed::start(ALICE_PUBLIC, "", "").await;
+    let theirs = b.path("theirs");
+    std::fs::create_dir(&theirs).expect("mkdir");
+    rustix::fs::chown(
+        &theirs,
+        Some(rustix::fs::Uid::from_raw(HARNESS_UID)),
+        Some(rustix::fs::Gid::from_raw(HARNESS_GID)),
+    )
+    .expect("chown");
+    // The harness uid's own planted link: the host must not write through it.
+    let victim = b.path("victim.txt");
+    std::fs::write(&victim, "VICTIM").expect("w");
+    for args in [
+        vec!["--token-dir".to_owned(), theirs.display().to_string()],
+        vec![
+            "--write-config".to_owned(),
+            "codex".to_owned(),
+            theirs.join("config.toml").display().to_string(),
+        ],
+    ] {
+        let mut cli = b.cli();
+        cli.args(["turn", "open", "--principal", "alice"])
+            .args(&args);
+        let (code, _, err) = run(cli).await;
+        assert_ne!(code, 0, "{args:?}");
+        assert!(
+            err.contains(&theirs.display().to_string())
+                && err.contains(&format!("uid {HARNESS_UID}")),
+            "{err}"
+        );
+        assert!(err.contains("closed again"), "{err}");
+    }
+    assert_eq!(std::fs::read_dir(&theirs).expect("ls").count(), 0);
+    assert_eq!(std::fs::read_to_string(&victim).expect("r"), "VICTIM");
+    match b.ask(ControlRequest::ListTurns).await {
+        ControlResponse::Turns { turns } => assert!(turns.is_empty(), "{turns:?}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A token file closed by the broker itself (TTL) is removed too.
+#[tokio::test]
+async fn a_turn_that_expires_takes_its_token_file() {
+    let b = Deployed::start(ALICE_PUBLIC, "", "").await;
+    let mut cli = b.cli();
+    cli.args([
+        "turn",
+        "open",
+        "--json",
+        "--principal",
+        "alice",
+        "--ttl",
+        "1",
+        "--token-dir",
+    ])
+    .arg(b.path("tokens"));
+    let (code, out, err) = run(cli).await;
+    assert_eq!(code, 0, "{err}");
+    let opened: Value = serde_json::from_str(&out).expect("json");
+    let file = PathBuf::from(opened["tokenFile"].as_str().expect("tokenFile"));
+    assert!(file.exists());
+    crate::kit::eventually("the expired turn's token file is gone", || !file.exists()).await;
+    let closed = b
+        .records()
+        .into_iter()
+        .filter(|l| l["kind"] == "turn_closed" && l["reason"] == "ttl")
+        .count();
+    assert_eq!(closed, 1);
+}
+
+const ATTRIBUTES: &str = r#"
+@id("project-x")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"read", resource is SharedOS::File)
+when { context has turn && context.turn has project && context.turn.project == "x"
+       && resource.path like "/public/*" };
+
+@id("owners-agent")
+permit(principal, action == SharedOS::Action::"read", resource is SharedOS::File)
+when { context has agent && context.agent has owner && context.agent.owner == principal
+       && resource.path like "/private/*" };
+"#;
+
+/// `--attr` reaches Cedar as `context.turn`, `--agent-owner` as `Agent.owner`; both are on
+/// the `turn_opened` line; attributes the schema does not declare refuse the turn by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turn_attributes_and_the_agents_owner_reach_the_policy_and_the_record() {
+    let b = Deployed::start(ATTRIBUTES, "", "").await;
+    let attrs = |project: &str| {
+        let mut m = serde_json::Map::new();
+        m.insert("project".into(), json!(project));
+        Some(m)
+    };
+    // project x: files.read is shown and /public is allowed.
+    let x = b
+        .open(OpenTurn {
+            principal: "alice".into(),
+            attributes: attrs("x"),
+            ..Default::default()
+        })
+        .await;
+    let names: Vec<String> = x.tools.iter().map(|t| t.name.to_string()).collect();
+    assert_eq!(names, vec!["files.read"]);
+    let mut raw = Raw::spawn(b.shim(x.token.expose()));
+    raw.initialize("2025-06-18").await;
+    let r = raw
+        .call(1, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    assert_eq!(meta(&r["result"])["policies"], json!(["project-x"]), "{r}");
+    // project y: no policy can permit anything, so the catalogue is empty.
+    let y = b
+        .open(OpenTurn {
+            principal: "alice".into(),
+            attributes: attrs("y"),
+            ..Default::default()
+        })
+        .await;
+    assert!(y.tools.is_empty(), "{:?}", y.tools);
+    // The agent's owner: bob's own agent may read /private; the same agent owned by carol may not.
+    let own = b
+        .open(OpenTurn {
+            principal: "bob".into(),
+            agent: Some("a1".into()),
+            agent_owner: Some("bob".into()),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(own.tools.len(), 1);
+    let mut raw = Raw::spawn(b.shim(own.token.expose()));
+    raw.initialize("2025-06-18").await;
+    let r = raw
+        .call(1, "files.read", json!({"path": "/private/secret.txt"}))
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    let theirs = b
+        .open(OpenTurn {
+            principal: "bob".into(),
+            agent: Some("a1".into()),
+            agent_owner: Some("carol".into()),
+            ..Default::default()
+        })
+        .await;
+    assert!(theirs.tools.is_empty());
+
+    // The CLI: --attr KEY=VALUE, and the record line.
+    let mut cli = b.cli();
+    cli.args([
+        "turn",
+        "open",
+        "--json",
+        "--principal",
+        "alice",
+        "--attr",
+        "project=x",
+        "--attr",
+        "tenant=acme",
+    ]);
+    let (code, out, err) = run(cli).await;
+    assert_eq!(code, 0, "{err}");
+    let opened: Value = serde_json::from_str(&out).expect("json");
+    let line = b
+        .records()
+        .into_iter()
+        .find(|l| l["kind"] == "turn_opened" && l["turn"] == opened["turn"])
+        .expect("turn_opened");
+    assert_eq!(
+        line["accessContext"]["turn"],
+        json!({"project": "x", "tenant": "acme"})
+    );
+    let owned = b
+        .records()
+        .into_iter()
+        .find(|l| l["kind"] == "turn_opened" && l["turn"] == own.turn.as_str())
+        .expect("turn_opened");
+    assert_eq!(owned["accessContext"]["agentOwner"], "bob");
+
+    // Refused by name: an attribute the schema lacks, a value of the wrong type, a null.
+    for (attrs, needle) in [
+        (json!({"color": "red"}), "color"),
+        (json!({"project": 7}), "project"),
+        (json!({"project": null}), "null"),
+    ] {
+        let message = b
+            .open_refused(OpenTurn {
+                principal: "alice".into(),
+                attributes: attrs.as_object().cloned(),
+                ..Default::default()
+            })
+            .await;
+        assert!(message.contains("(invalid_attributes)"), "{message}");
+        assert!(message.contains(needle), "{attrs}: {message}");
+    }
+    let mut cli = b.cli();
+    cli.args(["turn", "open", "--principal", "alice", "--attr", "novalue"]);
+    let (code, _, err) = run(cli).await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("novalue") && err.contains("KEY=VALUE"),
+        "{err}"
+    );
+}
+
+const CAROL_HELPER: &str = r#"
+@id("carol-helper-files")
+permit(principal == SharedOS::User::"carol", action == SharedOS::Action::"read", resource is SharedOS::File)
+when { context has agent && context.agent == SharedOS::Agent::"helper" && resource.path like "/public/*" };
+
+@id("carol-helper-tools")
+permit(principal == SharedOS::User::"carol", action == SharedOS::Action::"call", resource is SharedOS::Tool)
+when { context has agent && context.agent == SharedOS::Agent::"helper" };
+"#;
+
+/// The catalogue is decided in the turn's whole context: a tool is shown exactly where some
+/// call of it can be permitted, for built-in and brokered tools, both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catalogues_are_exact_in_the_turns_context() {
+    let upstream = format!(
+        "[[providers]]\ntype = \"files\"\nnamespace = \"files\"\nroot = \"data\"\n\n\
+         [[providers]]\ntype = \"mcp\"\nnamespace = \"open\"\ncommand = {:?}\n",
+        bin("open-upstream").display().to_string()
+    );
+    let b = Deployed::start(CAROL_HELPER, "", &upstream).await;
+    let catalogue = |agent: &str| {
+        let agent = agent.to_owned();
+        let b = &b;
+        async move {
+            let t = b
+                .open(OpenTurn {
+                    principal: "carol".into(),
+                    agent: Some(agent),
+                    ..Default::default()
+                })
+                .await;
+            let names: Vec<String> = t.tools.iter().map(|t| t.name.to_string()).collect();
+            (t, names)
+        }
+    };
+    let (helper, shown) = catalogue("helper").await;
+    assert_eq!(shown, vec!["files.read", "open.read_file"]);
+    let (_, hidden) = catalogue("other").await;
+    assert!(hidden.is_empty(), "{hidden:?}");
+    // What is shown can be used.
+    let mut raw = Raw::spawn(b.shim(helper.token.expose()));
+    raw.initialize("2025-06-18").await;
+    let r = raw
+        .call(1, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    let hello = b.path("data/public/hello.txt").display().to_string();
+    let r = raw.call(2, "open.read_file", json!({"path": hello})).await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    // And the host's catalogue question gives the same answer.
+    match b
+        .ask(ControlRequest::Catalog {
+            principal: "carol".into(),
+            agent: Some("other".into()),
+        })
+        .await
+    {
+        ControlResponse::Catalog { tools, .. } => assert!(tools.is_empty(), "{tools:?}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Two files providers are two file spaces: `resource.namespace` tells them apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_file_roots_are_told_apart_by_a_policy() {
+    let policy = r#"
+@id("files-only")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"read", resource is SharedOS::File)
+when { resource.namespace == "files" && resource.path like "/public/*" };
+"#;
+    let providers = "[[providers]]\ntype = \"files\"\nnamespace = \"files\"\nroot = \"data\"\n\n\
+                     [[providers]]\ntype = \"files\"\nnamespace = \"docs\"\nroot = \"data2\"\n";
+    let b = Deployed::start(policy, "", providers).await;
+    let t = b
+        .open(OpenTurn {
+            principal: "alice".into(),
+            ..Default::default()
+        })
+        .await;
+    let mut raw = Raw::spawn(b.shim(t.token.expose()));
+    raw.initialize("2025-06-18").await;
+    let r = raw
+        .call(1, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    assert!(crate::kit::text(&r["result"]).contains("hello from files"));
+    let r = raw
+        .call(2, "docs.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "denied", "{r}");
+    let calls: Vec<Value> = b
+        .records()
+        .into_iter()
+        .filter(|l| l["kind"] == "call" && l["turn"] == t.turn.as_str())
+        .collect();
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[0]["outcome"], "succeeded");
+    assert_eq!(calls[1]["outcome"], "denied");
+}
+
+/// A harness for `column run` in a few lines of Python: reads the Claude Code config at its
+/// first argument (as given: relative paths resolve in the work dir, where it runs), starts
+/// the shim it names and calls each row of the rows file.
+const MINI_HARNESS: &str = r#"
+import json, os, subprocess, sys
+server = json.load(open(sys.argv[1]))["mcpServers"]["sharedos"]
+rows = json.load(open(sys.argv[2]))
+env = dict(os.environ); env.update(server.get("env", {}))
+p = subprocess.Popen([server["command"]] + server.get("args", []), stdin=subprocess.PIPE,
+                     stdout=subprocess.PIPE, env=env, text=True)
+def send(m):
+    p.stdin.write(json.dumps(m) + "\n"); p.stdin.flush()
+def rpc(i, method, params):
+    send({"jsonrpc": "2.0", "id": i, "method": method, "params": params})
+    while True:
+        line = p.stdout.readline()
+        if not line: sys.exit("the shim closed")
+        m = json.loads(line)
+        if m.get("id") == i: return m
+rpc(0, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                      "clientInfo": {"name": "mini", "version": "1"}})
+send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+for n, r in enumerate(rows):
+    print(json.dumps(rpc(n + 1, "tools/call", {"name": r["tool"], "arguments": r["arguments"]})))
+p.stdin.close(); p.wait()
+"#;
+
+/// `column run --workdir` with a relative path: every path handed to the harness is absolute,
+/// so the rows are exercised (they were all "not exercised" before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn column_run_with_a_relative_workdir() {
+    let b = Deployed::start(ALICE_PUBLIC, "", "").await;
+    let d = b.dir.path();
+    std::fs::write(d.join("mini.py"), MINI_HARNESS).expect("w");
+    let rows = json!([
+        {"id": "public", "tool": "files.read", "arguments": {"path": "/public/hello.txt"}, "expect": "allowed"},
+        {"id": "private", "tool": "files.read", "arguments": {"path": "/private/secret.txt"}, "expect": "denied"},
+    ]);
+    std::fs::write(d.join("rows.json"), rows.to_string()).expect("w");
+    std::fs::write(
+        d.join("host.toml"),
+        format!(
+            "harness = \"claude-code\"\ndeclared_model = \"none: a script\"\nmcp_support = \"native\"\n\
+             config_format = \"claude-code\"\ncommand = \"python3\"\n\
+             args = [{:?}, \"{{config}}\", {:?}]\ntimeout_seconds = 60\nprincipal = \"alice\"\nharness_local = [\"Bash\"]\n",
+            d.join("mini.py").display().to_string(),
+            d.join("rows.json").display().to_string(),
+        ),
+    )
+    .expect("w");
+    let mut cmd = b.cli();
+    cmd.current_dir(d)
+        .args([
+            "column",
+            "run",
+            "--host-config",
+            "host.toml",
+            "--rows",
+            "rows.json",
+        ])
+        .args(["--out", "manifest.json", "--workdir", "work"]);
+    let (code, out, err) = run(cmd).await;
+    let harness_err =
+        std::fs::read_to_string(d.join("work/harness.stderr.log")).unwrap_or_default();
+    assert_eq!(code, 0, "{out}\n{err}\nharness: {harness_err}");
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("manifest.json")).expect("manifest"))
+            .expect("json");
+    let grades: Vec<&str> = manifest["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| r["grade"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(grades, vec!["pass", "pass"], "{manifest:#}");
+    let log = manifest["harnessRun"]["stdout"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(log.starts_with('/'), "{manifest:#}");
+}
