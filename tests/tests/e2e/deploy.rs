@@ -143,6 +143,36 @@ impl Drop for Deployed {
     }
 }
 
+/// Spawns `cmd` (a shim), initializes it and makes each call in turn (ids 1, 2, ...): the
+/// probe, still running, and each call's result.
+async fn calls(cmd: tokio::process::Command, calls: &[(&str, Value)]) -> (Raw, Vec<Value>) {
+    let mut raw = Raw::spawn(cmd);
+    raw.initialize("2025-06-18").await;
+    let mut out = Vec::new();
+    for (id, (tool, args)) in (1..).zip(calls) {
+        out.push(raw.call(id, tool, args.clone()).await["result"].clone());
+    }
+    (raw, out)
+}
+
+/// The outcome each result carries.
+fn outcomes(results: &[Value]) -> Vec<String> {
+    results
+        .iter()
+        .map(|r| meta(r)["outcome"].as_str().unwrap_or("?").to_owned())
+        .collect()
+}
+
+/// A turn's request: principal, agent, the agent's owner.
+fn turn_of(principal: &str, agent: Option<&str>, owner: Option<&str>) -> OpenTurn {
+    OpenTurn {
+        principal: principal.into(),
+        agent: agent.map(Into::into),
+        agent_owner: owner.map(Into::into),
+        ..Default::default()
+    }
+}
+
 fn is_root() -> bool {
     runtime::current_uid() == 0
 }
@@ -273,16 +303,15 @@ async fn a_harness_under_its_own_uid() {
         .env(runtime::BROKER_ENV, runtime::bridge_socket(&b.runtime))
         .env_remove(runtime::TOKEN_ENV)
         .env_remove(runtime::RUNTIME_DIR_ENV);
-    let mut raw = Raw::spawn(cmd);
-    raw.initialize("2025-06-18").await;
-    let r = raw
-        .call(1, "files.read", json!({"path": "/public/hello.txt"}))
-        .await;
-    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
-    let r = raw
-        .call(2, "files.read", json!({"path": "/private/secret.txt"}))
-        .await;
-    assert_eq!(meta(&r["result"])["outcome"], "denied", "{r}");
+    let (raw, results) = calls(
+        cmd,
+        &[
+            ("files.read", json!({"path": "/public/hello.txt"})),
+            ("files.read", json!({"path": "/private/secret.txt"})),
+        ],
+    )
+    .await;
+    assert_eq!(outcomes(&results), ["succeeded", "denied"], "{results:?}");
 
     // Another uid cannot read that turn's token file.
     let mut cat = as_uid(OTHER_UID, HARNESS_GID, Path::new("/bin/cat"));
@@ -475,53 +504,30 @@ async fn turn_attributes_and_the_agents_owner_reach_the_policy_and_the_record() 
     // project x: files.read is shown and /public is allowed.
     let x = b
         .open(OpenTurn {
-            principal: "alice".into(),
             attributes: attrs("x"),
-            ..Default::default()
+            ..turn_of("alice", None, None)
         })
         .await;
     let names: Vec<String> = x.tools.iter().map(|t| t.name.to_string()).collect();
     assert_eq!(names, vec!["files.read"]);
-    let mut raw = Raw::spawn(b.shim(x.token.expose()));
-    raw.initialize("2025-06-18").await;
-    let r = raw
-        .call(1, "files.read", json!({"path": "/public/hello.txt"}))
-        .await;
-    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
-    assert_eq!(meta(&r["result"])["policies"], json!(["project-x"]), "{r}");
+    let read = |path: &str| [("files.read", json!({ "path": path }))];
+    let (_x, r) = calls(b.shim(x.token.expose()), &read("/public/hello.txt")).await;
+    assert_eq!(outcomes(&r), ["succeeded"]);
+    assert_eq!(meta(&r[0])["policies"], json!(["project-x"]), "{r:?}");
     // project y: no policy can permit anything, so the catalogue is empty.
     let y = b
         .open(OpenTurn {
-            principal: "alice".into(),
             attributes: attrs("y"),
-            ..Default::default()
+            ..turn_of("alice", None, None)
         })
         .await;
     assert!(y.tools.is_empty(), "{:?}", y.tools);
     // The agent's owner: bob's own agent may read /private; the same agent owned by carol may not.
-    let own = b
-        .open(OpenTurn {
-            principal: "bob".into(),
-            agent: Some("a1".into()),
-            agent_owner: Some("bob".into()),
-            ..Default::default()
-        })
-        .await;
+    let own = b.open(turn_of("bob", Some("a1"), Some("bob"))).await;
     assert_eq!(own.tools.len(), 1);
-    let mut raw = Raw::spawn(b.shim(own.token.expose()));
-    raw.initialize("2025-06-18").await;
-    let r = raw
-        .call(1, "files.read", json!({"path": "/private/secret.txt"}))
-        .await;
-    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
-    let theirs = b
-        .open(OpenTurn {
-            principal: "bob".into(),
-            agent: Some("a1".into()),
-            agent_owner: Some("carol".into()),
-            ..Default::default()
-        })
-        .await;
+    let (_own, r) = calls(b.shim(own.token.expose()), &read("/private/secret.txt")).await;
+    assert_eq!(outcomes(&r), ["succeeded"]);
+    let theirs = b.open(turn_of("bob", Some("a1"), Some("carol"))).await;
     assert!(theirs.tools.is_empty());
 
     // The CLI: --attr KEY=VALUE, and the record line.
@@ -564,9 +570,8 @@ async fn turn_attributes_and_the_agents_owner_reach_the_policy_and_the_record() 
     ] {
         let message = b
             .open_refused(OpenTurn {
-                principal: "alice".into(),
                 attributes: attrs.as_object().cloned(),
-                ..Default::default()
+                ..turn_of("alice", None, None)
             })
             .await;
         assert!(message.contains("(invalid_attributes)"), "{message}");
@@ -606,13 +611,7 @@ async fn catalogues_are_exact_in_the_turns_context() {
         let agent = agent.to_owned();
         let b = &b;
         async move {
-            let t = b
-                .open(OpenTurn {
-                    principal: "carol".into(),
-                    agent: Some(agent),
-                    ..Default::default()
-                })
-                .await;
+            let t = b.open(turn_of("carol", Some(&agent), None)).await;
             let names: Vec<String> = t.tools.iter().map(|t| t.name.to_string()).collect();
             (t, names)
         }
@@ -622,15 +621,16 @@ async fn catalogues_are_exact_in_the_turns_context() {
     let (_, hidden) = catalogue("other").await;
     assert!(hidden.is_empty(), "{hidden:?}");
     // What is shown can be used.
-    let mut raw = Raw::spawn(b.shim(helper.token.expose()));
-    raw.initialize("2025-06-18").await;
-    let r = raw
-        .call(1, "files.read", json!({"path": "/public/hello.txt"}))
-        .await;
-    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
     let hello = b.path("data/public/hello.txt").display().to_string();
-    let r = raw.call(2, "open.read_file", json!({"path": hello})).await;
-    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    let (_raw, r) = calls(
+        b.shim(helper.token.expose()),
+        &[
+            ("files.read", json!({"path": "/public/hello.txt"})),
+            ("open.read_file", json!({ "path": hello })),
+        ],
+    )
+    .await;
+    assert_eq!(outcomes(&r), ["succeeded", "succeeded"], "{r:?}");
     // And the host's catalogue question gives the same answer.
     match b
         .ask(ControlRequest::Catalog {
@@ -655,31 +655,23 @@ when { resource.namespace == "files" && resource.path like "/public/*" };
     let providers = "[[providers]]\ntype = \"files\"\nnamespace = \"files\"\nroot = \"data\"\n\n\
                      [[providers]]\ntype = \"files\"\nnamespace = \"docs\"\nroot = \"data2\"\n";
     let b = Deployed::start(policy, "", providers).await;
-    let t = b
-        .open(OpenTurn {
-            principal: "alice".into(),
-            ..Default::default()
-        })
-        .await;
-    let mut raw = Raw::spawn(b.shim(t.token.expose()));
-    raw.initialize("2025-06-18").await;
-    let r = raw
-        .call(1, "files.read", json!({"path": "/public/hello.txt"}))
-        .await;
-    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
-    assert!(crate::kit::text(&r["result"]).contains("hello from files"));
-    let r = raw
-        .call(2, "docs.read", json!({"path": "/public/hello.txt"}))
-        .await;
-    assert_eq!(meta(&r["result"])["outcome"], "denied", "{r}");
-    let calls: Vec<Value> = b
+    let t = b.open(turn_of("alice", None, None)).await;
+    let hello = json!({"path": "/public/hello.txt"});
+    let (_raw, r) = calls(
+        b.shim(t.token.expose()),
+        &[("files.read", hello.clone()), ("docs.read", hello)],
+    )
+    .await;
+    assert_eq!(outcomes(&r), ["succeeded", "denied"], "{r:?}");
+    assert!(crate::kit::text(&r[0]).contains("hello from files"));
+    let recorded: Vec<Value> = b
         .records()
         .into_iter()
         .filter(|l| l["kind"] == "call" && l["turn"] == t.turn.as_str())
         .collect();
-    assert_eq!(calls.len(), 2);
-    assert_eq!(calls[0]["outcome"], "succeeded");
-    assert_eq!(calls[1]["outcome"], "denied");
+    assert_eq!(recorded.len(), 2);
+    assert_eq!(recorded[0]["outcome"], "succeeded");
+    assert_eq!(recorded[1]["outcome"], "denied");
 }
 
 /// A harness for `column run` in a few lines of Python: reads the Claude Code config at its
