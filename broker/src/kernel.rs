@@ -2,9 +2,10 @@
 //!
 //! Every call from every bridge goes through [`Kernel::invoke`], which refuses or runs it and
 //! writes exactly one record line before returning the answer. The order is fixed (ARCHITECTURE,
-//! "invoke"): name valid → published in this turn → arguments valid → requirement resolved from
-//! the arguments → Cedar → provider. Authority (requirement resolution, handlers) lives only in
-//! the registrations held here; what leaves is a [`CallAnswer`].
+//! "invoke"): name valid → published in this turn (and, for a brokered tool, its upstream not
+//! drifted since) → arguments valid → requirement resolved from the arguments → Cedar →
+//! provider. Authority (requirement resolution, handlers) lives only in the registrations held
+//! here; what leaves is a [`CallAnswer`].
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -539,6 +540,16 @@ impl Kernel {
                 ),
             );
         };
+        // A brokered tool whose upstream drifted after this catalogue was made: the turn still
+        // holds the registration, but its upstream no longer lists what was published.
+        if let Handler::Mcp(h) = &registered.authority.handler
+            && let Some(why) = h.provider.upgrade().and_then(|p| p.drift())
+        {
+            return refuse(
+                Outcome::Failed(FailCode::ProviderDrifted),
+                format!("failed: {tool} — {why}"),
+            );
+        }
         if let Some(why) = rejected {
             return refuse(
                 Outcome::Failed(FailCode::InvalidArguments),

@@ -4,9 +4,11 @@
 //!
 //! Owns: the upstream process and its MCP client session (supervised, restarted with backoff),
 //! the provider's current registrations (names validated and checked for collisions across all
-//! providers; rejects are kept with their reason, never renamed or merged), drift pinning (an
-//! upstream whose tools no longer match its pin is held back from every catalogue), and
-//! forwarding calls (cancellation and timeouts reach the upstream as `notifications/cancelled`).
+//! providers, and listed once by the upstream; rejects are kept with their reason, never renamed
+//! or merged), drift pinning (an upstream whose tools no longer match its pin, at start or when it
+//! announces `notifications/tools/list_changed`, is held back from every catalogue and its calls
+//! from turns opened before are refused), and forwarding calls (cancellation and timeouts reach
+//! the upstream as `notifications/cancelled`).
 //! It never decides authority: requirement templates only say what a call touches.
 
 use std::collections::{BTreeMap, HashMap};
@@ -15,10 +17,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
-use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResponse};
-use rmcp::service::{Peer, RoleClient};
+use rmcp::service::{NotificationContext, Peer, RoleClient, RunningService};
 use rmcp::transport::TokioChildProcess;
+use rmcp::{ClientHandler, ServiceExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use sharedos_proto::{CatalogHash, FailCode, ToolDefinition, ToolMetadata, ToolName};
@@ -269,6 +271,30 @@ pub struct McpProvider {
     shutdown: CancellationToken,
     /// Template `file_root` folders, held open (see [`crate::beneath`]).
     roots: Mutex<HashMap<String, Arc<Root>>>,
+    /// Held while the upstream's tools are listed again and published (a re-pin, a
+    /// `notifications/tools/list_changed`): one re-list at a time, so the last list wins.
+    relisting: tokio::sync::Mutex<()>,
+}
+
+/// The broker's side of one upstream session: it hears the upstream's
+/// `notifications/tools/list_changed` and wakes the supervisor, which lists the tools again.
+struct Listener {
+    changed: Arc<tokio::sync::Notify>,
+}
+
+impl ClientHandler for Listener {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        // A permit is kept if the supervisor is busy: announcements made meanwhile are one
+        // re-list, made after them.
+        self.changed.notify_one();
+    }
+}
+
+/// An upstream session, the tools it listed at start, and its list-changed announcements.
+struct Session {
+    service: RunningService<RoleClient, Listener>,
+    tools: Vec<Value>,
+    changed: Arc<tokio::sync::Notify>,
 }
 
 /// `{arg}` names in a template.
@@ -318,6 +344,7 @@ impl McpProvider {
             default_timeout,
             shutdown,
             roots: Mutex::new(HashMap::new()),
+            relisting: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -382,6 +409,21 @@ impl McpProvider {
         self.read().upstream_hash.clone()
     }
 
+    /// Why this provider's calls are refused `failed/provider_drifted`, while its upstream's
+    /// tools do not match the pin (`None` otherwise). Turns opened before the drift still hold
+    /// its registrations: this is what stops their calls.
+    pub fn drift(&self) -> Option<String> {
+        let inner = self.read();
+        (inner.state == State::Drifted).then(|| {
+            format!(
+                "the upstream server of `{}` changed its tools (catalogHash {} does not match the pin {}); its calls are refused until `sharedos-broker providers pin` accepts the new list",
+                self.config.namespace,
+                inner.upstream_hash.as_deref().unwrap_or("(none)"),
+                self.pins.get(&self.config.namespace).as_deref().unwrap_or("(none)"),
+            )
+        })
+    }
+
     async fn record(&self, state: State, detail: Value) {
         let mut line = Map::new();
         line.insert("kind".into(), json!("provider_state"));
@@ -410,10 +452,8 @@ impl McpProvider {
         cmd
     }
 
-    /// Spawns the upstream, initializes, lists its tools. The service is returned for supervision.
-    async fn connect(
-        &self,
-    ) -> Result<(rmcp::service::RunningService<RoleClient, ()>, Vec<Value>), String> {
+    /// Spawns the upstream, initializes, lists its tools. The session is returned for supervision.
+    async fn connect(&self) -> Result<Session, String> {
         let (transport, stderr) = TokioChildProcess::builder(self.command())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -430,19 +470,32 @@ impl McpProvider {
             });
         }
         let limit = self.startup_timeout();
-        let service = tokio::time::timeout(limit, ().serve(transport))
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let listener = Listener {
+            changed: changed.clone(),
+        };
+        let service = tokio::time::timeout(limit, listener.serve(transport))
             .await
             .map_err(|_| "the upstream did not finish initialize in time".to_owned())?
             .map_err(|e| format!("MCP initialize with the upstream failed: {e}"))?;
-        let tools = tokio::time::timeout(limit, service.list_all_tools())
+        let tools = self.list(service.peer()).await?;
+        Ok(Session {
+            service,
+            tools,
+            changed,
+        })
+    }
+
+    /// The upstream's `tools/list` (every page), as raw JSON, bounded by the startup timeout.
+    async fn list(&self, peer: &Peer<RoleClient>) -> Result<Vec<Value>, String> {
+        let tools = tokio::time::timeout(self.startup_timeout(), peer.list_all_tools())
             .await
             .map_err(|_| "the upstream did not answer tools/list in time".to_owned())?
             .map_err(|e| format!("tools/list on the upstream failed: {e}"))?;
-        let tools: Vec<Value> = tools
+        Ok(tools
             .iter()
             .filter_map(|t| serde_json::to_value(t).ok())
-            .collect();
-        Ok((service, tools))
+            .collect())
     }
 
     /// Checks the templates against the upstream's tools: every templated tool exists and every
@@ -511,20 +564,36 @@ impl McpProvider {
 
     /// Re-checks the pin against the current upstream tools (after `providers pin`).
     pub async fn repin(self: &Arc<Self>) {
+        let _one = self.relisting.lock().await;
         let peer = self.read().peer.clone();
         let Some(peer) = peer else { return };
-        match peer.list_all_tools().await {
-            Ok(tools) => {
-                let tools: Vec<Value> = tools
-                    .iter()
-                    .filter_map(|t| serde_json::to_value(t).ok())
-                    .collect();
-                self.publish(&tools, peer).await;
-            }
+        match self.list(&peer).await {
+            Ok(tools) => self.publish(&tools, peer).await,
             Err(e) => {
                 tracing::warn!(provider = %self.config.namespace, error = %e, "tools/list after re-pin failed")
             }
         }
+    }
+
+    /// After the upstream's `notifications/tools/list_changed`: lists its tools again, checks
+    /// the templates and the pin, and publishes them (a drifted list is held back, and calls from
+    /// turns opened before are refused). Err(reason) when the templates no longer fit the new
+    /// list: the provider then fails, as it would at start.
+    async fn relist(self: &Arc<Self>, peer: Peer<RoleClient>) -> Result<(), String> {
+        let _one = self.relisting.lock().await;
+        tracing::info!(provider = %self.config.namespace, "the upstream's tool list changed; listing it again");
+        let tools = match self.list(&peer).await {
+            Ok(tools) => tools,
+            Err(e) => {
+                // The session is likely going away: its end restarts the upstream, and the
+                // restart lists and checks its tools.
+                tracing::warn!(provider = %self.config.namespace, error = %e, "tools/list after tools/list_changed failed");
+                return Ok(());
+            }
+        };
+        self.check_templates(&tools)?;
+        self.publish(&tools, peer).await;
+        Ok(())
     }
 
     /// Starts the upstream and keeps it: restarts with backoff when it dies. Resolves `ready` on
@@ -540,7 +609,11 @@ impl McpProvider {
                 return;
             }
             match self.connect().await {
-                Ok((service, tools)) => {
+                Ok(Session {
+                    service,
+                    tools,
+                    changed,
+                }) => {
                     if let Err(e) = self.check_templates(&tools) {
                         self.set_failed(&e).await;
                         if let Some(tx) = ready.take() {
@@ -549,7 +622,8 @@ impl McpProvider {
                         let _ = service.cancel().await;
                         return;
                     }
-                    self.publish(&tools, service.peer().clone()).await;
+                    let peer = service.peer().clone();
+                    self.publish(&tools, peer.clone()).await;
                     if let Some(tx) = ready.take() {
                         let _ = tx.send(Ok(()));
                     }
@@ -557,15 +631,30 @@ impl McpProvider {
                     let stop = service.cancellation_token();
                     let shutdown = self.shutdown.clone();
                     let mut waiter = tokio::spawn(async move { service.waiting().await });
-                    tokio::select! {
-                        _ = shutdown.cancelled() => { stop.cancel(); let _ = (&mut waiter).await; return; }
-                        r = &mut waiter => {
-                            let why = match r {
-                                Ok(Ok(reason)) => format!("the upstream session ended ({reason:?})"),
-                                Ok(Err(e)) => format!("the upstream session failed: {e}"),
-                                Err(e) => format!("the upstream task failed: {e}"),
-                            };
-                            self.set_restarting(&why).await;
+                    loop {
+                        tokio::select! {
+                            _ = shutdown.cancelled() => { stop.cancel(); let _ = (&mut waiter).await; return; }
+                            r = &mut waiter => {
+                                let why = match r {
+                                    Ok(Ok(reason)) => format!("the upstream session ended ({reason:?})"),
+                                    Ok(Err(e)) => format!("the upstream session failed: {e}"),
+                                    Err(e) => format!("the upstream task failed: {e}"),
+                                };
+                                self.set_restarting(&why).await;
+                                break;
+                            }
+                            () = changed.notified() => {
+                                let relisted = tokio::select! {
+                                    r = self.relist(peer.clone()) => r,
+                                    _ = shutdown.cancelled() => { stop.cancel(); let _ = (&mut waiter).await; return; }
+                                };
+                                if let Err(e) = relisted {
+                                    self.set_failed(&e).await;
+                                    stop.cancel();
+                                    let _ = (&mut waiter).await;
+                                    return;
+                                }
+                            }
                         }
                     }
                 }
@@ -632,6 +721,10 @@ impl McpProvider {
         upstream: &str,
         arguments: &Map<String, Value>,
     ) -> Result<Success, Failure> {
+        // Checked again here: the upstream may have drifted since the kernel's check.
+        if let Some(why) = self.drift() {
+            return Err(Failure::new(FailCode::ProviderDrifted, why));
+        }
         let peer = self.read().peer.clone().ok_or_else(|| {
             Failure::new(
                 FailCode::UpstreamUnavailable,
@@ -805,17 +898,31 @@ impl McpProvider {
 }
 
 /// Registers an upstream's tool list as `<namespace>.<upstream name>`: a name that is not a valid
-/// ToolName, or that another registration already has, is rejected with its reason (never renamed,
-/// never merged).
+/// ToolName, or that another registration already has, or that the upstream lists more than once
+/// (every copy: which one a call meant cannot be known), is rejected with its reason (never
+/// renamed, never merged).
 pub fn register(
     provider: &Arc<McpProvider>,
     tools: &[Value],
 ) -> (Vec<Arc<Registered>>, Vec<Rejected>) {
     let ns = provider.config.namespace.clone();
+    let name_of = |t: &Value| t["name"].as_str().unwrap_or_default().to_owned();
+    let mut listed: HashMap<String, usize> = HashMap::new();
+    for t in tools {
+        *listed.entry(name_of(t)).or_default() += 1;
+    }
     let mut registered = Vec::new();
     let mut rejected = Vec::new();
     for t in tools {
-        let upstream = t["name"].as_str().unwrap_or_default().to_owned();
+        let upstream = name_of(t);
+        let copies = listed.get(&upstream).copied().unwrap_or(0);
+        if copies > 1 {
+            rejected.push(Rejected {
+                upstream,
+                reason: format!("listed {copies} times by this upstream; no copy is registered"),
+            });
+            continue;
+        }
         let name = match ToolName::new(&format!("{ns}.{upstream}")) {
             Ok(n) => n,
             Err(e) => {
@@ -964,6 +1071,50 @@ mod tests {
             "{:?}",
             rejected[1]
         );
+    }
+
+    #[tokio::test]
+    async fn a_name_listed_twice_by_one_upstream_is_rejected_in_every_copy() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (recorder, _) = Recorder::open(
+            &dir.path().join("r.jsonl"),
+            crate::record::RecordSync::Batch,
+        )
+        .expect("rec");
+        let names = Arc::new(Names::default());
+        let config: McpProviderConfig =
+            toml::from_str("namespace = \"gh\"\ncommand = \"x\"").expect("cfg");
+        let p = McpProvider::new(
+            config,
+            dir.path().to_path_buf(),
+            names.clone(),
+            Arc::new(Pins::load(None).expect("pins")),
+            Arc::new(AtomicU64::new(0)),
+            recorder,
+            Duration::from_secs(1),
+            CancellationToken::new(),
+        );
+        let tools = vec![
+            json!({"name": "dup", "inputSchema": {"type": "object", "properties": {"a": {"type": "string"}}}}),
+            json!({"name": "ok", "inputSchema": {"type": "object"}}),
+            json!({"name": "dup", "inputSchema": {"type": "object", "properties": {"b": {"type": "number"}}}}),
+            json!({"name": "dup", "inputSchema": {"type": "object"}}),
+        ];
+        let (ok, rejected) = register(&p, &tools);
+        assert_eq!(
+            ok.iter().map(|t| t.name.to_string()).collect::<Vec<_>>(),
+            ["gh.ok"]
+        );
+        assert_eq!(rejected.len(), 3, "{rejected:?}");
+        for r in &rejected {
+            assert_eq!(r.upstream, "dup");
+            assert_eq!(
+                r.reason,
+                "listed 3 times by this upstream; no copy is registered"
+            );
+        }
+        // No copy claimed the name.
+        assert!(names.claim("gh.dup", "other").is_ok());
     }
 
     #[test]

@@ -63,6 +63,9 @@ pub enum FailCode {
     UpstreamError,
     /// The upstream MCP server is not available.
     UpstreamUnavailable,
+    /// The upstream MCP server's tools no longer match its pin: its calls are refused until
+    /// `sharedos-broker providers pin` accepts the new list.
+    ProviderDrifted,
     /// The call ran past its time limit.
     Timeout,
     /// The broker could not process the call (it went away, an internal error).

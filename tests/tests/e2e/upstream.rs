@@ -608,3 +608,232 @@ async fn a_drifted_upstream_is_held_back_until_re_pinned() {
             .any(|t| t.name.as_str() == "t.echo")
     );
 }
+
+/// A provider entry for `listing-upstream` (tests/src/bin) under namespace `ns`.
+fn listing(ns: &str, args: &[&str]) -> String {
+    let args: Vec<String> = args.iter().map(|a| q(a)).collect();
+    format!(
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"{ns}\"\ncommand = {}\nargs = [{}]\n",
+        q(env!("CARGO_BIN_EXE_listing-upstream")),
+        args.join(", ")
+    )
+}
+
+/// What `sharedos-broker providers --json` shows.
+async fn providers_json(b: &TestBroker) -> Vec<Value> {
+    let mut cli = b.cli();
+    cli.args(["providers", "--json"]);
+    let (code, out, err) = run(cli).await;
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("providers --json: {e}: {out}"))
+}
+
+fn provider<'a>(list: &'a [Value], ns: &str) -> &'a Value {
+    list.iter()
+        .find(|p| p["namespace"] == ns)
+        .unwrap_or_else(|| panic!("no provider {ns} in {list:#?}"))
+}
+
+/// Polls `providers --json` until `check` holds for provider `ns` (bounded).
+async fn until_provider(b: &TestBroker, ns: &str, what: &str, check: impl Fn(&Value) -> bool) {
+    for _ in 0..100 {
+        if check(provider(&providers_json(b).await, ns)) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "timed out waiting for {what}: {:#?}",
+        provider(&providers_json(b).await, ns)
+    );
+}
+
+fn names_of(t: &sharedos_proto::ipc::TurnOpened) -> Vec<String> {
+    t.tools.iter().map(|x| x.name.to_string()).collect()
+}
+
+async fn pin_providers(b: &TestBroker) {
+    let mut pin = b.cli();
+    pin.args(["providers", "pin"]);
+    let (code, out, err) = run(pin).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("t = "), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_listed_twice_by_one_upstream_is_rejected_in_every_copy() {
+    let broker = broker_with(&listing("t", &["--duplicate"])).await;
+    let list = providers_json(&broker).await;
+    let t = provider(&list, "t");
+    assert_eq!(t["state"], "ready", "{t:#}");
+    assert_eq!(t["tools"], json!(["t.echo"]), "{t:#}");
+    let reason = "listed 2 times by this upstream; no copy is registered";
+    assert_eq!(
+        t["rejected"],
+        json!([{"upstream": "dup", "reason": reason}, {"upstream": "dup", "reason": reason}]),
+        "{t:#}"
+    );
+    let mut cli = broker.cli();
+    cli.arg("providers");
+    let (_, out, _) = run(cli).await;
+    assert_eq!(
+        out.matches(&format!("rejected \"dup\": {reason}")).count(),
+        2,
+        "{out}"
+    );
+    let turn = broker.open_turn("alice").await;
+    let names = names_of(&turn);
+    assert!(names.contains(&"t.echo".to_owned()), "{names:?}");
+    assert!(!names.iter().any(|n| n == "t.dup"), "{names:?}");
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-06-18").await;
+    let r = call(&mut raw, 1, "t.dup", json!({"a": "x"})).await;
+    assert_eq!(meta(&r)["code"], "unpublished_tool", "{r}");
+    let r = call(&mut raw, 2, "t.echo", json!({"message": "one"})).await;
+    assert_eq!(text(&r), "echo: one", "{r}");
+    assert_eq!(broker.calls_of(&turn.turn).len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_drifts_at_run_time_is_held_back_and_refused_until_re_pinned() {
+    let mut broker = TestBroker::start(Options {
+        policy: POLICY,
+        ..Options::default()
+    })
+    .await;
+    let base = std::fs::read_to_string(&broker.config_path).expect("cfg");
+    std::fs::write(
+        &broker.config_path,
+        format!("pins = \"pins.toml\"\n{base}{}", listing("t", &[])),
+    )
+    .expect("w");
+    broker.restart().await;
+    pin_providers(&broker).await;
+    let pinned = provider(&providers_json(&broker).await, "t").clone();
+    assert_eq!(pinned["state"], "ready", "{pinned:#}");
+    assert_eq!(pinned["upstreamHash"], pinned["pinnedHash"], "{pinned:#}");
+
+    let old = broker.open_turn("alice").await;
+    let names = names_of(&old);
+    assert!(
+        names.contains(&"t.echo".to_owned()) && names.contains(&"t.change".to_owned()),
+        "{names:?}"
+    );
+    let mut raw = Raw::spawn(broker.shim_command(old.token.expose()));
+    raw.initialize("2025-06-18").await;
+    let r = call(&mut raw, 1, "t.echo", json!({"message": "before"})).await;
+    assert_eq!(meta(&r)["outcome"], "succeeded", "{r}");
+    assert_eq!(text(&r), "echo: before");
+    // The upstream changes its list and says so.
+    let r = call(&mut raw, 2, "t.change", json!({})).await;
+    assert_eq!(meta(&r)["outcome"], "succeeded", "{r}");
+    until_provider(&broker, "t", "the provider to drift", |p| {
+        p["state"] == "drifted"
+    })
+    .await;
+    let drifted = provider(&providers_json(&broker).await, "t").clone();
+    assert_eq!(drifted["tools"], json!([]), "{drifted:#}");
+    assert_eq!(drifted["pinnedHash"], pinned["pinnedHash"], "{drifted:#}");
+    assert_ne!(
+        drifted["upstreamHash"], pinned["upstreamHash"],
+        "{drifted:#}"
+    );
+    assert_eq!(
+        broker
+            .records()
+            .iter()
+            .filter(|l| l["kind"] == "provider_state"
+                && l["provider"] == "t"
+                && l["state"] == "drifted")
+            .count(),
+        1
+    );
+
+    // The turn opened before the drift still holds the tool: its call is refused, not run.
+    let r = call(&mut raw, 3, "t.echo", json!({"message": "after drift"})).await;
+    assert_eq!(
+        (meta(&r)["outcome"].as_str(), meta(&r)["code"].as_str()),
+        (Some("failed"), Some("provider_drifted")),
+        "{r}"
+    );
+    assert_eq!(r["isError"], true, "{r}");
+    assert!(
+        text(&r).contains("providers pin") && !text(&r).contains("echo: after drift"),
+        "{r}"
+    );
+    // A new turn does not get the provider's tools.
+    let new = broker.open_turn("alice").await;
+    let names = names_of(&new);
+    assert!(
+        names.iter().all(|n| !n.starts_with("t.")),
+        "held back: {names:?}"
+    );
+    assert!(names.contains(&"files.read".to_owned()), "{names:?}");
+
+    // Re-pinned: the new list is accepted, the old turn's calls work again, new turns see it.
+    pin_providers(&broker).await;
+    let repinned = provider(&providers_json(&broker).await, "t").clone();
+    assert_eq!(repinned["state"], "ready", "{repinned:#}");
+    assert_eq!(repinned["upstreamHash"], drifted["upstreamHash"]);
+    assert_eq!(repinned["pinnedHash"], drifted["upstreamHash"]);
+    let r = call(&mut raw, 4, "t.echo", json!({"message": "re-pinned"})).await;
+    assert_eq!(meta(&r)["outcome"], "succeeded", "{r}");
+    assert_eq!(text(&r), "echo: re-pinned");
+    let names = names_of(&broker.open_turn("alice").await);
+    assert!(
+        names.contains(&"t.echo".to_owned()) && names.contains(&"t.added".to_owned()),
+        "{names:?}"
+    );
+
+    // Every call recorded once; the refused one once, with its code.
+    let calls = broker.calls_of(&old.turn);
+    assert_eq!(calls.len(), 4, "{calls:#?}");
+    let refused: Vec<&Value> = calls
+        .iter()
+        .filter(|c| c["code"] == "provider_drifted")
+        .collect();
+    assert_eq!(refused.len(), 1, "{calls:#?}");
+    assert_eq!(refused[0]["outcome"], "failed");
+    assert_eq!(refused[0]["requestId"], "3", "{}", refused[0]);
+    assert_eq!(
+        calls.iter().filter(|c| c["outcome"] == "succeeded").count(),
+        3,
+        "{calls:#?}"
+    );
+    assert!(broker.calls_of(&new.turn).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpinned_upstream_that_changes_its_tools_is_listed_again() {
+    let broker = broker_with(&listing("t", &[])).await;
+    let old = broker.open_turn("alice").await;
+    assert!(!names_of(&old).contains(&"t.added".to_owned()));
+    let before = provider(&providers_json(&broker).await, "t").clone();
+    let mut raw = Raw::spawn(broker.shim_command(old.token.expose()));
+    raw.initialize("2025-06-18").await;
+    let r = call(&mut raw, 1, "t.change", json!({})).await;
+    assert_eq!(meta(&r)["outcome"], "succeeded", "{r}");
+    until_provider(&broker, "t", "the new list", |p| {
+        p["tools"].to_string().contains("t.added")
+    })
+    .await;
+    let after = provider(&providers_json(&broker).await, "t").clone();
+    assert_eq!(after["state"], "ready", "{after:#}");
+    assert_ne!(after["upstreamHash"], before["upstreamHash"]);
+    let new = broker.open_turn("alice").await;
+    assert!(names_of(&new).contains(&"t.added".to_owned()));
+    assert_ne!(new.catalog_hash, old.catalog_hash);
+    // The turn opened before keeps its catalogue, and its calls go on.
+    let r = call(&mut raw, 2, "t.echo", json!({"message": "still"})).await;
+    assert_eq!(text(&r), "echo: still", "{r}");
+    let r = call(&mut raw, 3, "t.added", json!({})).await;
+    assert_eq!(meta(&r)["code"], "unpublished_tool", "{r}");
+    assert_eq!(broker.calls_of(&old.turn).len(), 3);
+    assert!(
+        broker
+            .records()
+            .iter()
+            .filter(|l| l["kind"] == "provider_state" && l["provider"] == "t")
+            .any(|l| l["state"] == "ready" && l["tools"].to_string().contains("t.added"))
+    );
+}
