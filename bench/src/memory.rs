@@ -45,7 +45,7 @@ async fn with_broker(
         let runtime = broker.runtime.clone();
         let n = turns / OPENERS + usize::from(o < turns % OPENERS);
         set.spawn(async move {
-            let mut host = sharedos_broker::client::ControlClient::connect(&runtime).await?;
+            let mut host = sharedos_host::client::ControlClient::connect(&runtime).await?;
             let mut token = None;
             for _ in 0..n {
                 let t = tokio::time::timeout(WAIT, procs::open_turn(&mut host, "alice"))

@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use serde_json::{Map, Value, json};
 use sharedos_broker::Config;
-use sharedos_broker::client::ControlClient;
 use sharedos_broker::kernel::{AccessContext, Verdict};
 use sharedos_broker::policy::Resource;
 use sharedos_broker::record::{RecordSync, Recorder};
+use sharedos_host::client::ControlClient;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 

@@ -13,7 +13,7 @@ use anyhow::{Context as _, bail};
 use rmcp::ServiceExt;
 use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::TokioChildProcess;
-use sharedos_broker::client::ControlClient;
+use sharedos_host::client::ControlClient;
 use sharedos_ipc::runtime;
 use sharedos_proto::ipc::{ControlRequest, ControlResponse, OpenTurn, TurnOpened};
 use tokio::process::{Child, Command};
@@ -51,7 +51,7 @@ impl Bins {
                 .arg(manifest)
                 .args([
                     "-p",
-                    "sharedos-broker",
+                    "sharedos-broker-cli",
                     "-p",
                     "sharedos-mcp-shim",
                     "-p",
@@ -75,7 +75,7 @@ impl Bins {
         for p in [&bins.broker, &bins.shim, &bins.direct] {
             if !p.is_file() {
                 bail!(
-                    "`{}` is missing: run `cargo build --release --bins -p sharedos-broker -p sharedos-mcp-shim -p sharedos-bench`",
+                    "`{}` is missing: run `cargo build --release --bins -p sharedos-broker-cli -p sharedos-mcp-shim -p sharedos-bench`",
                     p.display()
                 );
             }

@@ -2,41 +2,31 @@
 //!
 //! Holds all authority: the tool registry and its handlers, the Cedar policy, the turn table and
 //! the record. Shims reach it over `bridge.sock` with a turn token; hosts over `control.sock`.
+//! Nothing else lives here: the host's tooling is `sharedos-host`, the conformance column
+//! `sharedos-column`, the command line `sharedos-broker-cli`; Cargo keeps them out.
 //!
 //! # Layout
 //! - [`config`]: the TOML config and the embedded default.
-//! - [`column`]: the MCP conformance column (`column run`).
 //! - [`policy`]: Cedar schema and policies, decisions, the catalogue question.
 //! - [`vpath`]: canonical virtual paths.
 //! - [`beneath`]: a root held by descriptor; paths resolved beneath it without a gap.
 //! - [`files`]: the built-in files provider.
-//! - [`harness_config`]: harness MCP configs (`turn open --write-config`).
 //! - [`kernel`]: registry, per-context catalogue, `invoke` (the single call path).
 //! - [`record`]: the durable JSON Lines record (group commit).
-//! - [`scripted_model`]: a scripted model provider on loopback, so real harness CLIs run offline.
 //! - [`turn`]: the turn table, tokens, lifecycle.
 //! - [`upstream`]: brokered MCP providers (upstream servers behind the kernel).
 //! - [`server`]: the process: runtime dir, sockets, accept loops, shutdown.
 //! - [`bridge`]: one shim connection.
 //! - [`control`]: one host connection.
-//! - [`client`]: a control-socket client (CLI, tests, demo).
-//! - [`demo`]: `sharedos-broker demo`.
-//! - [`cli`]: the command line.
 
 pub mod beneath;
 pub mod bridge;
-pub mod cli;
-pub mod client;
-pub mod column;
 pub mod config;
 pub mod control;
-pub mod demo;
 pub mod files;
-pub mod harness_config;
 pub mod kernel;
 pub mod policy;
 pub mod record;
-pub mod scripted_model;
 pub mod server;
 pub mod turn;
 pub mod upstream;

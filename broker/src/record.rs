@@ -121,15 +121,7 @@ pub fn apply_stamp(line: &mut Map<String, Value>, stamp: Option<&Map<String, Val
     }
 }
 
-/// RFC 3339 UTC time with microseconds.
-pub fn now_rfc3339() -> String {
-    let now = time::OffsetDateTime::now_utc();
-    let format = time::macros::format_description!(
-        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z"
-    );
-    now.format(&format)
-        .unwrap_or_else(|_| now.unix_timestamp().to_string())
-}
+pub use sharedos_proto::record::now_rfc3339;
 
 /// Scans an existing record: the last seq, and a torn tail if any (cut off and saved aside).
 fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {

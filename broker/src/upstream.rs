@@ -215,9 +215,11 @@ impl Pins {
             path: path.display().to_string(),
             detail: e.to_string(),
         })?);
-        crate::harness_config::write_private(path, &text, None).map_err(|e| PinError::Write {
-            path: path.display().to_string(),
-            detail: e.to_string(),
+        sharedos_ipc::private_file::write_private(path, &text, None).map_err(|e| {
+            PinError::Write {
+                path: path.display().to_string(),
+                detail: e.to_string(),
+            }
         })?;
         Ok(map.clone())
     }

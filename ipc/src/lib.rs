@@ -21,6 +21,7 @@ use sharedos_proto::frame::{self, FrameError, HEADER_BYTES, MAX_FRAME_BYTES};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 pub mod conn;
+pub mod private_file;
 pub mod runtime;
 
 pub use conn::Conn;

@@ -14,6 +14,7 @@
 //! - [`declaration`]: `ToolPolicy` and `SystemIdentity` with their rules.
 //! - [`frame`]: the length-prefixed frame codec.
 //! - [`ipc`]: the messages on the bridge and control sockets.
+//! - [`record`]: the record's shared formats (`at`).
 
 pub mod alias;
 pub mod call;
@@ -24,6 +25,7 @@ pub mod frame;
 pub mod ipc;
 pub mod name;
 pub mod nesting;
+pub mod record;
 
 pub use call::{CancelCode, DenyCode, FailCode, Outcome, Requirement, ToolCall};
 pub use catalog::{CatalogHash, canonical_catalog, catalog_hash};

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use sharedos_broker::Config;
-use sharedos_broker::client::ControlClient;
 use sharedos_broker::server::Running;
+use sharedos_host::client::ControlClient;
 use sharedos_ipc::runtime;
 use sharedos_proto::ipc::{ControlRequest, ControlResponse, OpenTurn, TurnOpened};
 use tokio_util::sync::CancellationToken;

@@ -861,7 +861,7 @@ async fn the_host_gets_in_when_bridges_use_up_the_open_files() {
     use sharedos_ipc::{FrameReader, write_frame};
     use sharedos_proto::ipc::{BridgeEvent, BridgeRequest, PROTOCOL_VERSION, ShimInfo, TurnToken};
     let b = Served::start_limited(1024).await;
-    let mut host = sharedos_broker::client::ControlClient::connect(&b.run_dir)
+    let mut host = sharedos_host::client::ControlClient::connect(&b.run_dir)
         .await
         .expect("control");
     let mut held = Vec::new();

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
-use sharedos_broker::scripted_model::{self, Script};
+use sharedos_column::scripted_model::{self, Script};
 use tokio_util::sync::CancellationToken;
 
 use crate::kit::{Options, TestBroker, run};

@@ -12,8 +12,8 @@ use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::TokioChildProcess;
 use serde_json::Value;
 use sharedos_broker::Config;
-use sharedos_broker::client::ControlClient;
 use sharedos_broker::server::Running;
+use sharedos_host::client::ControlClient;
 use sharedos_ipc::runtime;
 use sharedos_proto::ipc::{ControlRequest, ControlResponse, OpenTurn, TurnOpened};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -59,7 +59,7 @@ pub fn bin(name: &str) -> PathBuf {
             "build",
             "--quiet",
             "-p",
-            "sharedos-broker",
+            "sharedos-broker-cli",
             "-p",
             "sharedos-mcp-shim",
         ]);

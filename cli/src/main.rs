@@ -2,6 +2,9 @@
 
 use clap::Parser;
 
+mod cli;
+mod demo;
+
 /// jemalloc instead of glibc's malloc. Measured (bench/NOTES.md): with glibc, a decision cost
 /// more as the process held more policies (13.4 µs with 10, 22 µs with 10,000, for the same five
 /// that apply), because its per-call allocations slowed on the heap a large set leaves; with
@@ -11,16 +14,11 @@ use clap::Parser;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> std::process::ExitCode {
-    let cli = sharedos_broker::cli::Cli::parse();
-    match sharedos_broker::cli::main(cli) {
+    let cli = cli::Cli::parse();
+    match cli::main(cli) {
         Ok(code) => code,
         // A reader that closed stdout (`records | head -1`) has what it wanted.
-        Err(e)
-            if e.chain()
-                .any(|c| c.is::<sharedos_broker::cli::StdoutClosed>()) =>
-        {
-            std::process::ExitCode::SUCCESS
-        }
+        Err(e) if e.chain().any(|c| c.is::<cli::StdoutClosed>()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sharedos-broker: error: {e:#}");
             std::process::ExitCode::from(1)

@@ -6,7 +6,6 @@
 //! the shim exited. It exits non-zero if any outcome is not the expected one.
 
 use crate::cli::outln;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -19,60 +18,8 @@ use sharedos_ipc::runtime;
 use sharedos_proto::ipc::{ControlRequest, ControlResponse, OpenTurn};
 use tokio_util::sync::CancellationToken;
 
-use crate::client::ControlClient;
-use crate::config::Config;
-
-/// Finds the shim binary: `SHAREDOS_SHIM`, next to this executable, or on PATH. Under
-/// `cargo run` (which builds only the binary it runs) it builds the shim with the same profile.
-pub fn locate_shim() -> anyhow::Result<PathBuf> {
-    if let Some(p) = std::env::var_os("SHAREDOS_SHIM") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().context("cannot find this executable")?;
-    let dir = exe.parent().context("this executable has no folder")?;
-    // Test binaries live in target/<profile>/deps.
-    let candidates = [
-        dir.join("sharedos-mcp-shim"),
-        dir.join("../sharedos-mcp-shim"),
-    ];
-    if let Some(found) = candidates.iter().find(|p| p.is_file()) {
-        return Ok(found.clone());
-    }
-    if let (Some(cargo), Some(manifest)) = (
-        std::env::var_os("CARGO"),
-        std::env::var_os("CARGO_MANIFEST_DIR"),
-    ) {
-        let release = dir.file_name().is_some_and(|n| n == "release");
-        eprintln!("demo: building sharedos-mcp-shim (cargo run builds only the broker)…");
-        let mut cmd = std::process::Command::new(cargo);
-        cmd.args([
-            "build",
-            "--quiet",
-            "-p",
-            "sharedos-mcp-shim",
-            "--manifest-path",
-        ])
-        .arg(PathBuf::from(manifest).join("../Cargo.toml"));
-        if release {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().context("cannot run cargo to build the shim")?;
-        if status.success() && candidates[0].is_file() {
-            return Ok(candidates[0].clone());
-        }
-    }
-    if let Some(path) = std::env::var_os("PATH") {
-        for dir in std::env::split_paths(&path) {
-            let p = dir.join("sharedos-mcp-shim");
-            if p.is_file() {
-                return Ok(p);
-            }
-        }
-    }
-    bail!(
-        "cannot find the sharedos-mcp-shim binary: build it (`cargo build -p sharedos-mcp-shim`) or set SHAREDOS_SHIM"
-    )
-}
+use sharedos_broker::Config;
+use sharedos_host::client::ControlClient;
 
 struct Step {
     tool: &'static str,
@@ -110,7 +57,8 @@ pub async fn run() -> anyhow::Result<ExitCode> {
     let runtime_dir = tmp.path().join("run");
     let config = Config::embedded(&tmp.path().join("default"))?;
     let shutdown = CancellationToken::new();
-    let running = crate::server::start(config, runtime_dir.clone(), shutdown.clone()).await?;
+    let running =
+        sharedos_broker::server::start(config, runtime_dir.clone(), shutdown.clone()).await?;
     let result = drive(&runtime_dir).await;
     shutdown.cancel();
     running.wait().await?;
@@ -143,7 +91,7 @@ async fn drive(runtime_dir: &std::path::Path) -> anyhow::Result<bool> {
         turn.catalog_hash
     );
 
-    let shim = locate_shim()?;
+    let shim = sharedos_host::shim_path::locate_shim()?;
     let mut cmd = tokio::process::Command::new(&shim);
     cmd.env(runtime::TOKEN_ENV, turn.token.expose())
         .env(runtime::BROKER_ENV, runtime::bridge_socket(runtime_dir))

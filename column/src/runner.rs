@@ -19,8 +19,8 @@ use sharedos_ipc::runtime;
 use sharedos_proto::ipc::{ControlRequest, ControlResponse, OpenTurn};
 use sharedos_proto::{McpSupport, PolicyMode, SystemIdentity, ToolPolicy};
 
-use crate::client::ControlClient;
-use crate::harness_config::{self, ShimLaunch, TokenSource};
+use sharedos_host::client::ControlClient;
+use sharedos_host::harness_config::{self, ShimLaunch, TokenSource};
 
 /// Exit status of `column run` when some row did not pass.
 pub const EXIT_NOT_ALL_PASSED: u8 = 4;
@@ -307,7 +307,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<(Value, bool)> {
         ControlResponse::TurnOpened(t) => t,
         other => bail!("unexpected answer to open_turn: {other:?}"),
     };
-    let started_at = crate::record::now_rfc3339();
+    let started_at = sharedos_proto::record::now_rfc3339();
     let result = async {
         let workdir_s = workdir.display().to_string();
         let pre = [("workdir", workdir_s.as_str())];
@@ -323,7 +323,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<(Value, bool)> {
             harness_config::write_private(&config_path, &expand(&text, &pre), None)?;
         }
         let launch = ShimLaunch {
-            shim: crate::demo::locate_shim()?,
+            shim: sharedos_host::shim_path::locate_shim()?,
             bridge: std::path::absolute(runtime::bridge_socket(&opts.runtime_dir))?,
             token: TokenSource::Env(turn.token.expose().to_owned()),
         };
@@ -349,7 +349,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<(Value, bool)> {
         })
         .await;
     let harness_run = result?;
-    let finished_at = crate::record::now_rfc3339();
+    let finished_at = sharedos_proto::record::now_rfc3339();
 
     // The record of the turn.
     let mut lines = Vec::new();

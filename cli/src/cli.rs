@@ -13,8 +13,8 @@ use sharedos_proto::ipc::{ControlRequest, ControlResponse, OpenTurn};
 use sharedos_proto::{PublishedToolDefinition, ToolDefinition};
 use tokio_util::sync::CancellationToken;
 
-use crate::client::ControlClient;
-use crate::config::Config;
+use sharedos_broker::Config;
+use sharedos_host::client::ControlClient;
 
 /// Stdout was closed by its reader (`records | head -1`): the command ends quietly, status 0.
 #[derive(Debug, thiserror::Error)]
@@ -214,7 +214,7 @@ pub struct OpenArgs {
     /// Give the written config and token files to this uid (and gid): a harness that runs
     /// under its own uid reads them, no other harness can. Needs the right to chown (root).
     #[arg(long, value_name = "UID[:GID]")]
-    file_owner: Option<crate::harness_config::FileOwner>,
+    file_owner: Option<sharedos_host::harness_config::FileOwner>,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -359,7 +359,7 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
                 script,
                 log,
             } => {
-                crate::scripted_model::run(listen, &script, log).await?;
+                sharedos_column::scripted_model::run(listen, &script, log).await?;
                 Ok(ExitCode::SUCCESS)
             }
             command => host_command(command, &runtime_dir).await,
@@ -378,7 +378,8 @@ async fn serve(
     };
     config.redact_arguments |= redact_arguments;
     let shutdown = CancellationToken::new();
-    let running = crate::server::start(config, runtime_dir.clone(), shutdown.clone()).await?;
+    let running =
+        sharedos_broker::server::start(config, runtime_dir.clone(), shutdown.clone()).await?;
     eprintln!(
         "sharedos-broker: serving; control socket {}, bridge socket {}",
         runtime::control_socket(&runtime_dir).display(),
@@ -458,20 +459,20 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
         workdir,
     }) = command
     {
-        let opts = crate::column::RunOptions {
+        let opts = sharedos_column::runner::RunOptions {
             runtime_dir: runtime_dir.to_path_buf(),
             host_config,
             rows,
             out,
             workdir,
         };
-        let (manifest, all_passed) = crate::column::run(&opts).await?;
-        out!("{}", crate::column::table(&manifest));
+        let (manifest, all_passed) = sharedos_column::runner::run(&opts).await?;
+        out!("{}", sharedos_column::runner::table(&manifest));
         outln!("manifest: {}", opts.out.display());
         return Ok(if all_passed {
             ExitCode::SUCCESS
         } else {
-            ExitCode::from(crate::column::EXIT_NOT_ALL_PASSED)
+            ExitCode::from(sharedos_column::runner::EXIT_NOT_ALL_PASSED)
         });
     }
     let mut client = ControlClient::connect(runtime_dir).await?;
@@ -546,7 +547,7 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                             bail!("--write-config takes FORMAT PATH");
                         };
                         Ok((
-                            crate::harness_config::parse_format(format)?,
+                            sharedos_host::harness_config::parse_format(format)?,
                             PathBuf::from(path),
                         ))
                     },
@@ -591,24 +592,24 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                 .map(|(_, p)| PathBuf::from(p.display().to_string().replace("{turn}", &t.turn)));
             let written = (|| -> anyhow::Result<()> {
                 if let Some(path) = &token_path {
-                    crate::harness_config::write_private(
+                    sharedos_host::harness_config::write_private(
                         path,
                         &format!("{}\n", t.token.expose()),
                         file_owner,
                     )?;
                 }
                 if let (Some((format, _)), Some(path)) = (&write_config, &config_path) {
-                    let launch = crate::harness_config::ShimLaunch {
-                        shim: crate::demo::locate_shim()?,
+                    let launch = sharedos_host::harness_config::ShimLaunch {
+                        shim: sharedos_host::shim_path::locate_shim()?,
                         bridge: std::path::absolute(runtime::bridge_socket(runtime_dir))?,
                         token: match &token_path {
-                            Some(p) => crate::harness_config::TokenSource::File(p.clone()),
-                            None => {
-                                crate::harness_config::TokenSource::Env(t.token.expose().to_owned())
-                            }
+                            Some(p) => sharedos_host::harness_config::TokenSource::File(p.clone()),
+                            None => sharedos_host::harness_config::TokenSource::Env(
+                                t.token.expose().to_owned(),
+                            ),
                         },
                     };
-                    crate::harness_config::write(*format, &launch, path, file_owner)?;
+                    sharedos_host::harness_config::write(*format, &launch, path, file_owner)?;
                 }
                 Ok(())
             })();
@@ -650,7 +651,7 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                 ControlResponse::TurnClosed { turn, token_file } => {
                     // The broker removes it too; this covers a folder only the host can write.
                     if let Some(path) = token_file {
-                        crate::server::remove_token_file(Path::new(&path));
+                        sharedos_broker::server::remove_token_file(Path::new(&path));
                     }
                     outln!("closed {turn}")
                 }

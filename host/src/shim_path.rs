@@ -1,0 +1,57 @@
+//! Where the `sharedos-mcp-shim` binary is, for configs that must name it.
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, bail};
+
+/// Finds the shim binary: `SHAREDOS_SHIM`, next to this executable, or on PATH. Under
+/// `cargo run` (which builds only the binary it runs) it builds the shim with the same profile.
+pub fn locate_shim() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("SHAREDOS_SHIM") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("cannot find this executable")?;
+    let dir = exe.parent().context("this executable has no folder")?;
+    // Test binaries live in target/<profile>/deps.
+    let candidates = [
+        dir.join("sharedos-mcp-shim"),
+        dir.join("../sharedos-mcp-shim"),
+    ];
+    if let Some(found) = candidates.iter().find(|p| p.is_file()) {
+        return Ok(found.clone());
+    }
+    if let (Some(cargo), Some(manifest)) = (
+        std::env::var_os("CARGO"),
+        std::env::var_os("CARGO_MANIFEST_DIR"),
+    ) {
+        let release = dir.file_name().is_some_and(|n| n == "release");
+        eprintln!("demo: building sharedos-mcp-shim (cargo run builds only the broker)…");
+        let mut cmd = std::process::Command::new(cargo);
+        cmd.args([
+            "build",
+            "--quiet",
+            "-p",
+            "sharedos-mcp-shim",
+            "--manifest-path",
+        ])
+        .arg(PathBuf::from(manifest).join("../Cargo.toml"));
+        if release {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().context("cannot run cargo to build the shim")?;
+        if status.success() && candidates[0].is_file() {
+            return Ok(candidates[0].clone());
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let p = dir.join("sharedos-mcp-shim");
+            if p.is_file() {
+                return Ok(p);
+            }
+        }
+    }
+    bail!(
+        "cannot find the sharedos-mcp-shim binary: build it (`cargo build -p sharedos-mcp-shim`) or set SHAREDOS_SHIM"
+    )
+}
