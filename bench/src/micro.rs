@@ -130,7 +130,7 @@ pub async fn decisions(
             let config = Config::from_file(&cfg)?;
             let root = CancellationToken::new();
             let t = Instant::now();
-            let kernel = sharedos_broker::server::build_kernel(&config, &root).await?;
+            let kernel = sharedos_broker::assemble::build_kernel(&config, &root).await?;
             if round == 0 {
                 d.load = t.elapsed();
             }

@@ -20,7 +20,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::kernel::CallSite;
-use crate::server::Broker;
+use crate::state::Broker;
 use crate::turn::{Turn, rfc3339};
 
 /// How long a new connection has to say hello (a shim sends it at once).
@@ -36,15 +36,15 @@ pub const MAX_INFLIGHT_PER_BRIDGE: usize = 8;
 /// Refused hellos are logged at most once a second (with how many there were): a peer that
 /// keeps trying does not fill the log.
 fn refused_hello(log: impl FnOnce(u64)) {
-    static REFUSED: Mutex<crate::server::RateLimitedLog> =
-        Mutex::new(crate::server::RateLimitedLog::new());
+    static REFUSED: Mutex<crate::admission::RateLimitedLog> =
+        Mutex::new(crate::admission::RateLimitedLog::new());
     REFUSED
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .note(log);
 }
 
-pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::server::PendingHello) {
+pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admission::PendingHello) {
     let creds = stream.peer_creds().ok();
     let uid = creds.as_ref().and_then(|c| c.euid());
     let pid = creds.as_ref().and_then(|c| c.pid());

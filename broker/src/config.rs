@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 
 use crate::record::RecordSync;
 
@@ -19,6 +21,9 @@ permit(
   resource is SharedOS::File
 ) when { resource.path == "/public" || resource.path like "/public/*" };
 "#;
+
+/// How long a call may run when neither the config nor its provider says.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Default lifetime of a turn when the host gives none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
@@ -56,7 +61,62 @@ pub enum ProviderConfig {
         latency_ms: Option<u64>,
     },
     /// An existing stdio MCP server the broker spawns and keeps (see `upstream`).
-    Mcp(crate::upstream::McpProviderConfig),
+    Mcp(McpProviderConfig),
+}
+
+/// Which contexts a per-context provider exists in.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Scope {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+}
+
+impl Scope {
+    pub fn matches(&self, principal: &str, agent: Option<&str>) -> bool {
+        self.principal.as_deref().is_none_or(|p| p == principal)
+            && self.agent.as_deref().is_none_or(|a| Some(a) == agent)
+    }
+}
+
+/// The requirement of one upstream tool, built from its call's arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateConfig {
+    /// The Cedar action (`read`, `list`, `search`, `write`).
+    pub action: String,
+    /// `SharedOS::File` path template, e.g. `"{path}"`: `{arg}` is replaced by that argument.
+    pub file: String,
+    /// The argument is a host path under this folder; the policy sees the path relative to it
+    /// (`/srv/data/public/a.txt` → `/public/a.txt`). Without it the argument is a virtual path.
+    #[serde(default)]
+    pub file_root: Option<PathBuf>,
+}
+
+/// A `[[providers]] type = "mcp"` entry.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpProviderConfig {
+    pub namespace: String,
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// A per-context provider: its tools exist only in turns whose context matches.
+    #[serde(default)]
+    pub scope: Option<Scope>,
+    /// Requirement templates per upstream tool name. A tool without one requires `call` on
+    /// `SharedOS::Tool {name}`.
+    #[serde(default)]
+    pub tools: BTreeMap<String, TemplateConfig>,
+    #[serde(default)]
+    pub call_timeout_seconds: Option<u64>,
+    /// How long to wait for initialize and the first tools/list (default 30 s).
+    #[serde(default)]
+    pub startup_timeout_seconds: Option<u64>,
 }
 
 /// Most bridges one turn may have open at once, by default.
@@ -251,7 +311,7 @@ impl Config {
                 .min(MAX_TTL),
             call_timeout: raw
                 .call_timeout_seconds
-                .map_or(crate::kernel::DEFAULT_CALL_TIMEOUT, Duration::from_secs),
+                .map_or(DEFAULT_CALL_TIMEOUT, Duration::from_secs),
             providers: raw
                 .providers
                 .into_iter()
@@ -320,7 +380,7 @@ impl Config {
             harness_group: None,
             host_group: None,
             default_ttl: DEFAULT_TTL,
-            call_timeout: crate::kernel::DEFAULT_CALL_TIMEOUT,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
             providers: vec![ProviderConfig::Files {
                 namespace: "files".into(),
                 root: data,

@@ -20,7 +20,7 @@ use sharedos_proto::{Identifier, Outcome};
 use crate::config::MAX_TTL;
 use crate::kernel::{AccessContext, Verdict};
 use crate::record::read_records;
-use crate::server::Broker;
+use crate::state::Broker;
 use crate::turn::{NewTurn, opened_record, rfc3339};
 
 /// Most record lines returned by one `records` request.
@@ -33,7 +33,7 @@ fn error(code: &str, message: impl Into<String>) -> ControlResponse {
     }
 }
 
-pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::server::PendingHello) {
+pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admission::PendingHello) {
     let uid = stream.peer_creds().ok().and_then(|c| c.euid());
     let (recv, mut send) = tokio::io::split(stream);
     let mut reader = FrameReader::new(recv);

@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 use sharedos_proto::{FailCode, ToolDefinition, ToolMetadata, ToolName};
 
 use crate::beneath::{Found, Resolution, ResolveError, Root, Strategy};
-use crate::policy::Resource;
+use crate::resource::Resource;
 use crate::vpath;
 
 /// Largest file `read` returns and `search` looks into; larger files fail with `too_large`.

@@ -21,12 +21,12 @@ use sharedos_proto::{
 use tokio_util::sync::CancellationToken;
 
 use crate::files::{Failure, FileOp, FilesProvider, ReadCheck, Success};
-use crate::policy::{PolicyEngine, Resource};
+use crate::policy::PolicyEngine;
 use crate::record::Recorder;
+use crate::resource::Resource;
 use crate::upstream::{McpHandler, McpProvider, Names};
 
-/// Longest a provider may run one call before it fails with `timeout`.
-pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+pub use crate::config::DEFAULT_CALL_TIMEOUT;
 
 /// What a shim's per-call deadline adds to the longest call timeout (see
 /// [`Kernel::answer_deadline`]).

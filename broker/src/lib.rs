@@ -9,6 +9,7 @@
 //! - [`config`]: the TOML config and the embedded default.
 //! - [`policy`]: Cedar schema and policies, decisions, the catalogue question.
 //! - [`vpath`]: canonical virtual paths.
+//! - [`resource`]: what a call touches (`Resource`), below the policy and the providers.
 //! - [`beneath`]: a root held by descriptor; paths resolved beneath it without a gap.
 //! - [`files`]: the built-in files provider.
 //! - [`kernel`]: registry, per-context catalogue, `invoke` (the single call path).
@@ -16,9 +17,14 @@
 //! - [`turn`]: the turn table, tokens, lifecycle.
 //! - [`upstream`]: brokered MCP providers (upstream servers behind the kernel).
 //! - [`server`]: the process: runtime dir, sockets, accept loops, shutdown.
+//! - [`state`]: the shared state below the handlers: `Broker`, the peer-uid rule, closing a turn.
+//! - [`assemble`]: the composition root: config → kernel (the only module naming providers).
+//! - [`admission`]: bounds on connections before hello, rate-limited refusal logs.
 //! - [`bridge`]: one shim connection.
 //! - [`control`]: one host connection.
 
+pub mod admission;
+pub mod assemble;
 pub mod beneath;
 pub mod bridge;
 pub mod config;
@@ -27,16 +33,14 @@ pub mod files;
 pub mod kernel;
 pub mod policy;
 pub mod record;
+pub mod resource;
 pub mod server;
+pub mod state;
+mod sync;
+pub(crate) use sync::lock;
 pub mod turn;
 pub mod upstream;
 pub mod vpath;
 
 pub use config::Config;
 pub use server::{run, start};
-
-/// Locks `m`, taking the data even if a panicking thread poisoned it: every lock in the broker
-/// leaves its data consistent at each unlock, so a panic elsewhere must not wedge it.
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}

@@ -12,6 +12,7 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::lock;
+use crate::resource::NAMESPACE;
 
 use cedar_policy::{
     ActionConstraint, Authorizer, Context, Decision as CedarDecision, Effect, Entities, Entity,
@@ -129,8 +130,6 @@ fn type_signature(v: &serde_json::Value) -> String {
     }
 }
 
-const NAMESPACE: &str = "SharedOS";
-
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
     #[error("cannot read `{path}`: {source}")]
@@ -146,45 +145,7 @@ pub enum PolicyError {
     Invalid { path: String, detail: String },
 }
 
-/// A resource a call is decided on, built from the call's canonicalized arguments.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Resource {
-    /// A file of one provider's space: `namespace` is the provider's (two providers' `/a` are
-    /// two files, and a policy can tell them apart with `resource.namespace`).
-    File {
-        namespace: String,
-        path: String,
-    },
-    Tool {
-        name: String,
-    },
-}
-
-impl Resource {
-    pub fn type_name(&self) -> &'static str {
-        match self {
-            Resource::File { .. } => "File",
-            Resource::Tool { .. } => "Tool",
-        }
-    }
-
-    fn id(&self) -> &str {
-        match self {
-            Resource::File { path, .. } => path,
-            Resource::Tool { name } => name,
-        }
-    }
-
-    /// `SharedOS::File::"/public/a.txt"`, for people and records.
-    pub fn display(&self) -> String {
-        format!("{NAMESPACE}::{}::{:?}", self.type_name(), self.id())
-    }
-
-    /// The bare id (`/public/a.txt`), for sentences.
-    pub fn short(&self) -> &str {
-        self.id()
-    }
-}
+pub use crate::resource::Resource;
 
 /// What the kernel learns from a decision.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,5 +1,6 @@
-//! The broker process: builds the kernel from the config, owns the runtime directory and its two
-//! sockets, and runs the accept loops until shutdown.
+//! The broker process: has the kernel built from the config ([`crate::assemble`]), owns the
+//! runtime directory and its two sockets, and runs the accept loops until shutdown. Nothing
+//! imports this module but the crate root.
 //!
 //! Owns the cancellation tree root → turn → bridge → call. On shutdown every turn is closed
 //! (reason `broker_shutdown`), so every in-flight call ends recorded, then the sockets are removed.
@@ -14,240 +15,19 @@ use interprocess::local_socket::tokio::{Listener, Stream};
 use interprocess::local_socket::traits::StreamCommon as _;
 use interprocess::local_socket::traits::tokio::Listener as _;
 use interprocess::local_socket::{GenericFilePath, ListenerOptions, ToFsName};
-use serde_json::{Map, json};
+use serde_json::json;
 use sharedos_ipc::runtime;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, ProviderConfig};
-use crate::files::FilesProvider;
-use crate::kernel::{Kernel, Registry};
-use crate::policy::PolicyEngine;
-use crate::record::Recorder;
+use crate::admission::{HelloGate, RateLimitedLog};
+use crate::assemble::{build, close_out};
+use crate::config::Config;
+use crate::state::Broker;
 use crate::turn::Turns;
-use crate::upstream::{McpProvider, Pins};
 
 /// Connections served at once per socket; further ones wait in the kernel's backlog.
 pub const MAX_CONNECTIONS: usize = 1024;
-
-/// Everything a connection handler needs.
-pub struct Broker {
-    pub kernel: Arc<Kernel>,
-    pub turns: Turns,
-    pub config: Config,
-    pub root: CancellationToken,
-    pub runtime_dir: PathBuf,
-    pub uid: u32,
-}
-
-impl Broker {
-    pub fn host_allowed(&self, uid: Option<u32>) -> bool {
-        peer_allowed(uid, &self.config.host_uids, self.uid)
-    }
-
-    pub fn harness_allowed(&self, uid: Option<u32>) -> bool {
-        peer_allowed(uid, &self.config.harness_uids, self.uid)
-    }
-
-    /// Closes a turn: kills its token, cancels its tree, waits (bounded) for in-flight calls to
-    /// record, records `turn_closed` and removes the turn's token file. `None` if no such open
-    /// turn.
-    pub async fn close_turn(&self, id: &str, reason: &str) -> Option<Arc<crate::turn::Turn>> {
-        let turn = self.turns.remove(id)?;
-        if let Ok(mut r) = turn.close_reason.write() {
-            *r = Some(reason.to_owned());
-        }
-        turn.cancel.cancel();
-        turn.tracker.close();
-        if tokio::time::timeout(crate::turn::CLOSE_GRACE, turn.tracker.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(turn = %id, "in-flight calls did not finish within the close grace period");
-        }
-        let line = turn.line(
-            "turn_closed",
-            json!({"reason": reason, "calls": turn.calls.load(std::sync::atomic::Ordering::Relaxed)}),
-        );
-        if let Err(e) = self.kernel.recorder.append(line).await {
-            tracing::error!(turn = %id, error = %e, "could not record turn_closed");
-        }
-        if let Some(path) = &turn.token_file {
-            remove_token_file(path);
-        }
-        Some(turn)
-    }
-}
-
-/// Removes a closed turn's token file: only a regular file or a link (never followed), and a
-/// missing one is fine (the host may have removed it, or never written it). A folder this uid
-/// cannot write in is logged: the host's `turn close` removes it then.
-pub fn remove_token_file(path: &Path) {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_file() || m.file_type().is_symlink() => {
-            if let Err(e) = std::fs::remove_file(path) {
-                tracing::warn!(path = %path.display(), error = %e, "could not remove a closed turn's token file");
-            }
-        }
-        Ok(_) => {
-            tracing::warn!(path = %path.display(), "a closed turn's token file is not a file: left alone");
-        }
-        Err(_) => {}
-    }
-}
-
-/// The peer-uid rule: listed uids, or only our own uid when none are listed.
-pub fn peer_allowed(uid: Option<u32>, listed: &[u32], own: u32) -> bool {
-    match uid {
-        None => false,
-        Some(uid) if listed.is_empty() => uid == own,
-        Some(uid) => listed.contains(&uid),
-    }
-}
-
-/// Builds the kernel: policy (validated), record, built-in providers (names validated at
-/// registration), then brokered providers (started and listed before this returns; a failed
-/// start or a template naming an argument the upstream lacks is a config error).
-pub async fn build_kernel(config: &Config, root: &CancellationToken) -> anyhow::Result<Kernel> {
-    Ok(build(config, root).await?.0)
-}
-
-/// [`build_kernel`], and what the record's last broker left open (closed out by [`start`]
-/// once this broker's start is on record).
-async fn build(
-    config: &Config,
-    root: &CancellationToken,
-) -> anyhow::Result<(Kernel, crate::record::Recovery)> {
-    let policy = PolicyEngine::load(config.schema.as_deref(), &config.policy)?;
-    let mut registry = Registry::default();
-    let (recorder, recovery) = Recorder::open(&config.record, config.record_sync)?;
-    if recovery.torn_bytes > 0 {
-        tracing::warn!(
-            record = %config.record.display(),
-            bytes = recovery.torn_bytes,
-            saved_to = ?recovery.torn_saved_to,
-            "the record ended in a torn line (a crash mid-write); it was cut off and saved aside"
-        );
-        eprintln!(
-            "warning: record `{}` ended in a torn line of {} bytes (a crash mid-write); saved to `{}` and cut off",
-            config.record.display(),
-            recovery.torn_bytes,
-            recovery
-                .torn_saved_to
-                .as_deref()
-                .unwrap_or(Path::new("?"))
-                .display()
-        );
-    }
-    let pins = Arc::new(Pins::load(config.pins.clone())?);
-    for provider in &config.providers {
-        match provider {
-            ProviderConfig::Files {
-                namespace,
-                root,
-                writable,
-                latency_ms,
-            } => {
-                let mut p = FilesProvider::new(namespace, root, *writable)?;
-                p.latency = latency_ms.map(Duration::from_millis);
-                registry.register_files(Arc::new(p))?;
-            }
-            ProviderConfig::Mcp(_) => {}
-        }
-    }
-    let mut starting = Vec::new();
-    for provider in &config.providers {
-        let ProviderConfig::Mcp(cfg) = provider else {
-            continue;
-        };
-        let p = McpProvider::new(
-            cfg.clone(),
-            config.base.clone(),
-            registry.names.clone(),
-            pins.clone(),
-            registry.generation.clone(),
-            recorder.clone(),
-            config.call_timeout,
-            root.child_token(),
-        );
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(p.clone().supervise(tx));
-        registry.providers.push(p.clone());
-        starting.push((p, rx));
-    }
-    for (p, rx) in starting {
-        let started =
-            tokio::time::timeout(p.startup_timeout() * 2 + Duration::from_secs(5), rx).await;
-        match started {
-            Ok(Ok(Ok(()))) => {
-                let status = p.status();
-                tracing::info!(provider = %status.namespace, state = ?status.state, tools = status.tools.len(), rejected = status.rejected.len(), "brokered provider started");
-            }
-            Ok(Ok(Err(e))) => {
-                root.cancel();
-                bail!(
-                    "provider `{}` (config `{}`): {e}",
-                    p.namespace(),
-                    config.source
-                );
-            }
-            _ => {
-                root.cancel();
-                bail!(
-                    "provider `{}` (config `{}`) did not start in time",
-                    p.namespace(),
-                    config.source
-                );
-            }
-        }
-    }
-    let mut kernel = Kernel::new(
-        registry,
-        policy,
-        recorder,
-        config.redact_arguments,
-        config.call_timeout,
-    );
-    kernel.record_max_argument_bytes = config.record_max_argument_bytes;
-    Ok((kernel, recovery))
-}
-
-/// What the last broker left open when it stopped without closing: each call whose intent is on
-/// record but whose outcome is not gets `outcome: unknown` (its effect may or may not have
-/// happened), and each turn still open is closed with reason `broker_restart`.
-async fn close_out(recorder: &Recorder, recovery: &crate::record::Recovery) -> anyhow::Result<()> {
-    for intent in &recovery.open_intents {
-        let mut line = Map::new();
-        line.insert("kind".into(), json!("call"));
-        for key in ["turn", "callId", "requestId", "tool", "requirement"] {
-            if let Some(v) = intent.get(key) {
-                line.insert(key.into(), v.clone());
-            }
-        }
-        line.insert("outcome".into(), json!("unknown"));
-        line.insert("code".into(), json!("broker_restart"));
-        line.insert(
-            "message".into(),
-            json!("the broker stopped before this call's outcome was recorded; its effect may or may not have happened"),
-        );
-        recorder.append(line).await?;
-    }
-    for turn in &recovery.open_turns {
-        let mut line = Map::new();
-        line.insert("kind".into(), json!("turn_closed"));
-        line.insert("turn".into(), json!(turn));
-        line.insert("reason".into(), json!("broker_restart"));
-        recorder.append(line).await?;
-    }
-    if !recovery.open_intents.is_empty() || !recovery.open_turns.is_empty() {
-        tracing::warn!(
-            calls = recovery.open_intents.len(),
-            turns = recovery.open_turns.len(),
-            "the last broker stopped without closing: calls with no outcome recorded as unknown, open turns closed"
-        );
-    }
-    Ok(())
-}
 
 /// Creates the runtime dir (or checks an existing one is ours) and sets its access: 0700 when
 /// only this uid uses the sockets; 0710 and the one group that needs to reach a socket
@@ -538,92 +318,6 @@ impl FdReserve {
     }
 }
 
-/// Most connections one peer process may have open before hello.
-pub const MAX_PENDING_HELLO_PER_PEER: usize = 16;
-/// Most connections before hello on one socket, from all peers together.
-pub const MAX_PENDING_HELLO: usize = 256;
-
-/// Counts connections that have not said hello yet, per peer process and in all.
-#[derive(Default)]
-pub struct HelloGate {
-    state: std::sync::Mutex<(usize, std::collections::HashMap<i32, usize>)>,
-}
-
-impl HelloGate {
-    /// A place for one more connection from `pid`, or `None` over a bound.
-    fn admit(self: &Arc<Self>, pid: Option<i32>) -> Option<PendingHello> {
-        let mut s = self
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let key = pid.unwrap_or(-1);
-        let per_peer = s.1.get(&key).copied().unwrap_or(0);
-        if s.0 >= MAX_PENDING_HELLO || per_peer >= MAX_PENDING_HELLO_PER_PEER {
-            return None;
-        }
-        s.0 += 1;
-        *s.1.entry(key).or_default() += 1;
-        Some(PendingHello {
-            gate: self.clone(),
-            key,
-        })
-    }
-}
-
-/// A connection's place at the [`HelloGate`]: given back when dropped (after hello, or when the
-/// connection ends first).
-pub struct PendingHello {
-    gate: Arc<HelloGate>,
-    key: i32,
-}
-
-impl Drop for PendingHello {
-    fn drop(&mut self) {
-        let mut s = self
-            .gate
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        s.0 = s.0.saturating_sub(1);
-        if let Some(n) = s.1.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                s.1.remove(&self.key);
-            }
-        }
-    }
-}
-
-/// A warning at most once a second, saying how many were held back.
-#[derive(Default)]
-pub struct RateLimitedLog {
-    last: Option<std::time::Instant>,
-    held: u64,
-}
-
-impl RateLimitedLog {
-    pub const fn new() -> Self {
-        Self {
-            last: None,
-            held: 0,
-        }
-    }
-
-    /// Counts one event, and calls `log` with the count since the last call when a second has
-    /// passed.
-    pub fn note(&mut self, log: impl FnOnce(u64)) {
-        self.held += 1;
-        if self
-            .last
-            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
-        {
-            log(self.held);
-            self.held = 0;
-            self.last = Some(std::time::Instant::now());
-        }
-    }
-}
-
 /// Raises the soft limit on open files to the hard one: every connection and every file a call
 /// opens is a descriptor, and systemd's default soft limit (1,024) is easily reached.
 pub fn raise_open_files_limit() {
@@ -642,19 +336,5 @@ pub fn raise_open_files_limit() {
             }
             Err(e) => tracing::warn!(error = %e, "could not raise the open-files limit"),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn uid_rule() {
-        assert!(peer_allowed(Some(1000), &[], 1000));
-        assert!(!peer_allowed(Some(1001), &[], 1000));
-        assert!(peer_allowed(Some(1001), &[1001], 1000));
-        assert!(!peer_allowed(Some(1000), &[1001], 1000));
-        assert!(!peer_allowed(None, &[], 1000));
     }
 }

@@ -21,15 +21,16 @@ use rmcp::model::{CallToolRequestParams, CallToolResponse};
 use rmcp::service::{NotificationContext, Peer, RoleClient, RunningService};
 use rmcp::transport::TokioChildProcess;
 use rmcp::{ClientHandler, ServiceExt};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 use sharedos_proto::{CatalogHash, FailCode, ToolDefinition, ToolMetadata, ToolName};
 use tokio_util::sync::CancellationToken;
 
 use crate::beneath::{Root, Strategy};
+pub use crate::config::{McpProviderConfig, Scope, TemplateConfig};
 use crate::files::{Failure, Success};
-use crate::policy::Resource;
 use crate::record::Recorder;
+use crate::resource::Resource;
 use crate::vpath;
 
 /// How long the broker waits at start for an upstream's first tool list.
@@ -39,61 +40,6 @@ pub const BACKOFF_MIN: Duration = Duration::from_millis(200);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Largest upstream result passed through (serialized); larger ones fail `too_large`.
 pub const MAX_UPSTREAM_RESULT_BYTES: usize = 4 * 1024 * 1024;
-
-/// Which contexts a per-context provider exists in.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct Scope {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub principal: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent: Option<String>,
-}
-
-impl Scope {
-    pub fn matches(&self, principal: &str, agent: Option<&str>) -> bool {
-        self.principal.as_deref().is_none_or(|p| p == principal)
-            && self.agent.as_deref().is_none_or(|a| Some(a) == agent)
-    }
-}
-
-/// The requirement of one upstream tool, built from its call's arguments.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TemplateConfig {
-    /// The Cedar action (`read`, `list`, `search`, `write`).
-    pub action: String,
-    /// `SharedOS::File` path template, e.g. `"{path}"`: `{arg}` is replaced by that argument.
-    pub file: String,
-    /// The argument is a host path under this folder; the policy sees the path relative to it
-    /// (`/srv/data/public/a.txt` → `/public/a.txt`). Without it the argument is a virtual path.
-    #[serde(default)]
-    pub file_root: Option<PathBuf>,
-}
-
-/// A `[[providers]] type = "mcp"` entry.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct McpProviderConfig {
-    pub namespace: String,
-    pub command: String,
-    #[serde(default)]
-    pub args: Vec<String>,
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    /// A per-context provider: its tools exist only in turns whose context matches.
-    #[serde(default)]
-    pub scope: Option<Scope>,
-    /// Requirement templates per upstream tool name. A tool without one requires `call` on
-    /// `SharedOS::Tool {name}`.
-    #[serde(default)]
-    pub tools: BTreeMap<String, TemplateConfig>,
-    #[serde(default)]
-    pub call_timeout_seconds: Option<u64>,
-    /// How long to wait for initialize and the first tools/list (default 30 s).
-    #[serde(default)]
-    pub startup_timeout_seconds: Option<u64>,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -651,7 +651,7 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                 ControlResponse::TurnClosed { turn, token_file } => {
                     // The broker removes it too; this covers a folder only the host can write.
                     if let Some(path) = token_file {
-                        sharedos_broker::server::remove_token_file(Path::new(&path));
+                        sharedos_broker::state::remove_token_file(Path::new(&path));
                     }
                     outln!("closed {turn}")
                 }

@@ -1,0 +1,164 @@
+//! The composition root: a config becomes a running kernel. The only module that names the
+//! concrete providers (files, brokered MCP); everything above gets a [`Kernel`].
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::bail;
+use serde_json::{Map, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, ProviderConfig};
+use crate::files::FilesProvider;
+use crate::kernel::{Kernel, Registry};
+use crate::policy::PolicyEngine;
+use crate::record::Recorder;
+use crate::upstream::{McpProvider, Pins};
+
+/// Builds the kernel: policy (validated), record, built-in providers (names validated at
+/// registration), then brokered providers (started and listed before this returns; a failed
+/// start or a template naming an argument the upstream lacks is a config error).
+pub async fn build_kernel(config: &Config, root: &CancellationToken) -> anyhow::Result<Kernel> {
+    Ok(build(config, root).await?.0)
+}
+
+/// [`build_kernel`], and what the record's last broker left open (closed out by [`start`]
+/// once this broker's start is on record).
+pub(crate) async fn build(
+    config: &Config,
+    root: &CancellationToken,
+) -> anyhow::Result<(Kernel, crate::record::Recovery)> {
+    let policy = PolicyEngine::load(config.schema.as_deref(), &config.policy)?;
+    let mut registry = Registry::default();
+    let (recorder, recovery) = Recorder::open(&config.record, config.record_sync)?;
+    if recovery.torn_bytes > 0 {
+        tracing::warn!(
+            record = %config.record.display(),
+            bytes = recovery.torn_bytes,
+            saved_to = ?recovery.torn_saved_to,
+            "the record ended in a torn line (a crash mid-write); it was cut off and saved aside"
+        );
+        eprintln!(
+            "warning: record `{}` ended in a torn line of {} bytes (a crash mid-write); saved to `{}` and cut off",
+            config.record.display(),
+            recovery.torn_bytes,
+            recovery
+                .torn_saved_to
+                .as_deref()
+                .unwrap_or(Path::new("?"))
+                .display()
+        );
+    }
+    let pins = Arc::new(Pins::load(config.pins.clone())?);
+    for provider in &config.providers {
+        match provider {
+            ProviderConfig::Files {
+                namespace,
+                root,
+                writable,
+                latency_ms,
+            } => {
+                let mut p = FilesProvider::new(namespace, root, *writable)?;
+                p.latency = latency_ms.map(Duration::from_millis);
+                registry.register_files(Arc::new(p))?;
+            }
+            ProviderConfig::Mcp(_) => {}
+        }
+    }
+    let mut starting = Vec::new();
+    for provider in &config.providers {
+        let ProviderConfig::Mcp(cfg) = provider else {
+            continue;
+        };
+        let p = McpProvider::new(
+            cfg.clone(),
+            config.base.clone(),
+            registry.names.clone(),
+            pins.clone(),
+            registry.generation.clone(),
+            recorder.clone(),
+            config.call_timeout,
+            root.child_token(),
+        );
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(p.clone().supervise(tx));
+        registry.providers.push(p.clone());
+        starting.push((p, rx));
+    }
+    for (p, rx) in starting {
+        let started =
+            tokio::time::timeout(p.startup_timeout() * 2 + Duration::from_secs(5), rx).await;
+        match started {
+            Ok(Ok(Ok(()))) => {
+                let status = p.status();
+                tracing::info!(provider = %status.namespace, state = ?status.state, tools = status.tools.len(), rejected = status.rejected.len(), "brokered provider started");
+            }
+            Ok(Ok(Err(e))) => {
+                root.cancel();
+                bail!(
+                    "provider `{}` (config `{}`): {e}",
+                    p.namespace(),
+                    config.source
+                );
+            }
+            _ => {
+                root.cancel();
+                bail!(
+                    "provider `{}` (config `{}`) did not start in time",
+                    p.namespace(),
+                    config.source
+                );
+            }
+        }
+    }
+    let mut kernel = Kernel::new(
+        registry,
+        policy,
+        recorder,
+        config.redact_arguments,
+        config.call_timeout,
+    );
+    kernel.record_max_argument_bytes = config.record_max_argument_bytes;
+    Ok((kernel, recovery))
+}
+
+/// What the last broker left open when it stopped without closing: each call whose intent is on
+/// record but whose outcome is not gets `outcome: unknown` (its effect may or may not have
+/// happened), and each turn still open is closed with reason `broker_restart`.
+pub(crate) async fn close_out(
+    recorder: &Recorder,
+    recovery: &crate::record::Recovery,
+) -> anyhow::Result<()> {
+    for intent in &recovery.open_intents {
+        let mut line = Map::new();
+        line.insert("kind".into(), json!("call"));
+        for key in ["turn", "callId", "requestId", "tool", "requirement"] {
+            if let Some(v) = intent.get(key) {
+                line.insert(key.into(), v.clone());
+            }
+        }
+        line.insert("outcome".into(), json!("unknown"));
+        line.insert("code".into(), json!("broker_restart"));
+        line.insert(
+            "message".into(),
+            json!("the broker stopped before this call's outcome was recorded; its effect may or may not have happened"),
+        );
+        recorder.append(line).await?;
+    }
+    for turn in &recovery.open_turns {
+        let mut line = Map::new();
+        line.insert("kind".into(), json!("turn_closed"));
+        line.insert("turn".into(), json!(turn));
+        line.insert("reason".into(), json!("broker_restart"));
+        recorder.append(line).await?;
+    }
+    if !recovery.open_intents.is_empty() || !recovery.open_turns.is_empty() {
+        tracing::warn!(
+            calls = recovery.open_intents.len(),
+            turns = recovery.open_turns.len(),
+            "the last broker stopped without closing: calls with no outcome recorded as unknown, open turns closed"
+        );
+    }
+    Ok(())
+}
