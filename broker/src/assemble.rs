@@ -5,21 +5,22 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::bail;
 use serde_json::{Map, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ProviderConfig};
+use crate::error::StartError;
 use crate::files::FilesProvider;
 use crate::kernel::{Kernel, Registry};
+use crate::pins::Pins;
 use crate::policy::PolicyEngine;
 use crate::record::Recorder;
-use crate::upstream::{McpProvider, Pins};
+use crate::upstream::McpProvider;
 
 /// Builds the kernel: policy (validated), record, built-in providers (names validated at
 /// registration), then brokered providers (started and listed before this returns; a failed
 /// start or a template naming an argument the upstream lacks is a config error).
-pub async fn build_kernel(config: &Config, root: &CancellationToken) -> anyhow::Result<Kernel> {
+pub async fn build_kernel(config: &Config, root: &CancellationToken) -> Result<Kernel, StartError> {
     Ok(build(config, root).await?.0)
 }
 
@@ -28,7 +29,7 @@ pub async fn build_kernel(config: &Config, root: &CancellationToken) -> anyhow::
 pub(crate) async fn build(
     config: &Config,
     root: &CancellationToken,
-) -> anyhow::Result<(Kernel, crate::record::Recovery)> {
+) -> Result<(Kernel, crate::record::Recovery), StartError> {
     let policy = PolicyEngine::load(config.schema.as_deref(), &config.policy)?;
     let mut registry = Registry::default();
     let (recorder, recovery) = Recorder::open(&config.record, config.record_sync)?;
@@ -61,7 +62,7 @@ pub(crate) async fn build(
             } => {
                 let mut p = FilesProvider::new(namespace, root, *writable)?;
                 p.latency = latency_ms.map(Duration::from_millis);
-                registry.register_files(Arc::new(p))?;
+                registry.register(namespace, Arc::new(p).tools()?)?;
             }
             ProviderConfig::Mcp(_) => {}
         }
@@ -84,6 +85,7 @@ pub(crate) async fn build(
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(p.clone().supervise(tx));
         registry.providers.push(p.clone());
+        registry.pins = Some(pins.clone());
         starting.push((p, rx));
     }
     for (p, rx) in starting {
@@ -91,24 +93,23 @@ pub(crate) async fn build(
             tokio::time::timeout(p.startup_timeout() * 2 + Duration::from_secs(5), rx).await;
         match started {
             Ok(Ok(Ok(()))) => {
-                let status = p.status();
+                let status = McpProvider::status(&p);
                 tracing::info!(provider = %status.namespace, state = ?status.state, tools = status.tools.len(), rejected = status.rejected.len(), "brokered provider started");
             }
             Ok(Ok(Err(e))) => {
                 root.cancel();
-                bail!(
-                    "provider `{}` (config `{}`): {e}",
-                    p.namespace(),
-                    config.source
-                );
+                return Err(StartError::Provider {
+                    namespace: p.namespace().to_owned(),
+                    config: config.source.clone(),
+                    detail: e.to_string(),
+                });
             }
             _ => {
                 root.cancel();
-                bail!(
-                    "provider `{}` (config `{}`) did not start in time",
-                    p.namespace(),
-                    config.source
-                );
+                return Err(StartError::ProviderTimeout {
+                    namespace: p.namespace().to_owned(),
+                    config: config.source.clone(),
+                });
             }
         }
     }
@@ -129,7 +130,7 @@ pub(crate) async fn build(
 pub(crate) async fn close_out(
     recorder: &Recorder,
     recovery: &crate::record::Recovery,
-) -> anyhow::Result<()> {
+) -> Result<(), StartError> {
     for intent in &recovery.open_intents {
         let mut line = Map::new();
         line.insert("kind".into(), json!("call"));

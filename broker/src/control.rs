@@ -327,13 +327,14 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest) -> ControlResponse {
                 .iter()
                 .filter_map(|p| Some((p.namespace().to_owned(), p.upstream_hash()?)))
                 .collect();
-            let Some(pin_file) = registry.providers.first().map(|p| p.pins_path()) else {
+            let Some(pin_store) = registry.pins.as_ref() else {
                 return error("no_providers", "no brokered providers are configured");
             };
-            match registry.providers[0].pins().write(&pins) {
+            let pin_file = pin_store.path.clone();
+            match pin_store.write(&pins) {
                 Ok(all) => {
                     for p in &registry.providers {
-                        p.repin().await;
+                        p.clone().repin().await;
                     }
                     let line = json!({"kind": "providers_pinned", "pins": all});
                     if let Some(obj) = line.as_object() {

@@ -13,6 +13,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,8 @@ use serde_json::{Map, Value, json};
 use sharedos_proto::{FailCode, ToolDefinition, ToolMetadata, ToolName};
 
 use crate::beneath::{Found, Resolution, ResolveError, Root, Strategy};
+use crate::provider::{CallEnv, Job, Resolution as ProvidedResolution, ToolHandler};
+pub use crate::provider::{Failure, ReadCheck, Success};
 use crate::resource::Resource;
 use crate::vpath;
 
@@ -86,68 +89,130 @@ pub struct Resolved {
     pub target: Resolution,
 }
 
-/// A failed execution: the code, the sentence after `failed: `, and any content a provider
-/// returned with its error (passed through after that sentence).
-#[derive(Debug, Clone)]
-pub struct Failure {
-    pub code: FailCode,
-    pub message: String,
-    pub content: Vec<Value>,
-}
-
-impl Failure {
-    pub fn new(code: FailCode, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-            content: vec![],
-        }
-    }
-
-    pub fn with_content(mut self, content: Vec<Value>) -> Self {
-        self.content = content;
-        self
-    }
-}
-
 fn fail(code: FailCode, message: impl Into<String>) -> Failure {
     Failure::new(code, message)
 }
 
-/// A successful execution: MCP content blocks and structured content, as the provider gave them.
-#[derive(Debug, Clone)]
-pub struct Success {
-    pub content: Vec<Value>,
-    pub structured: Option<Value>,
+/// One built-in files tool: its provider and operation, as the kernel calls it.
+pub struct FileTool {
+    pub provider: Arc<FilesProvider>,
+    pub op: FileOp,
 }
 
-impl Success {
-    pub fn text(text: String) -> Self {
-        Self {
-            content: vec![json!({"type": "text", "text": text})],
-            structured: None,
-        }
-    }
+/// Set when the future that holds it is dropped (the call was cancelled or timed out, or it
+/// finished): blocking work it started checks it and stops.
+#[derive(Default)]
+struct StopOnDrop(Arc<AtomicBool>);
 
-    pub fn content(content: Vec<Value>, structured: Option<Value>) -> Self {
-        Self {
-            content,
-            structured,
-        }
-    }
-
-    /// The text of the first block (tests, tables).
-    pub fn first_text(&self) -> &str {
-        self.content
-            .first()
-            .and_then(|c| c["text"].as_str())
-            .unwrap_or_default()
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
-/// The kernel's answer to "may this principal read this file?", for `search` hits.
-pub trait ReadCheck: Send + Sync {
-    fn may_read(&self, virtual_path: &str) -> bool;
+impl ToolHandler for FileTool {
+    fn namespace(&self) -> &str {
+        &self.provider.namespace
+    }
+
+    fn kind(&self) -> &'static str {
+        "files"
+    }
+
+    fn shape(&self) -> (&str, &'static str) {
+        (self.op.action(), "File")
+    }
+
+    fn changes_state(&self, _annotations: Option<&Value>) -> bool {
+        self.op == FileOp::Write
+    }
+
+    fn resolve(
+        &self,
+        _tool: &str,
+        arguments: &Map<String, Value>,
+    ) -> Result<ProvidedResolution, String> {
+        let r = self.provider.resolve(self.op, arguments)?;
+        Ok(ProvidedResolution {
+            action: r.action.to_owned(),
+            resource: r.resource.clone(),
+            forwarded: None,
+            detail: Some(Box::new(r)),
+        })
+    }
+
+    fn execute(
+        &self,
+        resolution: ProvidedResolution,
+        arguments: Map<String, Value>,
+        env: CallEnv,
+    ) -> Job {
+        let (provider, op) = (self.provider.clone(), self.op);
+        let latency = provider.latency;
+        Box::pin(async move {
+            let stop = StopOnDrop::default();
+            if let Some(latency) = latency {
+                tokio::time::sleep(latency).await;
+            }
+            let Some(files) = resolution
+                .detail
+                .and_then(|d| d.downcast::<Resolved>().ok())
+            else {
+                return Err(Failure::new(
+                    FailCode::Internal,
+                    "files call without a resolved file",
+                ));
+            };
+            let flag = stop.0.clone();
+            let check = env.read_check;
+            let run = move || provider.execute(op, &files, &arguments, check.as_ref(), &flag);
+            // A read is one open, fstat and read of at most MAX_READ_BYTES of a regular file
+            // (opened non-blocking, so a FIFO cannot hang it): done in place, which spares two
+            // thread hand-offs per call. Folders and searches can be large and go to the
+            // blocking pool.
+            if op == FileOp::Read {
+                return std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).unwrap_or_else(
+                    |_| {
+                        Err(Failure::new(
+                            FailCode::Internal,
+                            "internal error: the read panicked",
+                        ))
+                    },
+                );
+            }
+            // One of the turn's places first (waiting counts toward the call's timeout, and a
+            // cancelled call stops waiting).
+            let _place = match &env.blocking {
+                Some(s) => s.clone().acquire_owned().await.ok(),
+                None => None,
+            };
+            tokio::task::spawn_blocking(run).await.unwrap_or_else(|e| {
+                Err(Failure::new(
+                    FailCode::Internal,
+                    format!("internal error: {e}"),
+                ))
+            })
+        })
+    }
+}
+
+impl FilesProvider {
+    /// This provider's registrations: each definition with its handler.
+    pub fn tools(
+        self: &Arc<Self>,
+    ) -> Result<Vec<ToolDefinition<Arc<dyn ToolHandler>>>, FilesConfigError> {
+        Ok(self
+            .definitions()?
+            .into_iter()
+            .map(|def| {
+                let op = def.authority;
+                def.with_authority(Arc::new(FileTool {
+                    provider: self.clone(),
+                    op,
+                }) as Arc<dyn ToolHandler>)
+            })
+            .collect())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

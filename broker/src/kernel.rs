@@ -20,11 +20,14 @@ use sharedos_proto::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::files::{Failure, FileOp, FilesProvider, ReadCheck, Success};
+use crate::pins::Pins;
 use crate::policy::PolicyEngine;
+use crate::provider::{
+    CallEnv, Failure, Job, Names, Provider, Published, ReadCheck, Resolution as Resolved, Success,
+    ToolHandler,
+};
 use crate::record::Recorder;
 use crate::resource::Resource;
-use crate::upstream::{McpHandler, McpProvider, Names};
 
 pub use crate::config::DEFAULT_CALL_TIMEOUT;
 
@@ -41,74 +44,6 @@ type Ending = (
     Vec<String>,
     Option<Result<Success, Vec<Value>>>,
 );
-
-/// Can this tool change state? `files.write`, and every brokered tool not annotated
-/// `readOnlyHint: true` (MCP's default is "may change state"). Such calls are written ahead.
-fn changes_state(tool: &Registered) -> bool {
-    match &tool.authority.handler {
-        Handler::Files { op, .. } => *op == FileOp::Write,
-        Handler::Mcp(_) => !tool
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get("readOnlyHint"))
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
-    }
-}
-
-/// How a registered tool runs. Never leaves the broker.
-pub enum Handler {
-    /// A built-in files tool.
-    Files {
-        provider: Arc<FilesProvider>,
-        op: FileOp,
-    },
-    /// An upstream MCP server's tool.
-    Mcp(McpHandler),
-}
-
-/// What a registration carries besides its published surface. Never leaves the broker.
-pub struct Authority {
-    pub handler: Handler,
-    /// The compiled inputSchema.
-    validator: Option<jsonschema::Validator>,
-    /// What catalogues take from this registration, made on first use (a registration never
-    /// changes).
-    published: std::sync::OnceLock<Published>,
-}
-
-/// A registration's published definition, shared by every catalogue, and the RFC 8785 text of
-/// its projection, which catalogue hashes are made of (`None` if it cannot be canonicalized).
-struct Published {
-    definition: Arc<PublishedToolDefinition>,
-    canonical: Option<String>,
-}
-
-impl Authority {
-    fn new(handler: Handler, validator: Option<jsonschema::Validator>) -> Self {
-        Self {
-            handler,
-            validator,
-            published: std::sync::OnceLock::new(),
-        }
-    }
-
-    pub fn mcp(handler: McpHandler, validator: Option<jsonschema::Validator>) -> Self {
-        Self::new(Handler::Mcp(handler), validator)
-    }
-
-    /// The requirement shape (action, resource type): tools of one shape share the catalogue
-    /// answer.
-    fn shape(&self) -> (&str, &'static str) {
-        match &self.handler {
-            Handler::Files { op, .. } => (op.action(), "File"),
-            Handler::Mcp(h) => match &h.template {
-                Some(t) => (t.action.as_str(), "File"),
-                None => ("call", "Tool"),
-            },
-        }
-    }
-}
 
 /// `tool`'s [`Published`] form, made on first use.
 fn published(tool: &Registered) -> &Published {
@@ -128,18 +63,7 @@ fn published(tool: &Registered) -> &Published {
     })
 }
 
-/// A call's resolved requirement, plus what execution needs.
-pub struct Resolved {
-    pub action: String,
-    pub resource: Resource,
-    /// For files tools: the file that will be touched.
-    files: Option<crate::files::Resolved>,
-    /// For brokered tools: the arguments to send upstream, when they are not the call's own (a
-    /// `file_root` path is sent as what it resolved to).
-    forwarded: Option<Map<String, Value>>,
-}
-
-pub type Registered = ToolDefinition<Authority>;
+pub use crate::provider::{Authority, Registered};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -167,49 +91,44 @@ pub struct Registry {
     tools: Vec<Arc<Registered>>,
     /// Every registered name → its provider, across built-in and brokered providers.
     pub names: Arc<Names>,
-    pub providers: Vec<Arc<McpProvider>>,
+    pub providers: Vec<Arc<dyn Provider>>,
+    /// The brokered providers' pin file, if any provider can be pinned.
+    pub pins: Option<Arc<Pins>>,
     /// Bumped when a brokered provider's tools change (part of the catalogue cache key).
     pub generation: Arc<AtomicU64>,
 }
 
 impl Registry {
-    /// Registers one files provider's tools. A name already taken is an error naming both.
-    pub fn register_files(&mut self, provider: Arc<FilesProvider>) -> Result<(), anyhow::Error> {
-        for def in provider.definitions()? {
-            if let Err(by) = self.names.claim(def.name.as_str(), &provider.namespace) {
+    /// Registers one built-in provider's tools. A name already taken, or an inputSchema that
+    /// does not compile, is an error naming the tool.
+    pub fn register(
+        &mut self,
+        namespace: &str,
+        tools: Vec<ToolDefinition<Arc<dyn ToolHandler>>>,
+    ) -> Result<(), RegistryError> {
+        for def in tools {
+            if let Err(by) = self.names.claim(def.name.as_str(), namespace) {
                 return Err(RegistryError::Duplicate {
-                    provider: provider.namespace.clone(),
+                    provider: namespace.to_owned(),
                     name: def.name.to_string(),
                     by,
-                }
-                .into());
+                });
             }
             let validator =
                 match &def.input_schema {
                     Some(schema) => Some(jsonschema::validator_for(schema).map_err(|e| {
                         RegistryError::Schema {
-                            provider: provider.namespace.clone(),
+                            provider: namespace.to_owned(),
                             name: def.name.to_string(),
                             detail: e.to_string(),
                         }
                     })?),
                     None => None,
                 };
-            self.tools.push(Arc::new(ToolDefinition {
-                name: def.name,
-                description: def.description,
-                input_schema: def.input_schema,
-                output_schema: def.output_schema,
-                annotations: def.annotations,
-                metadata: def.metadata,
-                authority: Authority::new(
-                    Handler::Files {
-                        provider: provider.clone(),
-                        op: def.authority,
-                    },
-                    validator,
-                ),
-            }));
+            let handler = def.authority.clone();
+            self.tools.push(Arc::new(
+                def.with_authority(Authority::new(handler, validator)),
+            ));
         }
         Ok(())
     }
@@ -218,7 +137,7 @@ impl Registry {
     fn tools_for(&self, context: &AccessContext) -> Vec<Arc<Registered>> {
         let mut out = self.tools.clone();
         for p in &self.providers {
-            out.extend(p.tools_for(&context.principal, context.agent.as_deref()));
+            out.extend(p.tools_for(context));
         }
         out
     }
@@ -265,9 +184,6 @@ pub enum Verdict {
         policies: Vec<String>,
     },
 }
-
-/// A permitted call's execution, boxed so every handler kind fits one `select!`.
-type Job = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Success, Failure>> + Send>>;
 
 /// Bound on cached catalogues (per context and policy version).
 const CATALOG_CACHE_MAX: usize = 4096;
@@ -342,20 +258,19 @@ impl Kernel {
 
     /// What `providers` shows: built-in providers, then brokered ones with their state.
     pub fn provider_statuses(&self) -> Vec<Value> {
-        let mut files: Vec<(String, Vec<String>)> = Vec::new();
+        let mut builtin: Vec<(&str, &str, Vec<String>)> = Vec::new();
         for t in &self.registry.tools {
-            if let Handler::Files { provider, .. } = &t.authority.handler {
-                match files.iter_mut().find(|(ns, _)| *ns == provider.namespace) {
-                    Some((_, names)) => names.push(t.name.to_string()),
-                    None => files.push((provider.namespace.clone(), vec![t.name.to_string()])),
-                }
+            let h = &t.authority.handler;
+            match builtin.iter_mut().find(|(ns, _, _)| *ns == h.namespace()) {
+                Some((_, _, names)) => names.push(t.name.to_string()),
+                None => builtin.push((h.namespace(), h.kind(), vec![t.name.to_string()])),
             }
         }
-        let mut out: Vec<Value> = files
+        let mut out: Vec<Value> = builtin
             .into_iter()
-            .map(|(ns, tools)| json!({"namespace": ns, "type": "files", "state": "ready", "tools": tools, "rejected": []}))
+            .map(|(ns, kind, tools)| json!({"namespace": ns, "type": kind, "state": "ready", "tools": tools, "rejected": []}))
             .collect();
-        out.extend(self.registry.providers.iter().map(|p| json!(p.status())));
+        out.extend(self.registry.providers.iter().map(|p| p.status()));
         out
     }
 
@@ -382,7 +297,7 @@ impl Kernel {
         let mut visible_tools: Vec<Arc<Registered>> = Vec::new();
         let registered = self.registry.tools_for(context);
         for tool in &registered {
-            let shape = tool.authority.shape();
+            let shape = tool.authority.handler.shape();
             let visible = if shape.1 == "Tool" {
                 let per_type = *tool_shapes.entry(shape.0).or_insert_with(|| {
                     self.policy.permit_for_every(&pv, context, shape.0, shape.1)
@@ -460,7 +375,7 @@ impl Kernel {
     pub fn check_context(&self, context: &AccessContext) -> Result<(), String> {
         let mut shapes: Vec<(String, &'static str)> = Vec::new();
         for tool in self.registry.tools_for(context) {
-            let (action, ty) = tool.authority.shape();
+            let (action, ty) = tool.authority.handler.shape();
             if !shapes.iter().any(|(a, t)| a == action && *t == ty) {
                 shapes.push((action.to_owned(), ty));
             }
@@ -542,12 +457,10 @@ impl Kernel {
         };
         // A brokered tool whose upstream drifted after this catalogue was made: the turn still
         // holds the registration, but its upstream no longer lists what was published.
-        if let Handler::Mcp(h) = &registered.authority.handler
-            && let Some(why) = h.provider.upgrade().and_then(|p| p.drift())
-        {
+        if let Some(why) = registered.authority.handler.unavailable() {
             return refuse(
-                Outcome::Failed(FailCode::ProviderDrifted),
-                format!("failed: {tool} — {why}"),
+                Outcome::Failed(why.code),
+                format!("failed: {tool} — {}", why.message),
             );
         }
         if let Some(why) = rejected {
@@ -686,7 +599,11 @@ impl Kernel {
                 // Write-ahead: a call that can change state is on record, as durable as the
                 // record is, before it runs; its outcome line follows. A crash in between leaves
                 // the intent, which the next start closes as `unknown`.
-                if changes_state(&tool) {
+                if tool
+                    .authority
+                    .handler
+                    .changes_state(tool.annotations.as_ref())
+                {
                     let mut intent = self.call_head("intent", &site, &call, &requirement);
                     crate::record::apply_stamp(&mut intent, site.stamp);
                     if let Err(e) = self.recorder.append(intent).await {
@@ -821,80 +738,19 @@ impl Kernel {
         context: AccessContext,
         blocking: Option<Arc<tokio::sync::Semaphore>>,
     ) -> (Job, Duration) {
-        match &tool.authority.handler {
-            Handler::Files { provider, op } => {
-                let (provider, op) = (provider.clone(), *op);
-                let latency = provider.latency;
-                let kernel = self.clone();
-                let job = async move {
-                    // Set when this future is dropped (the call was cancelled or timed out, or it
-                    // finished): blocking work it started checks it and stops.
-                    let stop = StopOnDrop::default();
-                    if let Some(latency) = latency {
-                        tokio::time::sleep(latency).await;
-                    }
-                    let Some(files) = resolved.files else {
-                        return Err(Failure::new(
-                            FailCode::Internal,
-                            "files call without a resolved file",
-                        ));
-                    };
-                    let flag = stop.0.clone();
-                    let run = move || {
-                        let check = KernelReadCheck {
-                            kernel: &kernel,
-                            context: &context,
-                            namespace: &provider.namespace,
-                        };
-                        provider.execute(op, &files, &arguments, &check, &flag)
-                    };
-                    // A read is one open, fstat and read of at most MAX_READ_BYTES of a regular
-                    // file (opened non-blocking, so a FIFO cannot hang it): done in place, which
-                    // spares two thread hand-offs per call. Folders and searches can be large
-                    // and go to the blocking pool.
-                    if op == FileOp::Read {
-                        return std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
-                            .unwrap_or_else(|_| {
-                                Err(Failure::new(
-                                    FailCode::Internal,
-                                    "internal error: the read panicked",
-                                ))
-                            });
-                    }
-                    // One of the turn's places first (waiting counts toward the call's timeout,
-                    // and a cancelled call stops waiting).
-                    let _place = match &blocking {
-                        Some(s) => s.clone().acquire_owned().await.ok(),
-                        None => None,
-                    };
-                    tokio::task::spawn_blocking(run).await.unwrap_or_else(|e| {
-                        Err(Failure::new(
-                            FailCode::Internal,
-                            format!("internal error: {e}"),
-                        ))
-                    })
-                };
-                (Box::pin(job), self.call_timeout)
-            }
-            Handler::Mcp(h) => {
-                let provider = h.provider.upgrade();
-                let timeout = provider
-                    .as_ref()
-                    .map_or(self.call_timeout, |p| p.call_timeout());
-                let upstream = h.upstream.clone();
-                let arguments = resolved.forwarded.unwrap_or(arguments);
-                let job = async move {
-                    match provider {
-                        Some(p) => p.call(&upstream, &arguments).await,
-                        None => Err(Failure::new(
-                            FailCode::UpstreamUnavailable,
-                            "the provider is gone",
-                        )),
-                    }
-                };
-                (Box::pin(job), timeout)
-            }
-        }
+        let handler = &tool.authority.handler;
+        let env = CallEnv {
+            read_check: Box::new(KernelReadCheck {
+                kernel: self.clone(),
+                context,
+                namespace: handler.namespace().to_owned(),
+            }),
+            blocking,
+        };
+        (
+            handler.execute(resolved, arguments, env),
+            handler.timeout(self.call_timeout),
+        )
     }
 
     /// Arguments on a record line under `key`: as they are, or `{key}Sha256`
@@ -958,30 +814,9 @@ impl Kernel {
 
 /// The requirement of a call, from the registration's resolver and the call's arguments.
 fn resolve(tool: &Registered, arguments: &Map<String, Value>) -> Result<Resolved, String> {
-    match &tool.authority.handler {
-        Handler::Files { provider, op } => {
-            let r = provider.resolve(*op, arguments)?;
-            Ok(Resolved {
-                action: r.action.to_owned(),
-                resource: r.resource.clone(),
-                files: Some(r),
-                forwarded: None,
-            })
-        }
-        Handler::Mcp(h) => {
-            let provider = h
-                .provider
-                .upgrade()
-                .ok_or_else(|| "the provider is gone".to_owned())?;
-            let r = provider.resolve(tool.name.as_str(), h.template.as_ref(), arguments)?;
-            Ok(Resolved {
-                action: r.action,
-                resource: r.resource,
-                files: None,
-                forwarded: r.forwarded,
-            })
-        }
-    }
+    tool.authority
+        .handler
+        .resolve(tool.name.as_str(), arguments)
 }
 
 /// The SHA-256 of a value's JSON text, in hex (redacted arguments).
@@ -1007,38 +842,259 @@ fn json_kind(v: &Value) -> &'static str {
     }
 }
 
-/// Sets its flag when dropped: how a dropped call future tells the blocking work it started to
-/// stop.
-#[derive(Default)]
-struct StopOnDrop(Arc<std::sync::atomic::AtomicBool>);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
 /// `search` asks this before returning a hit: the same decision a `read` of that file gets.
-struct KernelReadCheck<'a> {
-    kernel: &'a Kernel,
-    context: &'a AccessContext,
-    namespace: &'a str,
+struct KernelReadCheck {
+    kernel: Arc<Kernel>,
+    context: AccessContext,
+    namespace: String,
 }
 
-impl ReadCheck for KernelReadCheck<'_> {
+impl ReadCheck for KernelReadCheck {
     fn may_read(&self, virtual_path: &str) -> bool {
         let pv = self.kernel.policy.current();
         self.kernel
             .policy
             .decide(
                 &pv,
-                self.context,
+                &self.context,
                 "read",
                 &Resource::File {
-                    namespace: self.namespace.to_owned(),
+                    namespace: self.namespace.clone(),
                     path: virtual_path.to_owned(),
                 },
             )
             .allowed
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used, clippy::panic, reason = "test code")]
+mod tests {
+    //! The check path and the single call path with a fake handler: no files, no upstream.
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::record::RecordSync;
+
+    /// A tool whose requirement is `read` on `SharedOS::File {path}` from its `path` argument,
+    /// counting its runs.
+    struct Fake {
+        runs: Arc<AtomicUsize>,
+        writes: bool,
+        unavailable: Option<FailCode>,
+    }
+
+    impl ToolHandler for Fake {
+        fn namespace(&self) -> &str {
+            "fake"
+        }
+        fn kind(&self) -> &'static str {
+            "fake"
+        }
+        fn shape(&self) -> (&str, &'static str) {
+            ("read", "File")
+        }
+        fn changes_state(&self, _annotations: Option<&Value>) -> bool {
+            self.writes
+        }
+        fn unavailable(&self) -> Option<Failure> {
+            self.unavailable.map(|c| Failure::new(c, "held back"))
+        }
+        fn resolve(&self, _tool: &str, args: &Map<String, Value>) -> Result<Resolved, String> {
+            let path = args.get("path").and_then(Value::as_str).ok_or("no path")?;
+            if path.contains("..") {
+                return Err("not canonical".into());
+            }
+            Ok(Resolved {
+                action: "read".into(),
+                resource: Resource::File {
+                    namespace: "fake".into(),
+                    path: path.into(),
+                },
+                forwarded: None,
+                detail: None,
+            })
+        }
+        fn execute(&self, r: Resolved, _args: Map<String, Value>, _env: CallEnv) -> Job {
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            let text = format!("ran on {}", r.resource.short());
+            Box::pin(async move { Ok(Success::text(text)) })
+        }
+    }
+
+    const POLICY: &str = r#"
+@id("alice-public") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"read", resource is SharedOS::File)
+when { resource.path like "/public/*" };
+@id("no-secrets") forbid(principal, action, resource is SharedOS::File)
+when { resource.path like "*secret*" };
+"#;
+
+    struct Setup {
+        _dir: tempfile::TempDir,
+        kernel: Arc<Kernel>,
+        runs: Arc<AtomicUsize>,
+        record: std::path::PathBuf,
+    }
+
+    fn setup(writes: bool, unavailable: Option<FailCode>) -> Setup {
+        let dir = tempfile::tempdir().expect("tmp");
+        let policy_path = dir.path().join("p.cedar");
+        std::fs::write(&policy_path, POLICY).expect("policy");
+        let policy = PolicyEngine::load(None, &policy_path).expect("load");
+        let record = dir.path().join("r.jsonl");
+        let (recorder, _) = Recorder::open(&record, RecordSync::Always).expect("record");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let handler: Arc<dyn ToolHandler> = Arc::new(Fake {
+            runs: runs.clone(),
+            writes,
+            unavailable,
+        });
+        let def: ToolDefinition<Arc<dyn ToolHandler>> = ToolDefinition {
+            name: ToolName::new("fake.read").expect("name"),
+            description: None,
+            input_schema: Some(
+                json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+            ),
+            output_schema: None,
+            annotations: None,
+            metadata: None,
+            authority: handler,
+        };
+        let mut registry = Registry::default();
+        registry.register("fake", vec![def]).expect("register");
+        let kernel = Arc::new(Kernel::new(
+            registry,
+            policy,
+            recorder,
+            false,
+            Duration::from_secs(5),
+        ));
+        Setup {
+            _dir: dir,
+            kernel,
+            runs,
+            record,
+        }
+    }
+
+    fn verdict(s: &Setup, principal: &str, tool: &str, args: Value) -> (Option<Outcome>, String) {
+        let ctx = AccessContext::new(principal, None);
+        let catalog = s.kernel.catalog(&ctx);
+        match s.kernel.check(&ctx, &catalog, tool, Some(&args)) {
+            Verdict::Refused {
+                outcome, message, ..
+            } => (Some(outcome), message),
+            Verdict::Permitted { policies, .. } => (None, policies.join(",")),
+        }
+    }
+
+    #[test]
+    fn the_check_refuses_in_order_and_permits_from_the_arguments() {
+        let s = setup(false, None);
+        let public = json!({"path": "/public/a"});
+        assert_eq!(
+            verdict(&s, "alice", "fake read", public.clone()).0,
+            Some(Outcome::Denied(DenyCode::MalformedToolName))
+        );
+        assert_eq!(
+            verdict(&s, "alice", "fake.write", public.clone()).0,
+            Some(Outcome::Denied(DenyCode::UnpublishedTool))
+        );
+        assert_eq!(
+            verdict(&s, "alice", "fake.read", json!({"path": 7})).0,
+            Some(Outcome::Failed(FailCode::InvalidArguments))
+        );
+        assert_eq!(
+            verdict(&s, "alice", "fake.read", json!([1])).0,
+            Some(Outcome::Failed(FailCode::InvalidArguments))
+        );
+        assert_eq!(
+            verdict(&s, "alice", "fake.read", json!({"path": "/public/../x"})).0,
+            Some(Outcome::Denied(DenyCode::UnresolvableRequirement))
+        );
+        assert_eq!(
+            verdict(&s, "alice", "fake.read", json!({"path": "/private/a"})).0,
+            Some(Outcome::Denied(DenyCode::NoPermit))
+        );
+        assert_eq!(
+            verdict(&s, "alice", "fake.read", json!({"path": "/public/secret"})).0,
+            Some(Outcome::Denied(DenyCode::Forbidden))
+        );
+        assert_eq!(
+            verdict(&s, "alice", "fake.read", public.clone()),
+            (None, "alice-public".to_owned())
+        );
+        // bob has no permit at all: the tool is not even in his catalogue.
+        assert_eq!(
+            verdict(&s, "bob", "fake.read", public).0,
+            Some(Outcome::Denied(DenyCode::UnpublishedTool))
+        );
+        assert_eq!(s.runs.load(Ordering::SeqCst), 0, "a check runs nothing");
+    }
+
+    #[test]
+    fn an_unavailable_handler_is_refused_before_its_arguments_are_looked_at() {
+        let s = setup(false, Some(FailCode::ProviderDrifted));
+        let (outcome, message) = verdict(&s, "alice", "fake.read", json!({"path": 7}));
+        assert_eq!(outcome, Some(Outcome::Failed(FailCode::ProviderDrifted)));
+        assert!(message.contains("held back"), "{message}");
+    }
+
+    async fn invoke(s: &Setup, id: &str, args: Value) -> CallAnswer {
+        let ctx = AccessContext::new("alice", None);
+        let catalog = s.kernel.catalog(&ctx);
+        let site = CallSite {
+            turn: "t-test",
+            call_id: format!("t-test.{id}"),
+            context: &ctx,
+            catalog: &catalog,
+            stamp: None,
+            blocking: None,
+        };
+        let call = ToolCall {
+            tool: "fake.read".into(),
+            arguments: Some(args),
+            request_id: Some(id.into()),
+            rejected_arguments: None,
+        };
+        s.kernel
+            .invoke(site, call, CancellationToken::new(), || {
+                CancelCode::ClientCancelled
+            })
+            .await
+    }
+
+    fn lines(s: &Setup) -> Vec<Value> {
+        s.kernel.recorder.release();
+        std::fs::read_to_string(&s.record)
+            .expect("record")
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("json"))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn every_call_leaves_one_line_and_a_state_changing_one_its_intent_first() {
+        let s = setup(true, None);
+        let ok = invoke(&s, "1", json!({"path": "/public/a"})).await;
+        assert_eq!(ok.outcome, Outcome::Succeeded);
+        assert_eq!(ok.content[0]["text"], "ran on /public/a");
+        let denied = invoke(&s, "2", json!({"path": "/private/a"})).await;
+        assert_eq!(denied.outcome, Outcome::Denied(DenyCode::NoPermit));
+        assert_eq!(s.runs.load(Ordering::SeqCst), 1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let kinds: Vec<(String, String)> = lines(&s)
+            .iter()
+            .map(|l| {
+                (
+                    l["kind"].as_str().unwrap_or("?").to_owned(),
+                    l["requestId"].as_str().unwrap_or("?").to_owned(),
+                )
+            })
+            .collect();
+        let want = [("intent", "1"), ("call", "1"), ("call", "2")]
+            .map(|(k, r)| (k.to_owned(), r.to_owned()));
+        assert_eq!(kinds, want);
     }
 }

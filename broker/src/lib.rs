@@ -11,7 +11,10 @@
 //! - [`vpath`]: canonical virtual paths.
 //! - [`resource`]: what a call touches (`Resource`), below the policy and the providers.
 //! - [`beneath`]: a root held by descriptor; paths resolved beneath it without a gap.
+//! - [`provider`]: the provider interface (`ToolHandler`, `Provider`, `Authority`): all the
+//!   kernel knows of a provider.
 //! - [`files`]: the built-in files provider.
+//! - [`pins`]: the pin file of brokered providers.
 //! - [`kernel`]: registry, per-context catalogue, `invoke` (the single call path).
 //! - [`record`]: the durable JSON Lines record (group commit).
 //! - [`turn`]: the turn table, tokens, lifecycle.
@@ -29,9 +32,12 @@ pub mod beneath;
 pub mod bridge;
 pub mod config;
 pub mod control;
+pub mod error;
 pub mod files;
 pub mod kernel;
+pub mod pins;
 pub mod policy;
+pub mod provider;
 pub mod record;
 pub mod resource;
 pub mod server;
@@ -43,4 +49,5 @@ pub mod upstream;
 pub mod vpath;
 
 pub use config::Config;
+pub use error::StartError;
 pub use server::{run, start};

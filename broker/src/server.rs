@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
 use interprocess::local_socket::tokio::{Listener, Stream};
 use interprocess::local_socket::traits::StreamCommon as _;
 use interprocess::local_socket::traits::tokio::Listener as _;
@@ -23,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admission::{HelloGate, RateLimitedLog};
 use crate::assemble::{build, close_out};
 use crate::config::Config;
+use crate::error::StartError;
 use crate::state::Broker;
 use crate::turn::Turns;
 
@@ -33,19 +33,22 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// only this uid uses the sockets; 0710 and the one group that needs to reach a socket
 /// (`harness_group` or `host_group`); 0711 when both do and differ (each socket's own mode
 /// and group then decide who can connect).
-fn prepare_runtime_dir(dir: &Path, uid: u32, config: &Config) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("cannot create runtime dir `{}`", dir.display()))?;
-    let meta = std::fs::symlink_metadata(dir)?;
+fn prepare_runtime_dir(dir: &Path, uid: u32, config: &Config) -> Result<(), StartError> {
+    std::fs::create_dir_all(dir).map_err(StartError::io("cannot create runtime dir", dir))?;
+    let meta =
+        std::fs::symlink_metadata(dir).map_err(StartError::io("cannot read runtime dir", dir))?;
     if !meta.is_dir() {
-        bail!("runtime dir `{}` is not a folder", dir.display());
+        return Err(StartError::NotAFolder {
+            path: dir.display().to_string(),
+        });
     }
-    if std::os::unix::fs::MetadataExt::uid(&meta) != uid {
-        bail!(
-            "runtime dir `{}` belongs to uid {}, not to this broker's uid {uid}",
-            dir.display(),
-            std::os::unix::fs::MetadataExt::uid(&meta)
-        );
+    let owner = std::os::unix::fs::MetadataExt::uid(&meta);
+    if owner != uid {
+        return Err(StartError::NotOurs {
+            path: dir.display().to_string(),
+            owner,
+            uid,
+        });
     }
     let (mode, group) = match (config.harness_group, config.host_group) {
         (None, None) => (0o700, None),
@@ -57,7 +60,7 @@ fn prepare_runtime_dir(dir: &Path, uid: u32, config: &Config) -> anyhow::Result<
         chgrp(dir, g)?;
     }
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
-        .with_context(|| format!("cannot set the mode of runtime dir `{}`", dir.display()))?;
+        .map_err(StartError::io("cannot set the mode of runtime dir", dir))?;
     if let Some(g) = config.harness_group {
         warn_unreachable(dir, g);
     }
@@ -65,12 +68,13 @@ fn prepare_runtime_dir(dir: &Path, uid: u32, config: &Config) -> anyhow::Result<
 }
 
 /// Gives `path` to group `gid` (keeping its owner).
-fn chgrp(path: &Path, gid: u32) -> anyhow::Result<()> {
-    rustix::fs::chown(path, None, Some(rustix::fs::Gid::from_raw(gid))).with_context(|| {
-        format!(
-            "cannot give `{}` to group {gid}: the broker's uid must be a member of that group (or root)",
-            path.display()
-        )
+fn chgrp(path: &Path, gid: u32) -> Result<(), StartError> {
+    rustix::fs::chown(path, None, Some(rustix::fs::Gid::from_raw(gid))).map_err(|e| {
+        StartError::Group {
+            path: path.display().to_string(),
+            gid,
+            source: e.into(),
+        }
     })
 }
 
@@ -101,33 +105,34 @@ fn warn_unreachable(dir: &Path, gid: u32) {
 }
 
 /// Refuses a socket path another broker is listening on.
-async fn refuse_if_listening(path: &Path) -> anyhow::Result<()> {
+async fn refuse_if_listening(path: &Path) -> Result<(), StartError> {
     if path.exists() && sharedos_ipc::connect(path).await.is_ok() {
-        bail!(
-            "a broker is already listening on `{}`; stop it or use another --runtime-dir",
-            path.display()
-        );
+        return Err(StartError::AlreadyListening {
+            path: path.display().to_string(),
+        });
     }
     Ok(())
 }
 
 /// Listens on `path`: mode 0600, or 0660 with `group` when one is given.
-async fn bind(path: &Path, group: Option<u32>) -> anyhow::Result<Listener> {
+async fn bind(path: &Path, group: Option<u32>) -> Result<Listener, StartError> {
     if path.exists() {
         refuse_if_listening(path).await?;
-        std::fs::remove_file(path)
-            .with_context(|| format!("cannot remove stale socket `{}`", path.display()))?;
+        std::fs::remove_file(path).map_err(StartError::io("cannot remove stale socket", path))?;
     }
-    let name = path.to_fs_name::<GenericFilePath>()?;
+    let name = path
+        .to_fs_name::<GenericFilePath>()
+        .map_err(StartError::io("cannot name the socket", path))?;
     let listener = ListenerOptions::new()
         .name(name)
         .create_tokio()
-        .with_context(|| format!("cannot listen on `{}`", path.display()))?;
+        .map_err(StartError::io("cannot listen on", path))?;
     if let Some(g) = group {
         chgrp(path, g)?;
     }
     let mode = if group.is_some() { 0o660 } else { 0o600 };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(StartError::io("cannot set the mode of", path))?;
     Ok(listener)
 }
 
@@ -139,8 +144,8 @@ pub struct Running {
 
 impl Running {
     /// Waits until the broker has shut down (after its `shutdown` token was cancelled).
-    pub async fn wait(self) -> anyhow::Result<()> {
-        self.task.await.context("broker task failed")
+    pub async fn wait(self) -> Result<(), StartError> {
+        self.task.await.map_err(|e| StartError::Task(e.to_string()))
     }
 }
 
@@ -149,7 +154,7 @@ pub async fn start(
     config: Config,
     runtime_dir: PathBuf,
     shutdown: CancellationToken,
-) -> anyhow::Result<Running> {
+) -> Result<Running, StartError> {
     let uid = runtime::current_uid();
     raise_open_files_limit();
     let root = CancellationToken::new();
@@ -208,7 +213,7 @@ pub async fn run(
     config: Config,
     runtime_dir: PathBuf,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), StartError> {
     start(config, runtime_dir, shutdown).await?.wait().await
 }
 

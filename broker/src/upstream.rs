@@ -11,7 +11,7 @@
 //! the upstream as `notifications/cancelled`).
 //! It never decides authority: requirement templates only say what a call touches.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -28,7 +28,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::beneath::{Root, Strategy};
 pub use crate::config::{McpProviderConfig, Scope, TemplateConfig};
-use crate::files::{Failure, Success};
+use crate::pins::Pins;
+use crate::policy::AccessContext;
+use crate::provider::{
+    Authority, CallEnv, Failure, Job, Names, Provider, Resolution, Success, ToolHandler,
+};
 use crate::record::Recorder;
 use crate::resource::Resource;
 use crate::vpath;
@@ -69,106 +73,10 @@ pub struct Requirement {
 
 /// A registered upstream tool's authority.
 pub struct McpHandler {
+    pub namespace: String,
     pub provider: Weak<McpProvider>,
     pub upstream: String,
     pub template: Option<TemplateConfig>,
-}
-
-/// Name ownership across every provider: two registrations of one name are refused.
-#[derive(Default)]
-pub struct Names {
-    owners: Mutex<HashMap<String, String>>,
-}
-
-impl Names {
-    /// Claims `name` for `owner`; Err(current owner) if someone else has it.
-    pub fn claim(&self, name: &str, owner: &str) -> Result<(), String> {
-        let mut m = self
-            .owners
-            .lock()
-            .map_err(|_| "name table poisoned".to_owned())?;
-        match m.get(name) {
-            Some(o) if o != owner => Err(o.clone()),
-            _ => {
-                m.insert(name.to_owned(), owner.to_owned());
-                Ok(())
-            }
-        }
-    }
-
-    pub fn release_all(&self, owner: &str) {
-        if let Ok(mut m) = self.owners.lock() {
-            m.retain(|_, o| o != owner);
-        }
-    }
-}
-
-/// The pin file: namespace → catalogHash of the upstream's own tool list.
-pub struct Pins {
-    pub path: Option<PathBuf>,
-    map: RwLock<BTreeMap<String, String>>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum PinError {
-    #[error("cannot read pin file `{path}`: {detail}")]
-    Read { path: String, detail: String },
-    #[error("no pin file is configured (set `pins = \"pins.toml\"` in the broker config)")]
-    NotConfigured,
-    #[error("cannot write pin file `{path}`: {detail}")]
-    Write { path: String, detail: String },
-}
-
-impl Pins {
-    pub fn load(path: Option<PathBuf>) -> Result<Self, PinError> {
-        let map = match &path {
-            Some(p) if p.exists() => {
-                let text = std::fs::read_to_string(p).map_err(|e| PinError::Read {
-                    path: p.display().to_string(),
-                    detail: e.to_string(),
-                })?;
-                let t: BTreeMap<String, String> =
-                    toml::from_str(&text).map_err(|e| PinError::Read {
-                        path: p.display().to_string(),
-                        detail: e.to_string(),
-                    })?;
-                t
-            }
-            _ => BTreeMap::new(),
-        };
-        Ok(Self {
-            path,
-            map: RwLock::new(map),
-        })
-    }
-
-    pub fn get(&self, namespace: &str) -> Option<String> {
-        self.map.read().ok()?.get(namespace).cloned()
-    }
-
-    /// Writes the given pins (replacing those namespaces) to the pin file.
-    pub fn write(
-        &self,
-        pins: &BTreeMap<String, String>,
-    ) -> Result<BTreeMap<String, String>, PinError> {
-        let path = self.path.as_ref().ok_or(PinError::NotConfigured)?;
-        let mut map = self.map.write().map_err(|_| PinError::NotConfigured)?;
-        map.extend(pins.iter().map(|(k, v)| (k.clone(), v.clone())));
-        let mut text = String::from(
-            "# SharedOS upstream pins: namespace = catalogHash of the upstream's tools/list.\n# Written by `sharedos-broker providers pin`.\n",
-        );
-        text.push_str(&toml::to_string(&*map).map_err(|e| PinError::Write {
-            path: path.display().to_string(),
-            detail: e.to_string(),
-        })?);
-        sharedos_ipc::private_file::write_private(path, &text, None).map_err(|e| {
-            PinError::Write {
-                path: path.display().to_string(),
-                detail: e.to_string(),
-            }
-        })?;
-        Ok(map.clone())
-    }
 }
 
 /// What `providers` shows for one provider.
@@ -192,7 +100,7 @@ pub struct Status {
     pub last_error: Option<String>,
 }
 
-pub type Registered = ToolDefinition<crate::kernel::Authority>;
+pub use crate::provider::Registered;
 
 struct Inner {
     state: State,
@@ -315,7 +223,7 @@ impl McpProvider {
     }
 
     /// The tools this provider publishes now (none unless ready and in scope).
-    pub fn tools_for(&self, principal: &str, agent: Option<&str>) -> Vec<Arc<Registered>> {
+    pub fn tools_in_scope(&self, principal: &str, agent: Option<&str>) -> Vec<Arc<Registered>> {
         if let Some(scope) = &self.config.scope
             && !scope.matches(principal, agent)
         {
@@ -917,17 +825,112 @@ pub fn register(
                 namespace: Some(ns.clone()),
                 source: Some(format!("mcp:{ns}")),
             }),
-            authority: crate::kernel::Authority::mcp(
-                McpHandler {
+            authority: Authority::new(
+                Arc::new(McpHandler {
+                    namespace: ns.clone(),
                     provider: Arc::downgrade(provider),
                     upstream: upstream.clone(),
                     template: provider.config.tools.get(&upstream).cloned(),
-                },
+                }),
                 validator,
             ),
         }));
     }
     (registered, rejected)
+}
+
+impl Provider for McpProvider {
+    fn namespace(&self) -> &str {
+        &self.config.namespace
+    }
+
+    fn tools_for(&self, context: &AccessContext) -> Vec<Arc<Registered>> {
+        self.tools_in_scope(&context.principal, context.agent.as_deref())
+    }
+
+    fn status(&self) -> Value {
+        json!(McpProvider::status(self))
+    }
+
+    fn call_timeout(&self) -> Duration {
+        McpProvider::call_timeout(self)
+    }
+
+    fn upstream_hash(&self) -> Option<String> {
+        McpProvider::upstream_hash(self)
+    }
+
+    fn repin(self: Arc<Self>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(async move { McpProvider::repin(&self).await })
+    }
+}
+
+impl ToolHandler for McpHandler {
+    fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn kind(&self) -> &'static str {
+        "mcp"
+    }
+
+    fn shape(&self) -> (&str, &'static str) {
+        match &self.template {
+            Some(t) => (t.action.as_str(), "File"),
+            None => ("call", "Tool"),
+        }
+    }
+
+    /// Every brokered tool not annotated `readOnlyHint: true` (MCP's default is "may change
+    /// state").
+    fn changes_state(&self, annotations: Option<&Value>) -> bool {
+        !annotations
+            .and_then(|a| a.get("readOnlyHint"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    }
+
+    /// A brokered tool whose upstream drifted after this catalogue was made: the turn still
+    /// holds the registration, but its upstream no longer lists what was published.
+    fn unavailable(&self) -> Option<Failure> {
+        let why = self.provider.upgrade().and_then(|p| p.drift())?;
+        Some(Failure::new(FailCode::ProviderDrifted, why))
+    }
+
+    fn resolve(&self, tool: &str, arguments: &Map<String, Value>) -> Result<Resolution, String> {
+        let provider = self
+            .provider
+            .upgrade()
+            .ok_or_else(|| "the provider is gone".to_owned())?;
+        let r = provider.resolve(tool, self.template.as_ref(), arguments)?;
+        Ok(Resolution {
+            action: r.action,
+            resource: r.resource,
+            forwarded: r.forwarded,
+            detail: None,
+        })
+    }
+
+    fn execute(&self, resolution: Resolution, arguments: Map<String, Value>, _env: CallEnv) -> Job {
+        let provider = self.provider.upgrade();
+        let upstream = self.upstream.clone();
+        let arguments = resolution.forwarded.unwrap_or(arguments);
+        Box::pin(async move {
+            match provider {
+                Some(p) => p.call(&upstream, &arguments).await,
+                None => Err(Failure::new(
+                    FailCode::UpstreamUnavailable,
+                    "the provider is gone",
+                )),
+            }
+        })
+    }
+
+    fn timeout(&self, default: Duration) -> Duration {
+        self.provider
+            .upgrade()
+            .map_or(default, |p| McpProvider::call_timeout(&p))
+    }
 }
 
 #[cfg(test)]

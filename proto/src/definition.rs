@@ -65,6 +65,19 @@ pub struct ToolDefinition<A = Map<String, Value>> {
 }
 
 impl<A> ToolDefinition<A> {
+    /// The same registration with another authority part.
+    pub fn with_authority<B>(self, authority: B) -> ToolDefinition<B> {
+        ToolDefinition {
+            name: self.name,
+            description: self.description,
+            input_schema: self.input_schema,
+            output_schema: self.output_schema,
+            annotations: self.annotations,
+            metadata: self.metadata,
+            authority,
+        }
+    }
+
     /// The published projection of this registration.
     pub fn publish(&self) -> PublishedToolDefinition {
         PublishedToolDefinition {

@@ -1,0 +1,62 @@
+//! Why a broker could not start: every case names what it could not use.
+
+use std::path::Path;
+
+use crate::files::FilesConfigError;
+use crate::kernel::RegistryError;
+use crate::pins::PinError;
+use crate::policy::PolicyError;
+use crate::record::RecordError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    #[error(transparent)]
+    Pins(#[from] PinError),
+    #[error(transparent)]
+    Files(#[from] FilesConfigError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error("provider `{namespace}` (config `{config}`): {detail}")]
+    Provider {
+        namespace: String,
+        config: String,
+        detail: String,
+    },
+    #[error("provider `{namespace}` (config `{config}`) did not start in time")]
+    ProviderTimeout { namespace: String, config: String },
+    #[error("a broker is already listening on `{path}`; stop it or use another --runtime-dir")]
+    AlreadyListening { path: String },
+    #[error("runtime dir `{path}` belongs to uid {owner}, not to this broker's uid {uid}")]
+    NotOurs { path: String, owner: u32, uid: u32 },
+    #[error("runtime dir `{path}` is not a folder")]
+    NotAFolder { path: String },
+    #[error(
+        "cannot give `{path}` to group {gid}: the broker's uid must be a member of that group (or root): {source}"
+    )]
+    Group {
+        path: String,
+        gid: u32,
+        source: std::io::Error,
+    },
+    /// An operation on a path failed: `what` says which (`cannot listen on`, ...).
+    #[error("{what} `{path}`: {source}")]
+    Io {
+        what: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("the broker task failed: {0}")]
+    Task(String),
+}
+
+impl StartError {
+    /// `map_err` for an IO failure on `path`.
+    pub(crate) fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.display().to_string();
+        move |source| Self::Io { what, path, source }
+    }
+}
