@@ -202,7 +202,7 @@ impl BrokerProc {
     }
 
     pub async fn host(&self) -> anyhow::Result<ControlClient> {
-        ControlClient::connect(&self.runtime).await
+        Ok(ControlClient::connect(&self.runtime).await?)
     }
 
     pub async fn open_turn(&self, principal: &str) -> anyhow::Result<TurnOpened> {

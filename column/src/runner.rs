@@ -12,18 +12,112 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sharedos_ipc::runtime;
+use sharedos_proto::alias::Harness;
+use sharedos_proto::declaration::{SystemIdentityError, ToolPolicyError};
 use sharedos_proto::ipc::{ControlRequest, ControlResponse, OpenTurn};
 use sharedos_proto::{McpSupport, PolicyMode, SystemIdentity, ToolPolicy};
 
-use sharedos_host::client::ControlClient;
-use sharedos_host::harness_config::{self, ShimLaunch, TokenSource};
+use sharedos_host::client::{ClientError, ControlClient};
+use sharedos_host::harness_config::{self, HarnessConfigError, ShimLaunch, TokenSource};
+use sharedos_host::shim_path::ShimPathError;
 
 /// Exit status of `column run` when some row did not pass.
 pub const EXIT_NOT_ALL_PASSED: u8 = 4;
+
+/// Why a column could not run (a row that fails is a grade, not an error).
+///
+/// A context chain: each message says what failed and names the file or input, and the
+/// underlying error, if any, is the `source` (the CLI prints the whole chain).
+#[derive(Debug, thiserror::Error)]
+pub enum ColumnError {
+    #[error("cannot read host config `{}`", path.display())]
+    HostConfigRead {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("host config `{}`", path.display())]
+    HostConfigParse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("host config `{}`: {detail}", path.display())]
+    HostConfigInvalid { path: PathBuf, detail: String },
+    #[error("host config `{}`: harness_local", path.display())]
+    HarnessLocal {
+        path: PathBuf,
+        source: ToolPolicyError,
+    },
+    #[error("host config `{}`", path.display())]
+    SystemIdentity {
+        path: PathBuf,
+        source: SystemIdentityError,
+    },
+    #[error("cannot read rows `{}`", path.display())]
+    RowsRead {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("rows `{}`", path.display())]
+    RowsParse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("rows `{}`: {detail}", path.display())]
+    RowsInvalid { path: PathBuf, detail: String },
+    /// A folder (the workdir, the harness's cwd) or a harness log file.
+    #[error("cannot create `{}`", path.display())]
+    Create {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot make `{}` absolute", path.display())]
+    Absolute {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot create a temporary workdir")]
+    TempDir(#[source] std::io::Error),
+    /// Talking to the broker (including an answer of the wrong kind).
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("cannot read config_base `{}`", path.display())]
+    ConfigBase {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Writing the harness's MCP config or an extra file.
+    #[error(transparent)]
+    Config(#[from] HarnessConfigError),
+    #[error(transparent)]
+    Shim(#[from] ShimPathError),
+    #[error("cannot start the harness `{command}`")]
+    Spawn {
+        command: String,
+        source: std::io::Error,
+    },
+    #[error("cannot wait for the harness `{command}`")]
+    Wait {
+        command: String,
+        source: std::io::Error,
+    },
+    #[error("cannot write manifest `{}`", path.display())]
+    Manifest {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// `std::path::absolute`, naming the path when it fails.
+fn absolute(path: impl AsRef<Path>) -> Result<PathBuf, ColumnError> {
+    let path = path.as_ref();
+    std::path::absolute(path).map_err(|source| ColumnError::Absolute {
+        path: path.to_path_buf(),
+        source,
+    })
+}
 
 /// The host's description of one column (TOML).
 #[derive(Debug, Clone, Deserialize)]
@@ -119,37 +213,57 @@ impl Grade {
     }
 }
 
-pub fn read_host_config(path: &Path) -> anyhow::Result<HostConfig> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read host config `{}`", path.display()))?;
-    let mut cfg: HostConfig =
-        toml::from_str(&text).with_context(|| format!("host config `{}`", path.display()))?;
+pub fn read_host_config(path: &Path) -> Result<HostConfig, ColumnError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ColumnError::HostConfigRead {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut cfg: HostConfig = toml::from_str(&text).map_err(|e| ColumnError::HostConfigParse {
+        path: path.to_path_buf(),
+        source: Box::new(e),
+    })?;
     let base = path.parent().unwrap_or(Path::new("."));
     cfg.config_base = cfg
         .config_base
         .map(|p| if p.is_absolute() { p } else { base.join(p) });
-    harness_config::parse_format(&cfg.config_format)?;
+    config_format(path, &cfg)?;
     if cfg.timeout_seconds == 0 {
-        bail!(
-            "host config `{}`: timeout_seconds must be at least 1",
-            path.display()
-        );
+        return Err(ColumnError::HostConfigInvalid {
+            path: path.to_path_buf(),
+            detail: "timeout_seconds must be at least 1".into(),
+        });
     }
     Ok(cfg)
 }
 
-pub fn read_rows(path: &Path) -> anyhow::Result<Vec<Row>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read rows `{}`", path.display()))?;
-    let rows: Vec<Row> =
-        serde_json::from_str(&text).with_context(|| format!("rows `{}`", path.display()))?;
+/// The host config's `config_format`, refused naming the host config.
+fn config_format(path: &Path, cfg: &HostConfig) -> Result<Harness, ColumnError> {
+    harness_config::parse_format(&cfg.config_format).map_err(|e| ColumnError::HostConfigInvalid {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    })
+}
+
+pub fn read_rows(path: &Path) -> Result<Vec<Row>, ColumnError> {
+    let invalid = |detail: String| ColumnError::RowsInvalid {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| ColumnError::RowsRead {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let rows: Vec<Row> = serde_json::from_str(&text).map_err(|source| ColumnError::RowsParse {
+        path: path.to_path_buf(),
+        source,
+    })?;
     if rows.is_empty() {
-        bail!("rows `{}`: no rows", path.display());
+        return Err(invalid("no rows".into()));
     }
     let mut ids = std::collections::HashSet::new();
     for r in &rows {
         if !ids.insert(r.id.as_str()) {
-            bail!("rows `{}`: row id `{}` appears twice", path.display(), r.id);
+            return Err(invalid(format!("row id `{}` appears twice", r.id)));
         }
     }
     Ok(rows)
@@ -202,7 +316,7 @@ async fn run_harness(
     cfg: &HostConfig,
     vars: &[(&str, &str)],
     workdir: &Path,
-) -> anyhow::Result<HarnessRun> {
+) -> Result<HarnessRun, ColumnError> {
     let command = expand(&cfg.command, vars);
     let mut cmd = tokio::process::Command::new(&command);
     cmd.args(cfg.args.iter().map(|a| expand(a, vars)));
@@ -216,9 +330,16 @@ async fn run_harness(
         .cwd
         .as_deref()
         .map_or_else(|| workdir.to_path_buf(), |c| PathBuf::from(expand(c, vars)));
-    std::fs::create_dir_all(&cwd).with_context(|| format!("cannot create `{}`", cwd.display()))?;
-    let stdout = std::fs::File::create(workdir.join("harness.stdout.log"))?;
-    let stderr = std::fs::File::create(workdir.join("harness.stderr.log"))?;
+    std::fs::create_dir_all(&cwd).map_err(|source| ColumnError::Create {
+        path: cwd.clone(),
+        source,
+    })?;
+    let log = |name: &str| {
+        let path = workdir.join(name);
+        std::fs::File::create(&path).map_err(|source| ColumnError::Create { path, source })
+    };
+    let stdout = log("harness.stdout.log")?;
+    let stderr = log("harness.stderr.log")?;
     cmd.current_dir(&cwd)
         .stdin(Stdio::null())
         .stdout(stdout)
@@ -226,13 +347,19 @@ async fn run_harness(
         .kill_on_drop(true)
         .process_group(0);
     let started = Instant::now();
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("cannot start the harness `{command}`"))?;
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(source) => return Err(ColumnError::Spawn { command, source }),
+    };
     let pid = child.id();
     let waited = tokio::time::timeout(Duration::from_secs(cfg.timeout_seconds), child.wait()).await;
     let (exit_code, timed_out) = match waited {
-        Ok(status) => (status?.code(), false),
+        Ok(status) => (
+            status
+                .map_err(|source| ColumnError::Wait { command, source })?
+                .code(),
+            false,
+        ),
         Err(_) => {
             // The whole process group: harnesses start helpers (and the shim) of their own.
             if let Some(pid) = pid {
@@ -252,10 +379,10 @@ async fn run_harness(
 }
 
 /// Runs the column; returns the manifest and whether every row passed.
-pub async fn run(opts: &RunOptions) -> anyhow::Result<(Value, bool)> {
+pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
     let cfg = read_host_config(&opts.host_config)?;
     let rows = read_rows(&opts.rows)?;
-    let format = harness_config::parse_format(&cfg.config_format)?;
+    let format = config_format(&opts.host_config, &cfg)?;
     let tool_policy = ToolPolicy {
         mode: PolicyMode::Strict,
         harness_local: cfg.harness_local.clone(),
@@ -263,7 +390,10 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<(Value, bool)> {
     };
     tool_policy
         .validate(true)
-        .context("host config harness_local")?;
+        .map_err(|source| ColumnError::HarnessLocal {
+            path: opts.host_config.clone(),
+            source,
+        })?;
     let identity = SystemIdentity {
         harness: cfg.harness.clone(),
         harness_version: cfg.harness_version.clone(),
@@ -273,22 +403,29 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<(Value, bool)> {
         catalog_hash: None,
         broker_version: None,
     };
-    identity.validate().context("host config")?;
+    identity
+        .validate()
+        .map_err(|source| ColumnError::SystemIdentity {
+            path: opts.host_config.clone(),
+            source,
+        })?;
 
     let temp;
     let workdir = match &opts.workdir {
         Some(d) => {
-            std::fs::create_dir_all(d)
-                .with_context(|| format!("cannot create `{}`", d.display()))?;
+            std::fs::create_dir_all(d).map_err(|source| ColumnError::Create {
+                path: d.clone(),
+                source,
+            })?;
             // The harness runs inside the workdir: every path handed to it must be absolute,
             // or `{config}` names nothing from there.
-            std::path::absolute(d)
-                .with_context(|| format!("cannot make `{}` absolute", d.display()))?
+            absolute(d)?
         }
         None => {
             temp = tempfile::Builder::new()
                 .prefix("sharedos-column-")
-                .tempdir()?;
+                .tempdir()
+                .map_err(ColumnError::TempDir)?;
             temp.path().to_path_buf()
         }
     };
@@ -305,32 +442,36 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<(Value, bool)> {
     };
     let turn = match host.call(&ControlRequest::OpenTurn(Box::new(open))).await? {
         ControlResponse::TurnOpened(t) => t,
-        other => bail!("unexpected answer to open_turn: {other:?}"),
+        other => return Err(ClientError::unexpected("open_turn", other).into()),
     };
     let started_at = sharedos_proto::record::now_rfc3339();
     let result = async {
         let workdir_s = workdir.display().to_string();
         let pre = [("workdir", workdir_s.as_str())];
-        let config_path = std::path::absolute(expand(
+        let config_path = absolute(expand(
             cfg.config_path
                 .as_deref()
                 .unwrap_or("{workdir}/sharedos-mcp-config"),
             &pre,
         ))?;
         if let Some(base) = &cfg.config_base {
-            let text = std::fs::read_to_string(base)
-                .with_context(|| format!("cannot read config_base `{}`", base.display()))?;
-            harness_config::write_private(&config_path, &expand(&text, &pre), None)?;
+            let text = std::fs::read_to_string(base).map_err(|source| ColumnError::ConfigBase {
+                path: base.clone(),
+                source,
+            })?;
+            harness_config::write_private(&config_path, &expand(&text, &pre), None)
+                .map_err(HarnessConfigError::from)?;
         }
         let launch = ShimLaunch {
             shim: sharedos_host::shim_path::locate_shim()?,
-            bridge: std::path::absolute(runtime::bridge_socket(&opts.runtime_dir))?,
+            bridge: absolute(runtime::bridge_socket(&opts.runtime_dir))?,
             token: TokenSource::Env(turn.token.expose().to_owned()),
         };
         harness_config::write(format, &launch, &config_path, None)?;
         for f in &cfg.files {
-            let path = std::path::absolute(expand(&f.path, &pre))?;
-            harness_config::write_private(&path, &expand(&f.content, &pre), None)?;
+            let path = absolute(expand(&f.path, &pre))?;
+            harness_config::write_private(&path, &expand(&f.content, &pre), None)
+                .map_err(HarnessConfigError::from)?;
         }
         let prompt = prompt(&rows);
         let config_s = config_path.display().to_string();
@@ -374,7 +515,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<(Value, bool)> {
                     break;
                 }
             }
-            other => bail!("unexpected answer to records: {other:?}"),
+            other => return Err(ClientError::unexpected("records", other).into()),
         }
     }
     let identity = lines
@@ -400,7 +541,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<(Value, bool)> {
         };
         let requirement = match host.call(&check).await? {
             ControlResponse::Decision { requirement, .. } => requirement,
-            other => bail!("unexpected answer to policy check: {other:?}"),
+            other => return Err(ClientError::unexpected("policy check", other).into()),
         };
         let resource = requirement.as_ref().map(|r| r.resource.clone());
         let found = calls.iter_mut().find(|(c, used)| {
@@ -465,9 +606,13 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<(Value, bool)> {
         "extraCalls": extra,
         "summary": {"pass": pass, "fail": fail, "notExercised": not_exercised, "allPassed": all_passed},
     });
-    let text = serde_json::to_string_pretty(&manifest)? + "\n";
-    std::fs::write(&opts.out, text)
-        .with_context(|| format!("cannot write manifest `{}`", opts.out.display()))?;
+    let manifest_error = |source| ColumnError::Manifest {
+        path: opts.out.clone(),
+        source,
+    };
+    let text =
+        serde_json::to_string_pretty(&manifest).map_err(|e| manifest_error(e.into()))? + "\n";
+    std::fs::write(&opts.out, text).map_err(manifest_error)?;
     Ok((manifest, all_passed))
 }
 
@@ -555,6 +700,42 @@ mod tests {
         );
         std::fs::write(&p, r#"[{"id":"a","tool":"t","expect":"maybe"}]"#).expect("w");
         assert!(read_rows(&p).is_err());
+    }
+
+    /// Each failure names its file, and its cause as the CLI prints the chain.
+    #[test]
+    fn errors_name_the_file_and_chain_the_cause() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let missing = dir.path().join("missing.toml");
+        let e = read_host_config(&missing).expect_err("missing");
+        assert!(matches!(e, ColumnError::HostConfigRead { .. }), "{e:?}");
+        let text = format!("{:#}", anyhow::Error::from(e));
+        assert!(
+            text.starts_with(&format!(
+                "cannot read host config `{}`: ",
+                missing.display()
+            )),
+            "{text}"
+        );
+        let p = dir.path().join("host.toml");
+        std::fs::write(&p, "harness = \"pi\"\ndeclared_model = \"m\"\nmcp_support = \"native\"\nconfig_format = \"pi\"\ncommand = \"pi\"\nprincipal = \"alice\"\nharness_local = []\ntimeout_seconds = 0\n").expect("w");
+        assert_eq!(
+            read_host_config(&p).expect_err("timeout").to_string(),
+            format!(
+                "host config `{}`: timeout_seconds must be at least 1",
+                p.display()
+            )
+        );
+        let rows = dir.path().join("rows.json");
+        std::fs::write(&rows, "[]").expect("w");
+        assert_eq!(
+            read_rows(&rows).expect_err("empty").to_string(),
+            format!("rows `{}`: no rows", rows.display())
+        );
+        std::fs::write(&rows, "[").expect("w");
+        let e = read_rows(&rows).expect_err("parse");
+        assert!(matches!(e, ColumnError::RowsParse { .. }), "{e:?}");
+        assert!(std::error::Error::source(&e).is_some());
     }
 
     #[test]

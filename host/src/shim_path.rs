@@ -2,16 +2,31 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context as _, bail};
+/// Why the shim binary was not found.
+#[derive(Debug, thiserror::Error)]
+pub enum ShimPathError {
+    #[error("cannot find this executable")]
+    CurrentExe(#[source] std::io::Error),
+    #[error("this executable `{}` has no folder", exe.display())]
+    NoFolder { exe: PathBuf },
+    #[error("cannot run cargo to build the shim")]
+    Cargo(#[source] std::io::Error),
+    #[error(
+        "cannot find the sharedos-mcp-shim binary: build it (`cargo build -p sharedos-mcp-shim`) or set SHAREDOS_SHIM"
+    )]
+    NotFound,
+}
 
 /// Finds the shim binary: `SHAREDOS_SHIM`, next to this executable, or on PATH. Under
 /// `cargo run` (which builds only the binary it runs) it builds the shim with the same profile.
-pub fn locate_shim() -> anyhow::Result<PathBuf> {
+pub fn locate_shim() -> Result<PathBuf, ShimPathError> {
     if let Some(p) = std::env::var_os("SHAREDOS_SHIM") {
         return Ok(PathBuf::from(p));
     }
-    let exe = std::env::current_exe().context("cannot find this executable")?;
-    let dir = exe.parent().context("this executable has no folder")?;
+    let exe = std::env::current_exe().map_err(ShimPathError::CurrentExe)?;
+    let Some(dir) = exe.parent() else {
+        return Err(ShimPathError::NoFolder { exe });
+    };
     // Test binaries live in target/<profile>/deps.
     let candidates = [
         dir.join("sharedos-mcp-shim"),
@@ -38,7 +53,7 @@ pub fn locate_shim() -> anyhow::Result<PathBuf> {
         if release {
             cmd.arg("--release");
         }
-        let status = cmd.status().context("cannot run cargo to build the shim")?;
+        let status = cmd.status().map_err(ShimPathError::Cargo)?;
         if status.success() && candidates[0].is_file() {
             return Ok(candidates[0].clone());
         }
@@ -51,7 +66,5 @@ pub fn locate_shim() -> anyhow::Result<PathBuf> {
             }
         }
     }
-    bail!(
-        "cannot find the sharedos-mcp-shim binary: build it (`cargo build -p sharedos-mcp-shim`) or set SHAREDOS_SHIM"
-    )
+    Err(ShimPathError::NotFound)
 }

@@ -19,6 +19,8 @@ use tokio::io::WriteHalf;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::ShimError;
+
 /// How long the shim waits for the broker to accept and answer hello.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -59,13 +61,17 @@ pub struct Link {
 }
 
 impl Link {
-    pub async fn connect(socket: &Path, token: String) -> Result<(Arc<Link>, Welcome), String> {
+    pub async fn connect(socket: &Path, token: String) -> Result<(Arc<Link>, Welcome), ShimError> {
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, sharedos_ipc::connect(socket))
             .await
-            .map_err(|_| format!("timed out connecting to the SharedOS broker at `{}`", socket.display()))?
-            .map_err(|e| format!("cannot reach the SharedOS broker at `{}`: {e} (is `sharedos-broker serve` running? set SHAREDOS_BROKER)", socket.display()))?;
-        let stream = Conn::new(stream)
-            .map_err(|e| format!("cannot set up the connection to the SharedOS broker: {e}"))?;
+            .map_err(|_| ShimError::ConnectTimeout {
+                socket: socket.to_path_buf(),
+            })?
+            .map_err(|source| ShimError::Connect {
+                socket: socket.to_path_buf(),
+                source,
+            })?;
+        let stream = Conn::new(stream).map_err(ShimError::Setup)?;
         let (recv, mut send) = tokio::io::split(stream);
         let mut reader = FrameReader::new(recv);
         let hello = BridgeRequest::Hello {
@@ -78,11 +84,11 @@ impl Link {
         };
         write_frame(&mut send, &hello)
             .await
-            .map_err(|e| format!("cannot talk to the SharedOS broker: {e}"))?;
+            .map_err(ShimError::Hello)?;
         let first = tokio::time::timeout(CONNECT_TIMEOUT, reader.next::<BridgeEvent>())
             .await
-            .map_err(|_| "the SharedOS broker did not answer hello".to_owned())?
-            .map_err(|e| format!("the SharedOS broker closed the connection: {e}"))?;
+            .map_err(|_| ShimError::HelloTimeout)?
+            .map_err(ShimError::Closed)?;
         let deadline;
         let welcome = match first {
             BridgeEvent::Welcome {
@@ -105,24 +111,12 @@ impl Link {
                 }
             }
             BridgeEvent::Welcome { protocol, .. } => {
-                return Err(format!(
-                    "the broker speaks protocol {protocol}; this shim speaks {PROTOCOL_VERSION}"
-                ));
+                return Err(ShimError::Protocol { broker: protocol });
             }
             BridgeEvent::Refused { code, message } => {
-                return Err(format!(
-                    "the SharedOS broker refused this shim: {message} ({})",
-                    serde_json::to_value(code)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_owned))
-                        .unwrap_or_default()
-                ));
+                return Err(ShimError::Refused { code, message });
             }
-            other => {
-                return Err(format!(
-                    "unexpected first answer from the broker: {other:?}"
-                ));
-            }
+            other => return Err(ShimError::Unexpected(Box::new(other))),
         };
         let link = Arc::new(Link {
             out: tokio::sync::Mutex::new(Some(send)),

@@ -6,6 +6,7 @@
 //!
 //! The modules live in the library (`lib.rs`) so the fuzz targets can reach the stdin guard.
 
+use sharedos_mcp_shim::error::ShimError;
 use sharedos_mcp_shim::{link, server};
 
 use std::path::PathBuf;
@@ -87,17 +88,17 @@ fn init_logging(file: Option<&PathBuf>) -> Option<tracing_appender::non_blocking
     Some(guard)
 }
 
-fn read_token(args: &Args) -> Result<String, String> {
+fn read_token(args: &Args) -> Result<String, ShimError> {
     let token = match &args.turn_token_file {
-        Some(path) => std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read the turn token file `{}`: {e}", path.display()))?,
-        None => std::env::var(sharedos_ipc::runtime::TOKEN_ENV).map_err(|_| {
-            "no turn token: set SHAREDOS_TURN_TOKEN or pass --turn-token-file FILE".to_owned()
+        Some(path) => std::fs::read_to_string(path).map_err(|source| ShimError::TokenFile {
+            path: path.clone(),
+            source,
         })?,
+        None => std::env::var(sharedos_ipc::runtime::TOKEN_ENV).map_err(|_| ShimError::NoToken)?,
     };
     let token = token.trim().to_owned();
     if token.is_empty() {
-        return Err("the turn token is empty".into());
+        return Err(ShimError::EmptyToken);
     }
     Ok(token)
 }

@@ -24,13 +24,14 @@ use sharedos_proto::alias::PortableNames;
 use sharedos_proto::ipc::{CallAnswer, META_KEY};
 use sharedos_proto::{CancelCode, FailCode, Outcome, ToolCall};
 
+use crate::error::ShimError;
 use crate::guard::Referral;
 use crate::link::{Link, LinkDown, Welcome};
 
 pub enum End {
     ClientClosed,
     TurnEnded(String),
-    Error(String),
+    Error(ShimError),
 }
 
 #[derive(Clone)]
@@ -47,10 +48,9 @@ pub struct Shim {
 
 impl Shim {
     /// The MCP side for a turn. Fails when portable names were asked for and would collide.
-    pub fn new(link: Arc<Link>, welcome: &Welcome) -> Result<Self, String> {
+    pub fn new(link: Arc<Link>, welcome: &Welcome) -> Result<Self, ShimError> {
         let portable = if welcome.portable_names {
-            let map = PortableNames::new(welcome.tools.iter().map(|t| &t.name))
-                .map_err(|e| e.to_string())?;
+            let map = PortableNames::new(welcome.tools.iter().map(|t| &t.name))?;
             Some(Arc::new(map))
         } else {
             None
@@ -477,7 +477,7 @@ async fn serve_on(
             if let Some(why) = link.end_reason.lock().ok().and_then(|r| r.clone()) {
                 return end_of(why);
             }
-            return End::Error(format!("MCP session did not start: {e}"));
+            return End::Error(ShimError::SessionStart(Box::new(e)));
         }
     };
     let quit = service.waiting().await;
@@ -486,7 +486,7 @@ async fn serve_on(
     }
     match quit {
         Ok(_) => End::ClientClosed,
-        Err(e) => End::Error(format!("MCP session ended with an error: {e}")),
+        Err(e) => End::Error(ShimError::Session(e)),
     }
 }
 
