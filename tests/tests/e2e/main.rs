@@ -11,6 +11,7 @@ mod boundary;
 mod cli;
 mod deploy;
 mod faults;
+mod golden;
 mod hostile;
 mod interop;
 mod kit;
