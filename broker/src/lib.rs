@@ -6,25 +6,23 @@
 //! `sharedos-column`, the command line `sharedos-broker-cli`; Cargo keeps them out.
 //!
 //! # Layout
-//! - [`config`]: the TOML config and the embedded default.
-//! - [`policy`]: Cedar schema and policies, decisions, the catalogue question.
-//! - [`vpath`]: canonical virtual paths.
-//! - [`resource`]: what a call touches (`Resource`), below the policy and the providers.
-//! - [`beneath`]: a root held by descriptor; paths resolved beneath it without a gap.
-//! - [`provider`]: the provider interface (`ToolHandler`, `Provider`, `Authority`): all the
-//!   kernel knows of a provider.
-//! - [`files`]: the built-in files provider.
-//! - [`pins`]: the pin file of brokered providers.
-//! - [`kernel`]: registry, per-context catalogue, `invoke` (the single call path).
-//! - [`record`]: the durable JSON Lines record (group commit).
-//! - [`turn`]: the turn table, tokens, lifecycle.
-//! - [`upstream`]: brokered MCP providers (upstream servers behind the kernel).
-//! - [`server`]: the process: runtime dir, sockets, accept loops, shutdown.
-//! - [`state`]: the shared state below the handlers: `Broker`, the peer-uid rule, closing a turn.
-//! - [`assemble`]: the composition root: config → kernel (the only module naming providers).
-//! - [`admission`]: bounds on connections before hello, rate-limited refusal logs.
-//! - [`bridge`]: one shim connection.
-//! - [`control`]: one host connection.
+//! Floors from the top down; every import points down (a module imports only from floors below
+//! it, and nothing imports `server`):
+//! 1. [`server`]: the process: runtime dir, sockets, accept loops, shutdown.
+//! 2. [`bridge`] (one shim connection), [`control`] (one host connection).
+//! 3. [`state`]: the shared state below the handlers: `Broker`, the peer-uid rule, closing a
+//!    turn; [`admission`]: bounds on connections before hello.
+//! 4. [`assemble`]: the composition root, config → kernel, the only module naming concrete
+//!    providers; [`turn`]: the turn table, tokens, lifecycle.
+//! 5. [`kernel`]: registry, per-context catalogue, `check` and `invoke` (the single call path).
+//! 6. [`files`] (the built-in files provider, over [`beneath`] and [`vpath`]) and [`upstream`]
+//!    (brokered MCP servers, with [`pins`]), both below the kernel only through
+//! 7. [`provider`]: the provider interface (`ToolHandler`, `Provider`, `Authority`): all the
+//!    kernel knows of a provider.
+//! 8. [`policy`] (Cedar schema and policies, decisions, the catalogue question, `AccessContext`)
+//!    and [`record`] (the durable JSON Lines record, group commit); [`config`] (the TOML config
+//!    and the embedded default); [`error`] (why a start failed).
+//! 9. [`resource`] (what a call touches) and the lock helper: leaves.
 
 pub mod admission;
 pub mod assemble;
