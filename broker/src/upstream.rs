@@ -961,28 +961,30 @@ mod tests {
         assert!(s.matches("bob", Some("helper")));
     }
 
-    #[tokio::test]
-    async fn registration_rejects_bad_and_taken_names_with_a_reason() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let (recorder, _) = Recorder::open(
-            &dir.path().join("r.jsonl"),
-            crate::record::RecordSync::Batch,
-        )
-        .expect("rec");
-        let names = Arc::new(Names::default());
-        names.claim("gh.read", "files-gh").expect("claim");
+    /// A provider of namespace `gh` (never started) sharing `names`, recording in `dir`.
+    fn provider_gh(dir: &Path, names: &Arc<Names>) -> Arc<McpProvider> {
+        let (recorder, _) =
+            Recorder::open(&dir.join("r.jsonl"), crate::record::RecordSync::Batch).expect("rec");
         let config: McpProviderConfig =
             toml::from_str("namespace = \"gh\"\ncommand = \"x\"").expect("cfg");
-        let p = McpProvider::new(
+        McpProvider::new(
             config,
-            dir.path().to_path_buf(),
+            dir.to_path_buf(),
             names.clone(),
             Arc::new(Pins::load(None).expect("pins")),
             Arc::new(AtomicU64::new(0)),
             recorder,
             Duration::from_secs(1),
             CancellationToken::new(),
-        );
+        )
+    }
+
+    #[tokio::test]
+    async fn registration_rejects_bad_and_taken_names_with_a_reason() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let names = Arc::new(Names::default());
+        names.claim("gh.read", "files-gh").expect("claim");
+        let p = provider_gh(dir.path(), &names);
         let tools = vec![
             json!({"name": "search", "inputSchema": {"type": "object"}}),
             json!({"name": "read", "inputSchema": {"type": "object"}}),
@@ -1027,24 +1029,8 @@ mod tests {
     #[tokio::test]
     async fn a_name_listed_twice_by_one_upstream_is_rejected_in_every_copy() {
         let dir = tempfile::tempdir().expect("tmp");
-        let (recorder, _) = Recorder::open(
-            &dir.path().join("r.jsonl"),
-            crate::record::RecordSync::Batch,
-        )
-        .expect("rec");
         let names = Arc::new(Names::default());
-        let config: McpProviderConfig =
-            toml::from_str("namespace = \"gh\"\ncommand = \"x\"").expect("cfg");
-        let p = McpProvider::new(
-            config,
-            dir.path().to_path_buf(),
-            names.clone(),
-            Arc::new(Pins::load(None).expect("pins")),
-            Arc::new(AtomicU64::new(0)),
-            recorder,
-            Duration::from_secs(1),
-            CancellationToken::new(),
-        );
+        let p = provider_gh(dir.path(), &names);
         let tools = vec![
             json!({"name": "dup", "inputSchema": {"type": "object", "properties": {"a": {"type": "string"}}}}),
             json!({"name": "ok", "inputSchema": {"type": "object"}}),
