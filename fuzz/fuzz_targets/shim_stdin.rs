@@ -1,5 +1,5 @@
 //! Fuzzes the shim's stdin handling: the pure line check (`sharedos_mcp_shim::guard::check_line`)
-//! and the streaming path in front of rmcp (`sharedos_mcp_shim::stdio::guarded`).
+//! and the streaming path in front of rmcp (`sharedos_mcp_shim::session::run`).
 //!
 //! 1. `check_line` never panics, on the whole input and on every line of it. Where
 //!    `check_line_fast` gives a verdict (lines up to 64 KiB), it is `check_line_full`'s. An `Answer` is a JSON
@@ -11,7 +11,7 @@
 //!    with the line's id.
 //! 2. The input after a control byte is client stdin, written in pieces (1 to all bytes, low
 //!    three bits of the control byte, unless 3. applies) through a `tokio::io::duplex` into
-//!    `guarded`, on a current-thread runtime. A fake kernel answers each referred call after a
+//!    `session::run`, on a current-thread runtime. A fake kernel answers each referred call after a
 //!    yield, on the call's own task. A fake rmcp reads the guard's output to the end, answering
 //!    each line with a JSON line of its own written in two halves, then closes, and the session
 //!    is finished as the shim does. Checks: every line passed to rmcp is newline-terminated and
@@ -41,7 +41,7 @@ use sharedos_mcp_shim::guard::{
     INVALID_PARAMS, INVALID_REQUEST, MAX_LINE_BYTES, OVERSIZE_PREFIX_BYTES, PARSE_ERROR, Referral,
     Verdict, check_line, check_line_fast, check_line_full, check_oversize, sha256_hex,
 };
-use sharedos_mcp_shim::stdio::guarded;
+use sharedos_mcp_shim::session::{CancellationToken, run};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::runtime::Runtime;
 
@@ -261,21 +261,10 @@ fn echo(n: usize) -> String {
     format!("{{\"jsonrpc\":\"2.0\",\"id\":null,\"result\":{{\"echo\":{n}}}}}\n")
 }
 
-/// Runs `guarded` over `stdin`; returns the lines rmcp got (without newlines) and all of stdout.
+/// Runs a session over `stdin`; returns the lines rmcp got (without newlines) and all of stdout.
 async fn session(stdin: Vec<u8>, chunk: usize) -> (Vec<Vec<u8>>, Vec<u8>) {
     let (mut client_in, shim_in) = tokio::io::duplex(64 * 1024);
     let (shim_out, mut client_out) = tokio::io::duplex(64 * 1024);
-    let ((rmcp_in, mut rmcp_out), finish) = guarded(
-        shim_in,
-        shim_out,
-        std::sync::Arc::new(|r: Referral, _cancel| {
-            let answer = referred(&r).to_string().into_bytes();
-            Box::pin(async move {
-                tokio::task::yield_now().await;
-                Some(answer)
-            })
-        }),
-    );
 
     let feeder = tokio::spawn(async move {
         for piece in stdin.chunks(chunk) {
@@ -286,44 +275,59 @@ async fn session(stdin: Vec<u8>, chunk: usize) -> (Vec<Vec<u8>>, Vec<u8>) {
         }
         client_in.shutdown().await.expect("stdin closes");
     });
-    let fake_rmcp = tokio::spawn(async move {
-        let mut input = BufReader::new(rmcp_in);
-        let mut passed = Vec::new();
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            let n = input
-                .read_until(b'\n', &mut line)
-                .await
-                .expect("read from the guard");
-            if n == 0 {
-                break;
-            }
-            assert_eq!(
-                line.pop(),
-                Some(b'\n'),
-                "the guard passed an unterminated line: {}",
-                shown(&line)
-            );
-            let reply = echo(passed.len());
-            let (a, b) = reply.as_bytes().split_at(reply.len() / 2);
-            rmcp_out.write_all(a).await.expect("the writer reads rmcp");
-            tokio::task::yield_now().await;
-            rmcp_out.write_all(b).await.expect("the writer reads rmcp");
-            passed.push(std::mem::take(&mut line));
-        }
-        // rmcp's input ended: the session is over, rmcp closes its output.
-        drop(rmcp_out);
-        passed
-    });
     let stdout = tokio::spawn(async move {
         let mut out = Vec::new();
         client_out.read_to_end(&mut out).await.expect("read stdout");
         out
     });
+    let fake_rmcp =
+        |(rmcp_in, mut rmcp_out): (tokio::io::DuplexStream, tokio::io::DuplexStream)| async move {
+            let mut input = BufReader::new(rmcp_in);
+            let mut passed = Vec::new();
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                let n = input
+                    .read_until(b'\n', &mut line)
+                    .await
+                    .expect("read from the guard");
+                if n == 0 {
+                    break;
+                }
+                assert_eq!(
+                    line.pop(),
+                    Some(b'\n'),
+                    "the guard passed an unterminated line: {}",
+                    shown(&line)
+                );
+                let reply = echo(passed.len());
+                let (a, b) = reply.as_bytes().split_at(reply.len() / 2);
+                rmcp_out.write_all(a).await.expect("the writer reads rmcp");
+                tokio::task::yield_now().await;
+                rmcp_out.write_all(b).await.expect("the writer reads rmcp");
+                passed.push(std::mem::take(&mut line));
+            }
+            // rmcp's input ended: the session is over, rmcp closes its output.
+            drop(rmcp_out);
+            passed
+        };
 
-    let passed = fake_rmcp.await.expect("fake rmcp");
-    finish.finish(SESSION_TIMEOUT).await;
+    // A fake kernel answers each referred call after a yield; the link never ends.
+    let passed = run(
+        shim_in,
+        shim_out,
+        |r: Referral, _cancel: CancellationToken| {
+            let answer = referred(&r).to_string().into_bytes();
+            async move {
+                tokio::task::yield_now().await;
+                Some(answer)
+            }
+        },
+        std::future::pending::<()>(),
+        fake_rmcp,
+        SESSION_TIMEOUT,
+    )
+    .await;
     feeder.await.expect("feeder");
     let out = stdout.await.expect("stdout reader");
     (passed, out)

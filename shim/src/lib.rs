@@ -2,14 +2,24 @@
 //! the turn token, serves the catalogue the broker returns, and forwards every call.
 //!
 //! # Layout
-//! - [`guard`]: checks each stdin line; malformed JSON-RPC gets its JSON-RPC answer.
-//! - [`stdio`]: stdin → guard → rmcp, and the one writer that owns stdout.
+//! From the transport up to the handlers, no room calls back into one above it:
+//! - [`stdio`]: transport only: the bounded stdin line reader and the one writer that owns
+//!   stdout.
+//! - [`guard`]: checks each stdin line (pure, fuzzed); malformed JSON-RPC gets its JSON-RPC
+//!   answer.
+//! - [`session`]: the one loop over stdin lines, call answers and the link's end; the calls in
+//!   flight; hands every `tools/call` to [`call`] and every other line to rmcp ([`server`]).
+//! - [`call`]: one `tools/call`, forwarded to the broker (portable names mapped back).
+//! - [`render`]: the one mapping from a kernel answer to its MCP result; the shim's own answers.
+//! - [`server`]: what rmcp serves (`ServerHandler`): `initialize` and `tools/list`.
 //! - [`error`]: [`error::ShimError`], why the shim could not start serving or stopped.
 //! - [`link`]: the bridge connection to the broker (hello, calls, cancels, turn end).
-//! - [`server`]: the MCP side (rmcp `ServerHandler`) and the one outcome → MCP result mapping.
 
+pub mod call;
 pub mod error;
 pub mod guard;
 pub mod link;
+pub mod render;
 pub mod server;
+pub mod session;
 pub mod stdio;

@@ -7,7 +7,7 @@
 //! The modules live in the library (`lib.rs`) so the fuzz targets can reach the stdin guard.
 
 use sharedos_mcp_shim::error::ShimError;
-use sharedos_mcp_shim::{link, server};
+use sharedos_mcp_shim::{link, session};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -146,20 +146,20 @@ async fn run(args: Args) -> ExitCode {
     };
     welcome.portable_names |= args.portable_names;
     tracing::info!(turn = %welcome.turn, tools = welcome.tools.len(), "serving turn");
-    let serving = match server::Shim::new(link, &welcome) {
+    let serving = match session::Session::new(link, &welcome) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("sharedos-mcp-shim: {e}");
             return ExitCode::from(EXIT_NOT_STARTED);
         }
     };
-    match server::serve(serving).await {
-        server::End::ClientClosed => ExitCode::SUCCESS,
-        server::End::TurnEnded(reason) => {
+    match serving.serve().await {
+        session::End::ClientClosed => ExitCode::SUCCESS,
+        session::End::TurnEnded(reason) => {
             eprintln!("sharedos-mcp-shim: {reason}; exiting");
             ExitCode::from(EXIT_TURN_ENDED)
         }
-        server::End::Error(e) => {
+        session::End::Error(e) => {
             eprintln!("sharedos-mcp-shim: {e}");
             ExitCode::from(EXIT_TURN_ENDED)
         }

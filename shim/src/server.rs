@@ -1,37 +1,47 @@
-//! The MCP side of the shim: an rmcp `ServerHandler` that answers `initialize` and lists the
-//! turn's published catalogue, and the `Shim::referrer` that forwards every `tools/call` (which
-//! the stdin guard takes before rmcp sees it) to the broker as sent, and answers it in rmcp's wire
-//! shape.
-//!
-//! [`to_mcp`] is the one mapping from a kernel answer to an MCP result: succeeded → content;
-//! denied and failed → `isError: true` with a first text block that starts with the outcome
-//! word; every result carries the machine form under `_meta["sharedos"]`. On the hot path the
-//! same result is written without rmcp's types (`Direct`), held to `to_mcp` by a test. A
-//! JSON-RPC error is returned only where a request could not be processed at all.
+//! The MCP side rmcp serves: an rmcp `ServerHandler` that answers `initialize` and lists the
+//! turn's published catalogue. It never sees a `tools/call`: the session takes every one before
+//! rmcp does ([`crate::session`], [`crate::call`]).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rmcp::model::{
-    CallToolResult, ContentBlock, Implementation, InitializeRequestParams, InitializeResult,
-    ListToolsResult, MetaObject, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
-    ServerConfig, ServerResult, Tool,
+    Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
-use rmcp::{ErrorData as McpError, ServerHandler, ServiceExt};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use rmcp::{ErrorData as McpError, ServerHandler};
+use serde_json::json;
 use sharedos_proto::alias::PortableNames;
-use sharedos_proto::ipc::{CallAnswer, META_KEY};
-use sharedos_proto::{CancelCode, FailCode, Outcome, ToolCall};
 
-use crate::error::ShimError;
-use crate::guard::Referral;
-use crate::link::{Link, LinkDown, Welcome};
+use crate::link::{Link, Welcome};
 
-pub enum End {
-    ClientClosed,
-    TurnEnded(String),
-    Error(ShimError),
+/// The protocol version `initialize` settled on: the answers to the calls the session takes
+/// take the wire shape rmcp gives the others for it. Shared by the handler (which settles it)
+/// and the session (which renders by it).
+#[derive(Clone, Default)]
+pub struct Negotiated(Arc<Mutex<Option<ProtocolVersion>>>);
+
+impl Negotiated {
+    fn settle(&self, version: ProtocolVersion) {
+        if let Ok(mut p) = self.0.lock() {
+            *p = Some(version);
+        }
+    }
+
+    /// A call's protocol is 2026-07-28 or later: the version it states for itself if it does
+    /// (as rmcp decides per request), else the one `initialize` settled on.
+    pub fn is_current(&self, stated: Option<&str>) -> bool {
+        let current = |v: &str| v >= ProtocolVersion::V_2026_07_28.as_str();
+        match stated {
+            Some(v) => current(v),
+            None => self
+                .0
+                .lock()
+                .ok()
+                .and_then(|p| p.clone())
+                .is_some_and(|v| current(v.as_str())),
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -39,232 +49,33 @@ pub struct Shim {
     link: Arc<Link>,
     turn: String,
     tools: Arc<Vec<Tool>>,
-    /// Portable ↔ canonical names, when the client cannot carry a dot.
-    portable: Option<Arc<PortableNames>>,
-    /// The protocol version `initialize` settled on: the referred calls' answers take the wire
-    /// shape rmcp gives the others for it.
-    protocol: Arc<std::sync::Mutex<Option<ProtocolVersion>>>,
+    protocol: Negotiated,
 }
 
 impl Shim {
-    /// The MCP side for a turn. Fails when portable names were asked for and would collide.
-    pub fn new(link: Arc<Link>, welcome: &Welcome) -> Result<Self, ShimError> {
-        let portable = if welcome.portable_names {
-            let map = PortableNames::new(welcome.tools.iter().map(|t| &t.name))?;
-            Some(Arc::new(map))
-        } else {
-            None
-        };
+    /// The MCP side for a turn, its tools shown under their portable names when `portable` is
+    /// given.
+    pub fn new(
+        link: Arc<Link>,
+        welcome: &Welcome,
+        portable: Option<&PortableNames>,
+        protocol: Negotiated,
+    ) -> Self {
         let tools = welcome
             .tools
             .iter()
             .filter_map(|def| {
-                let shown = portable
-                    .as_ref()
-                    .map_or(def.name.as_str(), |p| p.portable(def.name.as_str()));
+                let shown = portable.map_or(def.name.as_str(), |p| p.portable(def.name.as_str()));
                 to_tool(def, shown)
             })
             .collect();
         tracing::debug!(catalog_hash = %welcome.catalog_hash, portable = portable.is_some(), "catalogue");
-        Ok(Self {
+        Self {
             link,
             turn: welcome.turn.clone(),
             tools: Arc::new(tools),
-            portable,
-            protocol: Arc::default(),
-        })
-    }
-}
-
-/// The sentence a refusal's first content block carries: the kernel's message, or one made from
-/// the outcome when it gave none.
-fn sentence(answer: &CallAnswer) -> String {
-    answer.message.clone().unwrap_or_else(|| {
-        format!(
-            "{}: {} ({})",
-            answer.outcome.word(),
-            answer.tool,
-            answer.outcome.code()
-        )
-    })
-}
-
-/// The one outcome mapping: kernel answer → MCP result.
-pub fn to_mcp(answer: &CallAnswer) -> CallToolResult {
-    let mut meta = serde_json::Map::new();
-    meta.insert(META_KEY.to_owned(), Value::Object(answer.meta()));
-    // Constructors set `resultType` as the negotiated protocol requires (2026-07-28 needs it).
-    let mut result = if answer.outcome.is_error() {
-        let text = sentence(answer);
-        // The sentence first (it carries the meaning where a harness drops the flag), then any
-        // content the provider returned with its error, as it gave it.
-        let mut blocks = vec![ContentBlock::text(text)];
-        blocks.extend(
-            answer
-                .content
-                .iter()
-                .filter_map(|c| serde_json::from_value(c.clone()).ok()),
-        );
-        CallToolResult::error(blocks)
-    } else {
-        let content: Result<Vec<ContentBlock>, _> = answer
-            .content
-            .iter()
-            .map(|c| serde_json::from_value(c.clone()))
-            .collect();
-        match content {
-            Ok(content) => {
-                let mut ok = CallToolResult::success(content);
-                ok.structured_content = answer.structured_content.clone();
-                ok
-            }
-            Err(e) => CallToolResult::error(vec![ContentBlock::text(format!(
-                "failed: {} — the shim could not represent the broker's answer: {e}",
-                answer.tool
-            ))]),
+            protocol,
         }
-    };
-    result.meta = Some(MetaObject::from(meta));
-    result
-}
-
-/// A result as rmcp would put it on the wire: before 2026-07-28 (`current` false) without
-/// `resultType: "complete"` and without non-object structured output.
-fn wire_shape(result: CallToolResult, current: bool) -> ServerResult {
-    let mut result = ServerResult::from(result);
-    if !current {
-        result.strip_result_type_for_legacy_peer();
-        result.strip_non_object_output_for_legacy_peer();
-    }
-    result
-}
-
-/// The MCP result for a kernel answer as [`to_mcp`] and [`wire_shape`] put it on the wire,
-/// written straight from the answer: rmcp's types cost a fifth of the shim's CPU per call
-/// (building the `_meta` map, converting each content block, serializing, dropping). Only where
-/// the outcome is plain: every content block is one rmcp can represent, and before 2026-07-28
-/// structured content, if any, is an object (rmcp rewrites the others). Content blocks go as the
-/// broker gave them; they come from rmcp's own types (upstreams) or the files provider, so rmcp's
-/// path writes the same. Tested against that path.
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Direct<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    result_type: Option<&'static str>,
-    content: Blocks<'a>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    structured_content: Option<&'a Value>,
-    is_error: bool,
-    #[serde(rename = "_meta")]
-    meta: DirectMeta<'a>,
-}
-
-/// The content: for an error the sentence first, then what the provider gave.
-struct Blocks<'a> {
-    sentence: Option<Value>,
-    rest: &'a [Value],
-}
-
-impl serde::Serialize for Blocks<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.sentence.iter().chain(self.rest))
-    }
-}
-
-#[derive(serde::Serialize)]
-struct DirectMeta<'a> {
-    sharedos: MetaFields<'a>,
-}
-
-/// [`CallAnswer::meta`], field for field.
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct MetaFields<'a> {
-    outcome: &'static str,
-    code: String,
-    call_id: &'a str,
-    tool: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    action: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    resource: Option<&'a str>,
-    #[serde(skip_serializing_if = "<[String]>::is_empty")]
-    policies: &'a [String],
-}
-
-impl<'a> Direct<'a> {
-    /// `None` where the answer needs rmcp's handling (see above).
-    fn new(answer: &'a CallAnswer, current: bool) -> Option<Self> {
-        let representable = answer
-            .content
-            .iter()
-            .all(|c| ContentBlock::deserialize(c).is_ok());
-        if !representable {
-            return None;
-        }
-        let is_error = answer.outcome.is_error();
-        let structured_content = if is_error {
-            None
-        } else {
-            answer.structured_content.as_ref()
-        };
-        if !current && structured_content.is_some_and(|v| !v.is_object()) {
-            return None;
-        }
-        let sentence = is_error.then(|| json!({"type": "text", "text": sentence(answer)}));
-        Some(Direct {
-            result_type: current.then_some("complete"),
-            content: Blocks {
-                sentence,
-                rest: &answer.content,
-            },
-            structured_content,
-            is_error,
-            meta: DirectMeta {
-                sharedos: MetaFields {
-                    outcome: answer.outcome.word(),
-                    code: answer.outcome.code(),
-                    call_id: &answer.call_id,
-                    tool: &answer.tool,
-                    action: answer.requirement.as_ref().map(|r| r.action.as_str()),
-                    resource: answer.requirement.as_ref().map(|r| r.resource.as_str()),
-                    policies: &answer.policies,
-                },
-            },
-        })
-    }
-}
-
-/// An answer the shim makes itself when the broker cannot give one.
-fn local_answer(tool: &str, why: &LinkDown) -> CallAnswer {
-    let (outcome, message) = match why {
-        LinkDown::TurnClosed(reason) => (
-            Outcome::Cancelled(CancelCode::TurnClosed),
-            format!(
-                "cancelled: {tool} did not finish: {reason}; nothing more can be called in this turn"
-            ),
-        ),
-        LinkDown::BrokerGone(reason) => (
-            Outcome::Failed(FailCode::BrokerUnavailable),
-            format!("failed: {tool} could not be completed: {reason}"),
-        ),
-        LinkDown::NoAnswer(waited) => (
-            Outcome::Failed(FailCode::Timeout),
-            format!(
-                "failed: {tool} got no answer from the SharedOS broker within {} s",
-                waited.as_secs_f64()
-            ),
-        ),
-    };
-    CallAnswer {
-        outcome,
-        call_id: String::new(),
-        tool: tool.to_owned(),
-        message: Some(message),
-        content: vec![],
-        structured_content: None,
-        requirement: None,
-        policies: vec![],
     }
 }
 
@@ -285,119 +96,6 @@ fn to_tool(def: &sharedos_proto::PublishedToolDefinition, shown_name: &str) -> O
             tracing::error!(tool = %def.name, error = %e, "cannot present a published tool over MCP; leaving it out");
             None
         }
-    }
-}
-
-/// A JSON-RPC request id as the record carries it: a string as is, a number as its text.
-fn request_id_text(id: Value) -> Option<String> {
-    match id {
-        Value::String(s) => Some(s),
-        Value::Null => None,
-        other => Some(other.to_string()),
-    }
-}
-
-impl Shim {
-    /// Sends a call to the broker; resolves with its answer (or the shim's own, when the broker
-    /// cannot give one), or `None` when the client cancelled it. The one path for every
-    /// `tools/call`.
-    async fn forward(
-        &self,
-        sent: String,
-        arguments: Option<Value>,
-        rejected_arguments: Option<String>,
-        request_id: Option<String>,
-        cancel: &tokio_util::sync::CancellationToken,
-    ) -> Option<CallAnswer> {
-        // A portable name is mapped back to the canonical one; any other string goes as sent.
-        let tool = match &self.portable {
-            Some(p) => p.canonical(&sent).to_owned(),
-            None => sent,
-        };
-        let call = ToolCall {
-            tool: tool.clone(),
-            arguments,
-            request_id,
-            rejected_arguments,
-        };
-        match self.link.call(call, cancel).await {
-            Some(Ok(answer)) => Some(answer),
-            Some(Err(why)) => Some(local_answer(&tool, &why)),
-            None => None,
-        }
-    }
-
-    /// The call's protocol is 2026-07-28 or later: the version it states for itself if it does
-    /// (as rmcp decides per request), else the one `initialize` settled on.
-    fn current_protocol(&self, stated: Option<&str>) -> bool {
-        let current = |v: &str| v >= ProtocolVersion::V_2026_07_28.as_str();
-        match stated {
-            Some(v) => current(v),
-            None => self
-                .protocol
-                .lock()
-                .ok()
-                .and_then(|p| p.clone())
-                .is_some_and(|v| current(v.as_str())),
-        }
-    }
-
-    /// The whole JSON-RPC response to a call, as one line: written straight from the answer
-    /// ([`Direct`]), or through rmcp's types ([`to_mcp`], [`wire_shape`]) for the shapes
-    /// the direct writer leaves to them.
-    fn response(&self, id: Value, answer: &CallAnswer, stated: Option<&str>) -> Vec<u8> {
-        #[derive(serde::Serialize)]
-        struct Response<'a, R> {
-            jsonrpc: &'static str,
-            id: &'a Value,
-            result: R,
-        }
-        let current = self.current_protocol(stated);
-        let written = match Direct::new(answer, current) {
-            Some(result) => serde_json::to_vec(&Response {
-                jsonrpc: "2.0",
-                id: &id,
-                result,
-            }),
-            None => serde_json::to_vec(&Response {
-                jsonrpc: "2.0",
-                id: &id,
-                result: wire_shape(to_mcp(answer), current),
-            }),
-        };
-        written.unwrap_or_else(|e| {
-            crate::guard::error(
-                id,
-                crate::guard::INTERNAL_ERROR,
-                format!("the shim could not represent the broker's answer: {e}"),
-            )
-            .to_string()
-            .into_bytes()
-        })
-    }
-
-    /// Answers every `tools/call` (the stdin guard refers them all, rmcp never sees one): the
-    /// kernel decides and records it, whatever its shape, and the answer takes the wire shape
-    /// rmcp gives its own results. Nothing is answered for a call the client cancelled.
-    fn referrer(&self) -> crate::stdio::Refer {
-        let shim = Arc::new(self.clone());
-        Arc::new(move |referral: Referral, cancel| {
-            let shim = shim.clone();
-            Box::pin(async move {
-                let id = referral.id.unwrap_or(Value::Null);
-                let request_id = request_id_text(id.clone());
-                let answer = shim
-                    .forward(
-                        referral.tool,
-                        referral.arguments,
-                        referral.rejected,
-                        request_id,
-                        &cancel,
-                    )
-                    .await?;
-                Some(shim.response(id, &answer, referral.protocol.as_deref()))
-            })
-        })
     }
 }
 
@@ -428,8 +126,8 @@ impl ServerHandler for Shim {
             )
             .await;
         let result = self.negotiate_initialize(&request);
-        if let (Ok(r), Ok(mut p)) = (&result, self.protocol.lock()) {
-            *p = Some(r.protocol_version.clone());
+        if let Ok(r) = &result {
+            self.protocol.settle(r.protocol_version.clone());
         }
         result
     }
@@ -442,189 +140,6 @@ impl ServerHandler for Shim {
         Ok(ListToolsResult::with_all_items(self.tools.as_ref().clone()))
     }
 
-    // No `call_tool`: the stdin guard takes every `tools/call` before rmcp sees it (see
-    // `referrer`).
-}
-
-/// How long calls still in flight when the client closes stdin may run on before the shim exits
-/// (then the broker records them as cancelled: the shim went away).
-const CALL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Serves MCP on stdin/stdout until the client leaves or the turn ends.
-pub async fn serve(shim: Shim) -> End {
-    let link = shim.link.clone();
-    let ct = link.ended.child_token();
-    // rmcp's stdio pipes: faster than tokio's, and their reads can be cancelled, so the process
-    // can exit while the client is still connected (turn closed, broker gone).
-    let (stdin, stdout) = rmcp::transport::stdio_pipes();
-    let (transport, session) = crate::stdio::guarded(stdin, stdout, shim.referrer());
-    let end = serve_on(shim, transport, ct, &link).await;
-    // Calls in flight get their answers (when the turn ended, the link has answered them all
-    // already), and everything answered reaches stdout before the process exits.
-    session.finish(CALL_GRACE).await;
-    end
-}
-
-async fn serve_on(
-    shim: Shim,
-    transport: (tokio::io::DuplexStream, tokio::io::DuplexStream),
-    ct: tokio_util::sync::CancellationToken,
-    link: &Arc<Link>,
-) -> End {
-    let service = match shim.serve_with_ct(transport, ct).await {
-        Ok(s) => s,
-        Err(e) => {
-            if let Some(why) = link.end_reason.lock().ok().and_then(|r| r.clone()) {
-                return end_of(why);
-            }
-            return End::Error(ShimError::SessionStart(Box::new(e)));
-        }
-    };
-    let quit = service.waiting().await;
-    if let Some(why) = link.end_reason.lock().ok().and_then(|r| r.clone()) {
-        return end_of(why);
-    }
-    match quit {
-        Ok(_) => End::ClientClosed,
-        Err(e) => End::Error(ShimError::Session(e)),
-    }
-}
-
-fn end_of(why: LinkDown) -> End {
-    match why {
-        LinkDown::TurnClosed(r) | LinkDown::BrokerGone(r) => End::TurnEnded(r),
-        LinkDown::NoAnswer(waited) => End::TurnEnded(format!(
-            "no answer from the broker within {} s",
-            waited.as_secs_f64()
-        )),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use sharedos_proto::{DenyCode, Requirement};
-
-    fn answer(outcome: Outcome) -> CallAnswer {
-        CallAnswer {
-            outcome,
-            call_id: "t-1.1".into(),
-            tool: "files.read".into(),
-            message: outcome
-                .is_error()
-                .then(|| format!("{}: files.read of /x — why", outcome.word())),
-            content: if outcome.is_error() {
-                vec![]
-            } else {
-                vec![json!({"type": "text", "text": "body"})]
-            },
-            structured_content: None,
-            requirement: Some(Requirement {
-                action: "read".into(),
-                resource: "SharedOS::File::\"/x\"".into(),
-            }),
-            policies: vec![],
-        }
-    }
-
-    #[test]
-    fn one_mapping_keeps_denied_and_failed_apart() {
-        for (outcome, word) in [
-            (Outcome::Denied(DenyCode::NoPermit), "denied"),
-            (Outcome::Failed(FailCode::NotFound), "failed"),
-        ] {
-            let r = serde_json::to_value(to_mcp(&answer(outcome))).expect("json");
-            assert_eq!(r["isError"], true);
-            assert!(
-                r["content"][0]["text"]
-                    .as_str()
-                    .is_some_and(|t| t.starts_with(&format!("{word}:")))
-            );
-            assert_eq!(r["_meta"]["sharedos"]["outcome"], word);
-            assert_eq!(r["_meta"]["sharedos"]["resource"], "SharedOS::File::\"/x\"");
-        }
-        let r = serde_json::to_value(to_mcp(&answer(Outcome::Succeeded))).expect("json");
-        assert_eq!(r["isError"], false);
-        assert_eq!(r["content"][0]["text"], "body");
-        assert_eq!(r["_meta"]["sharedos"]["code"], "ok");
-    }
-
-    #[test]
-    fn the_shims_own_answers_say_why() {
-        let closed = to_mcp(&local_answer(
-            "files.read",
-            &LinkDown::TurnClosed("the turn closed (host)".into()),
-        ));
-        let r = serde_json::to_value(closed).expect("json");
-        assert_eq!(r["isError"], true);
-        assert_eq!(r["_meta"]["sharedos"]["outcome"], "cancelled");
-        let gone = to_mcp(&local_answer(
-            "files.read",
-            &LinkDown::BrokerGone("gone".into()),
-        ));
-        let r = serde_json::to_value(gone).expect("json");
-        assert_eq!(r["_meta"]["sharedos"]["code"], "broker_unavailable");
-    }
-
-    #[test]
-    fn the_direct_writer_writes_what_rmcp_writes() {
-        let text = json!({"type": "text", "text": "body"});
-        let mut answers = vec![
-            answer(Outcome::Succeeded),
-            answer(Outcome::Denied(DenyCode::NoPermit)),
-            answer(Outcome::Failed(FailCode::NotFound)),
-            CallAnswer {
-                message: None,
-                policies: vec!["p0".into(), "p1".into()],
-                ..answer(Outcome::Cancelled(CancelCode::ClientCancelled))
-            },
-            CallAnswer {
-                content: vec![
-                    text.clone(),
-                    json!({"type": "image", "data": "AA==", "mimeType": "image/png"}),
-                ],
-                ..answer(Outcome::Failed(FailCode::UpstreamError))
-            },
-        ];
-        for structured in [json!({"a": 1}), json!([1, 2])] {
-            answers.push(CallAnswer {
-                structured_content: Some(structured.clone()),
-                ..answer(Outcome::Succeeded)
-            });
-            answers.push(CallAnswer {
-                structured_content: Some(structured),
-                ..answer(Outcome::Failed(FailCode::ProviderError))
-            });
-        }
-        answers.push(CallAnswer {
-            content: vec![json!({"type": "nonsense"})],
-            ..answer(Outcome::Succeeded)
-        });
-        let mut direct = 0;
-        for a in &answers {
-            for current in [false, true] {
-                let rmcp = serde_json::to_value(wire_shape(to_mcp(a), current)).expect("json");
-                match Direct::new(a, current) {
-                    Some(d) => {
-                        direct += 1;
-                        assert_eq!(
-                            serde_json::to_value(d).expect("json"),
-                            rmcp,
-                            "{a:?} at current={current}"
-                        );
-                    }
-                    None => assert!(
-                        a.content.iter().any(|c| c["type"] == "nonsense")
-                            || (!current
-                                && a.structured_content
-                                    .as_ref()
-                                    .is_some_and(|v| !v.is_object())),
-                        "left to rmcp: {a:?}"
-                    ),
-                }
-            }
-        }
-        // Everything but the array output before 2026-07-28 and the unrepresentable block.
-        assert_eq!(direct, 2 * answers.len() - 3);
-    }
+    // No `call_tool`: the session takes every `tools/call` before rmcp sees it (see
+    // `crate::session`).
 }
