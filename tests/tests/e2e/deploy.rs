@@ -130,6 +130,16 @@ impl Deployed {
         cmd
     }
 
+    /// `turn open --json --principal alice ARGS` by the CLI, which must succeed: its JSON.
+    async fn cli_open(&self, args: &[&str]) -> Value {
+        let mut cli = self.cli();
+        cli.args(["turn", "open", "--json", "--principal", "alice"])
+            .args(args);
+        let (code, out, err) = run(cli).await;
+        assert_eq!(code, 0, "{args:?}: {err}");
+        serde_json::from_str(&out).expect("json")
+    }
+
     fn cli(&self) -> std::process::Command {
         let mut cmd = std::process::Command::new(bin("sharedos-broker"));
         cmd.arg("--runtime-dir").arg(&self.runtime);
@@ -273,21 +283,14 @@ async fn a_harness_under_its_own_uid() {
     let tokens = b.path("tokens");
     std::fs::create_dir(&tokens).expect("mkdir");
     std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o711)).expect("chmod");
-    let mut cli = b.cli();
-    cli.args([
-        "turn",
-        "open",
-        "--json",
-        "--principal",
-        "alice",
-        "--token-dir",
-    ])
-    .arg(&tokens)
-    .arg("--file-owner")
-    .arg(format!("{HARNESS_UID}:{HARNESS_GID}"));
-    let (code, out, err) = run(cli).await;
-    assert_eq!(code, 0, "{err}");
-    let opened: Value = serde_json::from_str(&out).expect("json");
+    let opened = b
+        .cli_open(&[
+            "--token-dir",
+            &tokens.display().to_string(),
+            "--file-owner",
+            &format!("{HARNESS_UID}:{HARNESS_GID}"),
+        ])
+        .await;
     let turn = opened["turn"].as_str().expect("turn").to_owned();
     let token_file = tokens.join(format!("{turn}.token"));
     let meta_t = std::fs::metadata(&token_file).expect("token file");
@@ -453,21 +456,8 @@ async fn a_folder_another_uid_owns_is_refused() {
 #[tokio::test]
 async fn a_turn_that_expires_takes_its_token_file() {
     let b = Deployed::start(ALICE_PUBLIC, "", "").await;
-    let mut cli = b.cli();
-    cli.args([
-        "turn",
-        "open",
-        "--json",
-        "--principal",
-        "alice",
-        "--ttl",
-        "1",
-        "--token-dir",
-    ])
-    .arg(b.path("tokens"));
-    let (code, out, err) = run(cli).await;
-    assert_eq!(code, 0, "{err}");
-    let opened: Value = serde_json::from_str(&out).expect("json");
+    let tokens = b.path("tokens").display().to_string();
+    let opened = b.cli_open(&["--ttl", "1", "--token-dir", &tokens]).await;
     let file = PathBuf::from(opened["tokenFile"].as_str().expect("tokenFile"));
     assert!(file.exists());
     crate::kit::eventually("the expired turn's token file is gone", || !file.exists()).await;
@@ -531,21 +521,9 @@ async fn turn_attributes_and_the_agents_owner_reach_the_policy_and_the_record() 
     assert!(theirs.tools.is_empty());
 
     // The CLI: --attr KEY=VALUE, and the record line.
-    let mut cli = b.cli();
-    cli.args([
-        "turn",
-        "open",
-        "--json",
-        "--principal",
-        "alice",
-        "--attr",
-        "project=x",
-        "--attr",
-        "tenant=acme",
-    ]);
-    let (code, out, err) = run(cli).await;
-    assert_eq!(code, 0, "{err}");
-    let opened: Value = serde_json::from_str(&out).expect("json");
+    let opened = b
+        .cli_open(&["--attr", "project=x", "--attr", "tenant=acme"])
+        .await;
     let line = b
         .records()
         .into_iter()
