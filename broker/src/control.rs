@@ -21,7 +21,7 @@ use crate::config::MAX_TTL;
 use crate::kernel::{AccessContext, Verdict};
 use crate::record::read_records;
 use crate::state::Broker;
-use crate::turn::{NewTurn, opened_record, rfc3339};
+use crate::turn::{NewTurn, TokenFileTemplate, opened_record, rfc3339};
 
 /// Most record lines returned by one `records` request.
 pub const RECORDS_PAGE_MAX: u32 = 1000;
@@ -171,37 +171,6 @@ fn turn_context(open: &OpenTurn) -> Result<AccessContext, Refusal> {
         }
     }
     Ok(ctx)
-}
-
-/// The token file a host asked for: absolute, `{turn}` in its file name, replaced by `id`.
-fn token_file(template: &str, id: &str) -> Result<std::path::PathBuf, Refusal> {
-    let bad = |m: &str| {
-        Refusal(
-            "invalid_token_file",
-            format!(
-                "token file `{}`: {m}",
-                sharedos_proto::name::shown(template)
-            ),
-        )
-    };
-    let path = std::path::Path::new(template);
-    if !path.is_absolute() {
-        return Err(bad("not an absolute path"));
-    }
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| bad("names no file"))?;
-    if !name.contains("{turn}")
-        || path
-            .parent()
-            .is_some_and(|p| p.to_string_lossy().contains("{turn}"))
-    {
-        return Err(bad(
-            "put `{turn}` in the file name (not in a folder): a path two turns share would let a harness restarted late join the next turn",
-        ));
-    }
-    Ok(path.with_file_name(name.replace("{turn}", id)))
 }
 
 async fn handle(broker: &Arc<Broker>, req: ControlRequest) -> ControlResponse {
@@ -372,9 +341,12 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest) -> ControlResponse {
 
 async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlResponse, Refusal> {
     let ctx = turn_context(&open)?;
-    if let Some(t) = &open.token_file {
-        token_file(t, "t-0")?;
-    }
+    let token_file = open
+        .token_file
+        .as_deref()
+        .map(TokenFileTemplate::parse)
+        .transpose()
+        .map_err(|e| Refusal("invalid_token_file", e))?;
     // Attributes the schema does not declare, or an owner it has no place for, are refused
     // here by name, rather than denying every call of the turn.
     broker
@@ -447,7 +419,7 @@ async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlRespon
         harness: open.harness,
         portable_names: open.portable_names,
         aliases,
-        token_file: open.token_file.clone(),
+        token_file,
     };
     let turn = broker
         .turns

@@ -129,8 +129,50 @@ pub struct NewTurn {
     pub harness: Option<String>,
     pub portable_names: bool,
     pub aliases: BTreeMap<String, AliasReport>,
-    /// The host's token file template (`{turn}` in its name), checked by the caller.
-    pub token_file: Option<String>,
+    /// Where the host writes the turn's token.
+    pub token_file: Option<TokenFileTemplate>,
+}
+
+/// A host's token file path: absolute, with `{turn}` in its file name (and only there), so no
+/// two turns share one.
+pub struct TokenFileTemplate {
+    folder: std::path::PathBuf,
+    name: String,
+}
+
+impl TokenFileTemplate {
+    /// Checks a template; the error names it and says what is wrong.
+    pub fn parse(template: &str) -> Result<Self, String> {
+        let bad = |m: &str| {
+            format!(
+                "token file `{}`: {m}",
+                sharedos_proto::name::shown(template)
+            )
+        };
+        let path = std::path::Path::new(template);
+        if !path.is_absolute() {
+            return Err(bad("not an absolute path"));
+        }
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| bad("names no file"))?;
+        let folder = path.parent().unwrap_or(std::path::Path::new("/"));
+        if !name.contains("{turn}") || folder.to_string_lossy().contains("{turn}") {
+            return Err(bad(
+                "put `{turn}` in the file name (not in a folder): a path two turns share would let a harness restarted late join the next turn",
+            ));
+        }
+        Ok(Self {
+            folder: folder.to_path_buf(),
+            name: name.to_owned(),
+        })
+    }
+
+    /// The path for turn `id`.
+    pub fn for_turn(&self, id: &str) -> std::path::PathBuf {
+        self.folder.join(self.name.replace("{turn}", id))
+    }
 }
 
 #[derive(Default)]
@@ -174,14 +216,7 @@ impl Turns {
             portable_names: new.portable_names,
             aliases: new.aliases,
             close_reason: RwLock::new(None),
-            token_file: new.token_file.map(|t| {
-                let path = std::path::Path::new(&t);
-                let name = path
-                    .file_name()
-                    .map(|n| n.to_string_lossy().replace("{turn}", &id))
-                    .unwrap_or_default();
-                path.with_file_name(name)
-            }),
+            token_file: new.token_file.map(|t| t.for_turn(&id)),
         });
         if let Ok(mut m) = self.by_id.write() {
             m.insert(id.clone(), turn.clone());
