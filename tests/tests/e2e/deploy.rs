@@ -541,10 +541,19 @@ async fn turn_attributes_and_the_agents_owner_reach_the_policy_and_the_record() 
     assert_eq!(owned["accessContext"]["agentOwner"], "bob");
 
     // Refused by name: an attribute the schema lacks, a value of the wrong type, a null.
+    // And the bounds on what a host may attach: 32 attributes, identifier names, 4 KiB.
+    let many: serde_json::Map<String, Value> =
+        (0..33).map(|i| (format!("a{i}"), json!("v"))).collect();
     for (attrs, needle) in [
         (json!({"color": "red"}), "color"),
         (json!({"project": 7}), "project"),
         (json!({"project": null}), "null"),
+        (
+            Value::Object(many),
+            "33 attributes; a turn may carry at most 32",
+        ),
+        (json!({"pro ject": "x"}), "`pro ject` is not an identifier"),
+        (json!({"project": "x".repeat(5000)}), "at most 4096"),
     ] {
         let message = b
             .open_refused(OpenTurn {
