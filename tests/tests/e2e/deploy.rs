@@ -741,3 +741,35 @@ async fn column_run_with_a_relative_workdir() {
         .unwrap_or_default();
     assert!(log.starts_with('/'), "{manifest:#}");
 }
+
+/// A harness group whose members cannot reach the runtime dir (a folder above it is 0700, as
+/// `$XDG_RUNTIME_DIR` is) is reported at start, naming the folder in the way; a reachable one
+/// is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_runtime_dir_is_reported_at_start() {
+    if !need_root("an_unreachable_runtime_dir_is_reported_at_start") {
+        return;
+    }
+    let mut b = crate::races::Served::start_with(
+        &[],
+        &format!("call_timeout_seconds = 10\nharness_group = {HARNESS_GID}"),
+    )
+    .await;
+    let dir = b.path("");
+    let shown = dir.display().to_string();
+    let shown = shown.trim_end_matches('/');
+    let log = b.path("broker.stderr");
+    let stderr = || std::fs::read_to_string(&log).expect("stderr");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    b.kill_and_restart().await;
+    let reachable = stderr();
+    assert!(!reachable.contains("not searchable"), "{reachable}");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    b.kill_and_restart().await;
+    let blocked = stderr();
+    assert!(
+        blocked.contains(&format!("`{shown}` (mode 0700"))
+            && blocked.contains(&format!("harness_group {HARNESS_GID}")),
+        "{blocked}"
+    );
+}
