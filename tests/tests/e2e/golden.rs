@@ -15,6 +15,7 @@ use sharedos_proto::ipc::{ControlRequest, ControlResponse, OpenTurn};
 use crate::kit::{Options, Raw, TestBroker};
 
 const GOLDEN: &str = "tests/e2e/golden/record.jsonl";
+const GOLDEN_PROVIDERS: &str = "tests/e2e/golden/record-providers.jsonl";
 
 /// Replaces what differs from run to run; keeps every key where it is.
 struct Normalizer {
@@ -50,6 +51,8 @@ impl Normalizer {
             Value::String(s) => {
                 *s = match key {
                     "at" | "openedAt" | "expiresAt" => "AT".to_owned(),
+                    // A hash of arguments that name the temp dir.
+                    "forwardedArgumentsSha256" => "SHA256".to_owned(),
                     _ => self.text(s),
                 }
             }
@@ -75,6 +78,10 @@ fn normalized(record: &Path, dir: &Path) -> Vec<String> {
         .lines()
         .map(|l| {
             let mut v: Value = serde_json::from_str(l).expect("json");
+            // The upstream's arguments name the temp dir: so does their hash.
+            if v["tool"] == "plain.read_file" && v.get("argumentsSha256").is_some() {
+                v["argumentsSha256"] = json!("SHA256");
+            }
             n.value("", &mut v);
             v.to_string()
         })
@@ -137,6 +144,11 @@ async fn the_records_bytes_are_pinned() {
     // bob's turn is closed by the broker's shutdown.
     broker.stop().await;
 
+    assert_golden(&broker, GOLDEN);
+}
+
+/// Compares the broker's normalized record with a golden file (or rewrites it).
+fn assert_golden(broker: &TestBroker, file: &str) {
     let dir = std::fs::canonicalize(broker.dir.path()).expect("dir");
     let mut got = normalized(&broker.record_path(), &dir);
     // The same temp dir may be named through a link (/tmp vs its real path).
@@ -146,7 +158,7 @@ async fn the_records_bytes_are_pinned() {
     {
         got = normalized(&broker.record_path(), broker.dir.path());
     }
-    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join(GOLDEN);
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
     if std::env::var_os("SHAREDOS_GOLDEN_UPDATE").is_some() {
         std::fs::create_dir_all(golden.parent().expect("dir")).expect("mkdir");
         std::fs::write(&golden, got.join("\n") + "\n").expect("write golden");
@@ -158,7 +170,93 @@ async fn the_records_bytes_are_pinned() {
         .map(str::to_owned)
         .collect();
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(g, w, "record line {} differs from {GOLDEN}", i + 1);
+        assert_eq!(g, w, "record line {} differs from {file}", i + 1);
     }
     assert_eq!(got.len(), want.len(), "{got:#?}");
+}
+
+/// The lines the first scenario cannot reach: a brokered provider's state and pins, arguments
+/// rewritten for an upstream, arguments too long to keep, redacted arguments, and what a restart
+/// writes for a call and a turn the last broker left open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_records_bytes_are_pinned_for_providers_and_restarts() {
+    let mut broker = TestBroker::start(Options::default()).await;
+    let data = std::fs::canonicalize(broker.dir.path().join("data")).expect("data");
+    std::os::unix::fs::symlink("hello.txt", data.join("public/alias")).expect("ln");
+    let cfg = std::fs::read_to_string(&broker.config_path).expect("cfg");
+    let q = |s: &str| serde_json::to_string(s).expect("quote");
+    let provider = format!(
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"plain\"\ncommand = {}\n\
+         [providers.tools.read_file]\naction = \"read\"\nfile = \"{{path}}\"\nfile_root = {}\n",
+        q(env!("CARGO_BIN_EXE_open-upstream")),
+        q(&data.display().to_string()),
+    );
+    std::fs::write(
+        &broker.config_path,
+        format!("pins = \"pins.toml\"\nrecord_max_argument_bytes = 64\n{cfg}{provider}"),
+    )
+    .expect("w");
+    broker.restart().await;
+    let alias = data.join("public/alias").display().to_string();
+    let alice = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(alice.token.expose()));
+    raw.initialize("2025-06-18").await;
+    // Rewritten for the upstream: forwardedArguments.
+    raw.call(1, "plain.read_file", json!({"path": alias})).await;
+    // Longer than record_max_argument_bytes: argumentsDigest.
+    let long = format!("/public/{}", "a".repeat(80));
+    raw.call(2, "files.read", json!({"path": long})).await;
+    drop(raw.close_stdin().await);
+    match broker
+        .host()
+        .await
+        .call(&ControlRequest::PinProviders)
+        .await
+        .expect("pin")
+    {
+        ControlResponse::Pinned { .. } => {}
+        other => panic!("{other:?}"),
+    }
+    broker.close_turn(&alice.turn).await;
+    broker.stop().await;
+
+    // Redacted: argumentsSha256 and forwardedArgumentsSha256.
+    std::fs::write(
+        &broker.config_path,
+        format!("pins = \"pins.toml\"\nredact_arguments = true\n{cfg}{provider}"),
+    )
+    .expect("w");
+    broker.restart().await;
+    let alice = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(alice.token.expose()));
+    raw.initialize("2025-06-18").await;
+    raw.call(1, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    raw.call(2, "plain.read_file", json!({"path": alias})).await;
+    drop(raw.close_stdin().await);
+    broker.close_turn(&alice.turn).await;
+    broker.stop().await;
+
+    // A broker that stopped between a call's intent and its outcome, with its turn open.
+    let record = broker.record_path();
+    let text = std::fs::read_to_string(&record).expect("record");
+    let last: Value = serde_json::from_str(text.lines().last().expect("a line")).expect("json");
+    let seq = last["seq"].as_u64().expect("seq");
+    let turn = "t-00000000000000aa";
+    let left = [
+        json!({"seq": seq + 1, "at": "2026-12-03T00:00:00.000000Z", "kind": "turn_opened",
+               "turn": turn, "accessContext": {"principal": "bob"}}),
+        json!({"seq": seq + 2, "at": "2026-12-03T00:00:00.000001Z", "kind": "intent",
+               "turn": turn, "callId": format!("{turn}.1"), "requestId": "1",
+               "tool": "files.write", "arguments": {"path": "/private/n.txt", "content": "x"},
+               "requirement": {"action": "write", "resource": "SharedOS::File::\"/private/n.txt\""}}),
+    ];
+    let mut appended = text;
+    for l in left {
+        appended.push_str(&format!("{l}\n"));
+    }
+    std::fs::write(&record, appended).expect("w");
+    broker.restart().await;
+    broker.stop().await;
+    assert_golden(&broker, GOLDEN_PROVIDERS);
 }
