@@ -15,12 +15,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use serde_json::{Map, Value, json};
+use serde_json::json;
 use sharedos_broker::Config;
 use sharedos_broker::kernel::{AccessContext, Verdict};
 use sharedos_broker::policy::Resource;
 use sharedos_broker::record::{RecordSync, Recorder};
 use sharedos_host::client::ControlClient;
+use sharedos_proto::record::{self, Event};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -326,17 +327,26 @@ impl RecordMode {
 }
 
 /// A call record line as the kernel writes one (`seq` and `at` are added by the writer).
-fn call_line(i: u64) -> Map<String, Value> {
+fn call_line(i: u64) -> Event {
     let turn = "t-5f0c1e2d3a4b5c6d";
-    match json!({
-        "kind": "call", "turn": turn, "callId": format!("{turn}.{i}"), "requestId": i.to_string(),
-        "tool": "files.read", "arguments": {"path": HELLO_PATH},
-        "requirement": {"action": "read", "resource": "SharedOS::File::\"/public/hello.txt\""},
-        "outcome": "succeeded", "code": "ok", "policies": ["alice-public"], "durationUs": 41
-    }) {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    }
+    Event::Call(record::Call {
+        turn: turn.into(),
+        call_id: format!("{turn}.{i}"),
+        request_id: Some(i.to_string()),
+        tool: "files.read".into(),
+        arguments: Some(record::Arguments::Kept(json!({"path": HELLO_PATH}))),
+        requirement: Some(sharedos_proto::Requirement {
+            action: "read".into(),
+            resource: "SharedOS::File::\"/public/hello.txt\"".into(),
+        }),
+        outcome: "succeeded".into(),
+        code: "ok".into(),
+        policies: Some(vec!["alice-public".into()]),
+        duration_us: Some(41),
+        message: None,
+        system_identity: None,
+        forwarded_arguments: None,
+    })
 }
 
 /// A bench-local writer: the caller serializes and writes its own line under a mutex (seq and
@@ -347,19 +357,16 @@ struct Direct {
     sync: bool,
 }
 
-fn write_line(
-    file: &Mutex<(std::fs::File, u64)>,
-    mut event: Map<String, Value>,
-    sync: bool,
-) -> anyhow::Result<u64> {
+fn write_line(file: &Mutex<(std::fs::File, u64)>, event: Event, sync: bool) -> anyhow::Result<u64> {
     let mut guard = file
         .lock()
         .map_err(|_| anyhow::anyhow!("writer poisoned"))?;
     guard.1 += 1;
-    let mut line = Map::new();
-    line.insert("seq".into(), json!(guard.1));
-    line.insert("at".into(), json!(sharedos_broker::record::now_rfc3339()));
-    line.append(&mut event);
+    let line = record::RecordLine {
+        seq: guard.1,
+        at: sharedos_broker::record::now_rfc3339(),
+        event,
+    };
     let mut text = serde_json::to_vec(&line)?;
     text.push(b'\n');
     guard.0.write_all(&text)?;
@@ -370,7 +377,7 @@ fn write_line(
 }
 
 impl Direct {
-    async fn append(&self, event: Map<String, Value>) -> anyhow::Result<u64> {
+    async fn append(&self, event: Event) -> anyhow::Result<u64> {
         if !self.sync {
             return write_line(&self.file, event, false);
         }
@@ -385,10 +392,10 @@ enum Writer {
 }
 
 impl Writer {
-    async fn append(&self, event: Map<String, Value>) -> anyhow::Result<u64> {
+    async fn append(&self, event: Event) -> anyhow::Result<u64> {
         match self {
             Writer::Direct(w) => w.append(event).await,
-            Writer::Recorder(r) => Ok(r.append(event).await?),
+            Writer::Recorder(r) => Ok(r.append(&event).await?),
         }
     }
 }

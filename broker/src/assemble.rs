@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{Map, json};
+use sharedos_proto::record::{self, Event};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ProviderConfig};
@@ -132,27 +132,31 @@ pub(crate) async fn close_out(
     recovery: &crate::record::Recovery,
 ) -> Result<(), StartError> {
     for intent in &recovery.open_intents {
-        let mut line = Map::new();
-        line.insert("kind".into(), json!("call"));
-        for key in ["turn", "callId", "requestId", "tool", "requirement"] {
-            if let Some(v) = intent.get(key) {
-                line.insert(key.into(), v.clone());
-            }
-        }
-        line.insert("outcome".into(), json!("unknown"));
-        line.insert("code".into(), json!("broker_restart"));
-        line.insert(
-            "message".into(),
-            json!("the broker stopped before this call's outcome was recorded; its effect may or may not have happened"),
-        );
-        recorder.append(line).await?;
+        let line = Event::Call(record::Call {
+            turn: intent.turn.clone(),
+            call_id: intent.call_id.clone(),
+            request_id: intent.request_id.clone(),
+            tool: intent.tool.clone(),
+            arguments: None,
+            requirement: intent.requirement.clone(),
+            outcome: "unknown".into(),
+            code: "broker_restart".into(),
+            policies: None,
+            duration_us: None,
+            message: Some("the broker stopped before this call's outcome was recorded; its effect may or may not have happened".into()),
+            system_identity: None,
+            forwarded_arguments: None,
+        });
+        recorder.append(&line).await?;
     }
     for turn in &recovery.open_turns {
-        let mut line = Map::new();
-        line.insert("kind".into(), json!("turn_closed"));
-        line.insert("turn".into(), json!(turn));
-        line.insert("reason".into(), json!("broker_restart"));
-        recorder.append(line).await?;
+        let line = Event::TurnClosed(record::TurnClosed {
+            turn: turn.clone(),
+            reason: "broker_restart".into(),
+            calls: None,
+            system_identity: None,
+        });
+        recorder.append(&line).await?;
     }
     if !recovery.open_intents.is_empty() || !recovery.open_turns.is_empty() {
         tracing::warn!(

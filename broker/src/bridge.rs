@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::StreamCommon as _;
-use serde_json::json;
 use sharedos_ipc::{Conn, FrameReader, IpcError, write_encoded, write_frame};
 use sharedos_proto::CancelCode;
 use sharedos_proto::ipc::{BridgeEvent, BridgeRequest, PROTOCOL_VERSION, RefusalCode};
+use sharedos_proto::record;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -185,13 +185,16 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
         return;
     }
     // Harness aliases are recorded here, on the bridge, and never on a call.
-    let connected = turn.line(
-        "bridge_connected",
-        json!({"peer": {"pid": pid, "uid": uid}, "shim": client,
-               "catalogHash": turn.catalog.hash, "aliases": turn.aliases}),
-    );
+    let connected = record::Event::BridgeConnected(record::BridgeConnected {
+        turn: turn.id.clone(),
+        peer: record::Peer { pid, uid },
+        shim: client,
+        catalog_hash: turn.catalog.hash.clone(),
+        aliases: turn.aliases.clone(),
+        system_identity: turn.system_identity.clone(),
+    });
     // Written in order, not waited on: the next call's sync covers it.
-    if let Err(e) = broker.kernel.recorder.append_written(connected) {
+    if let Err(e) = broker.kernel.recorder.append_written(&connected) {
         tracing::error!(turn = %turn.id, error = %e, "bridge_connected not recorded");
     }
     run_connection(broker.clone(), turn.clone(), reader, send).await;
@@ -340,7 +343,7 @@ async fn run_connection(
                         call_id: turn2.next_call_id(),
                         context: &turn2.context,
                         catalog: &turn2.catalog,
-                        stamp: turn2.stamp.as_ref(),
+                        identity: turn2.system_identity.as_ref(),
                         blocking: Some(&turn2.blocking),
                     };
                     let answer = broker.kernel.invoke(site, call, token, cause).await;
@@ -362,8 +365,16 @@ async fn run_connection(
                 protocol_version,
             })) => {
                 tracing::info!(turn = %turn.id, %name, %version, ?protocol_version, "MCP client on bridge");
-                let line = turn.line("bridge_client", json!({"client": {"name": name, "version": version, "protocolVersion": protocol_version}}));
-                if let Err(e) = broker.kernel.recorder.append_written(line) {
+                let line = record::Event::BridgeClient(record::BridgeClient {
+                    turn: turn.id.clone(),
+                    client: record::ClientInfo {
+                        name,
+                        version,
+                        protocol_version,
+                    },
+                    system_identity: turn.system_identity.clone(),
+                });
+                if let Err(e) = broker.kernel.recorder.append_written(&line) {
                     tracing::error!(turn = %turn.id, error = %e, "bridge_client not recorded");
                 }
             }

@@ -9,12 +9,13 @@ use std::time::Duration;
 
 use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::StreamCommon as _;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 use sharedos_ipc::{FrameReader, IpcError, write_frame};
 use sharedos_proto::alias::{self, Harness, PortableNames, SERVER_NAME};
 use sharedos_proto::ipc::{
     ControlRequest, ControlResponse, OpenTurn, PROTOCOL_VERSION, TurnOpened,
 };
+use sharedos_proto::record::{self, Event};
 use sharedos_proto::{Identifier, Outcome};
 
 use crate::config::MAX_TTL;
@@ -305,9 +306,12 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest) -> ControlResponse {
                     for p in &registry.providers {
                         p.clone().repin().await;
                     }
-                    let line = json!({"kind": "providers_pinned", "pins": all});
-                    if let Some(obj) = line.as_object() {
-                        let _ = broker.kernel.recorder.append(obj.clone()).await;
+                    let line = Event::ProvidersPinned(record::ProvidersPinned {
+                        pins: all.clone(),
+                        turn: None,
+                    });
+                    if let Err(e) = broker.kernel.recorder.append(&line).await {
+                        tracing::error!(error = %e, "providers_pinned not recorded");
                     }
                     ControlResponse::Pinned {
                         path: pin_file
@@ -321,10 +325,14 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest) -> ControlResponse {
         }
         ControlRequest::PolicyReload => match broker.kernel.policy.reload() {
             Ok(pv) => {
-                let line = json!({"kind": "policy_reloaded", "version": pv.version, "policies": pv.count,
-                                  "path": broker.kernel.policy.policy_path().display().to_string()});
-                if let Some(obj) = line.as_object() {
-                    let _ = broker.kernel.recorder.append(obj.clone()).await;
+                let line = Event::PolicyReloaded(record::PolicyReloaded {
+                    version: pv.version,
+                    policies: pv.count,
+                    path: broker.kernel.policy.policy_path().display().to_string(),
+                    turn: None,
+                });
+                if let Err(e) = broker.kernel.recorder.append(&line).await {
+                    tracing::error!(error = %e, "policy_reloaded not recorded");
                 }
                 ControlResponse::PolicyReloaded {
                     version: pv.version,
@@ -379,12 +387,6 @@ async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlRespon
         id.catalog_hash = Some(catalog.hash.clone());
         id.broker_version = Some(env!("CARGO_PKG_VERSION").into());
     }
-    // A column's identity is stamped on every call record the turn produces.
-    let stamp = identity.as_ref().map(|id| {
-        let mut m = Map::new();
-        m.insert("systemIdentity".into(), json!(id));
-        m
-    });
     let names: Vec<&sharedos_proto::ToolName> = catalog.tools.iter().map(|t| &t.name).collect();
     if open.portable_names {
         PortableNames::new(names.iter().copied()).map_err(|e| {
@@ -413,7 +415,6 @@ async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlRespon
         context: ctx,
         catalog,
         ttl,
-        stamp,
         tool_policy: open.tool_policy,
         system_identity: identity,
         harness: open.harness,
@@ -425,7 +426,7 @@ async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlRespon
         .turns
         .insert(new, &broker.root)
         .map_err(|e| Refusal("internal", format!("no randomness for a token: {e}")))?;
-    if let Err(e) = broker.kernel.recorder.append(opened_record(&turn)).await {
+    if let Err(e) = broker.kernel.recorder.append(&opened_record(&turn)).await {
         broker.turns.remove(&turn.id);
         return Err(Refusal("record", format!("cannot record the turn: {e}")));
     }

@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 use sharedos_proto::ipc::CallAnswer;
+use sharedos_proto::record::{self, Arguments, Event};
 use sharedos_proto::{
     CancelCode, CatalogHash, DenyCode, FailCode, Outcome, PublishedToolDefinition, Requirement,
-    ToolCall, ToolDefinition, ToolName,
+    SystemIdentity, ToolCall, ToolDefinition, ToolName,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -215,8 +216,8 @@ pub struct CallSite<'a> {
     pub call_id: String,
     pub context: &'a AccessContext,
     pub catalog: &'a Catalog,
-    /// Fields stamped on the call's record line (e.g. a column's system identity).
-    pub stamp: Option<&'a Map<String, Value>>,
+    /// The turn's column identity, last on the call's record lines.
+    pub identity: Option<&'a SystemIdentity>,
     /// The turn's places for blocking work (list, search, write), if it has a bound.
     pub blocking: Option<&'a Arc<tokio::sync::Semaphore>>,
 }
@@ -604,9 +605,8 @@ impl Kernel {
                     .handler
                     .changes_state(tool.annotations.as_ref())
                 {
-                    let mut intent = self.call_head("intent", &site, &call, &requirement);
-                    crate::record::apply_stamp(&mut intent, site.stamp);
-                    if let Err(e) = self.recorder.append(intent).await {
+                    let intent = self.intent_record(&site, &call, &requirement);
+                    if let Err(e) = self.recorder.append(&intent).await {
                         tracing::error!(error = %e, call_id = %site.call_id, "intent not recorded: the call is not run");
                         let message = format!(
                             "failed: {what} — the broker could not record the call before running it ({e}); it was not run"
@@ -709,13 +709,8 @@ impl Kernel {
             Some(Err(content)) => answer.content = content,
             None => {}
         }
-        let mut line = self.call_record(site, call, &answer, duration);
-        if let Some(sent) = forwarded {
-            // What the upstream was sent instead of the call's own arguments, recorded under
-            // the same rule as the arguments.
-            self.insert_arguments(&mut line, "forwardedArguments", Value::Object(sent));
-        }
-        if let Err(e) = self.recorder.append(line).await {
+        let line = self.call_record(site, call, &answer, duration, forwarded);
+        if let Err(e) = self.recorder.append(&line).await {
             // The answer must not leave unrecorded: report the call as failed instead.
             tracing::error!(error = %e, call_id = %answer.call_id, "record write failed");
             answer.outcome = Outcome::Failed(FailCode::Internal);
@@ -753,62 +748,55 @@ impl Kernel {
         )
     }
 
-    /// Arguments on a record line under `key`: as they are, or `{key}Sha256`
-    /// (`redact_arguments`), or `{key}Digest` (size and SHA-256) when they are longer than
-    /// `record_max_argument_bytes`.
-    fn insert_arguments(&self, line: &mut Map<String, Value>, key: &str, args: Value) {
-        let text = args.to_string();
-        if self.redact_arguments {
-            line.insert(format!("{key}Sha256"), json!(sha256_text(&text)));
-        } else if text.len() > self.record_max_argument_bytes {
-            // The record does not grow with what a caller chooses to send.
-            line.insert(
-                format!("{key}Digest"),
-                json!({"bytes": text.len(), "sha256": sha256_text(&text)}),
-            );
-        } else {
-            line.insert(key.to_owned(), args);
-        }
+    /// Arguments as the record keeps them: as they are, or their SHA-256 (`redact_arguments`),
+    /// or their size and SHA-256 when they are longer than `record_max_argument_bytes`.
+    fn recorded(&self, args: Value) -> Arguments {
+        Arguments::recorded(args, self.redact_arguments, self.record_max_argument_bytes)
     }
 
-    /// What every line of one call starts with (its `intent` and its `call` line): kind, turn,
-    /// callId, requestId, tool, arguments and requirement.
-    fn call_head(
+    /// The write-ahead line of a call that can change state.
+    fn intent_record(
         &self,
-        kind: &str,
         site: &CallSite<'_>,
         call: &ToolCall,
         requirement: &Option<Requirement>,
-    ) -> Map<String, Value> {
-        let mut line = Map::new();
-        line.insert("kind".into(), json!(kind));
-        line.insert("turn".into(), json!(site.turn));
-        line.insert("callId".into(), json!(site.call_id));
-        line.insert("requestId".into(), json!(call.request_id));
-        line.insert("tool".into(), json!(call.tool));
-        let args = call.arguments.clone().unwrap_or(Value::Null);
-        self.insert_arguments(&mut line, "arguments", args);
-        line.insert("requirement".into(), json!(requirement));
-        line
+    ) -> Event {
+        Event::Intent(record::Intent {
+            turn: site.turn.to_owned(),
+            call_id: site.call_id.clone(),
+            request_id: call.request_id.clone(),
+            tool: call.tool.clone(),
+            arguments: Some(self.recorded(call.arguments.clone().unwrap_or(Value::Null))),
+            requirement: requirement.clone(),
+            system_identity: site.identity.cloned(),
+        })
     }
 
+    /// A call's outcome line. `forwarded`: what the upstream was sent instead of the call's own
+    /// arguments, recorded under the same rule as the arguments.
     fn call_record(
         &self,
         site: &CallSite<'_>,
         call: &ToolCall,
         answer: &CallAnswer,
         duration: Duration,
-    ) -> Map<String, Value> {
-        let mut line = self.call_head("call", site, call, &answer.requirement);
-        line.insert("outcome".into(), json!(answer.outcome.word()));
-        line.insert("code".into(), json!(answer.outcome.code()));
-        line.insert("policies".into(), json!(answer.policies));
-        line.insert("durationUs".into(), json!(duration.as_micros() as u64));
-        if let Some(m) = &answer.message {
-            line.insert("message".into(), json!(m));
-        }
-        crate::record::apply_stamp(&mut line, site.stamp);
-        line
+        forwarded: Option<Map<String, Value>>,
+    ) -> Event {
+        Event::Call(record::Call {
+            turn: site.turn.to_owned(),
+            call_id: site.call_id.clone(),
+            request_id: call.request_id.clone(),
+            tool: call.tool.clone(),
+            arguments: Some(self.recorded(call.arguments.clone().unwrap_or(Value::Null))),
+            requirement: answer.requirement.clone(),
+            outcome: answer.outcome.word().to_owned(),
+            code: answer.outcome.code(),
+            policies: Some(answer.policies.clone()),
+            duration_us: Some(duration.as_micros() as u64),
+            message: answer.message.clone(),
+            system_identity: site.identity.cloned(),
+            forwarded_arguments: forwarded.map(|sent| self.recorded(Value::Object(sent)).into()),
+        })
     }
 }
 
@@ -817,11 +805,6 @@ fn resolve(tool: &Registered, arguments: &Map<String, Value>) -> Result<Resolved
     tool.authority
         .handler
         .resolve(tool.name.as_str(), arguments)
-}
-
-/// The SHA-256 of a value's JSON text, in hex (redacted arguments).
-fn sha256_text(text: &str) -> String {
-    sharedos_proto::catalog::sha256_hex(text.as_bytes())
 }
 
 fn resource_noun(r: &Resource) -> &'static str {
@@ -1049,7 +1032,7 @@ when { resource.path like "*secret*" };
             call_id: format!("t-test.{id}"),
             context: &ctx,
             catalog: &catalog,
-            stamp: None,
+            identity: None,
             blocking: None,
         };
         let call = ToolCall {

@@ -53,6 +53,8 @@ pub enum RecordError {
     },
     #[error("the record writer has stopped")]
     Stopped,
+    #[error("a `{kind}` line could not be encoded: {detail}")]
+    Encode { kind: &'static str, detail: String },
     #[error(
         "record `{path}` is in use by another process ({holder}); two brokers never append to one record"
     )]
@@ -70,7 +72,7 @@ pub struct Recovery {
     pub torn_saved_to: Option<PathBuf>,
     /// `intent` lines with no `call` line of the same `callId` after them: calls that could
     /// change state and whose outcome the last broker never recorded (it stopped first).
-    pub open_intents: Vec<Map<String, Value>>,
+    pub open_intents: Vec<Intent>,
     /// Turns opened and never closed (`turn_opened` without `turn_closed`), in order.
     pub open_turns: Vec<String>,
 }
@@ -113,15 +115,31 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> RecordError + '_ {
     }
 }
 
-/// Adds a turn's stamp (e.g. a column's system identity) to a record line; fields the line
-/// already has win.
-pub fn apply_stamp(line: &mut Map<String, Value>, stamp: Option<&Map<String, Value>>) {
-    for (k, v) in stamp.into_iter().flatten() {
-        line.entry(k.clone()).or_insert_with(|| v.clone());
+pub use sharedos_proto::record::{Event, now_rfc3339};
+use sharedos_proto::record::{Intent, RecordLine};
+
+/// An `intent` line read back; what it lacks (an older or hand-made line) is left empty.
+fn open_intent(obj: Map<String, Value>) -> Intent {
+    let text = |k: &str| obj.get(k).and_then(Value::as_str).map(str::to_owned);
+    let fallback = || Intent {
+        turn: text("turn").unwrap_or_default(),
+        call_id: text("callId").unwrap_or_default(),
+        request_id: text("requestId"),
+        tool: text("tool").unwrap_or_default(),
+        arguments: None,
+        requirement: obj
+            .get("requirement")
+            .and_then(|r| serde_json::from_value(r.clone()).ok()),
+        system_identity: None,
+    };
+    match serde_json::from_value::<RecordLine>(Value::Object(obj.clone())) {
+        Ok(RecordLine {
+            event: Event::Intent(i),
+            ..
+        }) => i,
+        _ => fallback(),
     }
 }
-
-pub use sharedos_proto::record::now_rfc3339;
 
 /// Scans an existing record: the last seq, and a torn tail if any (cut off and saved aside).
 fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {
@@ -131,8 +149,7 @@ fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {
     file.read_to_end(&mut bytes).map_err(&err)?;
     let mut recovery = Recovery::default();
     // Open intents and turns by id, with the seq that opened them (for their order).
-    let mut intents: std::collections::HashMap<String, (u64, Map<String, Value>)> =
-        Default::default();
+    let mut intents: std::collections::HashMap<String, (u64, Intent)> = Default::default();
     let mut turns: std::collections::HashMap<String, u64> = Default::default();
     let mut good_end = 0usize;
     let mut start = 0usize;
@@ -173,7 +190,7 @@ fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {
                     text("turn"),
                 ) {
                     (Some("intent"), Some(id), _) => {
-                        intents.insert(id, (seq, obj));
+                        intents.insert(id, (seq, open_intent(obj)));
                     }
                     (Some("call"), Some(id), _) => {
                         intents.remove(&id);
@@ -201,7 +218,7 @@ fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {
         start += nl + 1;
         good_end = start;
     }
-    let mut intents: Vec<(u64, Map<String, Value>)> = intents.into_values().collect();
+    let mut intents: Vec<(u64, Intent)> = intents.into_values().collect();
     intents.sort_by_key(|(seq, _)| *seq);
     recovery.open_intents = intents.into_iter().map(|(_, line)| line).collect();
     let mut turns: Vec<(String, u64)> = turns.into_iter().collect();
@@ -318,14 +335,13 @@ impl Recorder {
         }
     }
 
-    /// Appends one event (`kind`, `turn` and the rest; `seq` and `at` are added, and replace any
-    /// the event carries). Returns its seq once the line is as durable as the sync mode promises.
+    /// Appends one event (`kind`, `turn` and the rest; `seq` and `at` are added in front). Returns its seq once the line is as durable as the sync mode promises.
     ///
     /// The caller serializes its own line, and writes it under the record's lock, where its seq
     /// and time are taken (so both follow file order). With `always` it then waits until an
     /// fdatasync covers the line: the first waiter finding none in flight runs one for
     /// everything written so far, the others wait for it (group commit, no writer task).
-    pub async fn append(&self, event: Map<String, Value>) -> Result<u64, RecordError> {
+    pub async fn append(&self, event: &Event) -> Result<u64, RecordError> {
         let seq = self.append_written(event)?;
         if self.shared.sync == RecordSync::Always {
             self.wait_synced(seq).await?;
@@ -336,14 +352,12 @@ impl Recorder {
     /// Writes one event in order and returns its seq without waiting for fdatasync: for lines no
     /// answer waits on (a bridge connecting). The next `always` append's sync covers it, and
     /// `batch` syncs it within [`BATCH_SYNC_INTERVAL`].
-    pub fn append_written(&self, mut event: Map<String, Value>) -> Result<u64, RecordError> {
-        event.remove("seq");
-        event.remove("at");
-        if !event.contains_key("turn") {
-            event.insert("turn".into(), Value::Null);
-        }
-        // A Map of JSON values always serializes; its text starts with `{`.
-        let body = serde_json::to_vec(&event).unwrap_or_else(|_| b"{}".to_vec());
+    pub fn append_written(&self, event: &Event) -> Result<u64, RecordError> {
+        // An event is an object whose text starts with `{"kind":`.
+        let body = serde_json::to_vec(event).map_err(|e| RecordError::Encode {
+            kind: event.kind(),
+            detail: e.to_string(),
+        })?;
         self.write_line(&body)
     }
 
@@ -558,13 +572,17 @@ pub fn read_records(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
-    fn event(kind: &str, turn: &str) -> Map<String, Value> {
-        json!({"kind": kind, "turn": turn})
-            .as_object()
-            .cloned()
-            .expect("object")
+    use sharedos_proto::record::{PolicyReloaded, TurnClosed};
+
+    /// A turn's line whose `reason` tells appends apart.
+    fn event(reason: &str, turn: &str) -> Event {
+        Event::TurnClosed(TurnClosed {
+            turn: turn.into(),
+            reason: reason.into(),
+            calls: None,
+            system_identity: None,
+        })
     }
 
     #[tokio::test]
@@ -574,8 +592,8 @@ mod tests {
         {
             let (rec, recovery) = Recorder::open(&path, RecordSync::Always).expect("open");
             assert_eq!(recovery.last_seq, 0);
-            assert_eq!(rec.append(event("a", "t1")).await.expect("1"), 1);
-            assert_eq!(rec.append(event("b", "t2")).await.expect("2"), 2);
+            assert_eq!(rec.append(&event("a", "t1")).await.expect("1"), 1);
+            assert_eq!(rec.append(&event("b", "t2")).await.expect("2"), 2);
         }
         // Simulate a crash mid-write.
         let mut f = OpenOptions::new().append(true).open(&path).expect("open");
@@ -590,7 +608,7 @@ mod tests {
                 .expect("torn")
                 .contains("\"ca")
         );
-        assert_eq!(rec.append(event("c", "t1")).await.expect("3"), 3);
+        assert_eq!(rec.append(&event("c", "t1")).await.expect("3"), 3);
         drop(rec);
         tokio::time::sleep(Duration::from_millis(100)).await;
         let (lines, more) = read_records(&path, Some("t1"), 0, 10).expect("read");
@@ -619,7 +637,7 @@ mod tests {
         for i in 0..200 {
             let rec = rec.clone();
             tasks.push(tokio::spawn(async move {
-                rec.append(event("call", &format!("t{}", i % 4))).await
+                rec.append(&event("call", &format!("t{}", i % 4))).await
             }));
         }
         let mut seqs = Vec::new();
@@ -643,13 +661,13 @@ mod tests {
         let mut tries = 0u64;
         loop {
             tries += 1;
-            let r = tokio::time::timeout(Duration::ZERO, rec.append(event("a", "t"))).await;
+            let r = tokio::time::timeout(Duration::ZERO, rec.append(&event("a", "t"))).await;
             if r.is_err() || tries == 1000 {
                 break;
             }
         }
         assert!(tries < 1000, "no append was ever dropped mid-sync");
-        let seq = tokio::time::timeout(Duration::from_secs(10), rec.append(event("b", "t")))
+        let seq = tokio::time::timeout(Duration::from_secs(10), rec.append(&event("b", "t")))
             .await
             .expect("a later append is not stuck behind the dropped leader")
             .expect("append");
@@ -660,8 +678,8 @@ mod tests {
             tries + 1,
             "every dropped append's line was written"
         );
-        assert_eq!(lines[0]["kind"], "a");
-        assert_eq!(lines[tries as usize]["kind"], "b");
+        assert_eq!(lines[0]["reason"], "a");
+        assert_eq!(lines[tries as usize]["reason"], "b");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -675,7 +693,8 @@ mod tests {
             .map(|i| {
                 let rec = rec.clone();
                 tokio::spawn(async move {
-                    let append = rec.append(event("a", "t"));
+                    let line = event("a", "t");
+                    let append = rec.append(&line);
                     if i % 2 == 0 {
                         tokio::time::timeout(Duration::ZERO, append).await.ok();
                     } else {
@@ -687,26 +706,29 @@ mod tests {
         for t in tasks {
             t.await.expect("task");
         }
-        let seq = tokio::time::timeout(Duration::from_secs(10), rec.append(event("b", "t")))
+        let seq = tokio::time::timeout(Duration::from_secs(10), rec.append(&event("b", "t")))
             .await
             .expect("a later append is not stuck behind the dropped ones")
             .expect("append");
         assert_eq!(seq, 65);
         let (lines, _) = read_records(&path, None, 0, 2000).expect("read");
         assert_eq!(lines.len(), 65, "every dropped append's line was written");
-        assert_eq!(lines[64]["kind"], "b");
+        assert_eq!(lines[64]["reason"], "b");
     }
 
     #[tokio::test]
-    async fn batch_lines_are_whole_and_in_order_and_seq_at_cannot_be_forged() {
+    async fn batch_lines_are_whole_and_in_order_with_seq_and_at_first() {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("rec.jsonl");
         let (rec, _) = Recorder::open(&path, RecordSync::Batch).expect("open");
-        let mut forged = event("x", "t");
-        forged.insert("seq".into(), Value::from(99));
-        forged.insert("at".into(), Value::from("then"));
-        assert_eq!(rec.append(forged).await.expect("1"), 1);
-        assert_eq!(rec.append(Map::new()).await.expect("2"), 2);
+        assert_eq!(rec.append(&event("x", "t")).await.expect("1"), 1);
+        let global = Event::PolicyReloaded(PolicyReloaded {
+            version: 2,
+            policies: 3,
+            path: "p.cedar".into(),
+            turn: None,
+        });
+        assert_eq!(rec.append(&global).await.expect("2"), 2);
         drop(rec);
         let text = std::fs::read_to_string(&path).expect("read");
         let lines: Vec<Value> = text
@@ -714,10 +736,14 @@ mod tests {
             .map(|l| serde_json::from_str(l).expect("whole JSON line"))
             .collect();
         assert_eq!(lines[0]["seq"], 1);
-        assert_ne!(lines[0]["at"], "then");
         assert_eq!(lines[1]["seq"], 2);
         assert_eq!(lines[1]["turn"], Value::Null);
         assert!(text.starts_with("{\"seq\":1,\"at\":"), "{text}");
+        // Each line reads back as the event that was written.
+        for (l, want) in text.lines().zip([event("x", "t"), global]) {
+            let line: sharedos_proto::record::RecordLine = serde_json::from_str(l).expect("typed");
+            assert_eq!(line.event, want);
+        }
     }
 
     #[test]

@@ -14,8 +14,8 @@ use interprocess::local_socket::tokio::{Listener, Stream};
 use interprocess::local_socket::traits::StreamCommon as _;
 use interprocess::local_socket::traits::tokio::Listener as _;
 use interprocess::local_socket::{GenericFilePath, ListenerOptions, ToFsName};
-use serde_json::json;
 use sharedos_ipc::runtime;
+use sharedos_proto::record::{BrokerStarted, Event};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -177,11 +177,13 @@ pub async fn start(
         uid,
     });
     stop_on_error.disarm();
-    let started = json!({"kind": "broker_started", "version": env!("CARGO_PKG_VERSION"),
-                         "tools": broker.kernel.registry().len(), "config": broker.config.source});
-    if let Some(obj) = started.as_object() {
-        broker.kernel.recorder.append(obj.clone()).await?;
-    }
+    let started = Event::BrokerStarted(BrokerStarted {
+        version: env!("CARGO_PKG_VERSION").into(),
+        tools: broker.kernel.registry().len(),
+        config: broker.config.source.clone(),
+        turn: None,
+    });
+    broker.kernel.recorder.append(&started).await?;
     // Before the first call is taken: what the last broker left open.
     close_out(&broker.kernel.recorder, &recovery).await?;
     tracing::info!(runtime_dir = %runtime_dir.display(), tools = broker.kernel.registry().len(), "broker ready");

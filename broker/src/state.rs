@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde_json::json;
+use sharedos_proto::record::{Event, TurnClosed};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -48,11 +48,13 @@ impl Broker {
         {
             tracing::warn!(turn = %id, "in-flight calls did not finish within the close grace period");
         }
-        let line = turn.line(
-            "turn_closed",
-            json!({"reason": reason, "calls": turn.calls.load(std::sync::atomic::Ordering::Relaxed)}),
-        );
-        if let Err(e) = self.kernel.recorder.append(line).await {
+        let line = Event::TurnClosed(TurnClosed {
+            turn: turn.id.clone(),
+            reason: reason.to_owned(),
+            calls: Some(turn.calls.load(std::sync::atomic::Ordering::Relaxed)),
+            system_identity: turn.system_identity.clone(),
+        });
+        if let Err(e) = self.kernel.recorder.append(&line).await {
             tracing::error!(turn = %id, error = %e, "could not record turn_closed");
         }
         if let Some(path) = &turn.token_file {

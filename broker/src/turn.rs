@@ -11,10 +11,10 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use base64::Engine;
-use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use sharedos_proto::alias::AliasReport;
 use sharedos_proto::ipc::{TurnSummary, TurnToken};
+use sharedos_proto::record::{self, Event};
 use sharedos_proto::{SystemIdentity, ToolPolicy};
 use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
@@ -46,9 +46,9 @@ pub struct Turn {
     /// Places for this turn's calls that run on blocking threads (list, search, write): turns
     /// share the broker's threads fairly, whatever one of them sends.
     pub blocking: Arc<tokio::sync::Semaphore>,
-    /// Fields stamped on every call record of this turn (a column's identity).
-    pub stamp: Option<Map<String, Value>>,
     pub tool_policy: Option<ToolPolicy>,
+    /// A column's identity of the run: on `turn_opened`, and last on every other line of the
+    /// turn.
     pub system_identity: Option<SystemIdentity>,
     pub harness: Option<String>,
     /// Present portable (`.`-free) names to the harness.
@@ -85,18 +85,6 @@ impl Turn {
         &self.token
     }
 
-    /// A record line of this turn: `kind`, `turn`, the given fields, and the turn's stamp.
-    pub fn line(&self, kind: &str, fields: Value) -> Map<String, Value> {
-        let mut line = Map::new();
-        line.insert("kind".into(), json!(kind));
-        line.insert("turn".into(), json!(self.id));
-        if let Value::Object(fields) = fields {
-            line.extend(fields);
-        }
-        crate::record::apply_stamp(&mut line, self.stamp.as_ref());
-        line
-    }
-
     pub fn closed_reason(&self) -> Option<String> {
         self.close_reason.read().ok().and_then(|g| g.clone())
     }
@@ -123,7 +111,6 @@ pub struct NewTurn {
     pub context: AccessContext,
     pub catalog: Arc<Catalog>,
     pub ttl: Duration,
-    pub stamp: Option<Map<String, Value>>,
     pub tool_policy: Option<ToolPolicy>,
     pub system_identity: Option<SystemIdentity>,
     pub harness: Option<String>,
@@ -209,7 +196,6 @@ impl Turns {
             bridges: AtomicUsize::new(0),
             blocking: Arc::new(tokio::sync::Semaphore::new(MAX_BLOCKING_PER_TURN)),
             calls: AtomicU64::new(0),
-            stamp: new.stamp,
             tool_policy: new.tool_policy,
             system_identity: new.system_identity,
             harness: new.harness,
@@ -265,22 +251,28 @@ impl Turns {
 }
 
 /// The `turn_opened` record line.
-pub fn opened_record(turn: &Turn) -> Map<String, Value> {
-    turn.line(
-        "turn_opened",
-        json!({
-            "accessContext": {"principal": turn.context.principal, "agent": turn.context.agent,
-                              "agentOwner": turn.context.agent_owner,
-                              "turn": turn.context.turn_attributes()},
-            "tokenFile": turn.token_file,
-            "toolPolicy": turn.tool_policy,
-            "systemIdentity": turn.system_identity,
-            "catalogHash": turn.catalog.hash,
-            "tools": turn.catalog.tools.iter().map(|t| t.name.to_string()).collect::<Vec<_>>(),
-            "policyVersion": turn.catalog.policy_version,
-            "expiresAt": rfc3339(turn.expires_at),
-            "harness": turn.harness,
-            "portableNames": turn.portable_names,
-        }),
-    )
+pub fn opened_record(turn: &Turn) -> Event {
+    Event::TurnOpened(record::TurnOpened {
+        turn: turn.id.clone(),
+        access_context: record::RecordedAccessContext {
+            principal: turn.context.principal.clone(),
+            agent: turn.context.agent.clone(),
+            agent_owner: turn.context.agent_owner.clone(),
+            turn: turn.context.turn_attributes(),
+        },
+        token_file: turn.token_file.as_ref().map(|p| p.display().to_string()),
+        tool_policy: turn.tool_policy.clone(),
+        system_identity: turn.system_identity.clone(),
+        catalog_hash: turn.catalog.hash.clone(),
+        tools: turn
+            .catalog
+            .tools
+            .iter()
+            .map(|t| t.name.to_string())
+            .collect(),
+        policy_version: turn.catalog.policy_version,
+        expires_at: rfc3339(turn.expires_at),
+        harness: turn.harness.clone(),
+        portable_names: turn.portable_names,
+    })
 }

@@ -23,6 +23,7 @@ use rmcp::transport::TokioChildProcess;
 use rmcp::{ClientHandler, ServiceExt};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
+use sharedos_proto::record::{self, Event, ProviderDetail};
 use sharedos_proto::{CatalogHash, FailCode, ToolDefinition, ToolMetadata, ToolName};
 use tokio_util::sync::CancellationToken;
 
@@ -55,12 +56,21 @@ pub enum State {
     Failed,
 }
 
-/// One upstream tool this provider could not register, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Rejected {
-    pub upstream: String,
-    pub reason: String,
+impl State {
+    /// The state's name, as in `providers` and on `provider_state` lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Starting => "starting",
+            State::Ready => "ready",
+            State::Restarting => "restarting",
+            State::Drifted => "drifted",
+            State::Failed => "failed",
+        }
+    }
 }
+
+/// One upstream tool this provider could not register, and why (a record type).
+pub use sharedos_proto::record::Rejected;
 
 /// What a brokered call requires, and what is sent upstream when it is not the call's own
 /// arguments (a `file_root` path is sent as what it resolved to).
@@ -280,15 +290,14 @@ impl McpProvider {
         })
     }
 
-    async fn record(&self, state: State, detail: Value) {
-        let mut line = Map::new();
-        line.insert("kind".into(), json!("provider_state"));
-        line.insert("provider".into(), json!(self.config.namespace));
-        line.insert("state".into(), json!(state));
-        if let Value::Object(d) = detail {
-            line.extend(d);
-        }
-        if let Err(e) = self.recorder.append(line).await {
+    async fn record(&self, state: State, detail: ProviderDetail) {
+        let line = Event::ProviderState(record::ProviderState {
+            provider: self.config.namespace.clone(),
+            state: state.as_str().to_owned(),
+            detail,
+            turn: None,
+        });
+        if let Err(e) = self.recorder.append(&line).await {
             tracing::error!(provider = %self.config.namespace, error = %e, "cannot record provider state");
         }
     }
@@ -415,7 +424,13 @@ impl McpProvider {
             });
         }
         self.generation.fetch_add(1, Ordering::Relaxed);
-        self.record(state, json!({"upstreamHash": hash, "pinnedHash": pinned, "tools": self.status().tools, "rejected": rejected})).await;
+        let detail = ProviderDetail::Listed {
+            upstream_hash: hash,
+            pinned_hash: pinned,
+            tools: self.status().tools,
+            rejected,
+        };
+        self.record(state, detail).await;
     }
 
     /// Re-checks the pin against the current upstream tools (after `providers pin`).
@@ -541,7 +556,13 @@ impl McpProvider {
             inner.last_error = Some(why.to_owned());
         }
         self.generation.fetch_add(1, Ordering::Relaxed);
-        self.record(State::Restarting, json!({"reason": why})).await;
+        self.record(
+            State::Restarting,
+            ProviderDetail::Reason {
+                reason: why.to_owned(),
+            },
+        )
+        .await;
     }
 
     async fn set_failed(&self, why: &str) {
@@ -555,7 +576,13 @@ impl McpProvider {
         }
         self.names.release_all(&self.config.namespace);
         self.generation.fetch_add(1, Ordering::Relaxed);
-        self.record(State::Failed, json!({"reason": why})).await;
+        self.record(
+            State::Failed,
+            ProviderDetail::Reason {
+                reason: why.to_owned(),
+            },
+        )
+        .await;
     }
 
     pub fn startup_timeout(&self) -> Duration {

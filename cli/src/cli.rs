@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use serde_json::Value;
 use sharedos_ipc::runtime;
 use sharedos_proto::ipc::{ControlRequest, ControlResponse, OpenTurn};
+use sharedos_proto::record::{Event, RecordLine};
 use sharedos_proto::{PublishedToolDefinition, ToolDefinition};
 use tokio_util::sync::CancellationToken;
 
@@ -866,7 +867,8 @@ pub fn record_header() -> String {
     )
 }
 
-/// One record line as a table row.
+/// One record line as a table row. A line that is not a known event (a record written by a
+/// newer broker) still shows its seq, time, kind and turn.
 pub fn record_row(line: &Value) -> String {
     let s = |k: &str| line.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
     let at = s("at");
@@ -877,49 +879,53 @@ pub fn record_row(line: &Value) -> String {
         .chars()
         .take(15)
         .collect::<String>();
-    let kind = s("kind");
-    let (tool, outcome, detail) = match kind.as_str() {
-        "call" => {
-            let resource = line
-                .get("requirement")
-                .and_then(|r| r.get("resource"))
-                .and_then(Value::as_str)
-                .unwrap_or("-")
-                .to_owned();
-            let mut tool = format!("{:?}", s("tool"));
+    let seq = line.get("seq").and_then(Value::as_u64).unwrap_or(0);
+    let row = |kind: &str, tool: &str, outcome: &str, detail: &str| {
+        format!("{seq:>5}  {time:<15}  {kind:<18}  {tool:<28}  {outcome:<30}  {detail}")
+    };
+    let Ok(RecordLine { event, .. }) = serde_json::from_value::<RecordLine>(line.clone()) else {
+        return row(&s("kind"), "", "", &s("turn"));
+    };
+    let (tool, outcome, detail) = match &event {
+        Event::Call(c) => {
+            let mut tool = format!("{:?}", c.tool);
             sharedos_proto::name::clip(&mut tool, 28);
-            (tool, format!("{}/{}", s("outcome"), s("code")), resource)
+            let resource = c.requirement.as_ref().map_or("-", |r| r.resource.as_str());
+            (
+                tool,
+                format!("{}/{}", c.outcome, c.code),
+                resource.to_owned(),
+            )
         }
-        "turn_opened" => (
+        Event::TurnOpened(o) => (
             String::new(),
             String::new(),
             format!(
                 "{} principal={} catalogHash={}",
-                s("turn"),
-                line.pointer("/accessContext/principal")
-                    .and_then(Value::as_str)
-                    .unwrap_or(""),
-                &s("catalogHash").chars().take(16).collect::<String>()
+                o.turn,
+                o.access_context.principal,
+                o.catalog_hash.as_str().chars().take(16).collect::<String>()
             ),
         ),
-        "turn_closed" => (
+        Event::TurnClosed(c) => (
             String::new(),
             String::new(),
-            format!("{} reason={}", s("turn"), s("reason")),
+            format!("{} reason={}", c.turn, c.reason),
         ),
-        "bridge_connected" => (
+        Event::BridgeConnected(b) => (
             String::new(),
             String::new(),
             format!(
                 "{} pid={}",
-                s("turn"),
-                line.pointer("/peer/pid")
-                    .map(|v| v.to_string())
-                    .unwrap_or_default()
+                b.turn,
+                b.peer.pid.map_or("null".to_owned(), |p| p.to_string())
             ),
         ),
-        _ => (String::new(), String::new(), s("turn")),
+        other => (
+            String::new(),
+            String::new(),
+            other.turn().unwrap_or_default().to_owned(),
+        ),
     };
-    let seq = line.get("seq").and_then(Value::as_u64).unwrap_or(0);
-    format!("{seq:>5}  {time:<15}  {kind:<18}  {tool:<28}  {outcome:<30}  {detail}")
+    row(event.kind(), &tool, &outcome, &detail)
 }

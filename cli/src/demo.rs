@@ -16,6 +16,7 @@ use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
 use sharedos_ipc::runtime;
 use sharedos_proto::ipc::{ControlRequest, ControlResponse, OpenTurn};
+use sharedos_proto::record::{Event, RecordLine};
 use tokio_util::sync::CancellationToken;
 
 use sharedos_broker::Config;
@@ -198,7 +199,18 @@ async fn drive(runtime_dir: &std::path::Path) -> anyhow::Result<bool> {
             for line in &lines {
                 outln!("{}", serde_json::to_string(line)?);
             }
-            let calls = lines.iter().filter(|l| l["kind"] == "call").count();
+            let calls = lines
+                .iter()
+                .filter(|l| {
+                    matches!(
+                        serde_json::from_value::<RecordLine>((*l).clone()),
+                        Ok(RecordLine {
+                            event: Event::Call(_),
+                            ..
+                        })
+                    )
+                })
+                .count();
             if calls != steps.len() {
                 outln!("expected {} call lines, found {calls}", steps.len());
                 all_ok = false;

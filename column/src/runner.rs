@@ -18,6 +18,7 @@ use sharedos_ipc::runtime;
 use sharedos_proto::alias::Harness;
 use sharedos_proto::declaration::{SystemIdentityError, ToolPolicyError};
 use sharedos_proto::ipc::{ControlRequest, ControlResponse, OpenTurn};
+use sharedos_proto::record::{self, Event, RecordLine};
 use sharedos_proto::{McpSupport, PolicyMode, SystemIdentity, ToolPolicy};
 
 use sharedos_host::client::{ClientError, ControlClient};
@@ -33,6 +34,8 @@ pub const EXIT_NOT_ALL_PASSED: u8 = 4;
 /// underlying error, if any, is the `source` (the CLI prints the whole chain).
 #[derive(Debug, thiserror::Error)]
 pub enum ColumnError {
+    #[error("record line seq {seq} is not a record event")]
+    RecordLine { seq: u64, source: serde_json::Error },
     #[error("cannot read host config `{}`", path.display())]
     HostConfigRead {
         path: PathBuf,
@@ -518,16 +521,18 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
             other => return Err(ClientError::unexpected("records", other).into()),
         }
     }
-    let identity = lines
-        .iter()
-        .find(|l| l["kind"] == "turn_opened")
-        .map(|l| l["systemIdentity"].clone())
-        .unwrap_or(Value::Null);
-    let mut calls: Vec<(Value, bool)> = lines
-        .into_iter()
-        .filter(|l| l["kind"] == "call")
-        .map(|l| (l, false))
-        .collect();
+    let mut identity: Option<SystemIdentity> = None;
+    let mut calls: Vec<(record::Call, bool)> = Vec::new();
+    for line in lines {
+        let seq = line.get("seq").and_then(Value::as_u64).unwrap_or(0);
+        let line: RecordLine =
+            serde_json::from_value(line).map_err(|e| ColumnError::RecordLine { seq, source: e })?;
+        match line.event {
+            Event::TurnOpened(o) => identity = o.system_identity,
+            Event::Call(c) => calls.push((c, false)),
+            _ => {}
+        }
+    }
 
     // What each row requires, as the kernel resolves it (for matching on tool + resource).
     let mut graded = Vec::new();
@@ -546,23 +551,22 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
         let resource = requirement.as_ref().map(|r| r.resource.clone());
         let found = calls.iter_mut().find(|(c, used)| {
             !*used
-                && c["tool"] == row.tool.as_str()
-                && c["requirement"].get("resource").and_then(Value::as_str) == resource.as_deref()
+                && c.tool == row.tool
+                && c.requirement.as_ref().map(|r| r.resource.as_str()) == resource.as_deref()
         });
         let (grade, outcome, code, call_ids) = match found {
-            None => (Grade::NotExercised, Value::Null, Value::Null, vec![]),
+            None => (Grade::NotExercised, None, None, vec![]),
             Some((call, used)) => {
                 *used = true;
-                let outcome = call["outcome"].as_str().unwrap_or_default();
                 let ok = match row.expect {
-                    Expect::Allowed => outcome == "succeeded",
-                    Expect::Denied => outcome == "denied",
+                    Expect::Allowed => call.outcome == "succeeded",
+                    Expect::Denied => call.outcome == "denied",
                 };
                 (
                     if ok { Grade::Pass } else { Grade::Fail },
-                    call["outcome"].clone(),
-                    call["code"].clone(),
-                    vec![call["callId"].clone()],
+                    Some(call.outcome.clone()),
+                    Some(call.code.clone()),
+                    vec![call.call_id.clone()],
                 )
             }
         };
@@ -581,8 +585,8 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
         .into_iter()
         .filter(|(_, used)| !used)
         .map(|(c, _)| {
-            json!({"callId": c["callId"], "tool": c["tool"], "arguments": c["arguments"],
-                   "requirement": c["requirement"], "outcome": c["outcome"], "code": c["code"]})
+            json!({"callId": c.call_id, "tool": c.tool, "arguments": c.kept_arguments(),
+                   "requirement": c.requirement, "outcome": c.outcome, "code": c.code})
         })
         .collect();
     let all_passed = fail == 0 && not_exercised == 0;

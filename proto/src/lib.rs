@@ -14,7 +14,7 @@
 //! - [`declaration`]: `ToolPolicy` and `SystemIdentity` with their rules.
 //! - [`frame`]: the length-prefixed frame codec.
 //! - [`ipc`]: the messages on the bridge and control sockets.
-//! - [`record`]: the record's shared formats (`at`).
+//! - [`record`]: the record's lines, typed: `Event` tagged by `kind`, `RecordLine`.
 
 pub mod alias;
 pub mod call;

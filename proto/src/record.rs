@@ -1,4 +1,24 @@
-//! The record's shared formats: what every line's `at` looks like.
+//! The record's lines, typed: one [`Event`] per line, tagged by `kind`.
+//!
+//! The record is a product contract: operators read it, `column run` grades from it, and
+//! `sharedos-broker records` prints it. The broker writes `seq` and `at` in front of an event's
+//! own fields ([`RecordLine`] reads the whole line back). Field order is the order of the struct
+//! fields below, and it is part of the contract (a golden test holds the bytes).
+//!
+//! Every line has a `turn`: a turn's id, or `null` on the lines of the broker as a whole
+//! (`broker_started`, `policy_reloaded`, `providers_pinned`, `provider_state`). A turn opened with
+//! a column's [`SystemIdentity`] carries it on every line of that turn, last.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::alias::AliasReport;
+use crate::call::Requirement;
+use crate::catalog::CatalogHash;
+use crate::declaration::{SystemIdentity, ToolPolicy};
+use crate::ipc::ShimInfo;
 
 /// Now, as a record line's `at`: RFC 3339 UTC with microseconds
 /// (`2026-12-03T16:05:05.123456Z`).
@@ -9,4 +29,432 @@ pub fn now_rfc3339() -> String {
     );
     now.format(&format)
         .unwrap_or_else(|_| now.unix_timestamp().to_string())
+}
+
+/// One whole record line as read back: `seq`, `at`, and the event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordLine {
+    /// Strictly increasing, also across restarts.
+    pub seq: u64,
+    /// UTC, RFC 3339 with microseconds.
+    pub at: String,
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+/// What a record line says, by `kind`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Event {
+    BrokerStarted(BrokerStarted),
+    TurnOpened(TurnOpened),
+    BridgeConnected(BridgeConnected),
+    BridgeClient(BridgeClient),
+    /// A call that can change state, written before it runs (write-ahead).
+    Intent(Intent),
+    /// A call's outcome: every `tools/call` attempt has exactly one.
+    Call(Call),
+    TurnClosed(TurnClosed),
+    PolicyReloaded(PolicyReloaded),
+    ProvidersPinned(ProvidersPinned),
+    ProviderState(ProviderState),
+}
+
+impl Event {
+    /// The line's `kind`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::BrokerStarted(_) => "broker_started",
+            Event::TurnOpened(_) => "turn_opened",
+            Event::BridgeConnected(_) => "bridge_connected",
+            Event::BridgeClient(_) => "bridge_client",
+            Event::Intent(_) => "intent",
+            Event::Call(_) => "call",
+            Event::TurnClosed(_) => "turn_closed",
+            Event::PolicyReloaded(_) => "policy_reloaded",
+            Event::ProvidersPinned(_) => "providers_pinned",
+            Event::ProviderState(_) => "provider_state",
+        }
+    }
+
+    /// The turn the line belongs to, if any.
+    pub fn turn(&self) -> Option<&str> {
+        match self {
+            Event::TurnOpened(e) => Some(&e.turn),
+            Event::BridgeConnected(e) => Some(&e.turn),
+            Event::BridgeClient(e) => Some(&e.turn),
+            Event::Intent(e) => Some(&e.turn),
+            Event::Call(e) => Some(&e.turn),
+            Event::TurnClosed(e) => Some(&e.turn),
+            Event::BrokerStarted(e) => e.turn.as_deref(),
+            Event::PolicyReloaded(e) => e.turn.as_deref(),
+            Event::ProvidersPinned(e) => e.turn.as_deref(),
+            Event::ProviderState(e) => e.turn.as_deref(),
+        }
+    }
+}
+
+/// The broker started serving.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BrokerStarted {
+    pub version: String,
+    /// Tools registered.
+    pub tools: usize,
+    /// Where the configuration came from (a path, or `<embedded default>`).
+    pub config: String,
+    /// Always `null`: this line belongs to no turn.
+    pub turn: Option<String>,
+}
+
+/// The access context a turn was opened with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordedAccessContext {
+    pub principal: String,
+    pub agent: Option<String>,
+    pub agent_owner: Option<String>,
+    /// The host's turn attributes (Cedar's `context.turn`), in RFC 8785 key order.
+    pub turn: Option<Value>,
+}
+
+/// A turn was opened: who, with which catalogue, until when.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnOpened {
+    pub turn: String,
+    pub access_context: RecordedAccessContext,
+    pub token_file: Option<String>,
+    pub tool_policy: Option<ToolPolicy>,
+    pub system_identity: Option<SystemIdentity>,
+    pub catalog_hash: CatalogHash,
+    /// The published tools' names, in catalogue order.
+    pub tools: Vec<String>,
+    pub policy_version: u64,
+    pub expires_at: String,
+    pub harness: Option<String>,
+    pub portable_names: bool,
+}
+
+/// The peer of a bridge connection, as the kernel reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Peer {
+    pub pid: Option<i32>,
+    pub uid: Option<u32>,
+}
+
+/// A shim presented the turn's token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BridgeConnected {
+    pub turn: String,
+    pub peer: Peer,
+    pub shim: ShimInfo,
+    pub catalog_hash: CatalogHash,
+    /// Each harness's aliases for this catalogue (recorded here, never on a call).
+    pub aliases: BTreeMap<String, AliasReport>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_identity: Option<SystemIdentity>,
+}
+
+/// The MCP client behind a shim, as it named itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientInfo {
+    pub name: String,
+    pub version: String,
+    pub protocol_version: Option<String>,
+}
+
+/// The MCP client behind a shim named itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BridgeClient {
+    pub turn: String,
+    pub client: ClientInfo,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_identity: Option<SystemIdentity>,
+}
+
+/// A call's arguments as the record keeps them, under `arguments`, `argumentsSha256` or
+/// `argumentsDigest`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Arguments {
+    /// As they are.
+    #[serde(rename = "arguments")]
+    Kept(Value),
+    /// Redacted (`redact_arguments`): the SHA-256 of their JSON text, in hex.
+    #[serde(rename = "argumentsSha256")]
+    Redacted(String),
+    /// Longer than `record_max_argument_bytes`: their size and SHA-256.
+    #[serde(rename = "argumentsDigest")]
+    Digest(Digest),
+}
+
+/// What the upstream was sent instead of a call's own arguments, under the same rule:
+/// `forwardedArguments`, `forwardedArgumentsSha256` or `forwardedArgumentsDigest`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ForwardedArguments {
+    #[serde(rename = "forwardedArguments")]
+    Kept(Value),
+    #[serde(rename = "forwardedArgumentsSha256")]
+    Redacted(String),
+    #[serde(rename = "forwardedArgumentsDigest")]
+    Digest(Digest),
+}
+
+impl From<Arguments> for ForwardedArguments {
+    fn from(a: Arguments) -> Self {
+        match a {
+            Arguments::Kept(v) => Self::Kept(v),
+            Arguments::Redacted(h) => Self::Redacted(h),
+            Arguments::Digest(d) => Self::Digest(d),
+        }
+    }
+}
+
+/// Size and SHA-256 (hex) of arguments the record does not keep whole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Digest {
+    pub bytes: usize,
+    pub sha256: String,
+}
+
+impl Arguments {
+    /// The record's form of arguments: redacted to a hash, or a digest when their JSON text is
+    /// longer than `max_bytes`, else kept.
+    pub fn recorded(value: Value, redact: bool, max_bytes: usize) -> Self {
+        let text = value.to_string();
+        if redact {
+            Arguments::Redacted(crate::catalog::sha256_hex(text.as_bytes()))
+        } else if text.len() > max_bytes {
+            // The record does not grow with what a caller chooses to send.
+            Arguments::Digest(Digest {
+                bytes: text.len(),
+                sha256: crate::catalog::sha256_hex(text.as_bytes()),
+            })
+        } else {
+            Arguments::Kept(value)
+        }
+    }
+}
+
+/// A call that can change state, on record before it runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Intent {
+    pub turn: String,
+    pub call_id: String,
+    pub request_id: Option<String>,
+    /// The tool string as the client sent it (which may be malformed).
+    pub tool: String,
+    #[serde(flatten)]
+    pub arguments: Option<Arguments>,
+    pub requirement: Option<Requirement>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_identity: Option<SystemIdentity>,
+}
+
+/// One call attempt's outcome.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Call {
+    pub turn: String,
+    pub call_id: String,
+    pub request_id: Option<String>,
+    /// The tool string as the client sent it (which may be malformed).
+    pub tool: String,
+    /// Absent only on the `unknown` line a restart writes for an intent left open.
+    #[serde(flatten)]
+    pub arguments: Option<Arguments>,
+    pub requirement: Option<Requirement>,
+    /// `succeeded`, `denied`, `failed`, `cancelled`, or `unknown` (the broker stopped between a
+    /// call's intent and its outcome).
+    pub outcome: String,
+    /// The outcome's code (`ok`, `no_permit`, `not_found`, ..., `broker_restart`).
+    pub code: String,
+    /// The ids of the policies that decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policies: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_us: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_identity: Option<SystemIdentity>,
+    #[serde(flatten)]
+    pub forwarded_arguments: Option<ForwardedArguments>,
+}
+
+impl Call {
+    /// The arguments as recorded, when they were kept whole.
+    pub fn kept_arguments(&self) -> Option<&Value> {
+        match &self.arguments {
+            Some(Arguments::Kept(v)) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// A turn was closed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnClosed {
+    pub turn: String,
+    /// `host`, `ttl`, `broker_shutdown`, `broker_restart`, ...
+    pub reason: String,
+    /// Calls the turn took (absent on a close a restart writes for the last broker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls: Option<u64>,
+    #[serde(
+        default,
+        rename = "systemIdentity",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub system_identity: Option<SystemIdentity>,
+}
+
+/// The host reloaded the policy set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyReloaded {
+    pub version: u64,
+    pub policies: usize,
+    pub path: String,
+    /// Always `null`.
+    pub turn: Option<String>,
+}
+
+/// The host pinned the brokered providers' upstream catalogues.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProvidersPinned {
+    /// namespace → upstream catalogHash.
+    pub pins: BTreeMap<String, String>,
+    /// Always `null`.
+    pub turn: Option<String>,
+}
+
+/// A brokered provider changed state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProviderState {
+    /// The provider's namespace.
+    pub provider: String,
+    /// `starting`, `ready`, `restarting`, `drifted` or `failed`.
+    pub state: String,
+    #[serde(flatten)]
+    pub detail: ProviderDetail,
+    /// Always `null`.
+    pub turn: Option<String>,
+}
+
+/// What a provider state line says besides the state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ProviderDetail {
+    /// The upstream listed its tools.
+    #[serde(rename_all = "camelCase")]
+    Listed {
+        upstream_hash: Option<String>,
+        pinned_hash: Option<String>,
+        /// The tools registered from it.
+        tools: Vec<String>,
+        rejected: Vec<Rejected>,
+    },
+    /// Why it is restarting or has failed.
+    Reason { reason: String },
+}
+
+/// One upstream tool a provider could not register, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rejected {
+    pub upstream: String,
+    pub reason: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn round_trip(line: &str) -> RecordLine {
+        let parsed: RecordLine = serde_json::from_str(line).expect("parses");
+        assert_eq!(serde_json::to_string(&parsed).expect("ser"), line);
+        parsed
+    }
+
+    #[test]
+    fn a_global_line_has_a_null_turn() {
+        let l = round_trip(
+            r#"{"seq":1,"at":"2026-12-03T16:05:05.123456Z","kind":"broker_started","version":"0.1.0","tools":4,"config":"<embedded default>","turn":null}"#,
+        );
+        assert_eq!(l.event.kind(), "broker_started");
+        assert_eq!(l.event.turn(), None);
+    }
+
+    #[test]
+    fn arguments_keep_their_key() {
+        for (args, key) in [
+            (r#""arguments":{"path":"/a"}"#, "arguments"),
+            (r#""argumentsSha256":"ab""#, "argumentsSha256"),
+            (
+                r#""argumentsDigest":{"bytes":99,"sha256":"ab"}"#,
+                "argumentsDigest",
+            ),
+        ] {
+            let line = format!(
+                r#"{{"seq":2,"at":"A","kind":"call","turn":"t","callId":"t.1","requestId":"1","tool":"files.read",{args},"requirement":null,"outcome":"denied","code":"no_permit","policies":[],"durationUs":3,"forwardedArgumentsSha256":"cd"}}"#
+            );
+            let l = round_trip(&line);
+            let Event::Call(call) = &l.event else {
+                panic!("{l:?}")
+            };
+            assert!(line.contains(key));
+            assert_eq!(
+                call.forwarded_arguments,
+                Some(ForwardedArguments::Redacted("cd".into()))
+            );
+        }
+    }
+
+    #[test]
+    fn an_unknown_outcome_line_has_no_arguments_policies_or_duration() {
+        let l = round_trip(
+            r#"{"seq":3,"at":"A","kind":"call","turn":"t","callId":"t.1","requestId":"1","tool":"files.write","requirement":{"action":"write","resource":"SharedOS::File::\"/a\""},"outcome":"unknown","code":"broker_restart","message":"m"}"#,
+        );
+        let Event::Call(call) = l.event else { panic!() };
+        assert_eq!(call.arguments, None);
+        assert_eq!(call.policies, None);
+    }
+
+    #[test]
+    fn provider_details_of_both_shapes() {
+        round_trip(
+            r#"{"seq":4,"at":"A","kind":"provider_state","provider":"p","state":"ready","upstreamHash":"a","pinnedHash":null,"tools":["p.x"],"rejected":[{"upstream":"y","reason":"r"}],"turn":null}"#,
+        );
+        round_trip(
+            r#"{"seq":5,"at":"A","kind":"provider_state","provider":"p","state":"failed","reason":"gone","turn":null}"#,
+        );
+    }
+
+    #[test]
+    fn recorded_arguments_follow_the_rule() {
+        let v = json!({"path": "/public/a.txt"});
+        assert_eq!(
+            Arguments::recorded(v.clone(), false, 1000),
+            Arguments::Kept(v.clone())
+        );
+        let Arguments::Digest(d) = Arguments::recorded(v.clone(), false, 4) else {
+            panic!()
+        };
+        assert_eq!(d.bytes, v.to_string().len());
+        let Arguments::Redacted(h) = Arguments::recorded(v, true, 4) else {
+            panic!()
+        };
+        assert_eq!(h.len(), 64);
+    }
+
+    #[test]
+    fn an_unknown_kind_is_an_error_not_a_guess() {
+        assert!(
+            serde_json::from_str::<RecordLine>(r#"{"seq":1,"at":"A","kind":"nope","turn":null}"#)
+                .is_err()
+        );
+    }
 }

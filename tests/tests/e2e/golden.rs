@@ -11,10 +11,13 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 use sharedos_proto::ipc::{ControlRequest, ControlResponse, OpenTurn};
+use sharedos_proto::record::RecordLine;
 
 use crate::kit::{Options, Raw, TestBroker};
 
 const GOLDEN: &str = "tests/e2e/golden/record.jsonl";
+/// The turn a "stopped" broker left open in the restart scenario (a hand-made line).
+const LEFT_OPEN: &str = "t-00000000000000aa";
 const GOLDEN_PROVIDERS: &str = "tests/e2e/golden/record-providers.jsonl";
 
 /// Replaces what differs from run to run; keeps every key where it is.
@@ -147,8 +150,18 @@ async fn the_records_bytes_are_pinned() {
     assert_golden(&broker, GOLDEN);
 }
 
-/// Compares the broker's normalized record with a golden file (or rewrites it).
+/// Compares the broker's normalized record with a golden file (or rewrites it), and checks that
+/// every line the broker wrote reads as a typed event and writes back to the same bytes.
 fn assert_golden(broker: &TestBroker, file: &str) {
+    let raw = std::fs::read_to_string(broker.record_path()).expect("record");
+    for line in raw.lines() {
+        let Ok(typed) = serde_json::from_str::<RecordLine>(line) else {
+            // Only the hand-made turn of the restart scenario is not a whole event.
+            assert!(line.contains(LEFT_OPEN), "not a record event: {line}");
+            continue;
+        };
+        assert_eq!(serde_json::to_string(&typed).expect("ser"), line);
+    }
     let dir = std::fs::canonicalize(broker.dir.path()).expect("dir");
     let mut got = normalized(&broker.record_path(), &dir);
     // The same temp dir may be named through a link (/tmp vs its real path).
@@ -242,7 +255,7 @@ async fn the_records_bytes_are_pinned_for_providers_and_restarts() {
     let text = std::fs::read_to_string(&record).expect("record");
     let last: Value = serde_json::from_str(text.lines().last().expect("a line")).expect("json");
     let seq = last["seq"].as_u64().expect("seq");
-    let turn = "t-00000000000000aa";
+    let turn = LEFT_OPEN;
     let left = [
         json!({"seq": seq + 1, "at": "2026-12-03T00:00:00.000000Z", "kind": "turn_opened",
                "turn": turn, "accessContext": {"principal": "bob"}}),

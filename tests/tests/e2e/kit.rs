@@ -16,6 +16,7 @@ use sharedos_broker::server::Running;
 use sharedos_host::client::ControlClient;
 use sharedos_ipc::runtime;
 use sharedos_proto::ipc::{ControlRequest, ControlResponse, OpenTurn, TurnOpened};
+use sharedos_proto::record::RecordLine;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio_util::sync::CancellationToken;
@@ -213,11 +214,21 @@ impl TestBroker {
         assert!(matches!(r, Ok(ControlResponse::TurnClosed { .. })), "{r:?}");
     }
 
-    /// All record lines, read from the file.
+    /// All record lines, read from the file. Each must be a typed record event that writes
+    /// back to the same bytes: what a test reads is what the contract says.
     pub fn records(&self) -> Vec<Value> {
         let text = std::fs::read_to_string(self.record_path()).unwrap_or_default();
         text.lines()
-            .map(|l| serde_json::from_str(l).expect("record line is JSON"))
+            .map(|l| {
+                let typed: RecordLine = serde_json::from_str(l)
+                    .unwrap_or_else(|e| panic!("record line is not a record event ({e}): {l}"));
+                assert_eq!(
+                    serde_json::to_string(&typed).expect("ser"),
+                    l,
+                    "record line does not round-trip through its type"
+                );
+                serde_json::from_str(l).expect("record line is JSON")
+            })
             .collect()
     }
 
