@@ -3,7 +3,7 @@
 //! `catalogHash` = lowercase hex SHA-256 of the RFC 8785 canonical JSON of the array of
 //! projections sorted by name. RFC 8785 (UTF-16 key order, ECMAScript number form, minimal string
 //! escapes) comes from the `serde_json_canonicalizer` crate, which passes every vector in
-//! `shared/vectors/catalog-hash.json`; `serde_json::to_string` would not.
+//! `vectors/catalog-hash.json`; `serde_json::to_string` would not.
 
 use std::fmt;
 
@@ -157,9 +157,9 @@ mod tests {
     fn vectors() -> Vec<Value> {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/vectors/catalog-hash.json"
+            "/../vectors/catalog-hash.json"
         );
-        let text = std::fs::read_to_string(path).expect("read ../shared/vectors/catalog-hash.json");
+        let text = std::fs::read_to_string(path).expect("read vectors/catalog-hash.json");
         let v: Value = serde_json::from_str(&text).expect("parse catalog-hash.json");
         v["vectors"].as_array().expect("vectors").clone()
     }

@@ -230,9 +230,9 @@ mod tests {
     fn vectors() -> serde_json::Value {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/vectors/tool-names.json"
+            "/../vectors/tool-names.json"
         );
-        let text = std::fs::read_to_string(path).expect("read ../shared/vectors/tool-names.json");
+        let text = std::fs::read_to_string(path).expect("read vectors/tool-names.json");
         serde_json::from_str(&text).expect("parse tool-names.json")
     }
 

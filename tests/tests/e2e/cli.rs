@@ -7,7 +7,7 @@ use crate::kit::{Options, TestBroker, bin, run};
 fn vectors() -> Vec<Value> {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/vectors/catalog-hash.json"
+        "/../vectors/catalog-hash.json"
     );
     let v: Value =
         serde_json::from_str(&std::fs::read_to_string(path).expect("vectors")).expect("json");

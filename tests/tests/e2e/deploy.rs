@@ -254,6 +254,7 @@ async fn output(mut cmd: tokio::process::Command) -> (i32, String, String) {
 /// peer-uid check; a uid outside the group cannot even connect; and no harness uid can use
 /// `control.sock`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root (processes under other uids): run as root with cargo test -- --include-ignored, or bash .ci/run"]
 async fn a_harness_under_its_own_uid() {
     if !need_root("a_harness_under_its_own_uid") {
         return;
@@ -408,6 +409,7 @@ async fn the_defaults_stay_private() {
 /// A folder another uid owns is refused for the token and config files, naming it, and the
 /// turn the files were for is closed again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root (processes under other uids): run as root with cargo test -- --include-ignored, or bash .ci/run"]
 async fn a_folder_another_uid_owns_is_refused() {
     if !need_root("a_folder_another_uid_owns_is_refused") {
         return;
@@ -746,6 +748,7 @@ async fn column_run_with_a_relative_workdir() {
 /// `$XDG_RUNTIME_DIR` is) is reported at start, naming the folder in the way; a reachable one
 /// is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root (processes under other uids): run as root with cargo test -- --include-ignored, or bash .ci/run"]
 async fn an_unreachable_runtime_dir_is_reported_at_start() {
     if !need_root("an_unreachable_runtime_dir_is_reported_at_start") {
         return;

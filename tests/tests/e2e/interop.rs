@@ -153,6 +153,7 @@ fn check(
 const CLAUDE_LOCAL: &str = r#"["Bash", "Edit", "Glob", "Grep", "NotebookEdit", "Read", "Task", "TodoWrite", "WebFetch", "WebSearch", "Write"]"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn claude_code_column() {
     let Some((manifest, log, broker)) = column(|port, h, _| {
         format!(
@@ -202,6 +203,7 @@ ENABLE_TOOL_SEARCH = "false"
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn codex_column() {
     let Some((manifest, log, broker)) = column(|port, h, dir| {
         let base = dir.join("codex-base.toml");
@@ -269,6 +271,7 @@ FAKE_API_KEY = "dummy"
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn pi_column() {
     let Some((manifest, log, broker)) = column(|port, h, _| {
         let path = format!("{}:{}", h["NODE22_BIN_DIR"], std::env::var("PATH").unwrap_or_default());

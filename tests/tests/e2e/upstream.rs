@@ -131,6 +131,7 @@ fn upstream_pid(needle: &str) -> Option<i32> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs third-party MCP servers: run bash .ci/install-mcp-servers, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn everything_server_behind_the_kernel() {
     let Some(s) = servers() else { return };
     let broker = broker_with(&everything(&s, "everything")).await;
@@ -253,6 +254,7 @@ async fn everything_server_behind_the_kernel() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs third-party MCP servers: run bash .ci/install-mcp-servers, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn cancellation_reaches_the_upstream_as_notifications_cancelled() {
     let Some(s) = servers() else { return };
     let dir = tempfile::tempdir().expect("tmp");
@@ -303,6 +305,7 @@ async fn cancellation_reaches_the_upstream_as_notifications_cancelled() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs third-party MCP servers: run bash .ci/install-mcp-servers, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn filesystem_server_authorized_from_its_arguments() {
     let Some(s) = servers() else { return };
     let dir = tempfile::tempdir().expect("tmp");
@@ -401,6 +404,7 @@ async fn filesystem_server_authorized_from_its_arguments() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs third-party MCP servers: run bash .ci/install-mcp-servers, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn a_template_naming_a_missing_argument_stops_the_broker_at_start() {
     let Some(s) = servers() else { return };
     let dir = tempfile::tempdir().expect("tmp");
@@ -428,6 +432,7 @@ async fn a_template_naming_a_missing_argument_stops_the_broker_at_start() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs third-party MCP servers: run bash .ci/install-mcp-servers, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn two_providers_with_one_upstream_name_and_a_policy_for_one() {
     let Some(s) = servers() else { return };
     let broker = broker_with(&format!("{}{}", time(&s, "a", None), time(&s, "b", None))).await;
@@ -487,6 +492,7 @@ async fn two_providers_with_one_upstream_name_and_a_policy_for_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs third-party MCP servers: run bash .ci/install-mcp-servers, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn a_per_context_provider_exists_only_in_its_contexts() {
     let Some(s) = servers() else { return };
     let broker = broker_with(&time(&s, "alice_time", Some("alice"))).await;
@@ -538,6 +544,7 @@ async fn a_per_context_provider_exists_only_in_its_contexts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs third-party MCP servers: run bash .ci/install-mcp-servers, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn a_drifted_upstream_is_held_back_until_re_pinned() {
     let Some(s) = servers() else { return };
     // Namespace `t` first runs the time server; it is pinned; then the same namespace runs a
