@@ -112,6 +112,7 @@ pub enum Command {
     Providers {
         #[command(subcommand)]
         command: Option<ProvidersCommand>,
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -138,8 +139,10 @@ pub struct CatalogQuery {
     /// The principal whose catalogue to compute.
     #[arg(long)]
     principal: Option<String>,
+    /// The agent acting for the principal (`SharedOS::Agent`), as `turn open --agent`.
     #[arg(long)]
     agent: Option<String>,
+    /// Print the catalogHash and the published tool definitions as JSON.
     #[arg(long)]
     json: bool,
 }
@@ -148,6 +151,8 @@ pub struct CatalogQuery {
 pub enum CatalogCommand {
     /// Print the catalogHash of a JSON array of tool definitions (FILE, or - for stdin).
     Hash {
+        /// A JSON file holding an array of tool definitions, or - for stdin.
+        #[arg(value_name = "FILE")]
         file: PathBuf,
         /// Print the RFC 8785 canonical JSON instead of the hash.
         #[arg(long)]
@@ -160,9 +165,14 @@ pub enum TurnCommand {
     /// Open a turn and print its id, token and catalogHash.
     Open(Box<OpenArgs>),
     /// Close a turn: its shims exit and its token dies.
-    Close { turn: String },
+    Close {
+        /// The turn's id (`t-` and 16 hex digits), as `turn open` and `turn list` print it.
+        #[arg(value_name = "TURN")]
+        turn: String,
+    },
     /// List open turns (never their tokens).
     List {
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -170,8 +180,12 @@ pub enum TurnCommand {
 
 #[derive(Debug, clap::Args)]
 pub struct OpenArgs {
+    /// Who the turn acts for (`SharedOS::User`): the policies decide its catalogue and every
+    /// call by this id.
     #[arg(long)]
     principal: String,
+    /// The agent acting for the principal (`SharedOS::Agent`): policies may name it, and its
+    /// owner (--agent-owner), besides the principal. Omit it for a principal acting directly.
     #[arg(long)]
     agent: Option<String>,
     /// The agent's owner (a principal id): `Agent.owner` in every decision of the turn.
@@ -253,15 +267,19 @@ pub enum ColumnCommand {
 pub enum PolicyCommand {
     /// Decide a call without running it. Exit status 0 when allowed, 3 when refused.
     Check {
+        /// The principal the call would act for (`SharedOS::User`).
         #[arg(long)]
         principal: String,
+        /// The agent acting for the principal (`SharedOS::Agent`), as `turn open --agent`.
         #[arg(long)]
         agent: Option<String>,
+        /// The tool's name as a client would call it (`files.read`).
         #[arg(long)]
         tool: String,
         /// The call's arguments as a JSON object.
         #[arg(long, value_name = "JSON", default_value = "{}")]
         args: String,
+        /// Print the decision as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -299,7 +317,10 @@ fn init_logging(
     use tracing_subscriber::{EnvFilter, fmt, prelude::*};
     let filter =
         EnvFilter::try_from_env("SHAREDOS_LOG").unwrap_or_else(|_| EnvFilter::new(default));
-    let stderr = fmt::layer().with_writer(std::io::stderr).with_target(false);
+    let stderr = fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(colour_on_stderr());
     let (file_layer, guard) = match file {
         Some(path) => {
             let f = std::fs::OpenOptions::new()
@@ -322,6 +343,13 @@ fn init_logging(
         .with(file_layer)
         .try_init();
     Ok(guard)
+}
+
+/// Colour in logs only on a terminal, and never with `NO_COLOR` set (no-color.org): escape codes
+/// must not reach a redirected log.
+fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal as _;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -928,4 +956,38 @@ pub fn record_row(line: &Value) -> String {
         ),
     };
     row(event.kind(), &tool, &outcome, &detail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every subcommand, option and argument of `sharedos-broker` says what it is for.
+    #[test]
+    fn every_option_and_argument_has_help_text() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let here = format!("{path} {}", cmd.get_name());
+            if cmd.get_about().is_none() && cmd.get_long_about().is_none() {
+                missing.push(format!("{here}: the command"));
+            }
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") || arg.is_hide_set() {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{here}: {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_name() != "help" {
+                    walk(sub, &here, missing);
+                }
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:#?}");
+    }
 }

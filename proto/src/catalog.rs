@@ -155,10 +155,7 @@ mod tests {
     use serde_json::json;
 
     fn vectors() -> Vec<Value> {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../vectors/catalog-hash.json"
-        );
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../vectors/catalog-hash.json");
         let text = std::fs::read_to_string(path).expect("read vectors/catalog-hash.json");
         let v: Value = serde_json::from_str(&text).expect("parse catalog-hash.json");
         v["vectors"].as_array().expect("vectors").clone()

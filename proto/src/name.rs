@@ -228,10 +228,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn vectors() -> serde_json::Value {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../vectors/tool-names.json"
-        );
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../vectors/tool-names.json");
         let text = std::fs::read_to_string(path).expect("read vectors/tool-names.json");
         serde_json::from_str(&text).expect("parse tool-names.json")
     }

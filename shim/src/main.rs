@@ -165,3 +165,22 @@ async fn run(args: Args) -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every option of the shim says what it is for.
+    #[test]
+    fn every_option_has_help_text() {
+        let cmd = Args::command();
+        let missing: Vec<&str> = cmd
+            .get_arguments()
+            .filter(|a| !matches!(a.get_id().as_str(), "help" | "version"))
+            .filter(|a| a.get_help().is_none() && a.get_long_help().is_none())
+            .map(|a| a.get_id().as_str())
+            .collect();
+        assert!(missing.is_empty(), "no help text: {missing:?}");
+    }
+}

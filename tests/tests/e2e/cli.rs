@@ -5,10 +5,7 @@ use serde_json::{Value, json};
 use crate::kit::{Options, TestBroker, bin, run};
 
 fn vectors() -> Vec<Value> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../vectors/catalog-hash.json"
-    );
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../vectors/catalog-hash.json");
     let v: Value =
         serde_json::from_str(&std::fs::read_to_string(path).expect("vectors")).expect("json");
     v["vectors"].as_array().expect("array").clone()
@@ -278,8 +275,9 @@ async fn serve_runs_until_sigterm_with_private_sockets() {
         .args(["serve", "--runtime-dir"])
         .arg(&run_dir)
         .kill_on_drop(true)
-        .stderr(std::process::Stdio::null());
-    let mut child = serve.spawn().expect("serve");
+        .env_remove("NO_COLOR")
+        .stderr(std::process::Stdio::piped());
+    let child = serve.spawn().expect("serve");
     let control = run_dir.join("control.sock");
     crate::kit::eventually("sockets exist", || {
         control.exists() && run_dir.join("bridge.sock").exists()
@@ -307,11 +305,18 @@ async fn serve_runs_until_sigterm_with_private_sockets() {
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &pid])
         .status();
-    let status = tokio::time::timeout(crate::kit::WAIT, child.wait())
+    let out = tokio::time::timeout(crate::kit::WAIT, child.wait_with_output())
         .await
         .expect("exits")
         .expect("wait");
-    assert_eq!(status.code(), Some(0));
+    assert_eq!(out.status.code(), Some(0));
+    // Logs to a pipe carry no colour codes.
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("broker ready"), "{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "escape codes in a redirected log: {log:?}"
+    );
     assert!(!control.exists(), "sockets are removed on shutdown");
     let record = std::fs::read_to_string(run_dir.join("default/record.jsonl")).expect("record");
     assert!(
