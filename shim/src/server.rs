@@ -2,11 +2,13 @@
 //! turn's published catalogue. It never sees a `tools/call`: the session takes every one before
 //! rmcp does ([`crate::session`], [`crate::call`]).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rmcp::model::{
-    Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
-    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, Tool,
+    DiscoverResult, Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, RequestMetaObject, ServerCapabilities, ServerConfig,
+    Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler};
@@ -50,6 +52,8 @@ pub struct Shim {
     turn: String,
     tools: Arc<Vec<Tool>>,
     protocol: Negotiated,
+    /// The broker has been told which client this is (`bridge_client`), once per shim.
+    announced: Arc<AtomicBool>,
 }
 
 impl Shim {
@@ -75,6 +79,30 @@ impl Shim {
             turn: welcome.turn.clone(),
             tools: Arc::new(tools),
             protocol,
+            announced: Arc::default(),
+        }
+    }
+
+    /// Tells the broker which client is on the other side, the first time it is known.
+    async fn announce(&self, name: String, version: String, protocol: Option<String>) {
+        if !self.announced.swap(true, Ordering::Relaxed) {
+            self.link.client_info(name, version, protocol).await;
+        }
+    }
+
+    /// A client without `initialize` (2026-07-28: `server/discover`, then stateless requests)
+    /// names itself, if at all, in each request's `_meta`. The first request that does is the
+    /// one announced; `tools/list` announces even a client that never names itself, so that the
+    /// record says a client came and which protocol it spoke.
+    async fn announce_from_meta(&self, meta: &RequestMetaObject, or_unnamed: bool) {
+        if self.announced.load(Ordering::Relaxed) {
+            return;
+        }
+        let protocol = meta.protocol_version().map(|v| v.as_str().to_owned());
+        match meta.client_info() {
+            Some(info) => self.announce(info.name, info.version, protocol).await,
+            None if or_unnamed => self.announce(String::new(), String::new(), protocol).await,
+            None => {}
         }
     }
 }
@@ -118,13 +146,12 @@ impl ServerHandler for Shim {
         let protocol = serde_json::to_value(&request.protocol_version)
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned));
-        self.link
-            .client_info(
-                request.client_info.name.clone(),
-                request.client_info.version.clone(),
-                protocol,
-            )
-            .await;
+        self.announce(
+            request.client_info.name.clone(),
+            request.client_info.version.clone(),
+            protocol,
+        )
+        .await;
         let result = self.negotiate_initialize(&request);
         if let Ok(r) = &result {
             self.protocol.settle(r.protocol_version.clone());
@@ -132,11 +159,23 @@ impl ServerHandler for Shim {
         result
     }
 
+    async fn discover(
+        &self,
+        context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, McpError> {
+        self.announce_from_meta(&context.meta, false).await;
+        Ok(DiscoverResult::from_server_info(
+            self.supported_protocol_versions().into_owned(),
+            self.get_info(),
+        ))
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
+        self.announce_from_meta(&context.meta, true).await;
         Ok(ListToolsResult::with_all_items(self.tools.as_ref().clone()))
     }
 

@@ -281,3 +281,60 @@ async fn redacted_arguments_are_hashed() {
             .contains("hello.txt\"}")
     );
 }
+
+/// A client that opens with `server/discover` (2026-07-28, as Claude Code does) and never sends
+/// `initialize` is still on record: the first request naming the client in `_meta` announces it,
+/// and a `tools/list` announces even one that never names itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_opens_with_server_discover_is_recorded() {
+    let broker = TestBroker::start(Options::default()).await;
+    let meta = |named: bool| {
+        let mut m = json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+        });
+        if named {
+            m["io.modelcontextprotocol/clientInfo"] =
+                json!({"name": "discoverer", "version": "9.1"});
+        }
+        m
+    };
+    for (named, want) in [(true, "discoverer"), (false, "")] {
+        let turn = broker.open_turn("alice").await;
+        let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+        raw.send(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover",
+                        "params": {"_meta": meta(named)}}),
+        )
+        .await;
+        let discovered = raw.response(1).await;
+        assert!(discovered.get("result").is_some(), "{discovered}");
+        raw.send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list",
+                        "params": {"_meta": meta(named)}}))
+            .await;
+        let listed = raw.response(2).await;
+        assert_eq!(
+            listed["result"]["tools"].as_array().map(Vec::len),
+            Some(3),
+            "{listed}"
+        );
+        drop(raw.close_stdin().await);
+        let clients_of = || -> Vec<Value> {
+            broker
+                .records()
+                .into_iter()
+                .filter(|l| l["kind"] == "bridge_client" && l["turn"] == turn.turn.as_str())
+                .collect()
+        };
+        crate::kit::eventually("bridge_client recorded", || !clients_of().is_empty()).await;
+        broker.close_turn(&turn.turn).await;
+        let clients = clients_of();
+        assert_eq!(
+            clients.len(),
+            1,
+            "exactly one bridge_client line: {clients:#?}"
+        );
+        assert_eq!(clients[0]["client"]["name"], want);
+        assert_eq!(clients[0]["client"]["protocolVersion"], "2026-07-28");
+    }
+}
