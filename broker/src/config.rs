@@ -12,14 +12,25 @@ use serde::{Deserialize, Serialize};
 
 use crate::record::RecordSync;
 
-/// The embedded default policy: `alice` may read, list and search `/public/...`, nothing else.
+/// The embedded default policy: `alice` may read, list and search `/public/...`, and search from
+/// `/` (as `files.search` does when no path is given), which returns only the files she may read.
 pub const DEFAULT_POLICY: &str = r#"// Embedded default policy of `sharedos-broker serve` without --config.
+// alice may read, list and search /public and everything under it.
 @id("alice-public")
 permit(
   principal == SharedOS::User::"alice",
   action in [SharedOS::Action::"read", SharedOS::Action::"list", SharedOS::Action::"search"],
   resource is SharedOS::File
 ) when { resource.path == "/public" || resource.path like "/public/*" };
+
+// files.search searches from / when no path is given; a search returns only the files the
+// caller may read, so searching from / shows alice /public and nothing else.
+@id("alice-search-from-root")
+permit(
+  principal == SharedOS::User::"alice",
+  action == SharedOS::Action::"search",
+  resource is SharedOS::File
+) when { resource.path == "/" };
 "#;
 
 /// How long a call may run when neither the config nor its provider says.

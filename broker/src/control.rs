@@ -16,7 +16,7 @@ use sharedos_proto::ipc::{
     ControlRequest, ControlResponse, OpenTurn, PROTOCOL_VERSION, TurnOpened,
 };
 use sharedos_proto::record::{self, Event};
-use sharedos_proto::{Identifier, Outcome};
+use sharedos_proto::{DenyCode, Identifier, Outcome};
 
 use crate::config::MAX_TTL;
 use crate::kernel::{AccessContext, Verdict};
@@ -264,10 +264,22 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest) -> ControlResponse {
                         "not_decided"
                     }
                     .into(),
+                    // A check has no turn: the catalogue is the principal's.
+                    message: if outcome == Outcome::Denied(DenyCode::UnpublishedTool) {
+                        format!(
+                            "denied: `{}` is not a tool in the catalogue of {principal}{}; `sharedos-broker catalog --principal {principal}` lists what is",
+                            sharedos_proto::name::shown(&tool),
+                            agent
+                                .as_deref()
+                                .map(|a| format!(" with agent {a}"))
+                                .unwrap_or_default(),
+                        )
+                    } else {
+                        message
+                    },
                     outcome,
                     requirement,
                     policies,
-                    message,
                 },
                 Verdict::Permitted {
                     resolved, policies, ..
@@ -403,6 +415,13 @@ async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlRespon
     };
     let mut aliases = BTreeMap::new();
     let mut warnings = Vec::new();
+    if catalog.tools.is_empty() {
+        warnings.push(format!(
+            "the catalogue of {} is empty: no policy permits any of the {} registered tools, so the harness will see none",
+            ctx.principal,
+            broker.kernel.registry().len()
+        ));
+    }
     for h in harnesses {
         if h.alias(SERVER_NAME, "x").is_none() {
             continue;

@@ -793,14 +793,17 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                         if let Some(req) = requirement {
                             outln!("requirement: {} on {}", req.action, req.resource);
                         }
-                        outln!(
-                            "policies: {}",
-                            if policies.is_empty() {
-                                "(none: default deny)".to_owned()
-                            } else {
-                                policies.join(", ")
-                            }
-                        );
+                        let deciding = if !policies.is_empty() {
+                            policies.join(", ")
+                        } else if decision == "deny" {
+                            "(none: no policy permits it, so it is denied by default)".to_owned()
+                        } else {
+                            format!(
+                                "(none: the call would fail before any policy is asked: {})",
+                                outcome.code()
+                            )
+                        };
+                        outln!("policies: {deciding}");
                     }
                     if decision != "allow" {
                         return Ok(ExitCode::from(3));

@@ -301,6 +301,63 @@ async fn serve_runs_until_sigterm_with_private_sockets() {
     let (code, out, _) = run(open).await;
     assert_eq!(code, 0);
     assert!(out.contains("files.read"), "{out}");
+    // A principal no policy gives a tool: the turn opens, with a warning.
+    let mut open = std::process::Command::new(bin("sharedos-broker"));
+    open.args(["turn", "open", "--principal", "bob", "--runtime-dir"])
+        .arg(&run_dir);
+    let (code, _, err) = run(open).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("warning: the catalogue of bob is empty"),
+        "{err}"
+    );
+    // files.search says it searches from / when no path is given: the default lets alice do so.
+    let mut check = std::process::Command::new(bin("sharedos-broker"));
+    check
+        .args([
+            "policy",
+            "check",
+            "--principal",
+            "alice",
+            "--tool",
+            "files.search",
+        ])
+        .args(["--args", r#"{"query":"hello"}"#, "--runtime-dir"])
+        .arg(&run_dir);
+    let (code, out, err) = run(check).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("alice-search-from-root"), "{out}");
+    // Without a turn, a check speaks of the principal's catalogue, and a call that would fail
+    // is not called a default deny.
+    let check = |tool: &str, args: &str| {
+        let mut c = std::process::Command::new(bin("sharedos-broker"));
+        c.args([
+            "policy",
+            "check",
+            "--principal",
+            "alice",
+            "--tool",
+            tool,
+            "--args",
+            args,
+        ])
+        .arg("--runtime-dir")
+        .arg(&run_dir);
+        c
+    };
+    let (code, out, _) = run(check("files.delete", "{}")).await;
+    assert_eq!(code, 3, "{out}");
+    assert!(
+        out.contains("catalogue of alice") && !out.contains("this turn"),
+        "{out}"
+    );
+    assert!(out.contains("denied by default"), "{out}");
+    let (code, out, _) = run(check("files.read", r#"{"path":7}"#)).await;
+    assert_eq!(code, 3, "{out}");
+    assert!(
+        out.contains("would fail") && !out.contains("default"),
+        "{out}"
+    );
     let pid = child.id().expect("pid").to_string();
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &pid])
