@@ -18,6 +18,7 @@ mod kit;
 mod names;
 mod outside_client;
 mod races;
+mod readme;
 mod robustness;
 mod security;
 mod turns;
