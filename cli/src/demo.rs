@@ -135,8 +135,21 @@ async fn drive(runtime_dir: &std::path::Path) -> anyhow::Result<bool> {
         },
     ];
     let mut all_ok = true;
+    // Columns as wide as their widest cell.
+    let tool_w = steps
+        .iter()
+        .map(|s| format!("{:?}", s.tool).chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("tool".len());
+    let args_w = steps
+        .iter()
+        .map(|s| s.arguments.to_string().chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("arguments".len());
     outln!(
-        "{:<3} {:<14} {:<38} {:<30} {:<4} answer",
+        "{:<3} {:<tool_w$} {:<args_w$} {:<30} {:<4} answer",
         "#",
         "tool",
         "arguments",
@@ -154,12 +167,12 @@ async fn drive(runtime_dir: &std::path::Path) -> anyhow::Result<bool> {
         let (outcome, code) = meta_outcome(&result);
         let ok = outcome == step.expect && result.is_error == Some(step.expect != "succeeded");
         all_ok &= ok;
-        let mut text = first_text(&result).replace('\n', " ");
+        let mut text = first_text(&result).trim().replace('\n', " ");
         if text.chars().count() > 90 {
             text = text.chars().take(89).collect::<String>() + "…";
         }
         outln!(
-            "{:<3} {:<14} {:<38} {:<30} {:<4} {}",
+            "{:<3} {:<tool_w$} {:<args_w$} {:<30} {:<4} {}",
             i + 1,
             format!("{:?}", step.tool),
             step.arguments.to_string(),

@@ -42,10 +42,18 @@ pub fn locate_shim() -> Result<PathBuf, ShimPathError> {
         let release = dir.file_name().is_some_and(|n| n == "release");
         eprintln!("demo: building sharedos-mcp-shim (cargo run builds only the broker)…");
         let mut cmd = std::process::Command::new(cargo);
+        // Selecting the broker's CLI package too makes cargo resolve dependency features as it
+        // did for `cargo run` (the shim alone resolves fewer, e.g. serde_json without
+        // preserve_order, and every crate above them would compile a second time): only the
+        // shim's own crate is compiled here.
         cmd.args([
             "build",
             "--quiet",
             "-p",
+            "sharedos-broker-cli",
+            "-p",
+            "sharedos-mcp-shim",
+            "--bin",
             "sharedos-mcp-shim",
             "--manifest-path",
         ])

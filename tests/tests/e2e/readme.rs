@@ -59,7 +59,9 @@ fn the_readme_marks_its_runnable_blocks() {
 fn ci_cache() -> PathBuf {
     match std::env::var_os("SHAREDOS_CI_CACHE") {
         Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/sharedos-ci"),
+        None => {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/sharedos-ci")
+        }
     }
 }
 
@@ -140,7 +142,10 @@ async fn run_section(harness: &str) {
         "the section's turn close is not on record:\n{record}"
     );
     // The table `records --turn` printed.
-    assert!(stdout.contains("files.read") && stdout.contains("succeeded/ok"), "{stdout}");
+    assert!(
+        stdout.contains("files.read") && stdout.contains("succeeded/ok"),
+        "{stdout}"
+    );
     let written: Vec<String> = std::fs::read_dir(home.path())
         .expect("home")
         .filter_map(Result::ok)
