@@ -13,16 +13,21 @@
 //! 3. [`state`]: the shared state below the handlers: `Broker`, the peer-uid rule, closing a
 //!    turn; [`admission`]: bounds on connections before hello.
 //! 4. [`assemble`]: the composition root, config → kernel, the only module naming concrete
-//!    providers; [`turn`]: the turn table, tokens, lifecycle.
+//!    providers, over [`error`] (why a start failed, wrapping the errors of the floors below);
+//!    [`turn`]: the turn table, tokens, lifecycle.
 //! 5. [`kernel`]: registry, per-context catalogue, `check` and `invoke` (the single call path).
 //! 6. [`files`] (the built-in files provider, over [`beneath`] and [`vpath`]) and [`upstream`]
-//!    (brokered MCP servers, with [`pins`]), both below the kernel only through
+//!    (brokered MCP servers, with [`pins`]): the concrete providers. The kernel never imports
+//!    them; they and the kernel meet only in
 //! 7. [`provider`]: the provider interface (`ToolHandler`, `Provider`, `Authority`): all the
 //!    kernel knows of a provider.
 //! 8. [`policy`] (Cedar schema and policies, decisions, the catalogue question, `AccessContext`)
-//!    and [`record`] (the durable JSON Lines record, group commit); [`config`] (the TOML config
-//!    and the embedded default); [`error`] (why a start failed).
-//! 9. [`resource`] (what a call touches) and the lock helper: leaves.
+//!    and [`config`] (the TOML config and the embedded default).
+//! 9. Leaves: [`record`] (the durable JSON Lines record of `sharedos_proto::record::Event`s,
+//!    group commit), [`resource`] (what a call touches) and the lock helper.
+//!
+//! `tests/layout.rs` checks this order: every `crate::` path in a module's code names a module
+//! on a lower floor.
 
 pub mod admission;
 pub mod assemble;
