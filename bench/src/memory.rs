@@ -66,8 +66,12 @@ async fn with_broker(
     tokio::time::sleep(Duration::from_millis(300)).await;
     let broker_turns = broker.memory()?;
     let token = token.context("no turn was opened")?;
-    let shim = session_memory(procs::shim_command(bins, &broker.bridge(), token.expose())).await?;
-    let direct = session_memory(procs::direct_command(bins, data)).await?;
+    let shim = session_memory(
+        procs::shim_command(bins, &broker.bridge(), token.expose()),
+        None,
+    )
+    .await?;
+    let direct = session_memory(procs::direct_command(bins, data), None).await?;
     Ok(Memory {
         broker_idle,
         broker_turns,
@@ -78,8 +82,34 @@ async fn with_broker(
     })
 }
 
-/// An MCP server's memory after initialize, tools/list and some reads.
-async fn session_memory(cmd: tokio::process::Command) -> anyhow::Result<Mem> {
+/// The shim's memory alone (`--shim-memory`): `sessions` shims one after another, each on the
+/// same turn of one broker, as section 6 measures it. With `smaps`, each shim's
+/// `/proc/<pid>/smaps` is saved there as `shim-<session>.smaps`.
+pub async fn shim_only(
+    bins: &Bins,
+    data: &Path,
+    sessions: usize,
+    smaps: Option<&Path>,
+) -> anyhow::Result<Vec<Mem>> {
+    let broker = BrokerProc::start(bins, data, "always").await?;
+    let result = async {
+        let turn = broker.open_turn("alice").await?;
+        let mut mems = Vec::with_capacity(sessions);
+        for i in 0..sessions {
+            let cmd = procs::shim_command(bins, &broker.bridge(), turn.token.expose());
+            let file = smaps.map(|d| d.join(format!("shim-{i}.smaps")));
+            mems.push(session_memory(cmd, file.as_deref()).await?);
+        }
+        anyhow::Ok(mems)
+    }
+    .await;
+    broker.stop().await?;
+    result
+}
+
+/// An MCP server's memory after initialize, tools/list and some reads; with `smaps`, its
+/// `/proc/<pid>/smaps` at that moment is copied there.
+async fn session_memory(cmd: tokio::process::Command, smaps: Option<&Path>) -> anyhow::Result<Mem> {
     let client = procs::spawn_client(cmd).await?;
     let result = tokio::time::timeout(WAIT, async {
         client.service.peer().list_all_tools().await?;
@@ -89,7 +119,15 @@ async fn session_memory(cmd: tokio::process::Command) -> anyhow::Result<Mem> {
         for _ in 0..CALLS_BEFORE_READING {
             client.service.peer().call_tool(req.clone()).await?;
         }
-        procs::memory(client.pid.context("the server has no pid")?)
+        let pid = client.pid.context("the server has no pid")?;
+        let mem = procs::memory(pid)?;
+        if let Some(file) = smaps {
+            let text = std::fs::read(format!("/proc/{pid}/smaps"))
+                .with_context(|| format!("cannot read /proc/{pid}/smaps"))?;
+            std::fs::write(file, text)
+                .with_context(|| format!("cannot write `{}`", file.display()))?;
+        }
+        anyhow::Ok(mem)
     })
     .await
     .context("the session did not finish in time")

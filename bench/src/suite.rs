@@ -38,6 +38,16 @@ pub struct Args {
     /// Run only these sections (comma-separated).
     #[arg(long, value_delimiter = ',', value_enum)]
     pub only: Vec<Section>,
+    /// Measure only the shim's memory (section 6's shim row), this many sessions against one
+    /// broker and one turn; print each session's VmRSS and VmHWM and the median, and no report.
+    #[arg(long, value_name = "SESSIONS")]
+    pub shim_memory: Option<usize>,
+    /// With --shim-memory: save each shim's /proc/<pid>/smaps, read when its memory is, here.
+    #[arg(long, value_name = "DIR", requires = "shim_memory")]
+    pub smaps_dir: Option<PathBuf>,
+    /// Run this shim binary instead of the one built next to the benchmark.
+    #[arg(long, value_name = "FILE")]
+    pub shim: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -188,7 +198,16 @@ struct Shared {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let bins = Bins::build_and_locate()?;
+    let mut bins = Bins::build_and_locate()?;
+    if let Some(shim) = &args.shim {
+        shim.is_file()
+            .then_some(())
+            .with_context(|| format!("`{}` is not a file", shim.display()))?;
+        bins.shim = shim.clone();
+    }
+    if let Some(sessions) = args.shim_memory {
+        return shim_memory(&bins, sessions, args.smaps_dir.as_deref()).await;
+    }
     // After the build, so the load and the duration are the benchmark's.
     let started = Instant::now();
     let mut machine = Machine::capture();
@@ -254,6 +273,41 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         std::fs::write(path, &md).with_context(|| format!("cannot write `{}`", path.display()))?;
         eprintln!("bench: wrote {}", path.display());
     }
+    Ok(())
+}
+
+/// `--shim-memory`: the shim's row of section 6 alone, `sessions` times, and the median.
+async fn shim_memory(bins: &Bins, sessions: usize, smaps: Option<&Path>) -> anyhow::Result<()> {
+    let fixture = tempfile::Builder::new()
+        .prefix("sharedos-bench-data-")
+        .tempdir()?;
+    let data = procs::write_data(fixture.path())?;
+    if let Some(dir) = smaps {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create `{}`", dir.display()))?;
+    }
+    eprintln!(
+        "bench: shim memory, {sessions} session(s) of {}",
+        bins.shim.display()
+    );
+    let mems = memory::shim_only(bins, &data, sessions, smaps).await?;
+    for (i, m) in mems.iter().enumerate() {
+        eprintln!(
+            "session {i}: VmRSS {} KiB, VmHWM {} KiB",
+            m.rss_kib, m.hwm_kib
+        );
+    }
+    let median = |mut v: Vec<u64>| {
+        v.sort_unstable();
+        v.get(v.len() / 2).copied().unwrap_or_default()
+    };
+    eprintln!(
+        "median of {}: VmRSS {} KiB, VmHWM {} KiB ({:.2} MiB)",
+        mems.len(),
+        median(mems.iter().map(|m| m.rss_kib).collect()),
+        median(mems.iter().map(|m| m.hwm_kib).collect()),
+        median(mems.iter().map(|m| m.hwm_kib).collect()) as f64 / 1024.0
+    );
     Ok(())
 }
 
