@@ -26,7 +26,9 @@ const EXIT_TURN_ENDED: u8 = 3;
     about = "Stdio MCP server that serves one SharedOS turn: presents the turn token to the broker and forwards every call",
     long_about = "Spawned by an agent harness from its MCP config. Reads the turn token from SHAREDOS_TURN_TOKEN or --turn-token-file \
 and the broker's bridge socket from SHAREDOS_BROKER or --broker (default: <runtime dir>/bridge.sock). Speaks MCP on stdin/stdout; \
-logs go to stderr or --log-file. Exits 2 if it cannot start serving, 3 when its turn ends, 0 when the client closes stdin."
+logs go to stderr or --log-file, filtered by SHAREDOS_LOG: a level (default warn) or target=level pairs such as \
+`sharedos_mcp_shim=debug,warn` (span and field directives are not supported). \
+Exits 2 if it cannot start serving, 3 when its turn ends, 0 when the client closes stdin."
 )]
 struct Args {
     /// The broker's bridge socket.
@@ -59,9 +61,28 @@ fn log_writer() -> tracing_appender::non_blocking::NonBlockingBuilder {
 /// Log lines buffered before the writer waits.
 const LOG_BUFFER_LINES: usize = 1024;
 
+/// The log filter from SHAREDOS_LOG: a level (`debug`) or `target=level` pairs with an optional
+/// default level (`sharedos_mcp_shim=debug,warn`); `warn` when unset or not understood. A
+/// [`Targets`](tracing_subscriber::filter::Targets) filter rather than an `EnvFilter`: its
+/// regex engine was a tenth of the shim's code, and code is most of the shim's memory (issue 17).
+fn log_filter() -> tracing_subscriber::filter::Targets {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    let warn = || Targets::new().with_default(LevelFilter::WARN);
+    match std::env::var("SHAREDOS_LOG") {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse().unwrap_or_else(|e| {
+            eprintln!(
+                "sharedos-mcp-shim: SHAREDOS_LOG `{v}` is not a level or `target=level` list ({e}); logging at warn"
+            );
+            warn()
+        }),
+        _ => warn(),
+    }
+}
+
 fn init_logging(file: Option<&PathBuf>) -> Option<tracing_appender::non_blocking::WorkerGuard> {
-    use tracing_subscriber::{EnvFilter, fmt};
-    let filter = EnvFilter::try_from_env("SHAREDOS_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    use tracing_subscriber::fmt;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let opened = file.and_then(|p| {
         std::fs::OpenOptions::new()
             .create(true)
@@ -80,10 +101,9 @@ fn init_logging(file: Option<&PathBuf>) -> Option<tracing_appender::non_blocking
         Some(f) => log_writer().finish(f),
         None => log_writer().finish(std::io::stderr()),
     };
-    let _ = fmt()
-        .with_env_filter(filter)
-        .with_writer(writer)
-        .with_ansi(false)
+    let _ = tracing_subscriber::registry()
+        .with(fmt::layer().with_writer(writer).with_ansi(false))
+        .with(log_filter())
         .try_init();
     Some(guard)
 }
