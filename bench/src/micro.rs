@@ -365,6 +365,8 @@ fn write_line(file: &Mutex<(std::fs::File, u64)>, event: Event, sync: bool) -> a
     let line = record::RecordLine {
         seq: guard.1,
         at: sharedos_broker::record::now_rfc3339(),
+        // No chain: the baseline is a plain writer (the Recorder hashes each line as well).
+        prev: None,
         event,
     };
     let mut text = serde_json::to_vec(&line)?;

@@ -32,7 +32,16 @@ pub(crate) async fn build(
 ) -> Result<(Kernel, crate::record::Recovery), StartError> {
     let policy = PolicyEngine::load(config.schema.as_deref(), &config.policy)?;
     let mut registry = Registry::default();
-    let (recorder, recovery) = Recorder::open(&config.record, config.record_sync)?;
+    let signing_key = crate::record::load_or_create_signing_key(&config.record_signing_key)?;
+    let (recorder, recovery) = Recorder::open_with(
+        &config.record,
+        crate::record::RecordOptions {
+            sync: config.record_sync,
+            signing_key: Some(signing_key),
+            rotate_bytes: config.record_rotate_bytes,
+            rotate_age: config.record_rotate_age,
+        },
+    )?;
     if recovery.torn_bytes > 0 {
         tracing::warn!(
             record = %config.record.display(),

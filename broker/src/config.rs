@@ -136,6 +136,14 @@ pub const DEFAULT_MAX_BRIDGES_PER_TURN: usize = 8;
 /// Arguments longer than this (as JSON text) are recorded by size and SHA-256, not inline.
 pub const DEFAULT_RECORD_MAX_ARGUMENT_BYTES: usize = 64 * 1024;
 
+/// Seconds between signed checkpoints of the record, unless the config says otherwise.
+pub const DEFAULT_CHECKPOINT_SECONDS: u64 = 60;
+
+/// Where the record's signing key is kept unless the config says: `<record>.key`.
+pub fn default_signing_key(record: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.key", record.display()))
+}
+
 /// A group, by number or by name (looked up in `/etc/group`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
@@ -192,6 +200,18 @@ struct RawConfig {
     redact_arguments: bool,
     #[serde(default)]
     record_max_argument_bytes: Option<usize>,
+    /// The Ed25519 seed that signs checkpoints (made if missing); default `<record>.key`.
+    #[serde(default)]
+    record_signing_key: Option<PathBuf>,
+    /// Seconds between signed checkpoints (0: only at shutdown and rotation); default 60.
+    #[serde(default)]
+    record_checkpoint_seconds: Option<u64>,
+    /// Rotate the record when it reaches this many bytes.
+    #[serde(default)]
+    record_rotate_bytes: Option<u64>,
+    /// Rotate the record when it is this many seconds old.
+    #[serde(default)]
+    record_rotate_seconds: Option<u64>,
     #[serde(default)]
     max_bridges_per_turn: Option<usize>,
     #[serde(default)]
@@ -226,6 +246,14 @@ pub struct Config {
     /// Arguments whose JSON text is longer are recorded as `argumentsDigest: {bytes, sha256}`
     /// instead of inline (the record must not grow with what a caller chooses to send).
     pub record_max_argument_bytes: usize,
+    /// The Ed25519 seed that signs the record's checkpoints (made, 0600, if missing; its public
+    /// half is written beside it, `<key>.pub`).
+    pub record_signing_key: PathBuf,
+    /// Time between signed checkpoints (zero: only at shutdown and before a rotation).
+    pub record_checkpoint_interval: Duration,
+    /// Rotate the record at this size (bytes), or this age; `None`: never.
+    pub record_rotate_bytes: Option<u64>,
+    pub record_rotate_age: Option<Duration>,
     /// Most bridges (shim connections) one turn may have open at once.
     pub max_bridges_per_turn: usize,
     /// Uids allowed on the control socket (empty: the broker's own uid).
@@ -300,6 +328,19 @@ impl Config {
         let host_group = group(raw.host_group, "host_group")?;
         Ok(Config {
             source: shown,
+            record_signing_key: raw
+                .record_signing_key
+                .as_deref()
+                .map_or_else(|| default_signing_key(&rel(&raw.record)), rel),
+            record_checkpoint_interval: Duration::from_secs(
+                raw.record_checkpoint_seconds
+                    .unwrap_or(DEFAULT_CHECKPOINT_SECONDS),
+            ),
+            record_rotate_bytes: raw.record_rotate_bytes.filter(|b| *b > 0),
+            record_rotate_age: raw
+                .record_rotate_seconds
+                .filter(|s| *s > 0)
+                .map(Duration::from_secs),
             record: rel(&raw.record),
             record_sync: raw.record_sync,
             policy: rel(&raw.policy),
@@ -380,6 +421,10 @@ impl Config {
         Ok(Config {
             source: "<embedded default>".into(),
             record: dir.join("record.jsonl"),
+            record_signing_key: default_signing_key(&dir.join("record.jsonl")),
+            record_checkpoint_interval: Duration::from_secs(DEFAULT_CHECKPOINT_SECONDS),
+            record_rotate_bytes: None,
+            record_rotate_age: None,
             record_sync: RecordSync::Always,
             policy: dir.join("policy.cedar"),
             schema: None,

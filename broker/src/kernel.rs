@@ -1069,6 +1069,7 @@ when { resource.path like "*secret*" };
         tokio::time::sleep(Duration::from_millis(100)).await;
         let kinds: Vec<(String, String)> = lines(&s)
             .iter()
+            .filter(|l| l["kind"] != "chain_started")
             .map(|l| {
                 (
                     l["kind"].as_str().unwrap_or("?").to_owned(),

@@ -22,7 +22,8 @@
 //! 7. [`provider`]: the provider interface (`ToolHandler`, `Provider`, `Authority`): all the
 //!    kernel knows of a provider.
 //! 8. [`policy`] (Cedar schema and policies, decisions, the catalogue question, `AccessContext`)
-//!    and [`config`] (the TOML config and the embedded default).
+//!    and [`config`] (the TOML config and the embedded default); half a floor below them,
+//!    [`chain`]: checking the record's hash chain and signed checkpoints (`records verify`).
 //! 9. Leaves: [`record`] (the durable JSON Lines record of `sharedos_proto::record::Event`s,
 //!    group commit), [`resource`] (what a call touches) and the lock helper.
 //!
@@ -33,6 +34,7 @@ pub mod admission;
 pub mod assemble;
 pub mod beneath;
 pub mod bridge;
+pub mod chain;
 pub mod config;
 pub mod control;
 pub mod error;

@@ -1,28 +1,43 @@
-//! The record: append-only JSON Lines, one object per event.
+//! The record: append-only JSON Lines, one object per event, hash-chained and signed.
 //!
-//! Every line has `seq` (strictly increasing, also across restarts), `at` (UTC, RFC 3339),
-//! `kind` and `turn`. [`Recorder::append`] returns only once the line is written, and with
-//! [`RecordSync::Always`] once it is on disk (fdatasync). Concurrent appends share one sync
-//! (group commit): each appender writes its own line under a lock, and one of the waiting
-//! appenders runs a single fdatasync covering every line written so far. With
-//! [`RecordSync::Batch`] a line is acknowledged once written to the OS (it survives a broker
-//! crash) and synced within [`BATCH_SYNC_INTERVAL`].
+//! Every line has `seq` (strictly increasing by one, also across restarts and files), `at` (UTC,
+//! RFC 3339), `prev` (the SHA-256 of the previous line's bytes: the hash chain), `kind` and
+//! `turn`. A new record starts with a `chain_started` line (the recorded genesis, with the
+//! public key); a record written before chaining gets one that chains to its last line. With a
+//! signing key, the broker appends a signed `checkpoint` line (Ed25519 over seq, chain hash, time
+//! and reason) at an interval, at shutdown and before each rotation; the chain module checks all of
+//! it.
+//!
+//! [`Recorder::append`] returns only once the line is written, and with [`RecordSync::Always`]
+//! once it is on disk (fdatasync). Concurrent appends share one sync (group commit): each
+//! appender writes its own line under a lock, and one of the waiting appenders runs a single
+//! fdatasync covering every line written so far. With [`RecordSync::Batch`] a line is
+//! acknowledged once written to the OS (it survives a broker crash) and synced within
+//! [`BATCH_SYNC_INTERVAL`].
+//!
+//! Rotation (by size and by age, both off by default) renames the record to
+//! `<record>.<first seq in it>` and starts an empty file under the record's name; the chain and
+//! `seq` continue across files, and [`record_files`] lists them in order.
 //!
 //! On open, a torn last line (a crash mid-write) is detected, reported, moved aside to
-//! `<record>.torn` and cut off, never parsed as if whole. The file is created 0600 and locked
+//! `<record>.torn` and cut off, never parsed as if whole; a `torn_tail_cut` line records the cut
+//! and the chain continues from the last whole line. The file is created 0600 and locked
 //! (`flock`) while open: a second broker on the same record refuses to start, naming the pid that
-//! holds it. This module never drops a line: an
-//! append that returns `Ok` has written its line, and one that cannot write says so.
+//! holds it. This module never drops a line: an append that returns `Ok` has written its line,
+//! and one that cannot write says so.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use ed25519_dalek::{Signer, SigningKey};
 use serde::Deserialize;
 use serde_json::{Map, Value};
+use sha2::{Digest as _, Sha256};
+use sharedos_proto::catalog::hex;
 use tokio::sync::{Notify, watch};
 
 /// Longest time a line may stay unsynced with `record_sync = "batch"`.
@@ -36,6 +51,18 @@ pub enum RecordSync {
     Always,
     /// Written before the answer; synced at least every 50 ms.
     Batch,
+}
+
+/// How a record is written, beyond where.
+#[derive(Clone, Default)]
+pub struct RecordOptions {
+    pub sync: RecordSync,
+    /// Signs checkpoints. Without one the record is chained but carries no signatures.
+    pub signing_key: Option<SigningKey>,
+    /// Rotate before a line would be written to a file already this long.
+    pub rotate_bytes: Option<u64>,
+    /// Rotate before a line would be written to a file opened (or begun) this long ago.
+    pub rotate_age: Option<Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -59,28 +86,50 @@ pub enum RecordError {
         "record `{path}` is in use by another process ({holder}); two brokers never append to one record"
     )]
     Locked { path: String, holder: String },
+    #[error("signing key `{path}`: {detail}")]
+    Key { path: String, detail: String },
 }
 
 /// What opening an existing record found.
 #[derive(Debug, Clone, Default)]
 pub struct Recovery {
-    /// The last `seq` in the file (0 for a new record).
+    /// The last `seq` in the record (0 for a new record).
     pub last_seq: u64,
+    /// Whole lines found, in every file of the record.
     pub lines: usize,
     /// Bytes of a torn last line that were cut off and saved to `torn_saved_to`.
     pub torn_bytes: usize,
     pub torn_saved_to: Option<PathBuf>,
+    /// The SHA-256 (hex) of the torn bytes.
+    pub torn_sha256: Option<String>,
     /// `intent` lines with no `call` line of the same `callId` after them: calls that could
     /// change state and whose outcome the last broker never recorded (it stopped first).
     pub open_intents: Vec<Intent>,
     /// Turns opened and never closed (`turn_opened` without `turn_closed`), in order.
     pub open_turns: Vec<String>,
+    /// SHA-256 of the last whole line (the chain's head), if there is one.
+    last_hash: Option<[u8; 32]>,
+    /// A `chain_started` line was found.
+    chained: bool,
+    /// The first seq in the active file, and the lines after the last checkpoint.
+    first_seq_in_file: Option<u64>,
+    unsigned: u64,
 }
 
 struct State {
+    /// The active file (a rotation swaps it).
+    file: Arc<File>,
     next_seq: u64,
     /// File length after the last whole line.
     len: u64,
+    /// SHA-256 of the last line written: the next line's `prev`.
+    prev: Option<[u8; 32]>,
+    /// Lines since the last checkpoint.
+    unsigned: u64,
+    /// The first seq in the active file (names it when it is rotated).
+    first_seq: u64,
+    /// When the active file was opened or begun (for rotation by age).
+    begun: Instant,
     /// `batch`: lines written since the last sync.
     dirty: bool,
     /// `always`: an append is running fdatasync for everything written before it started.
@@ -92,9 +141,11 @@ struct State {
 }
 
 struct Shared {
-    file: Arc<File>,
     path: PathBuf,
     sync: RecordSync,
+    signer: Option<(SigningKey, String)>,
+    rotate_bytes: Option<u64>,
+    rotate_age: Option<Duration>,
     state: Mutex<State>,
     /// Publishes the last synced seq (or a failed sync) to waiting appends.
     synced_tx: watch::Sender<u64>,
@@ -115,8 +166,58 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> RecordError + '_ {
     }
 }
 
+use sharedos_proto::record::{ChainStarted, Checkpoint, Intent, RecordLine, TornTailCut};
 pub use sharedos_proto::record::{Event, now_rfc3339};
-use sharedos_proto::record::{Intent, RecordLine};
+
+/// The record's files in order: rotated ones (`<record>.<first seq>`, by that seq), then the
+/// record itself (if it exists).
+pub fn record_files(path: &Path) -> Result<Vec<PathBuf>, RecordError> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return Ok(vec![path.to_path_buf()]);
+    };
+    let prefix = format!("{name}.");
+    let mut rotated: Vec<(u64, PathBuf)> = Vec::new();
+    match std::fs::read_dir(&dir) {
+        Ok(entries) => {
+            for entry in entries {
+                let entry = entry.map_err(io_err(&dir))?;
+                let file_name = entry.file_name();
+                let Some(n) = file_name.to_str() else {
+                    continue;
+                };
+                if let Some(seq) = n
+                    .strip_prefix(&prefix)
+                    .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|d| d.parse::<u64>().ok())
+                {
+                    rotated.push((seq, dir.join(n)));
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(&dir)(e)),
+    }
+    rotated.sort();
+    let mut files: Vec<PathBuf> = rotated.into_iter().map(|(_, p)| p).collect();
+    if path.exists() {
+        files.push(path.to_path_buf());
+    }
+    Ok(files)
+}
+
+/// The name a rotation gives the active file whose first line has `first_seq`.
+fn rotated_name(path: &Path, first_seq: u64) -> PathBuf {
+    PathBuf::from(format!("{}.{first_seq}", path.display()))
+}
+
+/// SHA-256 of a line's bytes (without its newline): what the next line's `prev` holds.
+pub fn line_hash(line: &[u8]) -> [u8; 32] {
+    Sha256::digest(line).into()
+}
 
 /// An `intent` line read back; what it lacks (an older or hand-made line) is left empty.
 fn open_intent(obj: Map<String, Value>) -> Intent {
@@ -141,89 +242,112 @@ fn open_intent(obj: Map<String, Value>) -> Intent {
     }
 }
 
-/// Scans an existing record: the last seq, and a torn tail if any (cut off and saved aside).
-fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {
-    let err = io_err(path);
-    let mut bytes = Vec::new();
-    file.seek(SeekFrom::Start(0)).map_err(&err)?;
-    file.read_to_end(&mut bytes).map_err(&err)?;
-    let mut recovery = Recovery::default();
-    // Open intents and turns by id, with the seq that opened them (for their order).
-    let mut intents: std::collections::HashMap<String, (u64, Intent)> = Default::default();
-    let mut turns: std::collections::HashMap<String, u64> = Default::default();
-    let mut good_end = 0usize;
-    let mut start = 0usize;
-    let mut line_no = 0usize;
-    while start < bytes.len() {
-        let Some(nl) = bytes[start..].iter().position(|b| *b == b'\n') else {
-            break; // no newline: a torn tail
-        };
-        let line = &bytes[start..start + nl];
-        line_no += 1;
-        let parsed: Result<Map<String, Value>, _> = serde_json::from_slice(line);
-        match parsed {
-            Ok(obj) => {
-                let seq =
-                    obj.get("seq")
-                        .and_then(Value::as_u64)
-                        .ok_or_else(|| RecordError::Corrupt {
-                            path: path.display().to_string(),
-                            line: line_no,
-                            detail: "no numeric `seq`".into(),
-                        })?;
-                if seq <= recovery.last_seq {
-                    return Err(RecordError::Corrupt {
-                        path: path.display().to_string(),
-                        line: line_no,
-                        detail: format!(
-                            "seq {seq} does not increase (after {})",
-                            recovery.last_seq
-                        ),
-                    });
-                }
-                recovery.last_seq = seq;
-                recovery.lines += 1;
-                let text = |k: &str| obj.get(k).and_then(Value::as_str).map(str::to_owned);
-                match (
-                    obj.get("kind").and_then(Value::as_str),
-                    text("callId"),
-                    text("turn"),
-                ) {
-                    (Some("intent"), Some(id), _) => {
-                        intents.insert(id, (seq, open_intent(obj)));
-                    }
-                    (Some("call"), Some(id), _) => {
-                        intents.remove(&id);
-                    }
-                    (Some("turn_opened"), _, Some(turn)) => {
-                        turns.insert(turn, seq);
-                    }
-                    (Some("turn_closed"), _, Some(turn)) => {
-                        turns.remove(&turn);
-                    }
-                    _ => {}
-                }
-            }
-            Err(e) => {
-                // A complete line that does not parse is corruption, not a torn write, unless it
-                // is the last one (a crash can leave a newline-terminated partial JSON only if the
-                // writer wrote the newline, which it does in the same write as the line).
-                return Err(RecordError::Corrupt {
+/// What a scan of the record's files has found so far.
+#[derive(Default)]
+struct Scan {
+    recovery: Recovery,
+    /// Open intents and turns by id, with the seq that opened them (for their order).
+    intents: std::collections::HashMap<String, (u64, Intent)>,
+    turns: std::collections::HashMap<String, u64>,
+}
+
+impl Scan {
+    /// Takes in the whole lines of one file's `bytes`; returns where they end (a torn tail, if
+    /// any, starts there).
+    fn file(&mut self, path: &Path, bytes: &[u8]) -> Result<usize, RecordError> {
+        let recovery = &mut self.recovery;
+        let mut good_end = 0usize;
+        let mut start = 0usize;
+        let mut line_no = 0usize;
+        while start < bytes.len() {
+            let Some(nl) = bytes[start..].iter().position(|b| *b == b'\n') else {
+                break; // no newline: a torn tail
+            };
+            let line = &bytes[start..start + nl];
+            line_no += 1;
+            // A complete line that does not parse is corruption, not a torn write (the writer
+            // writes a line and its newline in one write).
+            let obj: Map<String, Value> =
+                serde_json::from_slice(line).map_err(|e| RecordError::Corrupt {
                     path: path.display().to_string(),
                     line: line_no,
                     detail: e.to_string(),
+                })?;
+            let seq =
+                obj.get("seq")
+                    .and_then(Value::as_u64)
+                    .ok_or_else(|| RecordError::Corrupt {
+                        path: path.display().to_string(),
+                        line: line_no,
+                        detail: "no numeric `seq`".into(),
+                    })?;
+            if seq <= recovery.last_seq {
+                return Err(RecordError::Corrupt {
+                    path: path.display().to_string(),
+                    line: line_no,
+                    detail: format!("seq {seq} does not increase (after {})", recovery.last_seq),
                 });
             }
+            recovery.last_seq = seq;
+            recovery.lines += 1;
+            recovery.last_hash = Some(line_hash(line));
+            recovery.first_seq_in_file.get_or_insert(seq);
+            recovery.unsigned += 1;
+            let text = |k: &str| obj.get(k).and_then(Value::as_str).map(str::to_owned);
+            match (
+                obj.get("kind").and_then(Value::as_str),
+                text("callId"),
+                text("turn"),
+            ) {
+                (Some("intent"), Some(id), _) => {
+                    self.intents.insert(id, (seq, open_intent(obj)));
+                }
+                (Some("call"), Some(id), _) => {
+                    self.intents.remove(&id);
+                }
+                (Some("turn_opened"), _, Some(turn)) => {
+                    self.turns.insert(turn, seq);
+                }
+                (Some("turn_closed"), _, Some(turn)) => {
+                    self.turns.remove(&turn);
+                }
+                (Some("chain_started"), _, _) => recovery.chained = true,
+                (Some("checkpoint"), _, _) => recovery.unsigned = 0,
+                _ => {}
+            }
+            start += nl + 1;
+            good_end = start;
         }
-        start += nl + 1;
-        good_end = start;
+        Ok(good_end)
     }
-    let mut intents: Vec<(u64, Intent)> = intents.into_values().collect();
-    intents.sort_by_key(|(seq, _)| *seq);
-    recovery.open_intents = intents.into_iter().map(|(_, line)| line).collect();
-    let mut turns: Vec<(String, u64)> = turns.into_iter().collect();
-    turns.sort_by_key(|(_, seq)| *seq);
-    recovery.open_turns = turns.into_iter().map(|(turn, _)| turn).collect();
+
+    fn finish(mut self) -> Recovery {
+        let mut intents: Vec<(u64, Intent)> = self.intents.into_values().collect();
+        intents.sort_by_key(|(seq, _)| *seq);
+        self.recovery.open_intents = intents.into_iter().map(|(_, line)| line).collect();
+        let mut turns: Vec<(String, u64)> = self.turns.into_iter().collect();
+        turns.sort_by_key(|(_, seq)| *seq);
+        self.recovery.open_turns = turns.into_iter().map(|(turn, _)| turn).collect();
+        self.recovery
+    }
+}
+
+/// Scans an existing record (its rotated files, then the active `file`): the last seq, the
+/// chain's head, what was left open, and a torn tail of the active file if any (cut off and
+/// saved aside).
+fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {
+    let err = io_err(path);
+    let mut scan = Scan::default();
+    for rotated in record_files(path)?.iter().filter(|f| f.as_path() != path) {
+        let bytes = std::fs::read(rotated).map_err(io_err(rotated))?;
+        scan.file(rotated, &bytes)?;
+    }
+    let mut bytes = Vec::new();
+    file.seek(SeekFrom::Start(0)).map_err(&err)?;
+    file.read_to_end(&mut bytes).map_err(&err)?;
+    scan.recovery.first_seq_in_file = None;
+    let good_end = scan.file(path, &bytes)?;
+    let mut recovery = scan.finish();
     if good_end < bytes.len() {
         let torn = &bytes[good_end..];
         let aside = PathBuf::from(format!("{}.torn", path.display()));
@@ -240,6 +364,7 @@ fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {
         file.sync_data().map_err(&err)?;
         recovery.torn_bytes = torn.len();
         recovery.torn_saved_to = Some(aside);
+        recovery.torn_sha256 = Some(hex(&line_hash(torn)));
     }
     Ok(recovery)
 }
@@ -268,32 +393,124 @@ fn lock_holder(file: &File) -> String {
         .unwrap_or_else(|| "holder unknown".into())
 }
 
+/// Opens `path` for appending (0600), and takes its lock.
+fn open_locked(path: &Path, create_new: bool) -> Result<File, RecordError> {
+    let mut options = OpenOptions::new();
+    options.read(true).append(true).mode(0o600);
+    if create_new {
+        options.create_new(true);
+    } else {
+        options.create(true);
+    }
+    // It holds every call's arguments: readable by the broker's uid only.
+    let file = options.open(path).map_err(io_err(path))?;
+    // One writer per record, whatever path names it (the lock is on the file itself).
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(RecordError::Locked {
+            path: path.display().to_string(),
+            holder: lock_holder(&file),
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(io_err(path)(e)),
+    }
+}
+
+/// Reads the 32-byte Ed25519 seed (hex) at `path`, or makes one there (0600) and writes its
+/// public key (hex) beside it, at `<path>.pub`. A key readable by others is made 0600.
+pub fn load_or_create_signing_key(path: &Path) -> Result<SigningKey, RecordError> {
+    let key_err = |detail: String| RecordError::Key {
+        path: path.display().to_string(),
+        detail,
+    };
+    let key = match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let mode = std::fs::metadata(path)
+                .map_err(io_err(path))?
+                .permissions()
+                .mode();
+            if mode & 0o077 != 0 {
+                tracing::warn!(key = %path.display(), mode = format!("{:o}", mode & 0o777), "the record's signing key was readable by others: made 0600");
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                    .map_err(io_err(path))?;
+            }
+            let seed = parse_hex32(text.trim())
+                .ok_or_else(|| key_err("not 64 hex digits (an Ed25519 seed)".into()))?;
+            SigningKey::from_bytes(&seed)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut seed = [0u8; 32];
+            getrandom::fill(&mut seed).map_err(|e| key_err(format!("no randomness: {e}")))?;
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(io_err(parent))?;
+            }
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(io_err(path))?;
+            f.write_all(format!("{}\n", hex(&seed)).as_bytes())
+                .and_then(|()| f.sync_all())
+                .map_err(io_err(path))?;
+            SigningKey::from_bytes(&seed)
+        }
+        Err(e) => return Err(io_err(path)(e)),
+    };
+    let public = public_key_path(path);
+    let text = format!("{}\n", hex(key.verifying_key().as_bytes()));
+    if std::fs::read_to_string(&public).ok().as_deref() != Some(text.as_str()) {
+        std::fs::write(&public, text).map_err(io_err(&public))?;
+    }
+    Ok(key)
+}
+
+/// Where the public half of the key at `key` is written.
+pub fn public_key_path(key: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.pub", key.display()))
+}
+
+/// 64 hex digits as 32 bytes.
+pub fn parse_hex32(text: &str) -> Option<[u8; 32]> {
+    let bytes = text.as_bytes();
+    if bytes.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, pair) in bytes.chunks(2).enumerate() {
+        let s = std::str::from_utf8(pair).ok()?;
+        out[i] = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// What a line to write is: an event already encoded, or a checkpoint (signed under the lock,
+/// where its seq, time and chain hash are taken).
+enum Body<'a> {
+    Event(&'a [u8]),
+    Checkpoint(&'static str),
+}
+
 impl Recorder {
-    /// Opens (or creates) the record. With `batch`, starts the task that syncs within
-    /// [`BATCH_SYNC_INTERVAL`] (needs a Tokio runtime).
+    /// Opens (or creates) the record, chained, without signatures or rotation. With `batch`,
+    /// starts the task that syncs within [`BATCH_SYNC_INTERVAL`] (needs a Tokio runtime).
     pub fn open(path: &Path, sync: RecordSync) -> Result<(Self, Recovery), RecordError> {
+        Self::open_with(
+            path,
+            RecordOptions {
+                sync,
+                ..RecordOptions::default()
+            },
+        )
+    }
+
+    /// Opens (or creates) the record. A new record starts its chain; one written before
+    /// chaining gets a `chain_started` line chained to its last line; a torn tail cut off is
+    /// recorded.
+    pub fn open_with(path: &Path, options: RecordOptions) -> Result<(Self, Recovery), RecordError> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(io_err(parent))?;
         }
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            // It holds every call's arguments: readable by the broker's uid only.
-            .mode(0o600)
-            .open(path)
-            .map_err(io_err(path))?;
-        // One writer per record, whatever path names it (the lock is on the file itself).
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(RecordError::Locked {
-                    path: path.display().to_string(),
-                    holder: lock_holder(&file),
-                });
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(io_err(path)(e)),
-        }
+        let mut file = open_locked(path, false)?;
         let meta = file.metadata().map_err(io_err(path))?;
         if meta.permissions().mode() & 0o077 != 0 {
             tracing::warn!(record = %path.display(), mode = format!("{:o}", meta.permissions().mode() & 0o777), "the record was readable by others: made 0600");
@@ -303,13 +520,25 @@ impl Recorder {
         let recovery = recover(path, &mut file)?;
         let len = file.metadata().map_err(io_err(path))?.len();
         let (synced_tx, _) = watch::channel(recovery.last_seq);
+        let signer = options.signing_key.map(|k| {
+            let public = hex(k.verifying_key().as_bytes());
+            (k, public)
+        });
+        let public_key = signer.as_ref().map(|(_, p)| p.clone());
         let shared = Arc::new(Shared {
-            file: Arc::new(file),
             path: path.to_path_buf(),
-            sync,
+            sync: options.sync,
+            signer,
+            rotate_bytes: options.rotate_bytes.filter(|b| *b > 0),
+            rotate_age: options.rotate_age.filter(|a| !a.is_zero()),
             state: Mutex::new(State {
+                file: Arc::new(file),
                 next_seq: recovery.last_seq + 1,
                 len,
+                prev: recovery.last_hash,
+                unsigned: recovery.unsigned,
+                first_seq: recovery.first_seq_in_file.unwrap_or(recovery.last_seq + 1),
+                begun: Instant::now(),
                 dirty: false,
                 sync_in_flight: false,
                 synced: recovery.last_seq,
@@ -318,28 +547,60 @@ impl Recorder {
             synced_tx,
             dirty: Arc::new(Notify::new()),
         });
-        if sync == RecordSync::Batch {
-            tokio::spawn(batch_syncer(Arc::downgrade(&shared), shared.dirty.clone()));
+        let recorder = Self { shared };
+        if !recovery.chained {
+            let mut genesis = [0u8; 32];
+            getrandom::fill(&mut genesis).map_err(|e| RecordError::Io {
+                path: path.display().to_string(),
+                source: std::io::Error::other(format!("no randomness for the genesis: {e}")),
+            })?;
+            recorder.append_written(&Event::ChainStarted(ChainStarted {
+                genesis: hex(&genesis),
+                public_key,
+                unchained_lines: recovery.lines as u64,
+                turn: None,
+            }))?;
         }
-        Ok((Self { shared }, recovery))
+        if let (Some(saved), Some(sha256)) = (&recovery.torn_saved_to, &recovery.torn_sha256) {
+            recorder.append_written(&Event::TornTailCut(TornTailCut {
+                bytes: recovery.torn_bytes,
+                sha256: sha256.clone(),
+                saved_to: saved.display().to_string(),
+                turn: None,
+            }))?;
+        }
+        if options.sync == RecordSync::Batch {
+            tokio::spawn(batch_syncer(
+                Arc::downgrade(&recorder.shared),
+                recorder.shared.dirty.clone(),
+            ));
+        }
+        Ok((recorder, recovery))
     }
 
     pub fn path(&self) -> &Path {
         &self.shared.path
     }
 
+    /// The public key checkpoints are signed with (hex), if any.
+    pub fn public_key(&self) -> Option<&str> {
+        self.shared.signer.as_ref().map(|(_, p)| p.as_str())
+    }
+
     /// Releases the record's lock at shutdown (exiting releases it too).
     pub fn release(&self) {
-        if let Err(e) = self.shared.file.unlock() {
+        let file = self.shared.lock().file.clone();
+        if let Err(e) = file.unlock() {
             tracing::warn!(record = %self.shared.path.display(), error = %e, "could not release the record's lock");
         }
     }
 
-    /// Appends one event (`kind`, `turn` and the rest; `seq` and `at` are added in front). Returns its seq once the line is as durable as the sync mode promises.
+    /// Appends one event (`kind`, `turn` and the rest; `seq`, `at` and `prev` are added in
+    /// front). Returns its seq once the line is as durable as the sync mode promises.
     ///
-    /// The caller serializes its own line, and writes it under the record's lock, where its seq
-    /// and time are taken (so both follow file order). With `always` it then waits until an
-    /// fdatasync covers the line: the first waiter finding none in flight runs one for
+    /// The caller serializes its own line, and writes it under the record's lock, where its seq,
+    /// time and chain hash are taken (so all follow file order). With `always` it then waits
+    /// until an fdatasync covers the line: the first waiter finding none in flight runs one for
     /// everything written so far, the others wait for it (group commit, no writer task).
     pub async fn append(&self, event: &Event) -> Result<u64, RecordError> {
         let seq = self.append_written(event)?;
@@ -358,22 +619,91 @@ impl Recorder {
             kind: event.kind(),
             detail: e.to_string(),
         })?;
-        self.write_line(&body)
+        self.write_line(Body::Event(&body))
     }
 
-    fn write_line(&self, body: &[u8]) -> Result<u64, RecordError> {
+    /// Signs the chain up to here: appends a `checkpoint` line, unless there is no signing key
+    /// or nothing was written since the last one. Returns its seq once durable (as
+    /// [`Self::append`]).
+    pub async fn checkpoint(&self, reason: &'static str) -> Result<Option<u64>, RecordError> {
+        if self.shared.signer.is_none() || self.shared.lock().unsigned == 0 {
+            return Ok(None);
+        }
+        let seq = self.write_line(Body::Checkpoint(reason))?;
+        if self.shared.sync == RecordSync::Always {
+            self.wait_synced(seq).await?;
+        } else {
+            self.shared.sync_now();
+        }
+        Ok(Some(seq))
+    }
+
+    fn write_line(&self, body: Body<'_>) -> Result<u64, RecordError> {
         let shared = &*self.shared;
         let mut st = shared.lock();
         if let Some(e) = &st.failed {
             return Err(shared.failed_error(e));
         }
+        if matches!(body, Body::Event(_))
+            && shared.due_for_rotation(&st)
+            && let Err(e) = self.rotate(&mut st)
+        {
+            // The line still goes in, to the file it would have gone to without rotation.
+            tracing::error!(record = %shared.path.display(), error = %e, "record rotation failed; writing on in the same file");
+        }
+        self.write_locked(&mut st, body)
+    }
+
+    /// Writes one line under the lock: seq, time and `prev` are taken here.
+    fn write_locked(&self, st: &mut State, body: Body<'_>) -> Result<u64, RecordError> {
+        let shared = &*self.shared;
+        if let Some(e) = &st.failed {
+            return Err(shared.failed_error(e));
+        }
         let seq = st.next_seq;
-        let mut line = Vec::with_capacity(body.len() + 64);
+        let at = now_rfc3339();
+        let prev = st.prev.map(|h| hex(&h));
+        let signed;
+        let body: &[u8] = match body {
+            Body::Event(b) => b,
+            Body::Checkpoint(reason) => {
+                let Some((key, public)) = &shared.signer else {
+                    return Err(RecordError::Encode {
+                        kind: "checkpoint",
+                        detail: "no signing key".into(),
+                    });
+                };
+                let message = sharedos_proto::record::checkpoint_message(
+                    seq,
+                    prev.as_deref().unwrap_or(""),
+                    &at,
+                    reason,
+                );
+                let event = Event::Checkpoint(Checkpoint {
+                    reason: reason.into(),
+                    public_key: public.clone(),
+                    signature: hex(&key.sign(&message).to_bytes()),
+                    turn: None,
+                });
+                signed = serde_json::to_vec(&event).map_err(|e| RecordError::Encode {
+                    kind: "checkpoint",
+                    detail: e.to_string(),
+                })?;
+                &signed
+            }
+        };
+        let is_checkpoint = body.starts_with(b"{\"kind\":\"checkpoint\"");
+        let mut line = Vec::with_capacity(body.len() + 150);
         line.extend_from_slice(b"{\"seq\":");
         line.extend_from_slice(seq.to_string().as_bytes());
         line.extend_from_slice(b",\"at\":\"");
-        line.extend_from_slice(now_rfc3339().as_bytes());
+        line.extend_from_slice(at.as_bytes());
         line.push(b'"');
+        if let Some(prev) = &prev {
+            line.extend_from_slice(b",\"prev\":\"");
+            line.extend_from_slice(prev.as_bytes());
+            line.push(b'"');
+        }
         match body.get(1..) {
             Some(rest) if rest.len() > 1 => {
                 line.push(b',');
@@ -381,11 +711,12 @@ impl Recorder {
             }
             _ => line.push(b'}'),
         }
+        let hash = line_hash(&line);
         line.push(b'\n');
         // One write(2) of one line; the file is opened for append.
-        if let Err(e) = (&*shared.file).write_all(&line) {
+        if let Err(e) = (&*st.file).write_all(&line) {
             // Cut a partial line off so that the next line does not follow a fragment.
-            let _ = shared.file.set_len(st.len);
+            let _ = st.file.set_len(st.len);
             tracing::error!(path = %shared.path.display(), error = %e, "record write failed");
             return Err(RecordError::Io {
                 path: shared.path.display().to_string(),
@@ -394,11 +725,50 @@ impl Recorder {
         }
         st.len += line.len() as u64;
         st.next_seq += 1;
+        st.prev = Some(hash);
+        st.unsigned = if is_checkpoint { 0 } else { st.unsigned + 1 };
         if shared.sync == RecordSync::Batch && !st.dirty {
             st.dirty = true;
             shared.dirty.notify_one();
         }
         Ok(seq)
+    }
+
+    /// Closes the active file (signed, if there is a key, and synced), renames it to
+    /// `<record>.<its first seq>`, and starts an empty, locked file under the record's name.
+    fn rotate(&self, st: &mut State) -> Result<(), RecordError> {
+        let shared = &*self.shared;
+        let path = &shared.path;
+        if shared.signer.is_some() && st.unsigned > 0 {
+            self.write_locked(st, Body::Checkpoint("rotation"))?;
+        }
+        if let Err(e) = st.file.sync_data() {
+            st.failed = Some(e.to_string());
+            return Err(io_err(path)(e));
+        }
+        st.synced = st.next_seq - 1;
+        st.dirty = false;
+        shared.synced_tx.send_replace(st.synced);
+        let rotated = rotated_name(path, st.first_seq);
+        let fresh = PathBuf::from(format!("{}.new", path.display()));
+        let _ = std::fs::remove_file(&fresh);
+        let file = open_locked(&fresh, true)?;
+        // The old file keeps its bytes under its new name; the record's name moves, in one
+        // rename, to the new file: there is always a file under the record's name.
+        std::fs::hard_link(path, &rotated).map_err(io_err(&rotated))?;
+        std::fs::rename(&fresh, path).map_err(io_err(path))?;
+        if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty())
+            && let Ok(d) = File::open(dir)
+        {
+            let _ = d.sync_all();
+        }
+        let _ = st.file.unlock();
+        st.file = Arc::new(file);
+        st.len = 0;
+        st.first_seq = st.next_seq;
+        st.begun = Instant::now();
+        tracing::info!(record = %path.display(), rotated = %rotated.display(), "record rotated");
+        Ok(())
     }
 
     async fn wait_synced(&self, seq: u64) -> Result<(), RecordError> {
@@ -417,10 +787,12 @@ impl Recorder {
                     None
                 } else {
                     st.sync_in_flight = true;
-                    Some(st.next_seq - 1)
+                    // Taken together: every line up to the target is in this file (a rotation
+                    // synced the earlier files before it swapped).
+                    Some((st.next_seq - 1, st.file.clone()))
                 }
             };
-            let Some(target) = target else {
+            let Some((target, file)) = target else {
                 // Another append leads a sync; it publishes when done (or when it gives up).
                 if synced.changed().await.is_err() {
                     return Err(RecordError::Stopped);
@@ -443,14 +815,11 @@ impl Recorder {
                 .ok()
                 .filter(|h| h.metrics().num_workers() < 2);
             let failure = match pool {
-                None => shared.file.sync_data().err().map(|e| e.to_string()),
-                Some(pool) => {
-                    let file = shared.file.clone();
-                    match pool.spawn_blocking(move || file.sync_data()).await {
-                        Ok(r) => r.err().map(|e| e.to_string()),
-                        Err(e) => Some(e.to_string()),
-                    }
-                }
+                None => file.sync_data().err().map(|e| e.to_string()),
+                Some(pool) => match pool.spawn_blocking(move || file.sync_data()).await {
+                    Ok(r) => r.err().map(|e| e.to_string()),
+                    Err(e) => Some(e.to_string()),
+                },
             };
             {
                 let mut st = shared.lock();
@@ -470,7 +839,6 @@ impl Recorder {
         }
     }
 }
-
 /// Hands leadership on if a leading append is dropped while the blocking pool syncs for it.
 struct Leader<'a> {
     shared: &'a Shared,
@@ -498,8 +866,15 @@ impl Shared {
         }
     }
 
+    fn due_for_rotation(&self, st: &State) -> bool {
+        st.len > 0
+            && (self.rotate_bytes.is_some_and(|b| st.len >= b)
+                || self.rotate_age.is_some_and(|a| st.begun.elapsed() >= a))
+    }
+
     fn sync_now(&self) {
-        if let Err(e) = self.file.sync_data() {
+        let file = self.lock().file.clone();
+        if let Err(e) = file.sync_data() {
             tracing::error!(path = %self.path.display(), error = %e, "record sync failed");
         }
     }
@@ -527,44 +902,48 @@ async fn batch_syncer(shared: Weak<Shared>, dirty: Arc<Notify>) {
     }
 }
 
-/// Reads record lines with `seq > after_seq` (and of `turn`, if given), at most `limit`.
-/// Returns the lines and whether more remain. A torn last line is skipped (it is being written).
+/// Reads record lines with `seq > after_seq` (and of `turn`, if given), at most `limit`, from
+/// every file of the record in order. Returns the lines and whether more remain. A torn last
+/// line is skipped (it is being written).
 pub fn read_records(
     path: &Path,
     turn: Option<&str>,
     after_seq: u64,
     limit: usize,
 ) -> Result<(Vec<Value>, bool), RecordError> {
-    let file = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((vec![], false)),
-        Err(e) => return Err(io_err(path)(e)),
-    };
     let mut out = Vec::new();
-    let mut reader = BufReader::new(file);
-    let mut line = String::new();
-    loop {
-        line.clear();
-        let n = reader.read_line(&mut line).map_err(io_err(path))?;
-        if n == 0 || !line.ends_with('\n') {
-            break;
-        }
-        let Ok(value) = serde_json::from_str::<Value>(&line) else {
-            continue;
+    for file_path in record_files(path)? {
+        let file = match File::open(&file_path) {
+            Ok(f) => f,
+            // Rotated away between listing and opening: its lines are in the next name.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err(&file_path)(e)),
         };
-        let seq = value.get("seq").and_then(Value::as_u64).unwrap_or(0);
-        if seq <= after_seq {
-            continue;
+        let mut reader = BufReader::new(file);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = reader.read_line(&mut line).map_err(io_err(&file_path))?;
+            if n == 0 || !line.ends_with('\n') {
+                break;
+            }
+            let Ok(value) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            let seq = value.get("seq").and_then(Value::as_u64).unwrap_or(0);
+            if seq <= after_seq {
+                continue;
+            }
+            if let Some(t) = turn
+                && value.get("turn").and_then(Value::as_str) != Some(t)
+            {
+                continue;
+            }
+            if out.len() == limit {
+                return Ok((out, true));
+            }
+            out.push(value);
         }
-        if let Some(t) = turn
-            && value.get("turn").and_then(Value::as_str) != Some(t)
-        {
-            continue;
-        }
-        if out.len() == limit {
-            return Ok((out, true));
-        }
-        out.push(value);
     }
     Ok((out, false))
 }
@@ -592,15 +971,16 @@ mod tests {
         {
             let (rec, recovery) = Recorder::open(&path, RecordSync::Always).expect("open");
             assert_eq!(recovery.last_seq, 0);
-            assert_eq!(rec.append(&event("a", "t1")).await.expect("1"), 1);
-            assert_eq!(rec.append(&event("b", "t2")).await.expect("2"), 2);
+            // Line 1 starts the chain.
+            assert_eq!(rec.append(&event("a", "t1")).await.expect("2"), 2);
+            assert_eq!(rec.append(&event("b", "t2")).await.expect("3"), 3);
         }
         // Simulate a crash mid-write.
         let mut f = OpenOptions::new().append(true).open(&path).expect("open");
-        f.write_all(b"{\"seq\":3,\"kind\":\"ca").expect("write");
+        f.write_all(b"{\"seq\":4,\"kind\":\"ca").expect("write");
         drop(f);
         let (rec, recovery) = Recorder::open(&path, RecordSync::Batch).expect("reopen");
-        assert_eq!(recovery.last_seq, 2);
+        assert_eq!(recovery.last_seq, 3);
         assert_eq!(recovery.torn_bytes, 19);
         let aside = recovery.torn_saved_to.expect("saved");
         assert!(
@@ -608,7 +988,8 @@ mod tests {
                 .expect("torn")
                 .contains("\"ca")
         );
-        assert_eq!(rec.append(&event("c", "t1")).await.expect("3"), 3);
+        // The cut is on record (seq 4), and the chain goes on from the last whole line.
+        assert_eq!(rec.append(&event("c", "t1")).await.expect("5"), 5);
         drop(rec);
         tokio::time::sleep(Duration::from_millis(100)).await;
         let (lines, more) = read_records(&path, Some("t1"), 0, 10).expect("read");
@@ -617,7 +998,10 @@ mod tests {
             .iter()
             .map(|l| l["seq"].as_u64().expect("seq"))
             .collect();
-        assert_eq!(seqs, vec![1, 3]);
+        assert_eq!(seqs, vec![2, 5]);
+        let (all, _) = read_records(&path, None, 0, 10).expect("read");
+        assert_eq!(all[3]["kind"], "torn_tail_cut");
+        assert_eq!(all[3]["bytes"], 19);
         assert!(
             lines
                 .iter()
@@ -645,9 +1029,9 @@ mod tests {
             seqs.push(t.await.expect("join").expect("append"));
         }
         seqs.sort_unstable();
-        assert_eq!(seqs, (1..=200).collect::<Vec<u64>>());
+        assert_eq!(seqs, (2..=201).collect::<Vec<u64>>());
         let (lines, _) = read_records(&path, None, 0, 1000).expect("read");
-        assert_eq!(lines.len(), 200);
+        assert_eq!(lines.len(), 201);
     }
 
     /// On one runtime thread the blocking pool syncs, and a leader can be dropped mid-sync.
@@ -671,8 +1055,8 @@ mod tests {
             .await
             .expect("a later append is not stuck behind the dropped leader")
             .expect("append");
-        assert_eq!(seq, tries + 1);
-        let (lines, _) = read_records(&path, None, 0, 2000).expect("read");
+        assert_eq!(seq, tries + 2);
+        let (lines, _) = read_records(&path, Some("t"), 0, 2000).expect("read");
         assert_eq!(
             lines.len() as u64,
             tries + 1,
@@ -710,8 +1094,8 @@ mod tests {
             .await
             .expect("a later append is not stuck behind the dropped ones")
             .expect("append");
-        assert_eq!(seq, 65);
-        let (lines, _) = read_records(&path, None, 0, 2000).expect("read");
+        assert_eq!(seq, 66);
+        let (lines, _) = read_records(&path, Some("t"), 0, 2000).expect("read");
         assert_eq!(lines.len(), 65, "every dropped append's line was written");
         assert_eq!(lines[64]["reason"], "b");
     }
@@ -721,14 +1105,14 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("rec.jsonl");
         let (rec, _) = Recorder::open(&path, RecordSync::Batch).expect("open");
-        assert_eq!(rec.append(&event("x", "t")).await.expect("1"), 1);
+        assert_eq!(rec.append(&event("x", "t")).await.expect("2"), 2);
         let global = Event::PolicyReloaded(PolicyReloaded {
             version: 2,
             policies: 3,
             path: "p.cedar".into(),
             turn: None,
         });
-        assert_eq!(rec.append(&global).await.expect("2"), 2);
+        assert_eq!(rec.append(&global).await.expect("3"), 3);
         drop(rec);
         let text = std::fs::read_to_string(&path).expect("read");
         let lines: Vec<Value> = text
@@ -736,11 +1120,20 @@ mod tests {
             .map(|l| serde_json::from_str(l).expect("whole JSON line"))
             .collect();
         assert_eq!(lines[0]["seq"], 1);
+        assert_eq!(lines[0]["kind"], "chain_started");
         assert_eq!(lines[1]["seq"], 2);
-        assert_eq!(lines[1]["turn"], Value::Null);
+        assert_eq!(lines[2]["seq"], 3);
+        assert_eq!(lines[2]["turn"], Value::Null);
         assert!(text.starts_with("{\"seq\":1,\"at\":"), "{text}");
+        // Then `prev`, the SHA-256 of the line before.
+        let second = text.lines().nth(1).expect("line 2");
+        let want = format!(
+            "\"prev\":\"{}\",\"kind\":",
+            hex(&line_hash(text.lines().next().expect("line 1").as_bytes()))
+        );
+        assert!(second.contains(&want), "{second}");
         // Each line reads back as the event that was written.
-        for (l, want) in text.lines().zip([event("x", "t"), global]) {
+        for (l, want) in text.lines().skip(1).zip([event("x", "t"), global]) {
             let line: sharedos_proto::record::RecordLine = serde_json::from_str(l).expect("typed");
             assert_eq!(line.event, want);
         }

@@ -188,16 +188,23 @@ pub async fn start(
     close_out(&broker.kernel.recorder, &recovery).await?;
     tracing::info!(runtime_dir = %runtime_dir.display(), tools = broker.kernel.registry().len(), "broker ready");
     let b = broker.clone();
+    let interval = broker.config.record_checkpoint_interval;
     let task = tokio::spawn(async move {
+        let checkpoints = checkpoint_loop(b.kernel.recorder.clone(), interval);
         let control_loop = accept_loop(b.clone(), control, Kind::Control);
         let bridge_loop = accept_loop(b.clone(), bridge, Kind::Bridge);
         tokio::select! {
             _ = shutdown.cancelled() => {}
             _ = control_loop => {}
             _ = bridge_loop => {}
+            _ = checkpoints => {}
         }
         for turn in b.turns.list() {
             b.close_turn(&turn.id, "broker_shutdown").await;
+        }
+        // The last line: everything this broker wrote, signed.
+        if let Err(e) = b.kernel.recorder.checkpoint("shutdown").await {
+            tracing::error!(error = %e, "could not sign the record at shutdown");
         }
         b.root.cancel();
         let _ = std::fs::remove_file(runtime::control_socket(&b.runtime_dir));
@@ -208,6 +215,22 @@ pub async fn start(
         b.kernel.recorder.release();
     });
     Ok(Running { broker, task })
+}
+
+/// Signs the record every `interval` (when something was written since the last checkpoint).
+/// With a zero interval, never ends and signs nothing (shutdown and rotation still sign).
+async fn checkpoint_loop(recorder: crate::record::Recorder, interval: Duration) {
+    if interval.is_zero() {
+        return std::future::pending().await;
+    }
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = recorder.checkpoint("interval").await {
+            tracing::error!(error = %e, "could not sign the record");
+        }
+    }
 }
 
 /// Runs the broker until `shutdown` is cancelled.

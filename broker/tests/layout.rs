@@ -24,6 +24,7 @@ const FLOORS: &[(&str, f32)] = &[
     ("provider", 7.0),
     ("policy", 8.0),
     ("config", 8.0),
+    ("chain", 8.5),
     ("record", 9.0),
     ("resource", 9.0),
     ("sync", 9.5),

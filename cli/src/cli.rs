@@ -94,8 +94,11 @@ pub enum Command {
     /// Open, close and list turns.
     #[command(subcommand)]
     Turn(TurnCommand),
-    /// Read the record.
+    /// Read the record (from the running broker), or `records verify` its chain and signatures.
+    #[command(args_conflicts_with_subcommands = true)]
     Records {
+        #[command(subcommand)]
+        command: Option<RecordsCommand>,
         /// Only this turn's lines.
         #[arg(long)]
         turn: Option<String>,
@@ -131,6 +134,30 @@ pub enum Command {
         /// Append what the model saw (requests, tool results) to this file as JSON Lines.
         #[arg(long, value_name = "FILE")]
         log: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RecordsCommand {
+    /// Check the record's hash chain, seqs and signed checkpoints, across rotated files; print
+    /// the first broken seq and why. Exit status 0 only when everything verifies, 3 when not.
+    /// Reads the files directly: no broker needs to run.
+    Verify {
+        /// The record (its rotated files `<record>.<seq>` are read first). Default: the
+        /// config's `record`, else the embedded default's record under the runtime dir.
+        #[arg(long, value_name = "FILE")]
+        record: Option<PathBuf>,
+        /// The config whose record and signing key to use.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Check signatures with this public key (64 hex digits, as the broker writes to
+        /// `<signing key>.pub`). Default: that file if it exists, else the key the record's
+        /// chain names (which shows the record is whole, not whose it is).
+        #[arg(long, value_name = "FILE")]
+        public_key: Option<PathBuf>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -360,6 +387,25 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
     } = &cli.command
     {
         return catalog_hash(file, *canonical);
+    }
+    if let Command::Records {
+        command:
+            Some(RecordsCommand::Verify {
+                record,
+                config,
+                public_key,
+                json,
+            }),
+        ..
+    } = &cli.command
+    {
+        return records_verify(
+            &runtime_dir,
+            record.as_deref(),
+            config.as_deref(),
+            public_key.as_deref(),
+            *json,
+        );
     }
     let log_file = match &cli.command {
         Command::Serve { log_file, .. } => log_file.clone(),
@@ -721,7 +767,7 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                 r => return Err(unexpected(r)),
             }
         }
-        Command::Records { turn, json } => {
+        Command::Records { turn, json, .. } => {
             let mut after_seq = 0;
             if !json {
                 outln!("{}", record_header());
@@ -889,6 +935,134 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `records verify`: the record's chain and signatures, checked from the files.
+fn records_verify(
+    runtime_dir: &Path,
+    record: Option<&Path>,
+    config: Option<&Path>,
+    public_key: Option<&Path>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    use sharedos_broker::chain;
+    let config = config.map(Config::from_file).transpose()?;
+    let record = match (record, &config) {
+        (Some(r), _) => r.to_path_buf(),
+        (None, Some(c)) => c.record.clone(),
+        (None, None) => runtime_dir.join("default").join("record.jsonl"),
+    };
+    let signing_key = config.as_ref().map_or_else(
+        || sharedos_broker::config::default_signing_key(&record),
+        |c| c.record_signing_key.clone(),
+    );
+    let beside = sharedos_broker::record::public_key_path(&signing_key);
+    let key_file = match public_key {
+        Some(p) => Some(p.to_path_buf()),
+        None => beside.exists().then_some(beside),
+    };
+    let key = key_file
+        .as_deref()
+        .map(|p| chain::read_public_key(p).map(|k| (k, p.display().to_string())))
+        .transpose()?;
+    let report = chain::verify(&record, key.as_ref().map(|(k, from)| (k, from.clone())))
+        .with_context(|| format!("cannot verify record `{}`", record.display()))?;
+    let ok = report.ok();
+    if json {
+        let broken = report.broken.as_ref().map(|b| {
+            serde_json::json!({
+                "seq": b.seq, "file": b.file, "line": b.line, "reason": b.reason,
+            })
+        });
+        outln!(
+            "{}",
+            serde_json::json!({
+                "ok": ok,
+                "files": report.files,
+                "lines": report.lines,
+                "firstSeq": report.first_seq,
+                "lastSeq": report.last_seq,
+                "unchained": report.unchained,
+                "chainStart": report.chain_start,
+                "checkpoints": report.checkpoints,
+                "lastCheckpoint": report.last_checkpoint,
+                "unsignedTail": report.unsigned_tail,
+                "tornCuts": report.torn_cuts,
+                "publicKey": report.key,
+                "keyFrom": match &report.key_source {
+                    chain::KeySource::Given(f) => f.clone(),
+                    chain::KeySource::Recorded => "record".into(),
+                    chain::KeySource::None => "none".into(),
+                },
+                "broken": broken,
+            })
+        );
+    } else {
+        let files = report.files.len();
+        outln!(
+            "record `{}`: {} lines in {files} file{}, seq {}..{}",
+            record.display(),
+            report.lines,
+            if files == 1 { "" } else { "s" },
+            report.first_seq.unwrap_or(0),
+            report.last_seq.unwrap_or(0)
+        );
+        match &report.key_source {
+            chain::KeySource::Given(f) => {
+                outln!("key: {} (from {f})", report.key.clone().unwrap_or_default())
+            }
+            chain::KeySource::Recorded => outln!(
+                "key: {} (named by the record itself: this shows the record is whole under that key, not whose key it is; pass --public-key)",
+                report.key.clone().unwrap_or_default()
+            ),
+            chain::KeySource::None => outln!("key: none (no checkpoint was checked)"),
+        }
+        if report.unchained > 0 {
+            outln!(
+                "{} lines before the chain began are not covered by it",
+                report.unchained
+            );
+        }
+        if report.torn_cuts > 0 {
+            outln!(
+                "{} torn tail(s) cut off by a broker at start, each recorded",
+                report.torn_cuts
+            );
+        }
+        match &report.broken {
+            Some(b) => outln!(
+                "BROKEN at seq {}: {} ({} line {})",
+                b.seq,
+                b.reason,
+                b.file.display(),
+                b.line
+            ),
+            None if report.chain_start.is_none() => {
+                outln!("BROKEN: the record has no chain (no `chain_started` line)")
+            }
+            None => {
+                outln!(
+                    "verified: chain from seq {} whole; {} signed checkpoints, the last at seq {}",
+                    report.chain_start.unwrap_or(0),
+                    report.checkpoints,
+                    report
+                        .last_checkpoint
+                        .map_or("-".to_owned(), |s| s.to_string())
+                );
+                if report.unsigned_tail > 0 {
+                    outln!(
+                        "{} lines after the last checkpoint are chained but not yet signed (the next checkpoint covers them)",
+                        report.unsigned_tail
+                    );
+                }
+            }
+        }
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    })
 }
 
 pub fn record_header() -> String {

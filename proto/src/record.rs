@@ -38,6 +38,11 @@ pub struct RecordLine {
     pub seq: u64,
     /// UTC, RFC 3339 with microseconds.
     pub at: String,
+    /// The SHA-256 (hex) of the previous line's bytes (without its newline): the hash chain.
+    /// Absent on the line that starts a new record's chain and on lines written before the
+    /// record was chained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prev: Option<String>,
     #[serde(flatten)]
     pub event: Event,
 }
@@ -58,6 +63,12 @@ pub enum Event {
     PolicyReloaded(PolicyReloaded),
     ProvidersPinned(ProvidersPinned),
     ProviderState(ProviderState),
+    /// The record's hash chain starts here (a new record, or one written before chaining).
+    ChainStarted(ChainStarted),
+    /// The broker signed the chain up to here.
+    Checkpoint(Checkpoint),
+    /// A torn last line (a crash mid-write) was cut off when the broker opened the record.
+    TornTailCut(TornTailCut),
 }
 
 impl Event {
@@ -74,6 +85,9 @@ impl Event {
             Event::PolicyReloaded(_) => "policy_reloaded",
             Event::ProvidersPinned(_) => "providers_pinned",
             Event::ProviderState(_) => "provider_state",
+            Event::ChainStarted(_) => "chain_started",
+            Event::Checkpoint(_) => "checkpoint",
+            Event::TornTailCut(_) => "torn_tail_cut",
         }
     }
 
@@ -90,6 +104,9 @@ impl Event {
             Event::PolicyReloaded(e) => e.turn.as_deref(),
             Event::ProvidersPinned(e) => e.turn.as_deref(),
             Event::ProviderState(e) => e.turn.as_deref(),
+            Event::ChainStarted(e) => e.turn.as_deref(),
+            Event::Checkpoint(e) => e.turn.as_deref(),
+            Event::TornTailCut(e) => e.turn.as_deref(),
         }
     }
 }
@@ -359,6 +376,58 @@ pub enum ProviderDetail {
     },
     /// Why it is restarting or has failed.
     Reason { reason: String },
+}
+
+/// The start of the record's hash chain: every later line carries the SHA-256 of the line
+/// before it in `prev`. On a new record this is line 1 and has no `prev`; on a record written
+/// before chaining, it chains to the last line already there.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChainStarted {
+    /// 32 random bytes (hex): no two chains start alike.
+    pub genesis: String,
+    /// The Ed25519 key (hex) the broker signs checkpoints with; `null` when it signs none.
+    pub public_key: Option<String>,
+    /// Lines already in the record, before the chain (0 on a new record).
+    pub unchained_lines: u64,
+    /// Always `null`.
+    pub turn: Option<String>,
+}
+
+/// A signed checkpoint: Ed25519 over [`checkpoint_message`] of this line's `seq`, `prev` (the
+/// chain's hash up to here), `at` and `reason`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Checkpoint {
+    /// Why now: `interval`, `shutdown`, `rotation` or `start`.
+    pub reason: String,
+    /// The signing key (hex).
+    pub public_key: String,
+    /// The signature (hex, 64 bytes).
+    pub signature: String,
+    /// Always `null`.
+    pub turn: Option<String>,
+}
+
+/// What a checkpoint signs: a fixed prefix, then the line's `seq`, `prev`, `at` and `reason`,
+/// one per line. With the key that checks it, that covers every byte of the line but the
+/// signature itself, so a checkpoint that is the record's last line is whole or detected.
+pub fn checkpoint_message(seq: u64, prev: &str, at: &str, reason: &str) -> Vec<u8> {
+    format!("sharedos-record-checkpoint-v1\n{seq}\n{prev}\n{at}\n{reason}\n").into_bytes()
+}
+
+/// A torn tail that opening the record cut off (and saved aside).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TornTailCut {
+    /// Bytes cut off.
+    pub bytes: usize,
+    /// Their SHA-256 (hex).
+    pub sha256: String,
+    /// Where they were saved.
+    pub saved_to: String,
+    /// Always `null`.
+    pub turn: Option<String>,
 }
 
 /// One upstream tool a provider could not register, and why.

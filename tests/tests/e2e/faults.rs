@@ -27,11 +27,20 @@ impl Proc {
         self.dir.path().join("record.jsonl")
     }
 
+    /// The whole record's text: its rotated files, then the record.
+    fn text(&self) -> String {
+        sharedos_broker::record::record_files(&self.record())
+            .expect("record files")
+            .iter()
+            .map(|f| std::fs::read_to_string(f).unwrap_or_default())
+            .collect()
+    }
+
     /// Starts `sharedos-broker serve` and waits until it has recorded its start.
     async fn serve(&self) -> tokio::process::Child {
-        let before = std::fs::read_to_string(self.record())
-            .map(|t| t.lines().count())
-            .unwrap_or(0);
+        // Its start is on record once serving (the chain's first line comes before the sockets).
+        let started = || self.text().matches("\"kind\":\"broker_started\"").count();
+        let before = started();
         let mut c = tokio::process::Command::new(bin("sharedos-broker"));
         c.args(["serve", "--runtime-dir"])
             .arg(&self.run_dir)
@@ -40,13 +49,7 @@ impl Proc {
             .kill_on_drop(true)
             .stderr(std::process::Stdio::null());
         let child = c.spawn().expect("serve");
-        let record = self.record();
-        eventually("broker started", || {
-            std::fs::read_to_string(&record)
-                .map(|t| t.lines().count() > before)
-                .unwrap_or(false)
-        })
-        .await;
+        eventually("broker started", || started() > before).await;
         child
     }
 
@@ -80,11 +83,18 @@ impl Proc {
     }
 
     fn lines(&self) -> Vec<Value> {
-        std::fs::read_to_string(self.record())
-            .unwrap_or_default()
+        self.text()
             .lines()
             .map(|l| serde_json::from_str(l).expect("every line is whole JSON"))
             .collect()
+    }
+
+    /// `sharedos-broker records verify --config` on this record: exit status and output.
+    async fn verify(&self) -> (i32, String) {
+        let mut cmd = std::process::Command::new(bin("sharedos-broker"));
+        cmd.args(["records", "verify", "--config"]).arg(&self.cfg);
+        let (code, out, err) = run(cmd).await;
+        (code, format!("{out}{err}"))
     }
 }
 
@@ -115,10 +125,17 @@ fn children(pid: u32) -> usize {
 }
 
 /// Kills the broker (SIGKILL) at pseudo-random points while 4 clients call as fast as they can;
-/// every call whose answer a client saw must be in the record, which stays whole JSON.
+/// every call whose answer a client saw must be in the record, which stays whole JSON, and whose
+/// hash chain verifies after every kill, across rotations (64 KiB files).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_answered_call_is_on_disk_when_the_broker_is_killed() {
     let p = Proc::new(&Options::default());
+    let cfg = std::fs::read_to_string(&p.cfg).expect("cfg");
+    let cfg = cfg.replace(
+        "record_checkpoint_seconds = 0",
+        "record_checkpoint_seconds = 1",
+    );
+    std::fs::write(&p.cfg, format!("record_rotate_bytes = 65536\n{cfg}")).expect("cfg");
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut answered_total = 0;
     for round in 0..4 {
@@ -173,7 +190,46 @@ async fn every_answered_call_is_on_disk_when_the_broker_is_killed() {
             "round {round} (killed after {delay} ms): answered but not recorded: {missing:?}"
         );
         answered_total += answered.len();
+        let (code, out) = p.verify().await;
+        assert_eq!(
+            code, 0,
+            "round {round}: the record verifies after a kill: {out}"
+        );
     }
+    // A clean stop signs everything; a broker up for a while signs at its interval too.
+    let mut broker = p.serve().await;
+    eventually("an interval checkpoint", || {
+        p.text()
+            .contains("\"kind\":\"checkpoint\",\"reason\":\"interval\"")
+    })
+    .await;
+    let pid = broker.id().expect("pid");
+    let _ = std::process::Command::new("kill")
+        .arg(pid.to_string())
+        .status();
+    let _ = broker.wait().await;
+    let (code, out) = p.verify().await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("verified"), "{out}");
+    assert!(
+        !out.contains("not yet signed"),
+        "the last checkpoint covers all: {out}"
+    );
+    let files = sharedos_broker::record::record_files(&p.record()).expect("files");
+    assert!(files.len() > 2, "the record rotated: {files:?}");
+    // One byte changed in the middle of a rotated file: verify fails and names that line's seq.
+    let victim = &files[1];
+    let text = std::fs::read_to_string(victim).expect("read");
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let i = lines.len() / 2;
+    let seq = serde_json::from_str::<Value>(&lines[i]).expect("json")["seq"]
+        .as_u64()
+        .expect("seq");
+    lines[i] = lines[i].replacen("\"kind\":\"", "\"kind\": \"", 1);
+    std::fs::write(victim, lines.join("\n") + "\n").expect("write");
+    let (code, out) = p.verify().await;
+    assert_eq!(code, 3, "{out}");
+    assert!(out.contains(&format!("BROKEN at seq {seq}:")), "{out}");
     assert!(answered_total > 0, "the clients made calls");
     println!("durability: {answered_total} answered calls over 4 kills, all on disk");
     // The record is whole lines with strictly increasing seq.

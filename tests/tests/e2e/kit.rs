@@ -112,7 +112,8 @@ pub fn write_config(dir: &Path, opts: &Options) -> PathBuf {
     std::fs::write(data.join("private/secret.txt"), "the secret\n").expect("write");
     std::fs::write(dir.join("policy.cedar"), opts.policy).expect("write");
     let mut toml = format!(
-        "record = \"record.jsonl\"\nrecord_sync = \"{}\"\npolicy = \"policy.cedar\"\n",
+        // Checkpoints only at shutdown (and rotation): an interval's would land anywhere.
+        "record = \"record.jsonl\"\nrecord_sync = \"{}\"\nrecord_checkpoint_seconds = 0\npolicy = \"policy.cedar\"\n",
         opts.record_sync
     );
     if let Some(t) = opts.call_timeout_seconds {
