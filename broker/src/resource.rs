@@ -1,6 +1,8 @@
 //! What a call touches, as the policy decides on it: a leaf below the policy engine and the
 //! providers, which both use it and neither owns it.
 
+use sharedos_proto::Requirement;
+
 /// The Cedar namespace of every entity type.
 pub const NAMESPACE: &str = "SharedOS";
 
@@ -41,5 +43,18 @@ impl Resource {
     /// The bare id (`/public/a.txt`), for sentences.
     pub fn short(&self) -> &str {
         self.id()
+    }
+
+    /// What a call requires, as answers and record lines carry it: the action, the resource's
+    /// [`display`](Self::display) text, and what that text leaves out (a file's namespace).
+    pub fn requirement(&self, action: &str) -> Requirement {
+        Requirement {
+            action: action.to_owned(),
+            resource: self.display(),
+            namespace: match self {
+                Resource::File { namespace, .. } => Some(namespace.clone()),
+                Resource::Tool { .. } => None,
+            },
+        }
     }
 }
