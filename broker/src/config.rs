@@ -351,6 +351,11 @@ impl Config {
         })
     }
 
+    /// Where the embedded default laid out in `dir` keeps its record (nothing is created).
+    pub fn embedded_record(dir: &Path) -> PathBuf {
+        dir.join("record.jsonl")
+    }
+
     /// The embedded default, laid out in `dir`: `data/public/hello.txt`,
     /// `data/private/secret.txt`, `policy.cedar`, `record.jsonl`. Existing files are kept.
     pub fn embedded(dir: &Path) -> Result<Self, ConfigError> {
@@ -379,7 +384,7 @@ impl Config {
         }
         Ok(Config {
             source: "<embedded default>".into(),
-            record: dir.join("record.jsonl"),
+            record: Self::embedded_record(dir),
             record_sync: RecordSync::Always,
             policy: dir.join("policy.cedar"),
             schema: None,
