@@ -338,6 +338,7 @@ fn call_line(i: u64) -> Event {
         requirement: Some(sharedos_proto::Requirement {
             action: "read".into(),
             resource: "SharedOS::File::\"/public/hello.txt\"".into(),
+            namespace: Some("files".into()),
         }),
         outcome: "succeeded".into(),
         code: "ok".into(),

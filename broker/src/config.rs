@@ -392,6 +392,11 @@ impl Config {
         })
     }
 
+    /// Where the embedded default laid out in `dir` keeps its record (nothing is created).
+    pub fn embedded_record(dir: &Path) -> PathBuf {
+        dir.join("record.jsonl")
+    }
+
     /// The embedded default, laid out in `dir`: `data/public/hello.txt`,
     /// `data/private/secret.txt`, `policy.cedar`, `record.jsonl`. Existing files are kept.
     pub fn embedded(dir: &Path) -> Result<Self, ConfigError> {
@@ -420,8 +425,8 @@ impl Config {
         }
         Ok(Config {
             source: "<embedded default>".into(),
-            record: dir.join("record.jsonl"),
-            record_signing_key: default_signing_key(&dir.join("record.jsonl")),
+            record: Self::embedded_record(dir),
+            record_signing_key: default_signing_key(&Self::embedded_record(dir)),
             record_checkpoint_interval: Duration::from_secs(DEFAULT_CHECKPOINT_SECONDS),
             record_rotate_bytes: None,
             record_rotate_age: None,

@@ -291,10 +291,7 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest) -> ControlResponse {
                         resolved.resource.short(),
                         policies.join(", ")
                     ),
-                    requirement: Some(sharedos_proto::Requirement {
-                        action: resolved.action,
-                        resource: resolved.resource.display(),
-                    }),
+                    requirement: Some(resolved.resource.requirement(&resolved.action)),
                     policies,
                 },
             }

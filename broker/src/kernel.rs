@@ -204,10 +204,7 @@ pub struct Kernel {
 }
 
 fn requirement_of(resolved: &Resolved) -> Requirement {
-    Requirement {
-        action: resolved.action.clone(),
-        resource: resolved.resource.display(),
-    }
+    resolved.resource.requirement(&resolved.action)
 }
 
 /// Everything `invoke` needs to know about where a call came from.

@@ -15,7 +15,9 @@
 //! 4. [`assemble`]: the composition root, config → kernel, the only module naming concrete
 //!    providers, over [`error`] (why a start failed, wrapping the errors of the floors below);
 //!    [`turn`]: the turn table, tokens, lifecycle.
-//! 5. [`kernel`]: registry, per-context catalogue, `check` and `invoke` (the single call path).
+//! 5. [`kernel`]: registry, per-context catalogue, `check` and `invoke` (the single call path);
+//!    [`replay`]: the record's calls decided again under another policy set, offline (`policy
+//!    replay`), beside the kernel and apart from it: it reads a record, never the running broker.
 //! 6. [`files`] (the built-in files provider, over [`beneath`] and [`vpath`]) and [`upstream`]
 //!    (brokered MCP servers, with [`pins`]): the concrete providers. The kernel never imports
 //!    them; they and the kernel meet only in
@@ -44,6 +46,7 @@ pub mod pins;
 pub mod policy;
 pub mod provider;
 pub mod record;
+pub mod replay;
 pub mod resource;
 pub mod server;
 pub mod state;

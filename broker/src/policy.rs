@@ -69,6 +69,25 @@ impl AccessContext {
             .as_deref()
             .and_then(|t| serde_json::from_str(t).ok())
     }
+
+    /// The context a `turn_opened` line recorded: the inverse of what the record keeps of it
+    /// (the attributes back to their canonical JSON text).
+    pub fn from_recorded(
+        recorded: &sharedos_proto::record::RecordedAccessContext,
+    ) -> Result<Self, String> {
+        let turn = recorded
+            .turn
+            .as_ref()
+            .map(sharedos_proto::catalog::canonical_json)
+            .transpose()
+            .map_err(|e| format!("the turn's attributes: {e}"))?;
+        Ok(Self {
+            principal: recorded.principal.clone(),
+            agent: recorded.agent.clone(),
+            agent_owner: recorded.agent_owner.clone(),
+            turn,
+        })
+    }
 }
 
 /// A JSON value of a turn attribute as a Cedar value: strings, booleans, integers, sets and
@@ -1381,5 +1400,35 @@ when { resource.path like "*/secret*" };
             e.decide(&pv, &AccessContext::new("user7", None), "read", &file("/x"))
                 .allowed
         );
+    }
+
+    #[test]
+    fn a_recorded_context_is_the_context_again() {
+        let attrs = serde_json::json!({"purpose": "p", "project": "x", "n": 7, "tags": ["b", "a"]});
+        let ctx = AccessContext {
+            principal: "alice".into(),
+            agent: Some("helper".into()),
+            agent_owner: Some("alice".into()),
+            turn: Some(sharedos_proto::catalog::canonical_json(&attrs).expect("canonical")),
+        };
+        // What `turn_opened` records of it (see `turn::opened_record`).
+        let recorded = sharedos_proto::record::RecordedAccessContext {
+            principal: ctx.principal.clone(),
+            agent: ctx.agent.clone(),
+            agent_owner: ctx.agent_owner.clone(),
+            turn: ctx.turn_attributes(),
+        };
+        let line = serde_json::to_string(&recorded).expect("ser");
+        let read: sharedos_proto::record::RecordedAccessContext =
+            serde_json::from_str(&line).expect("de");
+        assert_eq!(AccessContext::from_recorded(&read), Ok(ctx));
+        let plain = AccessContext::new("bob", None);
+        let recorded = sharedos_proto::record::RecordedAccessContext {
+            principal: "bob".into(),
+            agent: None,
+            agent_owner: None,
+            turn: None,
+        };
+        assert_eq!(AccessContext::from_recorded(&recorded), Ok(plain));
     }
 }

@@ -16,6 +16,7 @@ const FLOORS: &[(&str, f32)] = &[
     ("error", 4.5),
     ("turn", 4.0),
     ("kernel", 5.0),
+    ("replay", 5.0),
     ("files", 6.0),
     ("upstream", 6.0),
     ("beneath", 6.5),

@@ -106,7 +106,7 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Check a decision or reload the policy.
+    /// Check a decision, reload the policy, or replay the record under another policy file.
     #[command(subcommand)]
     Policy(PolicyCommand),
     /// Each provider: its state (starting, ready, restarting, drifted, failed), tools and
@@ -312,6 +312,41 @@ pub enum PolicyCommand {
     },
     /// Re-read the policy file; a file that fails to parse or validate is refused and the old set stays.
     Reload,
+    /// Decide the recorded calls again under another policy file and print each whose decision
+    /// would change. Exit status 0 when none would, 3 when some would.
+    ///
+    /// Try a changed policy against real traffic before reloading it: every call of the record is
+    /// decided again in its turn's recorded context, and each call whose decision would change
+    /// (allowed → denied, denied → allowed) is printed, by tool and by the policies that would
+    /// decide it now. What is compared is the Cedar decision of each call that reached it (it
+    /// ran, or was denied `no_permit` or `forbidden`); calls refused before it (a malformed name,
+    /// a tool not in the turn's catalogue, invalid arguments, an unresolvable path) are counted
+    /// and skipped, and the catalogue a turn would get is not recomputed. Reads the record file
+    /// itself: no broker needs to run.
+    Replay(Box<ReplayArgs>),
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The policy file to try (Cedar); it must validate against the schema, as for a reload.
+    #[arg(long, value_name = "FILE")]
+    pub policy: PathBuf,
+    /// The record to read (JSON Lines); its rotated files (`<record>.<first seq>`) are read
+    /// first, in order. Repeat it to read several records, oldest first.
+    /// Default: the record of --config, else the embedded default's (<runtime dir>/default/record.jsonl).
+    #[arg(long, value_name = "FILE")]
+    pub record: Vec<PathBuf>,
+    /// The broker's config file (TOML): its record and its Cedar schema. Without it: the
+    /// embedded default's (the built-in schema).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Only calls recorded at or after this time (RFC 3339, like 2026-12-03T16:00:00Z); turns
+    /// opened before it still give their calls' contexts.
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+    /// Print one JSON object: the counts and every change.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `--attr` values: KEY=VALUE (a string) or KEY:=JSON (any JSON value).
@@ -417,6 +452,10 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         "warn"
     };
     let _guard = init_logging(default_level, log_file.as_deref())?;
+    // Offline: it reads a record file, and needs neither a broker nor a runtime.
+    if let Command::Policy(PolicyCommand::Replay(args)) = cli.command {
+        return crate::replay::run(*args, &default_dir(&runtime_dir));
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -442,6 +481,11 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Where `serve` without --config lays out the embedded default.
+fn default_dir(runtime_dir: &Path) -> PathBuf {
+    runtime_dir.join("default")
+}
+
 async fn serve(
     config: Option<PathBuf>,
     runtime_dir: PathBuf,
@@ -449,7 +493,7 @@ async fn serve(
 ) -> anyhow::Result<ExitCode> {
     let mut config = match config {
         Some(path) => Config::from_file(&path)?,
-        None => Config::embedded(&runtime_dir.join("default"))?,
+        None => Config::embedded(&default_dir(&runtime_dir))?,
     };
     config.redact_arguments |= redact_arguments;
     let shutdown = CancellationToken::new();
@@ -521,7 +565,7 @@ fn unexpected(r: ControlResponse) -> anyhow::Error {
     anyhow::anyhow!("unexpected answer from the broker: {r:?}")
 }
 
-fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+pub(crate) fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
     outln!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
@@ -930,7 +974,8 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
         Command::Serve { .. }
         | Command::Demo
         | Command::ScriptedModel { .. }
-        | Command::Column(_) => {
+        | Command::Column(_)
+        | Command::Policy(PolicyCommand::Replay(_)) => {
             bail!("not a host command")
         }
     }

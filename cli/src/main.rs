@@ -4,6 +4,7 @@ use clap::Parser;
 
 mod cli;
 mod demo;
+mod replay;
 
 /// jemalloc instead of glibc's malloc. Measured (bench/NOTES.md): with glibc, a decision cost
 /// more as the process held more policies (13.4 µs with 10, 22 µs with 10,000, for the same five

@@ -138,6 +138,12 @@ pub struct Requirement {
     pub action: String,
     /// The resource, as `Type::"id"` text for people (`SharedOS::File::"/public/a.txt"`).
     pub resource: String,
+    /// For a `SharedOS::File`: its `namespace` attribute (the provider's namespace), which the
+    /// text of `resource` does not show and a policy may test. With it the record holds every
+    /// input of the decision (`policy replay` decides a recorded call again). Absent for other
+    /// resources, and on lines written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
 }
 
 #[cfg(test)]

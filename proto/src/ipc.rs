@@ -527,6 +527,7 @@ mod tests {
             requirement: Some(Requirement {
                 action: "read".into(),
                 resource: "SharedOS::File::\"/private/a\"".into(),
+                namespace: Some("files".into()),
             }),
             policies: vec![],
         };
@@ -534,6 +535,8 @@ mod tests {
         assert_eq!(m["outcome"], "denied");
         assert_eq!(m["code"], "no_permit");
         assert_eq!(m["action"], "read");
+        // The harness's view is unchanged: the namespace is the record's, not `_meta`'s.
+        assert!(!m.contains_key("namespace"));
         let wire = serde_json::to_value(&a).expect("ser");
         assert_eq!(wire["outcome"], "denied");
         assert_eq!(wire["code"], "no_permit");

@@ -262,6 +262,7 @@ mod tests {
             requirement: Some(Requirement {
                 action: "read".into(),
                 resource: "SharedOS::File::\"/x\"".into(),
+                namespace: Some("files".into()),
             }),
             policies: vec![],
         }

@@ -19,6 +19,7 @@ mod names;
 mod outside_client;
 mod races;
 mod readme;
+mod replay;
 mod robustness;
 mod security;
 mod turns;
