@@ -663,6 +663,7 @@ impl Recorder {
         let seq = st.next_seq;
         let at = now_rfc3339();
         let prev = st.prev.map(|h| hex(&h));
+        let is_checkpoint = matches!(body, Body::Checkpoint(_));
         let signed;
         let body: &[u8] = match body {
             Body::Event(b) => b,
@@ -692,7 +693,6 @@ impl Recorder {
                 &signed
             }
         };
-        let is_checkpoint = body.starts_with(b"{\"kind\":\"checkpoint\"");
         let mut line = Vec::with_capacity(body.len() + 150);
         line.extend_from_slice(b"{\"seq\":");
         line.extend_from_slice(seq.to_string().as_bytes());
