@@ -130,6 +130,9 @@ pub(crate) async fn build(
         config.call_timeout,
     );
     kernel.record_max_argument_bytes = config.record_max_argument_bytes;
+    if let Some(otel) = crate::telemetry::effective(config.otel.as_ref()) {
+        kernel.telemetry = crate::telemetry::Telemetry::start(&otel)?;
+    }
     Ok((kernel, recovery))
 }
 

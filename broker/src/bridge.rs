@@ -277,6 +277,8 @@ fn salvage_call(u: sharedos_ipc::Undecodable) -> Result<BridgeRequest, IpcError>
             arguments: None,
             request_id,
             rejected_arguments: Some(format!("the broker could not decode the call: {why}")),
+            traceparent: None,
+            tracestate: None,
         },
     })
 }

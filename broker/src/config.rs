@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::record::RecordSync;
+use crate::telemetry::OtelSettings;
 
 /// The embedded default policy: `alice` may read, list and search `/public/...`, and search from
 /// `/` (as `files.search` does when no path is given), which returns only the files she may read.
@@ -231,6 +232,9 @@ struct RawConfig {
     pins: Option<PathBuf>,
     #[serde(default)]
     providers: Vec<ProviderConfig>,
+    /// OpenTelemetry export (off unless present or `OTEL_EXPORTER_OTLP_*ENDPOINT` is set).
+    #[serde(default)]
+    otel: Option<OtelSettings>,
 }
 
 /// A resolved configuration (all paths absolute or relative to the working directory).
@@ -270,6 +274,8 @@ pub struct Config {
     pub call_timeout: Duration,
     pub pins: Option<PathBuf>,
     pub providers: Vec<ProviderConfig>,
+    /// The `[otel]` section, as written (`telemetry::effective` adds the standard variables).
+    pub otel: Option<OtelSettings>,
     /// The folder relative paths in provider entries resolve against.
     pub base: PathBuf,
 }
@@ -388,6 +394,7 @@ impl Config {
                 })
                 .collect(),
             pins: raw.pins.as_deref().map(rel),
+            otel: raw.otel,
             base: base.to_path_buf(),
         })
     }
@@ -449,6 +456,7 @@ impl Config {
                 latency_ms: None,
             }],
             pins: None,
+            otel: None,
             base: dir.to_path_buf(),
         })
     }
@@ -457,6 +465,31 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_otel_section() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("broker.toml");
+        let base = "record = \"r.jsonl\"\npolicy = \"p.cedar\"\n[[providers]]\ntype = \"files\"\nroot = \"data\"\n";
+        std::fs::write(&path, base).expect("w");
+        assert_eq!(Config::from_file(&path).expect("config").otel, None);
+        std::fs::write(
+            &path,
+            format!("{base}[otel]\nendpoint = \"http://127.0.0.1:4318\"\nprincipal = false\n"),
+        )
+        .expect("w");
+        let otel = Config::from_file(&path)
+            .expect("config")
+            .otel
+            .expect("otel");
+        assert_eq!(otel.endpoint.as_deref(), Some("http://127.0.0.1:4318"));
+        assert!(!otel.principal && otel.metrics && otel.enabled);
+        std::fs::write(&path, format!("{base}[otel]\nendpont = \"x\"\n")).expect("w");
+        let e = Config::from_file(&path)
+            .expect_err("unknown key")
+            .to_string();
+        assert!(e.contains("endpont"), "{e}");
+    }
 
     #[test]
     fn relative_paths_and_errors() {

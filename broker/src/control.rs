@@ -296,6 +296,7 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest) -> ControlResponse {
                 },
             }
         }
+        ControlRequest::Telemetry => ControlResponse::Telemetry(broker.kernel.telemetry.stats()),
         ControlRequest::Providers => ControlResponse::Providers {
             providers: broker.kernel.provider_statuses(),
         },

@@ -20,6 +20,8 @@ pub enum StartError {
     Files(#[from] FilesConfigError),
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Telemetry(#[from] crate::telemetry::TelemetryError),
     #[error("provider `{namespace}` (config `{config}`): {detail}")]
     Provider {
         namespace: String,

@@ -29,6 +29,7 @@ use crate::provider::{
 };
 use crate::record::Recorder;
 use crate::resource::Resource;
+use crate::telemetry::{CallSpan, Telemetry};
 
 pub use crate::config::DEFAULT_CALL_TIMEOUT;
 
@@ -201,6 +202,8 @@ pub struct Kernel {
     /// The longest any provider may run one call (the built-in timeout or an upstream's own).
     longest_call_timeout: Duration,
     catalogs: Mutex<HashMap<(AccessContext, u64, u64), Arc<Catalog>>>,
+    /// OpenTelemetry export (off unless configured): fed after each call's line is written.
+    pub telemetry: Telemetry,
 }
 
 fn requirement_of(resolved: &Resolved) -> Requirement {
@@ -241,6 +244,7 @@ impl Kernel {
             call_timeout,
             longest_call_timeout,
             catalogs: Mutex::new(HashMap::new()),
+            telemetry: Telemetry::off(),
         }
     }
 
@@ -718,7 +722,39 @@ impl Kernel {
                 call.tool
             ));
         }
+        if self.telemetry.enabled() {
+            self.telemetry
+                .call(self.call_span(site, call, &answer, duration));
+        }
         answer
+    }
+
+    /// What the export thread needs of a finished call (export on only).
+    fn call_span(
+        &self,
+        site: &CallSite<'_>,
+        call: &ToolCall,
+        answer: &CallAnswer,
+        duration: Duration,
+    ) -> CallSpan {
+        let end = std::time::SystemTime::now();
+        CallSpan {
+            tool: call.tool.clone(),
+            turn: site.turn.to_owned(),
+            call_id: site.call_id.clone(),
+            request_id: call.request_id.clone(),
+            principal: self
+                .telemetry
+                .principal_on()
+                .then(|| site.context.principal.clone()),
+            outcome: answer.outcome.word(),
+            code: answer.outcome.code(),
+            policies: answer.policies.clone(),
+            start: end.checked_sub(duration).unwrap_or(end),
+            end,
+            traceparent: call.traceparent.clone(),
+            tracestate: call.tracestate.clone(),
+        }
     }
 
     /// The execution of a permitted call, and its time limit.
@@ -1037,6 +1073,8 @@ when { resource.path like "*secret*" };
             arguments: Some(args),
             request_id: Some(id.into()),
             rejected_arguments: None,
+            traceparent: None,
+            tracestate: None,
         };
         s.kernel
             .invoke(site, call, CancellationToken::new(), || {

@@ -27,7 +27,8 @@
 //!    and [`config`] (the TOML config and the embedded default); half a floor below them,
 //!    [`chain`]: checking the record's hash chain and signed checkpoints (`records verify`).
 //! 9. Leaves: [`record`] (the durable JSON Lines record of `sharedos_proto::record::Event`s,
-//!    group commit), [`resource`] (what a call touches) and the lock helper.
+//!    group commit), [`resource`] (what a call touches), [`telemetry`] (OpenTelemetry export
+//!    off the call path) and the lock helper.
 //!
 //! `tests/layout.rs` checks this order: every `crate::` path in a module's code names a module
 //! on a lower floor.
@@ -51,6 +52,7 @@ pub mod resource;
 pub mod server;
 pub mod state;
 mod sync;
+pub mod telemetry;
 pub(crate) use sync::lock;
 pub mod turn;
 pub mod upstream;

@@ -177,6 +177,11 @@ pub async fn start(
         uid,
     });
     stop_on_error.disarm();
+    let weak = Arc::downgrade(&broker);
+    broker
+        .kernel
+        .telemetry
+        .count_turns_with(move || weak.upgrade().map_or(0, |b| b.turns.len() as u64));
     let started = Event::BrokerStarted(BrokerStarted {
         version: env!("CARGO_PKG_VERSION").into(),
         tools: broker.kernel.registry().len(),
@@ -207,6 +212,9 @@ pub async fn start(
             tracing::error!(error = %e, "could not sign the record at shutdown");
         }
         b.root.cancel();
+        // Telemetry last: every call's span is queued by now; the thread exports what is left.
+        let kernel = b.kernel.clone();
+        let _ = tokio::task::spawn_blocking(move || kernel.telemetry.shutdown()).await;
         let _ = std::fs::remove_file(runtime::control_socket(&b.runtime_dir));
         let _ = std::fs::remove_file(runtime::bridge_socket(&b.runtime_dir));
         // Give the record writer a moment to finish the last lines, then let the record go (a

@@ -239,6 +239,15 @@ impl Turns {
         Some(turn)
     }
 
+    /// How many turns are open.
+    pub fn len(&self) -> usize {
+        self.by_id.read().map(|m| m.len()).unwrap_or_default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn list(&self) -> Vec<Arc<Turn>> {
         let mut turns: Vec<Arc<Turn>> = self
             .by_id

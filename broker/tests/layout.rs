@@ -28,6 +28,7 @@ const FLOORS: &[(&str, f32)] = &[
     ("chain", 8.5),
     ("record", 9.0),
     ("resource", 9.0),
+    ("telemetry", 9.0),
     ("sync", 9.5),
 ];
 

@@ -119,6 +119,13 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// OpenTelemetry export: whether it is on, where it sends, and the spans queued, exported
+    /// and dropped (queue full, export failed) since the broker started.
+    Telemetry {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// The MCP conformance column: run a real harness CLI against one turn and grade it.
     #[command(subcommand)]
     Column(ColumnCommand),
@@ -911,6 +918,30 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                     outln!("{ns} = {hash}");
                 }
                 outln!("pinned in {path}");
+            }
+            r => return Err(unexpected(r)),
+        },
+        Command::Telemetry { json } => match client.call(&ControlRequest::Telemetry).await? {
+            ControlResponse::Telemetry(stats) => {
+                if json {
+                    print_json(&stats)?;
+                } else if !stats.enabled {
+                    outln!(
+                        "OpenTelemetry export: off (an [otel] section or OTEL_EXPORTER_OTLP_ENDPOINT turns it on)"
+                    );
+                } else {
+                    outln!(
+                        "OpenTelemetry export: on, to {}",
+                        stats.endpoint.as_deref().unwrap_or("?")
+                    );
+                    outln!(
+                        "spans: {} queued, {} exported, {} dropped (queue full), {} dropped (export failed)",
+                        stats.queued,
+                        stats.exported,
+                        stats.dropped_queue_full,
+                        stats.dropped_export_failed
+                    );
+                }
             }
             r => return Err(unexpected(r)),
         },

@@ -26,6 +26,12 @@ pub struct ToolCall {
     /// refuses the call `failed/invalid_arguments` and records it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rejected_arguments: Option<String>,
+    /// The client's W3C trace context (`params._meta.traceparent`, `tracestate`), when it sent
+    /// one as a string: the parent of the call's span when OpenTelemetry export is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
 }
 
 /// Why a call was denied: the kernel processed it and the answer is no.

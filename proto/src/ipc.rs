@@ -444,6 +444,25 @@ pub enum ControlRequest {
     Providers,
     /// Write each brokered provider's current upstream catalogHash to the pin file.
     PinProviders,
+    /// What OpenTelemetry export did: spans queued, exported and dropped.
+    Telemetry,
+}
+
+/// OpenTelemetry export's counts since the broker started (`sharedos-broker telemetry`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TelemetryStats {
+    pub enabled: bool,
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// Spans handed to the export queue.
+    pub queued: u64,
+    /// Spans the backend accepted.
+    pub exported: u64,
+    /// Spans dropped because the queue was full (the call was answered and recorded anyway).
+    pub dropped_queue_full: u64,
+    /// Spans dropped because their export failed (backend down, refused, timed out).
+    pub dropped_export_failed: u64,
 }
 
 /// Broker → host.
@@ -493,6 +512,7 @@ pub enum ControlResponse {
         path: String,
         pins: std::collections::BTreeMap<String, String>,
     },
+    Telemetry(TelemetryStats),
     Error {
         code: String,
         message: String,
@@ -595,6 +615,8 @@ mod tests {
                     arguments: Some(serde_json::json!({"path": "/public/a.txt"})),
                     request_id: Some("7".into()),
                     rejected_arguments: None,
+                    traceparent: None,
+                    tracestate: None,
                 },
             },
             BridgeRequest::Hello {

@@ -37,6 +37,7 @@ impl Caller {
             arguments,
             rejected: rejected_arguments,
             protocol: _,
+            trace,
         } = referral;
         // A portable name is mapped back to the canonical one; any other string goes as sent.
         let tool = match &self.portable {
@@ -48,6 +49,8 @@ impl Caller {
             arguments,
             request_id: id.and_then(request_id_text),
             rejected_arguments,
+            traceparent: trace.parent,
+            tracestate: trace.state,
         };
         match self.link.call(call, cancel).await {
             Some(Ok(answer)) => Some(answer),

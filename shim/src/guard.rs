@@ -61,6 +61,35 @@ pub struct Referral {
     /// Why the arguments were not passed on (the line is nested deeper than
     /// [`MAX_LINE_DEPTH`]): the kernel refuses and records the call without them.
     pub rejected: Option<String>,
+    /// The W3C trace context the call carries in `params._meta` (`traceparent`, `tracestate`),
+    /// passed to the broker for the call's span.
+    pub trace: TraceContext,
+}
+
+/// `params._meta.traceparent` and `tracestate`, when they are strings of a sane length (the W3C
+/// limits: a traceparent is 55 characters, a tracestate at most 512).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TraceContext {
+    pub parent: Option<String>,
+    pub state: Option<String>,
+}
+
+impl TraceContext {
+    fn of(meta: Option<&Value>) -> Self {
+        let text = |key: &str, most: usize| {
+            meta.and_then(|m| m.get(key))
+                .and_then(Value::as_str)
+                .filter(|s| s.len() <= most)
+                .map(str::to_owned)
+        };
+        match text("traceparent", 64) {
+            Some(parent) => Self {
+                parent: Some(parent),
+                state: text("tracestate", 512),
+            },
+            None => Self::default(),
+        }
+    }
 }
 
 /// Where a request states its own protocol version.
@@ -135,6 +164,7 @@ pub fn check_oversize(len: usize, prefix: &[u8], sha256: &str) -> Verdict {
             rejected: Some(format!(
                 "the message is {len} bytes (SHA-256 {sha256}); the limit is {MAX_LINE_BYTES} bytes"
             )),
+            trace: TraceContext::default(),
         });
     }
     Verdict::Answer(error(
@@ -276,6 +306,7 @@ fn check_deep_line(line: &[u8], depth: usize) -> Verdict {
                 arguments: None,
                 protocol: None,
                 rejected: Some(why),
+                trace: TraceContext::default(),
             })
         }
         (_, Some(id)) => Verdict::Answer(error(id, INVALID_REQUEST, why)),
@@ -351,12 +382,18 @@ pub fn check_line_fast(line: &[u8]) -> Option<Verdict> {
     };
     Some(match message.method {
         "tools/call" => {
-            let (name, arguments, protocol) = match object {
+            let (name, arguments, protocol, trace) = match object {
                 Some(p) => {
                     let p: CallParams = serde_json::from_str(p.get()).ok()?;
-                    (p.name, p.arguments, stated_protocol(p.meta.as_ref()))
+                    let meta = p.meta.as_ref();
+                    (
+                        p.name,
+                        p.arguments,
+                        stated_protocol(meta),
+                        TraceContext::of(meta),
+                    )
                 }
-                None => (None, None, None),
+                None => (None, None, None, TraceContext::default()),
             };
             Verdict::Refer(Referral {
                 id: message.id,
@@ -364,6 +401,7 @@ pub fn check_line_fast(line: &[u8]) -> Option<Verdict> {
                 arguments,
                 protocol,
                 rejected: None,
+                trace,
             })
         }
         "notifications/cancelled" if message.id.is_none() => {
@@ -480,6 +518,7 @@ pub fn check_line_full(line: &[u8]) -> Verdict {
                 .cloned(),
             protocol: stated_protocol(params.and_then(|p| p.get("_meta"))),
             rejected: None,
+            trace: TraceContext::of(params.and_then(|p| p.get("_meta"))),
         });
     }
     if method == "notifications/cancelled"
@@ -684,6 +723,7 @@ mod tests {
                 arguments: None,
                 protocol: None,
                 rejected: None,
+                trace: TraceContext::default(),
             }
         );
         let r = refer(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":5}}"#);
@@ -718,6 +758,7 @@ mod tests {
                 arguments: Some(json!({"p": 1})),
                 protocol: None,
                 rejected: None,
+                trace: TraceContext::default(),
             }
         );
         // A 2026-07-28 client states its version on the call itself.
@@ -758,6 +799,32 @@ mod tests {
     }
 
     #[test]
+    fn a_call_carries_its_trace_context() {
+        let line = br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","_meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","tracestate":"k=v"}}}"#;
+        for verdict in [check_line(line), check_line_full(line)] {
+            let Verdict::Refer(r) = verdict else {
+                panic!("not referred")
+            };
+            assert_eq!(
+                r.trace,
+                TraceContext {
+                    parent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+                    state: Some("k=v".into()),
+                }
+            );
+        }
+        // Not a string, or too long to be one: none at all.
+        let long = format!(
+            r#"{{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{{"name":"x","_meta":{{"traceparent":"{}"}}}}}}"#,
+            "0".repeat(65)
+        );
+        let Verdict::Refer(r) = check_line(long.as_bytes()) else {
+            panic!("not referred")
+        };
+        assert_eq!(r.trace, TraceContext::default());
+    }
+
+    #[test]
     fn the_fast_check_agrees_with_the_full_one() {
         let settled = [
             &br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#[..],
@@ -776,6 +843,8 @@ mod tests {
             br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":[7]}"#,
             br#"{"jsonrpc":"2.0","id":3,"method":"notifications/cancelled","params":{"requestId":7}}"#,
             br#" {"method":"tools/list","jsonrpc":"2.0","id":9,"result":1} "#,
+            br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","_meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","tracestate":"k=v"}}}"#,
+            br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","_meta":{"traceparent":7,"tracestate":"k=v"}}}"#,
         ];
         for line in settled {
             let fast = check_line_fast(line);

@@ -330,6 +330,8 @@ async fn an_undecodable_call_frame_is_answered_and_recorded_without_closing_the_
                 arguments: Some(json!({"path": "/public/hello.txt"})),
                 request_id: None,
                 rejected_arguments: None,
+                traceparent: None,
+                tracestate: None,
             },
         },
     )
@@ -629,6 +631,8 @@ async fn clients_that_never_read_cannot_grow_the_broker() {
                     arguments: Some(json!({"path": "/public/big.txt"})),
                     request_id: None,
                     rejected_arguments: None,
+                    traceparent: None,
+                    tracestate: None,
                 },
             };
             // The broker stops reading this bridge once its answers back up.
@@ -690,6 +694,8 @@ async fn one_turns_searches_do_not_starve_another_turn() {
                     arguments: Some(json!({"path": "/public/tree", "query": "zzz-nowhere"})),
                     request_id: None,
                     rejected_arguments: None,
+                    traceparent: None,
+                    tracestate: None,
                 },
             };
             let mut done = 0u64;

@@ -81,6 +81,8 @@ pub struct Options {
     pub latency_ms: Option<u64>,
     pub call_timeout_seconds: Option<u64>,
     pub record_sync: &'static str,
+    /// TOML appended to the config as written (a section such as `[otel]`).
+    pub extra: String,
 }
 
 impl Default for Options {
@@ -91,6 +93,7 @@ impl Default for Options {
             latency_ms: None,
             call_timeout_seconds: None,
             record_sync: "always",
+            extra: String::new(),
         }
     }
 }
@@ -126,6 +129,7 @@ pub fn write_config(dir: &Path, opts: &Options) -> PathBuf {
     if let Some(l) = opts.latency_ms {
         toml.push_str(&format!("latency_ms = {l}\n"));
     }
+    toml.push_str(&opts.extra);
     let path = dir.join("broker.toml");
     std::fs::write(&path, toml).expect("write config");
     path

@@ -22,5 +22,6 @@ mod readme;
 mod replay;
 mod robustness;
 mod security;
+mod telemetry;
 mod turns;
 mod upstream;

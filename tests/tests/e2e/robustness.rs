@@ -394,6 +394,8 @@ async fn hostile_clients_on_the_bridge_socket_get_nothing_and_the_broker_keeps_s
             arguments: Some(json!({"path": "/public/hello.txt"})),
             request_id: None,
             rejected_arguments: None,
+            traceparent: None,
+            tracestate: None,
         };
         if tokio::time::timeout(
             Duration::from_millis(200),

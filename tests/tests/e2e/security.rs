@@ -182,6 +182,8 @@ async fn nothing_a_shim_sends_widens_its_turn() {
             arguments: Some(args),
             request_id: None,
             rejected_arguments: None,
+            traceparent: None,
+            tracestate: None,
         },
     };
     write_frame(

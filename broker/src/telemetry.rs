@@ -1,0 +1,715 @@
+//! OpenTelemetry export, off the call path: one span per `tools/call` and a few metrics, sent
+//! over OTLP (HTTP/protobuf) by a thread of its own.
+//!
+//! The call path only hands a [`CallSpan`] to a bounded queue (`try_send`): it never waits for
+//! the exporter, and a full queue drops the span and counts it ([`Stats`]). The JSON Lines record
+//! stays the source of truth; nothing here can delay, fail or drop a record line.
+//!
+//! Spans follow the OpenTelemetry semantic conventions for MCP (`tools/call {tool}`, kind
+//! SERVER, `mcp.method.name`, `gen_ai.tool.name`, `gen_ai.operation.name = execute_tool`,
+//! `network.transport = pipe`, `jsonrpc.request.id`, `error.type`), with the client's W3C
+//! trace context (`params._meta.traceparent`/`tracestate`) as the remote parent, plus the
+//! decision the conventions lack: `sharedos.outcome`, `sharedos.code`, `sharedos.policies`,
+//! `sharedos.turn`, `sharedos.call_id` and `sharedos.principal` (`principal = false` leaves it
+//! out). Metrics: `mcp.server.operation.duration` (s), `sharedos.tool.calls` by tool, outcome and
+//! code, `sharedos.turns.open`.
+//!
+//! Why spans are built here as `SpanData` and handed to the OTLP exporter directly, rather than
+//! through the SDK's tracer and batch processor: the processor has its own queue whose drops are
+//! not counted where an operator can read them, and a span's times and parent come from the
+//! call, which finished before the span is made.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::{
+    SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceState,
+};
+use opentelemetry::{InstrumentationScope, KeyValue, StringValue, Value as OtelValue};
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{
+    IdGenerator, RandomIdGenerator, SpanData, SpanEvents, SpanExporter, SpanLinks,
+};
+use serde::Deserialize;
+use sharedos_proto::ipc::TelemetryStats;
+
+/// Spans waiting for the export thread, unless the config says.
+pub const DEFAULT_QUEUE: usize = 4096;
+/// Most spans in one export request.
+const MAX_BATCH: usize = 512;
+/// A tool name longer than this (a malformed one can be anything) is cut in telemetry.
+const MAX_NAME_CHARS: usize = 128;
+
+/// The `[otel]` section of the config.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OtelSettings {
+    /// `false` turns export off even when `OTEL_EXPORTER_OTLP_*` variables are set.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// The OTLP/HTTP base URL (`http://127.0.0.1:4318`); `/v1/traces` and `/v1/metrics` are
+    /// added. Default: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `OTEL_EXPORTER_OTLP_ENDPOINT`, then
+    /// `http://localhost:4318`.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// Extra request headers (added to `OTEL_EXPORTER_OTLP_HEADERS`).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// `service.name`; default `OTEL_SERVICE_NAME`, then `sharedos-broker`.
+    #[serde(default)]
+    pub service_name: Option<String>,
+    /// Put the principal on spans (`sharedos.principal`).
+    #[serde(default = "yes")]
+    pub principal: bool,
+    /// Export metrics as well as spans.
+    #[serde(default = "yes")]
+    pub metrics: bool,
+    /// Spans that may wait for the exporter; more are dropped (and counted).
+    #[serde(default)]
+    pub queue: Option<usize>,
+    /// How long one export request may take.
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+    /// Seconds between metric exports (default `OTEL_METRIC_EXPORT_INTERVAL`, then 60).
+    #[serde(default)]
+    pub metrics_interval_seconds: Option<u64>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for OtelSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            endpoint: None,
+            headers: BTreeMap::new(),
+            service_name: None,
+            principal: true,
+            metrics: true,
+            queue: None,
+            timeout_seconds: None,
+            metrics_interval_seconds: None,
+        }
+    }
+}
+
+/// Whether to export, and how: the config's `[otel]` section, else the standard variables
+/// (`OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` set turns it on;
+/// `OTEL_SDK_DISABLED=true` turns it off). `None`: off.
+pub fn effective(section: Option<&OtelSettings>) -> Option<OtelSettings> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    if env("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+        return None;
+    }
+    match section {
+        Some(s) if s.enabled => Some(s.clone()),
+        Some(_) => None,
+        None if env("OTEL_EXPORTER_OTLP_ENDPOINT").is_some()
+            || env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some() =>
+        {
+            Some(OtelSettings::default())
+        }
+        None => None,
+    }
+}
+
+/// One finished call, as the export thread needs it.
+#[derive(Debug, Clone)]
+pub struct CallSpan {
+    pub tool: String,
+    pub turn: String,
+    pub call_id: String,
+    pub request_id: Option<String>,
+    /// `None` when the config leaves the principal out.
+    pub principal: Option<String>,
+    pub outcome: &'static str,
+    pub code: String,
+    pub policies: Vec<String>,
+    pub start: SystemTime,
+    pub end: SystemTime,
+    /// The client's W3C trace context, as sent in `params._meta`.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+}
+
+/// What happened to the spans handed to the exporter.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub queued: AtomicU64,
+    pub exported: AtomicU64,
+    pub dropped_queue_full: AtomicU64,
+    pub dropped_export_failed: AtomicU64,
+}
+
+type TurnCount = Box<dyn Fn() -> u64 + Send + Sync>;
+
+/// The exporter's handle; off (no thread, nothing done per call) unless started.
+#[derive(Default)]
+pub struct Telemetry {
+    inner: Option<Inner>,
+}
+
+struct Inner {
+    tx: SyncSender<CallSpan>,
+    stats: Arc<Stats>,
+    principal: bool,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    turns: Arc<OnceLock<TurnCount>>,
+    endpoint: String,
+}
+
+/// Why export could not start (a config or variable it cannot use).
+#[derive(Debug, thiserror::Error)]
+#[error("[otel]: {0}")]
+pub struct TelemetryError(String);
+
+impl Telemetry {
+    /// Export off: every method is a no-op.
+    pub fn off() -> Self {
+        Self { inner: None }
+    }
+
+    /// Starts the export thread, which builds the exporters (their HTTP client must not live
+    /// on the async runtime) and says whether it could.
+    pub fn start(settings: &OtelSettings) -> Result<Self, TelemetryError> {
+        check_protocol()?;
+        let endpoint = settings.endpoint.as_ref().map(|e| e.trim_end_matches('/'));
+        let shown = endpoint.map(str::to_owned).unwrap_or_else(|| {
+            std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT"))
+                .unwrap_or_else(|_| "http://localhost:4318".into())
+        });
+        if let Some(e) = endpoint
+            && !(e.starts_with("http://") || e.starts_with("https://"))
+        {
+            return Err(TelemetryError(format!(
+                "endpoint = {e:?}: give an http:// URL (OTLP over HTTP, e.g. http://127.0.0.1:4318)"
+            )));
+        }
+        if endpoint.is_some_and(|e| e.starts_with("https://")) || shown.starts_with("https://") {
+            return Err(TelemetryError(format!(
+                "endpoint {shown}: this build exports over plain HTTP only (no TLS stack); send to a local collector"
+            )));
+        }
+        let queue = settings.queue.unwrap_or(DEFAULT_QUEUE);
+        if queue == 0 {
+            return Err(TelemetryError("queue = 0: give at least 1".into()));
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(queue);
+        let stats = Arc::new(Stats::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let turns: Arc<OnceLock<TurnCount>> = Arc::new(OnceLock::new());
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let worker = Worker {
+            rx,
+            settings: settings.clone(),
+            stats: stats.clone(),
+            stop: stop.clone(),
+            turns: turns.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("otel-export".into())
+            .spawn(move || worker.run(ready_tx))
+            .map_err(|e| TelemetryError(format!("cannot start the export thread: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(TelemetryError(e));
+            }
+            Err(_) => return Err(TelemetryError("the export thread ended at start".into())),
+        }
+        tracing::info!(endpoint = %shown, queue, "OpenTelemetry export on");
+        Ok(Self {
+            inner: Some(Inner {
+                tx,
+                stats,
+                principal: settings.principal,
+                stop,
+                thread: Mutex::new(Some(thread)),
+                turns,
+                endpoint: shown,
+            }),
+        })
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.inner.is_some()
+    }
+
+    /// Whether spans carry the principal.
+    pub fn principal_on(&self) -> bool {
+        self.inner.as_ref().is_some_and(|i| i.principal)
+    }
+
+    /// Hands a finished call to the export thread; never waits. A full queue drops it (counted).
+    pub fn call(&self, span: CallSpan) {
+        let Some(inner) = &self.inner else { return };
+        match inner.tx.try_send(span) {
+            Ok(()) => inner.stats.queued.fetch_add(1, Ordering::Relaxed),
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => inner
+                .stats
+                .dropped_queue_full
+                .fetch_add(1, Ordering::Relaxed),
+        };
+    }
+
+    /// Where `sharedos.turns.open` reads the number of open turns (set once, by the server).
+    pub fn count_turns_with(&self, count: impl Fn() -> u64 + Send + Sync + 'static) {
+        if let Some(inner) = &self.inner {
+            let _ = inner.turns.set(Box::new(count));
+        }
+    }
+
+    pub fn stats(&self) -> TelemetryStats {
+        match &self.inner {
+            None => TelemetryStats {
+                enabled: false,
+                endpoint: None,
+                queued: 0,
+                exported: 0,
+                dropped_queue_full: 0,
+                dropped_export_failed: 0,
+            },
+            Some(i) => TelemetryStats {
+                enabled: true,
+                endpoint: Some(i.endpoint.clone()),
+                queued: i.stats.queued.load(Ordering::Relaxed),
+                exported: i.stats.exported.load(Ordering::Relaxed),
+                dropped_queue_full: i.stats.dropped_queue_full.load(Ordering::Relaxed),
+                dropped_export_failed: i.stats.dropped_export_failed.load(Ordering::Relaxed),
+            },
+        }
+    }
+
+    /// Exports what is queued and stops the thread (blocking; at most about one export
+    /// timeout per pending batch and the metric flush).
+    pub fn shutdown(&self) {
+        let Some(inner) = &self.inner else { return };
+        inner.stop.store(true, Ordering::Relaxed);
+        let thread = crate::lock(&inner.thread).take();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+        let s = self.stats();
+        tracing::info!(
+            exported = s.exported,
+            dropped_queue_full = s.dropped_queue_full,
+            dropped_export_failed = s.dropped_export_failed,
+            "OpenTelemetry export stopped"
+        );
+    }
+}
+
+/// Only OTLP over HTTP/protobuf is built in: a variable asking for another protocol is an error,
+/// not a silent switch.
+fn check_protocol() -> Result<(), TelemetryError> {
+    for var in [
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+    ] {
+        if let Ok(v) = std::env::var(var)
+            && !v.is_empty()
+            && v != "http/protobuf"
+        {
+            return Err(TelemetryError(format!(
+                "{var}={v}: this broker exports OTLP over http/protobuf only"
+            )));
+        }
+    }
+    Ok(())
+}
+
+struct Worker {
+    rx: Receiver<CallSpan>,
+    settings: OtelSettings,
+    stats: Arc<Stats>,
+    stop: Arc<AtomicBool>,
+    turns: Arc<OnceLock<TurnCount>>,
+}
+
+struct Instruments {
+    provider: SdkMeterProvider,
+    duration: opentelemetry::metrics::Histogram<f64>,
+    calls: opentelemetry::metrics::Counter<u64>,
+}
+
+impl Worker {
+    fn run(self, ready: std::sync::mpsc::Sender<Result<(), String>>) {
+        let (exporter, instruments) = match self.build() {
+            Ok(built) => built,
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let _ = ready.send(Ok(()));
+        let ids = RandomIdGenerator::default();
+        let scope = InstrumentationScope::builder("sharedos-broker")
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build();
+        let mut failing = false;
+        loop {
+            let first = match self.rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(s) => s,
+                Err(RecvTimeoutError::Timeout) if !self.stop.load(Ordering::Relaxed) => continue,
+                Err(_) => match self.rx.try_recv() {
+                    Ok(s) => s,
+                    Err(_) => break,
+                },
+            };
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match self.rx.try_recv() {
+                    Ok(s) => batch.push(s),
+                    Err(_) => break,
+                }
+            }
+            let n = batch.len() as u64;
+            let spans: Vec<SpanData> = batch
+                .into_iter()
+                .map(|s| {
+                    if let Some(m) = &instruments {
+                        m.record(&s);
+                    }
+                    span_data(s, &ids, &scope)
+                })
+                .collect();
+            match futures_executor::block_on(exporter.export(spans)) {
+                Ok(()) => {
+                    self.stats.exported.fetch_add(n, Ordering::Relaxed);
+                    if failing {
+                        tracing::info!("OpenTelemetry export works again");
+                        failing = false;
+                    }
+                }
+                Err(e) => {
+                    self.stats
+                        .dropped_export_failed
+                        .fetch_add(n, Ordering::Relaxed);
+                    if !failing {
+                        tracing::warn!(error = %e, "OpenTelemetry export failed: spans are dropped (counted) until it works again; the record is unaffected");
+                        failing = true;
+                    }
+                }
+            }
+        }
+        let _ = exporter.shutdown();
+        if let Some(m) = instruments {
+            let _ = m.provider.shutdown();
+        }
+    }
+
+    fn build(&self) -> Result<(opentelemetry_otlp::SpanExporter, Option<Instruments>), String> {
+        let s = &self.settings;
+        let base = s.endpoint.as_ref().map(|e| e.trim_end_matches('/'));
+        let timeout = Duration::from_secs(s.timeout_seconds.unwrap_or(5).max(1));
+        let headers: HashMap<String, String> = s
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut resource = Resource::builder();
+        if let Some(name) = &s.service_name {
+            resource = resource.with_service_name(name.clone());
+        } else if std::env::var("OTEL_SERVICE_NAME").is_err() {
+            resource = resource.with_service_name("sharedos-broker");
+        }
+        let resource = resource.build();
+        let mut spans = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_timeout(timeout)
+            .with_headers(headers.clone());
+        if let Some(b) = base {
+            spans = spans.with_endpoint(format!("{b}/v1/traces"));
+        }
+        let mut exporter = spans
+            .build()
+            .map_err(|e| format!("cannot build the span exporter: {e}"))?;
+        exporter.set_resource(&resource);
+        let instruments = if s.metrics {
+            let mut metrics = opentelemetry_otlp::MetricExporter::builder()
+                .with_http()
+                .with_timeout(timeout)
+                .with_headers(headers);
+            if let Some(b) = base {
+                metrics = metrics.with_endpoint(format!("{b}/v1/metrics"));
+            }
+            let metrics = metrics
+                .build()
+                .map_err(|e| format!("cannot build the metric exporter: {e}"))?;
+            let mut reader = opentelemetry_sdk::metrics::PeriodicReader::builder(metrics);
+            if let Some(secs) = s.metrics_interval_seconds {
+                reader = reader.with_interval(Duration::from_secs(secs.max(1)));
+            }
+            let provider = SdkMeterProvider::builder()
+                .with_resource(resource)
+                .with_reader(reader.build())
+                .build();
+            let meter = opentelemetry::metrics::MeterProvider::meter(&provider, "sharedos-broker");
+            let duration = meter
+                .f64_histogram("mcp.server.operation.duration")
+                .with_unit("s")
+                .with_description("Duration of tools/call as the broker handled it")
+                .build();
+            let calls = meter
+                .u64_counter("sharedos.tool.calls")
+                .with_description("tools/call attempts by tool, outcome and code")
+                .build();
+            let turns = self.turns.clone();
+            let _open = meter
+                .u64_observable_gauge("sharedos.turns.open")
+                .with_description("Turns open now")
+                .with_callback(move |o| {
+                    if let Some(count) = turns.get() {
+                        o.observe(count(), &[]);
+                    }
+                })
+                .build();
+            let stats = self.stats.clone();
+            let _dropped = meter
+                .u64_observable_counter("sharedos.telemetry.spans.dropped")
+                .with_description("Spans dropped: queue full or export failed")
+                .with_callback(move |o| {
+                    let full = stats.dropped_queue_full.load(Ordering::Relaxed);
+                    let failed = stats.dropped_export_failed.load(Ordering::Relaxed);
+                    o.observe(full, &[KeyValue::new("reason", "queue_full")]);
+                    o.observe(failed, &[KeyValue::new("reason", "export_failed")]);
+                })
+                .build();
+            Some(Instruments {
+                provider,
+                duration,
+                calls,
+            })
+        } else {
+            None
+        };
+        Ok((exporter, instruments))
+    }
+}
+
+impl Instruments {
+    fn record(&self, s: &CallSpan) {
+        // A tool the catalogue does not hold is any string a client chose: one bucket for all,
+        // so a hostile client cannot grow the metric's series.
+        let tool = match s.code.as_str() {
+            "malformed_tool_name" | "unpublished_tool" => "(unpublished)".to_owned(),
+            _ => bounded(&s.tool),
+        };
+        let secs = s
+            .end
+            .duration_since(s.start)
+            .unwrap_or_default()
+            .as_secs_f64();
+        let mut attrs = vec![
+            KeyValue::new("mcp.method.name", "tools/call"),
+            KeyValue::new("gen_ai.tool.name", tool.clone()),
+            KeyValue::new("sharedos.outcome", s.outcome),
+        ];
+        if let Some(e) = error_type(s.outcome) {
+            attrs.push(KeyValue::new("error.type", e));
+        }
+        self.duration.record(secs, &attrs);
+        self.calls.add(
+            1,
+            &[
+                KeyValue::new("gen_ai.tool.name", tool),
+                KeyValue::new("sharedos.outcome", s.outcome),
+                KeyValue::new("sharedos.code", s.code.clone()),
+            ],
+        );
+    }
+}
+
+/// `error.type`: the MCP conventions' `tool_error` for a result with `isError: true` (a
+/// refusal or a failure; `sharedos.outcome` and `sharedos.code` say which), `cancelled` for a
+/// call the client cancelled.
+fn error_type(outcome: &str) -> Option<&'static str> {
+    match outcome {
+        "succeeded" => None,
+        "cancelled" => Some("cancelled"),
+        _ => Some("tool_error"),
+    }
+}
+
+fn bounded(name: &str) -> String {
+    match name.char_indices().nth(MAX_NAME_CHARS) {
+        Some((at, _)) => format!("{}…", &name[..at]),
+        None => name.to_owned(),
+    }
+}
+
+/// The remote parent a client sent (`traceparent`, `tracestate`), if it is valid W3C.
+fn remote_parent(traceparent: Option<&str>, tracestate: Option<&str>) -> Option<SpanContext> {
+    let mut carrier = HashMap::new();
+    carrier.insert("traceparent".to_owned(), traceparent?.to_owned());
+    if let Some(s) = tracestate {
+        carrier.insert("tracestate".to_owned(), s.to_owned());
+    }
+    let cx = TraceContextPropagator::new().extract(&carrier);
+    let parent = cx.span().span_context().clone();
+    parent.is_valid().then_some(parent)
+}
+
+fn span_data(s: CallSpan, ids: &RandomIdGenerator, scope: &InstrumentationScope) -> SpanData {
+    let parent = remote_parent(s.traceparent.as_deref(), s.tracestate.as_deref());
+    let tool = bounded(&s.tool);
+    let (trace_id, parent_id, flags, state) = match &parent {
+        Some(p) => (
+            p.trace_id(),
+            p.span_id(),
+            p.trace_flags(),
+            p.trace_state().clone(),
+        ),
+        None => (
+            ids.new_trace_id(),
+            SpanId::INVALID,
+            TraceFlags::SAMPLED,
+            TraceState::default(),
+        ),
+    };
+    let mut attributes = vec![
+        KeyValue::new("mcp.method.name", "tools/call"),
+        KeyValue::new("gen_ai.tool.name", tool.clone()),
+        KeyValue::new("gen_ai.operation.name", "execute_tool"),
+        KeyValue::new("network.transport", "pipe"),
+        KeyValue::new("sharedos.outcome", s.outcome),
+        KeyValue::new("sharedos.code", s.code.clone()),
+        KeyValue::new(
+            "sharedos.policies",
+            OtelValue::Array(
+                s.policies
+                    .into_iter()
+                    .map(StringValue::from)
+                    .collect::<Vec<_>>()
+                    .into(),
+            ),
+        ),
+        KeyValue::new("sharedos.turn", s.turn),
+        KeyValue::new("sharedos.call_id", s.call_id),
+    ];
+    if let Some(id) = s.request_id {
+        attributes.push(KeyValue::new("jsonrpc.request.id", id));
+    }
+    if let Some(p) = s.principal {
+        attributes.push(KeyValue::new("sharedos.principal", p));
+    }
+    let status = match error_type(s.outcome) {
+        Some(e) => {
+            attributes.push(KeyValue::new("error.type", e));
+            Status::Error {
+                description: Cow::Owned(format!("{}/{}", s.outcome, s.code)),
+            }
+        }
+        None => Status::Unset,
+    };
+    SpanData {
+        span_context: SpanContext::new(trace_id, ids.new_span_id(), flags, false, state),
+        parent_span_id: parent_id,
+        parent_span_is_remote: parent.is_some(),
+        span_kind: SpanKind::Server,
+        name: Cow::Owned(format!("tools/call {tool}")),
+        start_time: s.start,
+        end_time: s.end,
+        attributes,
+        dropped_attributes_count: 0,
+        events: SpanEvents::default(),
+        links: SpanLinks::default(),
+        status,
+        instrumentation_scope: scope.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(outcome: &'static str, code: &str, parent: Option<&str>) -> CallSpan {
+        let now = SystemTime::now();
+        CallSpan {
+            tool: "files.read".into(),
+            turn: "t1".into(),
+            call_id: "c1".into(),
+            request_id: Some("7".into()),
+            principal: Some("alice".into()),
+            outcome,
+            code: code.into(),
+            policies: vec!["p1".into()],
+            start: now,
+            end: now + Duration::from_millis(3),
+            traceparent: parent.map(str::to_owned),
+            tracestate: None,
+        }
+    }
+
+    fn attr<'a>(s: &'a SpanData, key: &str) -> Option<&'a OtelValue> {
+        s.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| &kv.value)
+    }
+
+    #[test]
+    fn a_span_takes_the_clients_parent_and_the_decision() {
+        let ids = RandomIdGenerator::default();
+        let scope = InstrumentationScope::builder("t").build();
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let s = span_data(call("denied", "no_permit", Some(parent)), &ids, &scope);
+        assert_eq!(s.name, "tools/call files.read");
+        assert_eq!(
+            s.span_context.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(s.parent_span_id.to_string(), "00f067aa0ba902b7");
+        assert!(s.parent_span_is_remote);
+        assert_eq!(
+            attr(&s, "error.type").map(|v| v.as_str().into_owned()),
+            Some("tool_error".into())
+        );
+        assert_eq!(
+            attr(&s, "sharedos.code").map(|v| v.as_str().into_owned()),
+            Some("no_permit".into())
+        );
+        assert!(matches!(s.status, Status::Error { .. }));
+    }
+
+    #[test]
+    fn a_bad_traceparent_starts_a_new_trace() {
+        let ids = RandomIdGenerator::default();
+        let scope = InstrumentationScope::builder("t").build();
+        let s = span_data(call("succeeded", "ok", Some("00-zz-01")), &ids, &scope);
+        assert_eq!(s.parent_span_id, SpanId::INVALID);
+        assert!(!s.parent_span_is_remote);
+        assert!(attr(&s, "error.type").is_none());
+        assert_eq!(s.status, Status::Unset);
+    }
+
+    #[test]
+    fn a_long_name_is_cut() {
+        let long = "é".repeat(500);
+        let b = bounded(&long);
+        assert_eq!(b.chars().count(), MAX_NAME_CHARS + 1);
+    }
+
+    #[test]
+    fn off_does_nothing() {
+        let t = Telemetry::off();
+        t.call(call("succeeded", "ok", None));
+        assert_eq!(t.stats().queued, 0);
+        assert!(!t.enabled());
+        t.shutdown();
+    }
+}

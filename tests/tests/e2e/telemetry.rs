@@ -1,0 +1,310 @@
+//! OpenTelemetry export against a real OTLP backend: Arize Phoenix (PyPI `arize-phoenix`,
+//! installed by `.ci/install-phoenix`), started here on loopback ports, its spans read back from
+//! its REST API. Then the backend is killed: every call is still answered and recorded, and the
+//! dropped-span count rises.
+//!
+//! Phoenix keeps traces only; it has no OTLP metrics endpoint, and no OTLP metrics receiver can
+//! be installed on these machines (the Collector cannot be built; Debian's Prometheus 2.42
+//! predates its OTLP receiver), so metrics are turned off here and are not tested end to end.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+
+use crate::kit::{Options, Raw, TestBroker, installed, meta, run};
+
+/// A free loopback port (bound, read, released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// `GET path` over HTTP/1.0 (so the body ends with the connection): (status, body).
+async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+struct Phoenix {
+    child: tokio::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Phoenix {
+    async fn start(script: &Path) -> Self {
+        let dir = tempfile::tempdir().expect("tmp");
+        let port = free_port();
+        let child = Command::new(script)
+            .arg("serve")
+            .env("PHOENIX_HOST", "127.0.0.1")
+            .env("PHOENIX_PORT", port.to_string())
+            .env("PHOENIX_GRPC_PORT", free_port().to_string())
+            .env("PHOENIX_WORKING_DIR", dir.path())
+            .env("PHOENIX_TELEMETRY_ENABLED", "false")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("phoenix.log")).expect("log"))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn phoenix");
+        let p = Self {
+            child,
+            port,
+            _dir: dir,
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+        loop {
+            if let Some((200, _)) = get(port, "/healthz").await {
+                return p;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "phoenix did not come up within 180 s: {}",
+                std::fs::read_to_string(p._dir.path().join("phoenix.log")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Every span of the default project.
+    async fn spans(&self) -> Vec<Value> {
+        let mut all = vec![];
+        let mut cursor: Option<String> = None;
+        loop {
+            let path = match &cursor {
+                Some(c) => format!("/v1/projects/default/spans?limit=100&cursor={c}"),
+                None => "/v1/projects/default/spans?limit=100".to_owned(),
+            };
+            let Some((200, body)) = get(self.port, &path).await else {
+                return all;
+            };
+            let v: Value = serde_json::from_str(&body).expect("spans JSON");
+            all.extend(v["data"].as_array().cloned().unwrap_or_default());
+            match v["next_cursor"].as_str() {
+                Some(c) => cursor = Some(c.to_owned()),
+                None => return all,
+            }
+        }
+    }
+}
+
+/// A W3C traceparent for the n-th call: trace `..0n`, parent span `..0n`.
+fn parent(n: u8) -> (String, String, String) {
+    let trace = format!("4bf92f3577b34da6a3ce929d0e0e47{n:02x}");
+    let span = format!("00f067aa0ba902{n:02x}");
+    (format!("00-{trace}-{span}-01"), trace, span)
+}
+
+async fn stats(broker: &TestBroker) -> Value {
+    let mut cmd = broker.cli();
+    cmd.args(["telemetry", "--json"]);
+    let (code, out, err) = run(cmd).await;
+    assert_eq!(code, 0, "telemetry --json: {err}");
+    serde_json::from_str(&out).expect("telemetry JSON")
+}
+
+#[tokio::test]
+#[ignore = "needs Arize Phoenix from .ci/install-phoenix: bash .ci/run installs it and runs this"]
+async fn spans_reach_a_real_backend_and_a_dead_one_costs_no_call() {
+    let Some(env) = installed("phoenix", ".ci/install-phoenix") else {
+        return;
+    };
+    let mut phoenix = Phoenix::start(Path::new(&env["PHOENIX"])).await;
+    let broker = TestBroker::start(Options {
+        // Slow enough that a call can be cancelled while it runs.
+        latency_ms: Some(400),
+        extra: format!(
+            "[otel]\nendpoint = \"http://127.0.0.1:{}\"\nmetrics = false\ntimeout_seconds = 2\n",
+            phoenix.port
+        ),
+        ..Options::default()
+    })
+    .await;
+    let s = stats(&broker).await;
+    assert_eq!(s["enabled"], true, "{s}");
+    let alice = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(alice.token.expose()));
+    raw.initialize("2025-06-18").await;
+
+    // Allowed, denied, failed: each answered; each carries its own client trace context.
+    let calls = [
+        (1, json!({"path": "/public/hello.txt"}), "succeeded", "ok"),
+        (
+            2,
+            json!({"path": "/private/secret.txt"}),
+            "denied",
+            "no_permit",
+        ),
+        (
+            3,
+            json!({"path": "/public/missing.txt"}),
+            "failed",
+            "not_found",
+        ),
+    ];
+    for (id, args, outcome, code) in &calls {
+        let (tp, _, _) = parent(*id as u8);
+        raw.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "files.read", "arguments": args,
+                       "_meta": {"traceparent": tp, "tracestate": "vendor=x"}}}))
+            .await;
+        let r = raw.response(*id).await;
+        assert_eq!(meta(&r["result"])["outcome"], *outcome, "{r}");
+        assert_eq!(meta(&r["result"])["code"], *code, "{r}");
+    }
+    // Cancelled while it runs: no answer, one `cancelled` line.
+    let (tp, _, _) = parent(4);
+    raw.send(json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+        "params": {"name": "files.read", "arguments": {"path": "/public/hello.txt"},
+                   "_meta": {"traceparent": tp}}}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    raw.send(
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 4, "reason": "test"}}),
+    )
+    .await;
+    crate::kit::eventually("the cancelled call's line", || {
+        broker.calls_of(&alice.turn).len() == 4
+    })
+    .await;
+    let outcomes: Vec<Value> = broker
+        .calls_of(&alice.turn)
+        .iter()
+        .map(|c| c["outcome"].clone())
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            json!("succeeded"),
+            json!("denied"),
+            json!("failed"),
+            json!("cancelled")
+        ]
+    );
+
+    // The four spans arrive, with the conventions' attributes, the decision and their parents.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let spans = loop {
+        let spans = phoenix.spans().await;
+        if spans.len() >= 4 {
+            break spans;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {} spans reached phoenix: {spans:?}",
+            spans.len()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(spans.len(), 4, "{spans:#?}");
+    let record = broker.calls_of(&alice.turn);
+    for (n, (outcome, code, error_type)) in [
+        ("succeeded", "ok", None),
+        ("denied", "no_permit", Some("tool_error")),
+        ("failed", "not_found", Some("tool_error")),
+        ("cancelled", "client_cancelled", Some("cancelled")),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (_, trace, parent_span) = parent(n as u8 + 1);
+        let line = &record[n];
+        let span = spans
+            .iter()
+            .find(|s| s["attributes"]["sharedos.call_id"] == line["callId"])
+            .unwrap_or_else(|| panic!("no span for {line}: {spans:#?}"));
+        let a = &span["attributes"];
+        assert_eq!(span["name"], "tools/call files.read", "{span}");
+        // Phoenix shows its own OpenInference kind here (TOOL, from gen_ai.operation.name), not
+        // the OTLP span kind.
+        assert_eq!(span["span_kind"], "TOOL", "{span}");
+        assert_eq!(span["context"]["trace_id"], trace, "{span}");
+        assert_eq!(span["parent_id"], parent_span, "{span}");
+        assert_eq!(a["mcp.method.name"], "tools/call", "{span}");
+        assert_eq!(a["gen_ai.tool.name"], "files.read", "{span}");
+        assert_eq!(a["gen_ai.operation.name"], "execute_tool", "{span}");
+        assert_eq!(a["network.transport"], "pipe", "{span}");
+        assert_eq!(a["jsonrpc.request.id"], (n + 1).to_string(), "{span}");
+        assert_eq!(a["sharedos.outcome"], outcome, "{span}");
+        assert_eq!(a["sharedos.code"], line["code"], "{span}");
+        if outcome != "cancelled" {
+            assert_eq!(a["sharedos.code"], code, "{span}");
+        }
+        assert_eq!(a["sharedos.turn"], alice.turn, "{span}");
+        assert_eq!(a["sharedos.principal"], "alice", "{span}");
+        assert_eq!(a["sharedos.policies"], line["policies"], "{span}");
+        match error_type {
+            Some(e) => {
+                assert_eq!(a["error.type"], e, "{span}");
+                assert_eq!(span["status_code"], "ERROR", "{span}");
+            }
+            None => {
+                assert!(a.get("error.type").is_none(), "{span}");
+                assert_ne!(span["status_code"], "ERROR", "{span}");
+            }
+        }
+    }
+    let s = stats(&broker).await;
+    assert_eq!(
+        (s["queued"].as_u64(), s["exported"].as_u64()),
+        (Some(4), Some(4)),
+        "{s}"
+    );
+
+    // The backend goes away: every call is still answered and recorded; the spans are dropped
+    // and counted.
+    phoenix.child.kill().await.expect("kill phoenix");
+    for id in 10..15 {
+        let r = raw
+            .call(id, "files.read", json!({"path": "/public/hello.txt"}))
+            .await;
+        assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    }
+    assert_eq!(broker.calls_of(&alice.turn).len(), 9);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let s = loop {
+        let s = stats(&broker).await;
+        if s["droppedExportFailed"].as_u64() == Some(5) {
+            break s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "drops not counted: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        (
+            s["queued"].as_u64(),
+            s["exported"].as_u64(),
+            s["droppedQueueFull"].as_u64()
+        ),
+        (Some(9), Some(4), Some(0)),
+        "{s}"
+    );
+    drop(raw.close_stdin().await);
+    broker.close_turn(&alice.turn).await;
+}
