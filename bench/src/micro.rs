@@ -604,3 +604,178 @@ fn process_echo(budget: Budget) -> anyhow::Result<Samples> {
         None => Ok(samples),
     }
 }
+
+/// What the hash chain and OpenTelemetry export add to each call, in CPU.
+pub struct Overheads {
+    /// Bytes of the typical call line the chain hashes.
+    pub line_bytes: usize,
+    /// SHA-256 of that line and its hex form (what the recorder adds per line).
+    pub chain: Samples,
+    /// On the call path with export on: the span built and handed to the queue.
+    pub export_hot: Samples,
+    /// The export thread's CPU (and its HTTP client's), per span exported.
+    pub export_thread_per_span: Duration,
+    pub spans_exported: u64,
+    pub spans_dropped: u64,
+}
+
+/// A stand-in OTLP receiver: answers every HTTP request 200 with an empty body, so the export
+/// thread's work is measured whole (encoding, HTTP) and nothing fails. Not a backend: the
+/// export's correctness is tested against a real one (tests/tests/e2e/telemetry.rs).
+fn otlp_sink() -> anyhow::Result<u16> {
+    use std::io::{BufRead, BufReader, Read};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    std::thread::Builder::new()
+        .name("otlp-sink".into())
+        .spawn(move || {
+            for stream in listener.incoming().flatten() {
+                std::thread::Builder::new()
+                    .name("otlp-sink".into())
+                    .spawn(move || {
+                        let mut out = match stream.try_clone() {
+                            Ok(s) => s,
+                            Err(_) => return,
+                        };
+                        let mut reader = BufReader::new(stream);
+                        loop {
+                            let mut length = 0usize;
+                            let mut line = String::new();
+                            loop {
+                                line.clear();
+                                match reader.read_line(&mut line) {
+                                    Ok(0) | Err(_) => return,
+                                    Ok(_) => {}
+                                }
+                                if line == "\r\n" {
+                                    break;
+                                }
+                                if let Some((k, v)) = line.split_once(':')
+                                    && k.eq_ignore_ascii_case("content-length")
+                                {
+                                    length = v.trim().parse().unwrap_or(0);
+                                }
+                            }
+                            let mut body = vec![0; length];
+                            if reader.read_exact(&mut body).is_err() {
+                                return;
+                            }
+                            let ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                            if out.write_all(ok).is_err() {
+                                return;
+                            }
+                        }
+                    })
+                    .ok();
+            }
+        })?;
+    Ok(port)
+}
+
+/// CPU time of this process's threads whose name starts with one of `prefixes`.
+fn threads_cpu(prefixes: &[&str]) -> Duration {
+    let mut total = Duration::ZERO;
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return total;
+    };
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !prefixes.iter().any(|p| comm.trim_end().starts_with(p)) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 = [11, 12]
+            .iter()
+            .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok()))
+            .sum();
+        total += Duration::from_millis(ticks * 10);
+    }
+    total
+}
+
+pub async fn overheads(budget: Budget, spans: usize) -> anyhow::Result<Overheads> {
+    use sharedos_broker::telemetry::{CallSpan, OtelSettings, Telemetry};
+    let line = record::RecordLine {
+        seq: 1_000_001,
+        at: sharedos_broker::record::now_rfc3339(),
+        prev: Some("ab".repeat(32)),
+        event: call_line(1),
+    };
+    let bytes = serde_json::to_vec(&line)?;
+    let chain = time_loop(budget, || {
+        let h = sharedos_broker::record::line_hash(black_box(&bytes));
+        let mut hex = String::with_capacity(64);
+        for b in h {
+            use std::fmt::Write as _;
+            let _ = write!(hex, "{b:02x}");
+        }
+        black_box(hex);
+    });
+    let port = otlp_sink()?;
+    let settings = OtelSettings {
+        endpoint: Some(format!("http://127.0.0.1:{port}")),
+        ..OtelSettings::default()
+    };
+    let telemetry = tokio::task::spawn_blocking(move || Telemetry::start(&settings)).await??;
+    let template = CallSpan {
+        tool: "files.read".into(),
+        turn: "t-5f0c1e2d3a4b5c6d".into(),
+        call_id: "t-5f0c1e2d3a4b5c6d.1".into(),
+        request_id: Some("1".into()),
+        principal: Some("alice".into()),
+        outcome: "succeeded",
+        code: "ok".into(),
+        policies: vec!["alice-public".into()],
+        start: std::time::SystemTime::now(),
+        end: std::time::SystemTime::now(),
+        traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+        tracestate: None,
+    };
+    // Warm the exporter's connection first.
+    telemetry.call(template.clone());
+    let settled = |t: &Telemetry, n: u64| {
+        let s = t.stats();
+        s.exported + s.dropped_export_failed + s.dropped_queue_full >= n
+    };
+    let deadline = Instant::now() + WAIT;
+    while !settled(&telemetry, 1) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let threads = ["otel-export", "reqwest-internal"];
+    let before = threads_cpu(&threads);
+    let exported_before = telemetry.stats().exported;
+    let mut export_hot = Samples::with_capacity(spans);
+    let mut sent = 1u64;
+    // In chunks smaller than the queue, each drained before the next: what is measured is the
+    // work per span, not drops.
+    for _ in 0..spans.div_ceil(1000) {
+        for _ in 0..1000 {
+            let t = Instant::now();
+            // As the kernel does: clone what the span needs, hand it over.
+            telemetry.call(black_box(&template).clone());
+            export_hot.push(t.elapsed());
+        }
+        sent += 1000;
+        let deadline = Instant::now() + WAIT;
+        while !settled(&telemetry, sent) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    let cpu = threads_cpu(&threads).saturating_sub(before);
+    let stats = telemetry.stats();
+    let exported = stats.exported - exported_before;
+    tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
+    Ok(Overheads {
+        line_bytes: bytes.len(),
+        chain,
+        export_hot,
+        export_thread_per_span: cpu / u32::try_from(exported.max(1)).unwrap_or(u32::MAX),
+        spans_exported: exported,
+        spans_dropped: stats.dropped_export_failed + stats.dropped_queue_full,
+    })
+}

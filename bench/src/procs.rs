@@ -30,6 +30,8 @@ pub struct Bins {
     pub broker: PathBuf,
     pub shim: PathBuf,
     pub direct: PathBuf,
+    /// The thin relay (stdio ↔ Unix socket, no parsing): the floor of one extra process hop.
+    pub relay: PathBuf,
     pub release: bool,
 }
 
@@ -70,9 +72,10 @@ impl Bins {
             broker: dir.join("sharedos-broker"),
             shim: dir.join("sharedos-mcp-shim"),
             direct: dir.join("direct-files-server"),
+            relay: dir.join("relay"),
             release,
         };
-        for p in [&bins.broker, &bins.shim, &bins.direct] {
+        for p in [&bins.broker, &bins.shim, &bins.direct, &bins.relay] {
             if !p.is_file() {
                 bail!(
                     "`{}` is missing: run `cargo build --release --bins -p sharedos-broker-cli -p sharedos-mcp-shim -p sharedos-bench`",
@@ -258,6 +261,61 @@ pub fn direct_command(bins: &Bins, data: &Path) -> Command {
     let mut cmd = Command::new(&bins.direct);
     cmd.arg("--root").arg(data);
     cmd
+}
+
+/// The relay in front of a listening direct server: what an MCP client spawns for the floor.
+pub fn relay_command(bins: &Bins, socket: &Path) -> Command {
+    let mut cmd = Command::new(&bins.relay);
+    cmd.arg(socket);
+    cmd
+}
+
+/// A `direct-files-server --listen SOCKET`: one process, one MCP session per connection (what
+/// the relay reaches, as the shims reach the broker).
+pub struct DirectListener {
+    child: Child,
+    _dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub pid: u32,
+}
+
+impl DirectListener {
+    pub async fn start(bins: &Bins, data: &Path) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("sharedos-bench-direct-")
+            .tempdir()?;
+        let socket = dir.path().join("direct.sock");
+        let mut child = direct_command(bins, data)
+            .arg("--listen")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start direct-files-server --listen")?;
+        let pid = child.id().context("the direct server has no pid")?;
+        let deadline = Instant::now() + WAIT;
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            if let Some(status) = child.try_wait()? {
+                bail!("direct-files-server --listen exited ({status}) before it listened");
+            }
+            if Instant::now() > deadline {
+                bail!("direct-files-server --listen did not listen within {WAIT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(Self {
+            child,
+            _dir: dir,
+            socket,
+            pid,
+        })
+    }
+
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.child.kill().await?;
+        Ok(())
+    }
 }
 
 /// An MCP client (rmcp) connected to a spawned stdio server.

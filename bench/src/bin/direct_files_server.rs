@@ -43,6 +43,10 @@ struct Args {
     /// Serve this many trivial tools instead of the files tools.
     #[arg(long, value_name = "N", conflicts_with = "root")]
     synthetic_tools: Option<usize>,
+    /// Listen on this Unix socket instead of stdio, one MCP session per connection (the server
+    /// behind the benchmark's `relay`).
+    #[arg(long, value_name = "SOCKET")]
+    listen: Option<PathBuf>,
 }
 
 /// The baseline has no policy: every `search` hit is returned.
@@ -195,6 +199,21 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
+    if let Some(path) = args.listen {
+        return rt.block_on(async move {
+            let listener = tokio::net::UnixListener::bind(&path)
+                .with_context(|| format!("cannot listen on `{}`", path.display()))?;
+            loop {
+                let (stream, _) = listener.accept().await.context("accept")?;
+                let server = server.clone();
+                tokio::spawn(async move {
+                    if let Ok(running) = server.serve(tokio::io::split(stream)).await {
+                        let _ = running.waiting().await;
+                    }
+                });
+            }
+        });
+    }
     rt.block_on(async move {
         server
             .serve(rmcp::transport::stdio_pipes())
