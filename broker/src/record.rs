@@ -113,6 +113,8 @@ pub struct Recovery {
     chained: bool,
     /// The first seq in the active file, and the lines after the last checkpoint.
     first_seq_in_file: Option<u64>,
+    /// The `at` of the active file's first line (its age, for rotation by age).
+    first_at_in_file: Option<String>,
     unsigned: u64,
 }
 
@@ -128,8 +130,11 @@ struct State {
     unsigned: u64,
     /// The first seq in the active file (names it when it is rotated).
     first_seq: u64,
-    /// When the active file was opened or begun (for rotation by age).
+    /// When the active file was begun: its first line's time, or now for a new file (for
+    /// rotation by age).
     begun: Instant,
+    /// After a failed rotation, when to try again (not on every line meanwhile).
+    retry_rotation_at: Option<Instant>,
     /// `batch`: lines written since the last sync.
     dirty: bool,
     /// `always`: an append is running fdatasync for everything written before it started.
@@ -291,7 +296,11 @@ impl Scan {
             recovery.last_seq = seq;
             recovery.lines += 1;
             recovery.last_hash = Some(line_hash(line));
-            recovery.first_seq_in_file.get_or_insert(seq);
+            if recovery.first_seq_in_file.is_none() {
+                recovery.first_seq_in_file = Some(seq);
+                recovery.first_at_in_file =
+                    obj.get("at").and_then(Value::as_str).map(str::to_owned);
+            }
             recovery.unsigned += 1;
             let text = |k: &str| obj.get(k).and_then(Value::as_str).map(str::to_owned);
             match (
@@ -346,6 +355,7 @@ fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {
     file.seek(SeekFrom::Start(0)).map_err(&err)?;
     file.read_to_end(&mut bytes).map_err(&err)?;
     scan.recovery.first_seq_in_file = None;
+    scan.recovery.first_at_in_file = None;
     let good_end = scan.file(path, &bytes)?;
     let mut recovery = scan.finish();
     if good_end < bytes.len() {
@@ -483,6 +493,25 @@ pub fn parse_hex32(text: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
+/// How long after a failed rotation the next is tried.
+pub const ROTATION_RETRY: Duration = Duration::from_secs(60);
+
+/// When a file whose first line was written at `first_at` (RFC 3339) was begun, on this
+/// process's clock: now for a new file, or one whose time cannot be read.
+fn begun_at(first_at: Option<&str>) -> Instant {
+    let now = Instant::now();
+    let Some(at) = first_at.and_then(|a| {
+        time::OffsetDateTime::parse(a, &time::format_description::well_known::Rfc3339).ok()
+    }) else {
+        return now;
+    };
+    let age = time::OffsetDateTime::now_utc() - at;
+    match std::time::Duration::try_from(age) {
+        Ok(age) => now.checked_sub(age).unwrap_or(now),
+        Err(_) => now,
+    }
+}
+
 /// What a line to write is: an event already encoded, or a checkpoint (signed under the lock,
 /// where its seq, time and chain hash are taken).
 enum Body<'a> {
@@ -538,7 +567,8 @@ impl Recorder {
                 prev: recovery.last_hash,
                 unsigned: recovery.unsigned,
                 first_seq: recovery.first_seq_in_file.unwrap_or(recovery.last_seq + 1),
-                begun: Instant::now(),
+                begun: begun_at(recovery.first_at_in_file.as_deref()),
+                retry_rotation_at: None,
                 dirty: false,
                 sync_in_flight: false,
                 synced: recovery.last_seq,
@@ -648,8 +678,10 @@ impl Recorder {
             && shared.due_for_rotation(&st)
             && let Err(e) = self.rotate(&mut st)
         {
-            // The line still goes in, to the file it would have gone to without rotation.
-            tracing::error!(record = %shared.path.display(), error = %e, "record rotation failed; writing on in the same file");
+            // The line still goes in, to the file it would have gone to without rotation; the
+            // next try waits, so a name in the way does not cost every line a try.
+            st.retry_rotation_at = Some(Instant::now() + ROTATION_RETRY);
+            tracing::error!(record = %shared.path.display(), error = %e, retry_in_s = ROTATION_RETRY.as_secs(), "record rotation failed; writing on in the same file");
         }
         self.write_locked(&mut st, body)
     }
@@ -739,6 +771,14 @@ impl Recorder {
     fn rotate(&self, st: &mut State) -> Result<(), RecordError> {
         let shared = &*self.shared;
         let path = &shared.path;
+        let rotated = rotated_name(path, st.first_seq);
+        // Checked before anything is written: a rotation that cannot finish adds no checkpoint.
+        if std::fs::symlink_metadata(&rotated).is_ok() {
+            return Err(io_err(&rotated)(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "something already has the rotated file's name",
+            )));
+        }
         if shared.signer.is_some() && st.unsigned > 0 {
             self.write_locked(st, Body::Checkpoint("rotation"))?;
         }
@@ -749,7 +789,6 @@ impl Recorder {
         st.synced = st.next_seq - 1;
         st.dirty = false;
         shared.synced_tx.send_replace(st.synced);
-        let rotated = rotated_name(path, st.first_seq);
         let fresh = PathBuf::from(format!("{}.new", path.display()));
         let _ = std::fs::remove_file(&fresh);
         let file = open_locked(&fresh, true)?;
@@ -767,6 +806,7 @@ impl Recorder {
         st.len = 0;
         st.first_seq = st.next_seq;
         st.begun = Instant::now();
+        st.retry_rotation_at = None;
         tracing::info!(record = %path.display(), rotated = %rotated.display(), "record rotated");
         Ok(())
     }
@@ -868,6 +908,7 @@ impl Shared {
 
     fn due_for_rotation(&self, st: &State) -> bool {
         st.len > 0
+            && st.retry_rotation_at.is_none_or(|t| Instant::now() >= t)
             && (self.rotate_bytes.is_some_and(|b| st.len >= b)
                 || self.rotate_age.is_some_and(|a| st.begun.elapsed() >= a))
     }
@@ -1010,6 +1051,77 @@ mod tests {
         let (page, more) = read_records(&path, None, 0, 2).expect("page");
         assert_eq!(page.len(), 2);
         assert!(more);
+    }
+
+    /// Age counts from the active file's first line, not from when this broker opened it: a
+    /// broker restarted every hour still rotates a daily record daily.
+    #[tokio::test]
+    async fn age_counts_from_the_files_first_line() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("rec.jsonl");
+        let options = |age: u64| RecordOptions {
+            sync: RecordSync::Always,
+            rotate_age: Some(Duration::from_secs(age)),
+            ..RecordOptions::default()
+        };
+        {
+            let (rec, _) = Recorder::open_with(&path, options(3600)).expect("open");
+            rec.append(&event("a", "t1")).await.expect("a");
+        }
+        // The file's first line was written two hours ago.
+        let text = std::fs::read_to_string(&path).expect("read");
+        let two_hours_ago = (time::OffsetDateTime::now_utc() - time::Duration::hours(2))
+            .format(&time::format_description::well_known::Rfc3339)
+            .expect("fmt");
+        let at = text
+            .split("\"at\":\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .expect("at");
+        std::fs::write(&path, text.replacen(at, &two_hours_ago, 1)).expect("write");
+        let (rec, _) = Recorder::open_with(&path, options(3600)).expect("reopen");
+        rec.append(&event("b", "t1")).await.expect("b");
+        assert!(
+            rotated_name(&path, 1).exists(),
+            "an hour-old limit rotates a two-hour-old file"
+        );
+        // A young file is not rotated on reopen.
+        drop(rec);
+        let (rec, _) = Recorder::open_with(&path, options(3600)).expect("reopen");
+        rec.append(&event("c", "t1")).await.expect("c");
+        assert_eq!(record_files(&path).expect("files").len(), 2);
+    }
+
+    /// A rotation that cannot finish (something has the rotated file's name) writes the line
+    /// anyway, adds no checkpoint, and is not tried again on every line.
+    #[tokio::test]
+    async fn a_failed_rotation_writes_the_line_and_backs_off() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("rec.jsonl");
+        let key = SigningKey::from_bytes(&[7u8; 32]);
+        let (rec, _) = Recorder::open_with(
+            &path,
+            RecordOptions {
+                sync: RecordSync::Always,
+                signing_key: Some(key),
+                rotate_bytes: Some(1),
+                ..RecordOptions::default()
+            },
+        )
+        .expect("open");
+        std::fs::create_dir(rotated_name(&path, 1)).expect("in the way");
+        for i in 0..20 {
+            rec.append(&event(&format!("r{i}"), "t1"))
+                .await
+                .expect("append");
+        }
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert_eq!(
+            text.lines().count(),
+            21,
+            "the chain start and 20 lines, all here"
+        );
+        assert_eq!(text.matches("\"kind\":\"checkpoint\"").count(), 0);
     }
 
     #[tokio::test]

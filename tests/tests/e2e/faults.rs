@@ -393,3 +393,87 @@ async fn hostile_upstreams_stop_serve_with_an_error_naming_the_provider() {
         assert!(started.elapsed() < Duration::from_secs(15));
     }
 }
+
+/// Rotation under a watcher in another process: a file is under the record's name at every
+/// moment (a separate `sh` stats it in a loop, as a log shipper would, while the record rotates
+/// every 4 KiB), a second broker is refused after rotations (the new file is locked too), and
+/// the rotated files and the record verify as one chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotation_leaves_no_gap_and_keeps_the_lock() {
+    let p = Proc::new(&Options::default());
+    let cfg = std::fs::read_to_string(&p.cfg).expect("cfg");
+    std::fs::write(&p.cfg, format!("record_rotate_bytes = 4096\n{cfg}")).expect("cfg");
+    let mut broker = p.serve().await;
+    let record = p.record();
+    // The watcher: stats the record's name as fast as it can; prints one line per miss, and
+    // its count of looks when it is stopped.
+    let script = r#"looks=0; trap 'echo "looks $looks"; exit 0' TERM
+while :; do [ -e "$1" ] || echo miss; looks=$((looks+1)); done"#;
+    let watcher = tokio::process::Command::new("sh")
+        .args(["-c", script, "watcher"])
+        .arg(&record)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("watcher");
+    let (turn, token) = p.open("alice", &[]).await;
+    let mut raw = p.shim(&token);
+    raw.initialize("2025-06-18").await;
+    for id in 1..=300 {
+        let r = raw
+            .call(id, "files.read", json!({"path": "/public/hello.txt"}))
+            .await;
+        assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    }
+    let files = sharedos_broker::record::record_files(&record).expect("files");
+    assert!(
+        files.len() > 20,
+        "the record rotated often: {} files",
+        files.len()
+    );
+    // A second broker on the same record, after the rotations: refused, naming the holder.
+    let mut second = std::process::Command::new(bin("sharedos-broker"));
+    second
+        .args(["serve", "--runtime-dir"])
+        .arg(p.dir.path().join("run2"))
+        .arg("--config")
+        .arg(&p.cfg);
+    let (code, _, err) = run(second).await;
+    assert_ne!(code, 0, "a second broker started on a rotated record");
+    assert!(
+        err.contains(&format!("pid {}", broker.id().expect("pid"))),
+        "{err}"
+    );
+    let watcher_pid = watcher.id().expect("pid");
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &watcher_pid.to_string()])
+        .status();
+    let out = tokio::time::timeout(Duration::from_secs(10), watcher.wait_with_output())
+        .await
+        .expect("watcher stops")
+        .expect("watcher output");
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    let looks: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("looks "))
+        .and_then(|n| n.parse().ok())
+        .expect("the watcher's count");
+    assert!(looks > 1000, "the watcher looked {looks} times");
+    assert_eq!(
+        out.matches("miss").count(),
+        0,
+        "the record's name was missing: {out}"
+    );
+    drop(raw.close_stdin().await);
+    let lines = p.lines();
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l["kind"] == "call" && l["turn"] == turn.as_str())
+            .count(),
+        300
+    );
+    let _ = broker.kill().await;
+    let (code, out) = p.verify().await;
+    assert_eq!(code, 0, "{out}");
+}
