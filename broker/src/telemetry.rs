@@ -704,6 +704,34 @@ mod tests {
         assert_eq!(b.chars().count(), MAX_NAME_CHARS + 1);
     }
 
+    /// A backend that takes the connection and never answers: the export thread waits on it,
+    /// the queue fills, and every further span is dropped and counted, none waited for.
+    #[test]
+    fn a_full_queue_drops_and_counts() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = silent.local_addr().expect("addr").port();
+        let t = Telemetry::start(&OtelSettings {
+            endpoint: Some(format!("http://127.0.0.1:{port}")),
+            metrics: false,
+            queue: Some(4),
+            timeout_seconds: Some(1),
+            ..OtelSettings::default()
+        })
+        .expect("start");
+        for _ in 0..1000 {
+            t.call(call("succeeded", "ok", None));
+        }
+        let s = t.stats();
+        assert_eq!(s.queued + s.dropped_queue_full, 1000, "{s:?}");
+        // At most the queue and the one batch the thread took out of it before it blocked.
+        assert!(s.queued <= 4 + 4, "{s:?}");
+        t.shutdown();
+        let s = t.stats();
+        assert_eq!(s.exported, 0, "{s:?}");
+        assert_eq!(s.dropped_export_failed, s.queued, "{s:?}");
+        drop(silent);
+    }
+
     #[test]
     fn off_does_nothing() {
         let t = Telemetry::off();
