@@ -302,6 +302,10 @@ impl Scan {
                     obj.get("at").and_then(Value::as_str).map(str::to_owned);
             }
             recovery.unsigned += 1;
+            // A chained line: the chain began, perhaps in a file start-up did not need to read.
+            if obj.contains_key("prev") {
+                recovery.chained = true;
+            }
             let text = |k: &str| obj.get(k).and_then(Value::as_str).map(str::to_owned);
             match (
                 obj.get("kind").and_then(Value::as_str),
@@ -344,16 +348,40 @@ impl Scan {
 /// Scans an existing record (its rotated files, then the active `file`): the last seq, the
 /// chain's head, what was left open, and a torn tail of the active file if any (cut off and
 /// saved aside).
+///
+/// Only the files from the newest one that holds a finished start are read: a `broker_started`
+/// line followed (in its file or a later one) by a line that is not part of closing out the
+/// broker before it (`unknown` calls, `broker_restart` closes, checkpoints). Such a start closed
+/// out everything left open before it, and every rotated file ends signed, so nothing before
+/// that file is needed to go on. A start cut short before its close-out finished is passed over
+/// for an earlier one. Start-up does not grow with the record's history; `records verify` reads
+/// it all.
 fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {
     let err = io_err(path);
     let mut scan = Scan::default();
-    for rotated in record_files(path)?.iter().filter(|f| f.as_path() != path) {
-        let bytes = std::fs::read(rotated).map_err(io_err(rotated))?;
-        scan.file(rotated, &bytes)?;
-    }
     let mut bytes = Vec::new();
     file.seek(SeekFrom::Start(0)).map_err(&err)?;
     file.read_to_end(&mut bytes).map_err(&err)?;
+    let mut needed: Vec<(PathBuf, Vec<u8>)> = Vec::new();
+    let (found, mut activity) = finished_start(&bytes, false);
+    if !found {
+        for rotated in record_files(path)?
+            .into_iter()
+            .filter(|f| f.as_path() != path)
+            .rev()
+        {
+            let old = std::fs::read(&rotated).map_err(io_err(&rotated))?;
+            let (found, later) = finished_start(&old, activity);
+            activity = later;
+            needed.push((rotated, old));
+            if found {
+                break;
+            }
+        }
+    }
+    for (rotated, old) in needed.iter().rev() {
+        scan.file(rotated, old)?;
+    }
     scan.recovery.first_seq_in_file = None;
     scan.recovery.first_at_in_file = None;
     let good_end = scan.file(path, &bytes)?;
@@ -377,6 +405,35 @@ fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {
         recovery.torn_sha256 = Some(hex(&line_hash(torn)));
     }
     Ok(recovery)
+}
+
+/// Whether a file's lines hold a finished start (see [`recover`]), given whether a line after
+/// the file shows the broker got past its close-out (`later`); and whether such a line is in
+/// this file or after it. Lines that do not parse are passed over here (the scan judges them).
+fn finished_start(bytes: &[u8], later: bool) -> (bool, bool) {
+    #[derive(serde::Deserialize)]
+    struct Peek<'a> {
+        #[serde(borrow)]
+        kind: Option<&'a str>,
+        #[serde(borrow)]
+        outcome: Option<&'a str>,
+        #[serde(borrow)]
+        reason: Option<&'a str>,
+    }
+    let mut activity = later;
+    for line in bytes.split(|b| *b == b'\n').rev() {
+        let Ok(p) = serde_json::from_slice::<Peek<'_>>(line) else {
+            continue;
+        };
+        match (p.kind, p.outcome, p.reason) {
+            (Some("broker_started"), _, _) if activity => return (true, true),
+            (Some("broker_started" | "checkpoint" | "chain_started" | "torn_tail_cut"), _, _)
+            | (Some("call"), Some("unknown"), _)
+            | (Some("turn_closed"), _, Some("broker_restart")) => {}
+            _ => activity = true,
+        }
+    }
+    (false, activity)
 }
 
 /// Who holds the lock on `file`, from `/proc/locks` (the pid that took it).
@@ -1122,6 +1179,94 @@ mod tests {
             "the chain start and 20 lines, all here"
         );
         assert_eq!(text.matches("\"kind\":\"checkpoint\"").count(), 0);
+    }
+
+    /// Start-up reads back only to the newest file holding a broker start: a rotated file
+    /// before it is not read (its damage is `records verify`'s to find), one after it is.
+    #[tokio::test]
+    async fn start_up_reads_from_the_last_start_only() {
+        use sharedos_proto::record::BrokerStarted;
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("rec.jsonl");
+        let key = SigningKey::from_bytes(&[7u8; 32]);
+        let options = || RecordOptions {
+            sync: RecordSync::Always,
+            signing_key: Some(key.clone()),
+            rotate_bytes: Some(600),
+            ..RecordOptions::default()
+        };
+        let start = Event::BrokerStarted(BrokerStarted {
+            version: "t".into(),
+            tools: 1,
+            config: "t".into(),
+            turn: None,
+        });
+        let last = {
+            let (rec, _) = Recorder::open_with(&path, options()).expect("open");
+            rec.append(&start).await.expect("start");
+            for i in 0..20 {
+                rec.append(&event(&format!("first {i}"), "t1"))
+                    .await
+                    .expect("a");
+            }
+            rec.append(&start).await.expect("second start");
+            let mut last = 0;
+            for i in 0..5 {
+                last = rec
+                    .append(&event(&format!("second {i}"), "t2"))
+                    .await
+                    .expect("b");
+            }
+            last
+        };
+        let files = record_files(&path).expect("files");
+        assert!(files.len() > 4, "{files:?}");
+        // The oldest file, long before the last start, made unreadable JSON.
+        std::fs::write(&files[0], "not json\n").expect("damage");
+        let (rec, recovery) = Recorder::open_with(&path, options()).expect("reopen");
+        assert_eq!(recovery.last_seq, last);
+        // Chained already: no second chain start.
+        let seq = rec.append(&event("after", "t3")).await.expect("c");
+        assert_eq!(seq, last + 1);
+        drop(rec);
+        // The file holding the last start, damaged: start-up reads it, and refuses.
+        let holding = files
+            .iter()
+            .rev()
+            .find(|f| {
+                String::from_utf8_lossy(&std::fs::read(f).expect("read"))
+                    .contains("\"kind\":\"broker_started\"")
+            })
+            .expect("a file with the last start")
+            .clone();
+        std::fs::write(&holding, "not json\n").expect("damage");
+        assert!(Recorder::open_with(&path, options()).is_err());
+    }
+
+    /// A start whose close-out was cut short (only `unknown` calls and `broker_restart` closes
+    /// after it) is not one to stop at: what it was closing out lies before it.
+    #[test]
+    fn a_start_cut_short_is_passed_over() {
+        let start = r#"{"seq":5,"kind":"broker_started"}"#;
+        let unknown = r#"{"seq":6,"kind":"call","outcome":"unknown"}"#;
+        let restart = r#"{"seq":7,"kind":"turn_closed","reason":"broker_restart"}"#;
+        let opened = r#"{"seq":8,"kind":"turn_opened"}"#;
+        let file = |lines: &[&str]| lines.join("\n").into_bytes();
+        assert_eq!(
+            finished_start(&file(&[start, unknown, restart]), false),
+            (false, false)
+        );
+        assert_eq!(
+            finished_start(&file(&[start, unknown, restart, opened]), false),
+            (true, true)
+        );
+        // The activity is in a later file.
+        assert_eq!(finished_start(&file(&[start, unknown]), true), (true, true));
+        // Activity before an unfinished start still counts for an earlier one.
+        assert_eq!(
+            finished_start(&file(&[opened, start, unknown]), false),
+            (false, true)
+        );
     }
 
     #[tokio::test]
