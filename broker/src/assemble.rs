@@ -130,6 +130,8 @@ pub(crate) async fn build(
         config.call_timeout,
     );
     kernel.record_max_argument_bytes = config.record_max_argument_bytes;
+    kernel.budgets = crate::budget::Budgets::new(&config.budgets);
+    kernel.approvals = crate::approval::Approvals::new(config.approval_timeout);
     Ok((kernel, recovery))
 }
 

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
-use sharedos_proto::ipc::CallAnswer;
+use sharedos_proto::ipc::{CallAnswer, PendingApproval};
 use sharedos_proto::record::{self, Arguments, Event};
 use sharedos_proto::{
     CancelCode, CatalogHash, DenyCode, FailCode, Outcome, PublishedToolDefinition, Requirement,
@@ -21,6 +21,8 @@ use sharedos_proto::{
 };
 use tokio_util::sync::CancellationToken;
 
+use crate::approval::{Approvals, Decision as Approval, approval_id};
+use crate::budget::{Budgets, Exhausted, TurnUse, returned_bytes};
 use crate::pins::Pins;
 use crate::policy::PolicyEngine;
 use crate::provider::{
@@ -168,6 +170,13 @@ impl Catalog {
     pub fn contains(&self, name: &str) -> bool {
         self.by_name.contains_key(name)
     }
+
+    /// Each tool's name and its provider's namespace (what budgets apply to).
+    pub fn namespaces(&self) -> impl Iterator<Item = (&str, &str)> + Clone {
+        self.by_name
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.authority.handler.namespace()))
+    }
 }
 
 /// A refusal or a permission, before execution.
@@ -183,6 +192,8 @@ pub enum Verdict {
         resolved: Box<Resolved>,
         arguments: Map<String, Value>,
         policies: Vec<String>,
+        /// A deciding permit asks for a person's approval (`@approval("required")`).
+        approval: bool,
     },
 }
 
@@ -201,11 +212,19 @@ pub struct Kernel {
     /// The longest any provider may run one call (the built-in timeout or an upstream's own).
     longest_call_timeout: Duration,
     catalogs: Mutex<HashMap<(AccessContext, u64, u64), Arc<Catalog>>>,
+    /// The config's `[[budgets]]` (none by default).
+    pub budgets: Budgets,
+    /// The calls waiting for a person's approval, and how long they wait.
+    pub approvals: Approvals,
 }
 
 fn requirement_of(resolved: &Resolved) -> Requirement {
     resolved.resource.requirement(&resolved.action)
 }
+
+/// What a call site is told when its call starts waiting for a person: the pending approval and
+/// the longest it will wait.
+pub type OnWait<'a> = &'a (dyn Fn(&PendingApproval, Duration) + Sync);
 
 /// Everything `invoke` needs to know about where a call came from.
 pub struct CallSite<'a> {
@@ -217,6 +236,10 @@ pub struct CallSite<'a> {
     pub identity: Option<&'a SystemIdentity>,
     /// The turn's places for blocking work (list, search, write), if it has a bound.
     pub blocking: Option<&'a Arc<tokio::sync::Semaphore>>,
+    /// What the turn has used of its per-turn budgets (`None`: budgets are not counted).
+    pub budget: Option<&'a TurnUse>,
+    /// Told when the call starts waiting for a person's approval, and for how long at most.
+    pub on_wait: Option<OnWait<'a>>,
 }
 
 impl Kernel {
@@ -241,6 +264,8 @@ impl Kernel {
             call_timeout,
             longest_call_timeout,
             catalogs: Mutex::new(HashMap::new()),
+            budgets: Budgets::default(),
+            approvals: Approvals::new(crate::config::DEFAULT_APPROVAL_TIMEOUT),
         }
     }
 
@@ -558,10 +583,14 @@ impl Kernel {
             resolved: Box::new(resolved),
             arguments,
             policies: decision.policies,
+            approval: decision.approval,
         }
     }
 
     /// The single call path. Returns once the call's record line is as durable as configured.
+    ///
+    /// After the check: a call a permit holds for approval waits for a person (and, approved,
+    /// is checked again under the policy in force then); then the budgets; then the provider.
     pub async fn invoke(
         self: &Arc<Self>,
         site: CallSite<'_>,
@@ -570,13 +599,40 @@ impl Kernel {
         cancel_cause: impl Fn() -> CancelCode,
     ) -> CallAnswer {
         let started = Instant::now();
-        let verdict = self.check_rejecting(
-            site.context,
-            site.catalog,
-            &call.tool,
-            call.arguments.as_ref(),
-            call.rejected_arguments.as_deref(),
-        );
+        let check = || {
+            self.check_rejecting(
+                site.context,
+                site.catalog,
+                &call.tool,
+                call.arguments.as_ref(),
+                call.rejected_arguments.as_deref(),
+            )
+        };
+        let mut verdict = check();
+        if let Verdict::Permitted {
+            approval: true,
+            resolved,
+            policies,
+            ..
+        } = &verdict
+        {
+            let requirement = Some(requirement_of(resolved));
+            let what = format!("{} of {}", call.tool, resolved.resource.short());
+            let waited = self
+                .approval(&site, &call, &what, requirement, policies.clone(), &cancel)
+                .await;
+            match waited {
+                // Approved: decided again under the policy in force now (a permit that still
+                // asks for approval has it).
+                Ok(()) => verdict = check(),
+                Err(mut ending) => {
+                    if ending.0 == Outcome::Cancelled(CancelCode::ClientCancelled) {
+                        ending.0 = Outcome::Cancelled(cancel_cause());
+                    }
+                    return self.finish(&site, &call, started, *ending, None).await;
+                }
+            }
+        }
         let mut forwarded = None;
         let (outcome, message, requirement, policies, content) = match verdict {
             Verdict::Refused {
@@ -590,10 +646,43 @@ impl Kernel {
                 resolved,
                 arguments,
                 policies,
+                approval: _,
             } => {
                 let requirement = Some(requirement_of(&resolved));
                 forwarded.clone_from(&resolved.forwarded);
                 let what = format!("{} of {}", call.tool, resolved.resource.short());
+                // Budgets, last before the call runs: a call refused before here uses none.
+                let mut taken = None;
+                if !self.budgets.is_empty()
+                    && let Some(used) = site.budget
+                {
+                    match self.budgets.take(
+                        used,
+                        &site.context.principal,
+                        tool.name.as_str(),
+                        tool.authority.handler.namespace(),
+                    ) {
+                        Ok(t) => taken = t.counts_bytes().then_some((t, used)),
+                        Err(Exhausted(why)) => {
+                            let message = format!("denied: {what} — {why}");
+                            return self
+                                .finish(
+                                    &site,
+                                    &call,
+                                    started,
+                                    (
+                                        Outcome::Denied(DenyCode::BudgetExhausted),
+                                        Some(message),
+                                        requirement,
+                                        policies,
+                                        None,
+                                    ),
+                                    None,
+                                )
+                                .await;
+                        }
+                    }
+                }
                 // Write-ahead: a call that can change state is on record, as durable as the
                 // record is, before it runs; its outcome line follows. A crash in between leaves
                 // the intent, which the next start closes as `unknown`.
@@ -642,6 +731,14 @@ impl Kernel {
                         Some(Err(Failure::new(FailCode::Timeout, format!("did not finish within {secs} s"))))
                     }
                 };
+                if let Some((taken, used)) = taken {
+                    let bytes = match &ran {
+                        Some(Ok(s)) => returned_bytes(&s.content, s.structured.as_ref()),
+                        Some(Err(f)) => returned_bytes(&f.content, None),
+                        None => 0,
+                    };
+                    self.budgets.add_bytes(used, &taken, bytes);
+                }
                 match ran {
                     None => (
                         Outcome::Cancelled(cancel_cause()),
@@ -675,6 +772,145 @@ impl Kernel {
             forwarded,
         )
         .await
+    }
+
+    /// Holds a permitted call for a person: records `approval_requested`, waits for a decision
+    /// from `control.sock`, the time limit or a cancellation, and records `approval_decided`.
+    /// `Ok` when approved; otherwise how the call ends (a cancellation as `client_cancelled`,
+    /// which the caller replaces with the real cause).
+    async fn approval(
+        &self,
+        site: &CallSite<'_>,
+        call: &ToolCall,
+        what: &str,
+        requirement: Option<Requirement>,
+        policies: Vec<String>,
+        cancel: &CancellationToken,
+    ) -> Result<(), Box<Ending>> {
+        let arguments = match &call.arguments {
+            None | Some(Value::Null) => Value::Object(Map::new()),
+            Some(v) => v.clone(),
+        };
+        let principal = &site.context.principal;
+        let id = approval_id(site.turn, &site.call_id, principal, &call.tool, &arguments);
+        let timeout = self.approvals.timeout;
+        let now = std::time::SystemTime::now();
+        let info = PendingApproval {
+            id: id.clone(),
+            turn: site.turn.to_owned(),
+            call_id: site.call_id.clone(),
+            principal: principal.clone(),
+            tool: call.tool.clone(),
+            arguments: arguments.clone(),
+            requested_at: crate::approval::rfc3339(now),
+            expires_at: crate::approval::rfc3339(now + timeout),
+        };
+        let internal = |why: String| {
+            Err(Box::new((
+                Outcome::Failed(FailCode::Internal),
+                Some(format!("failed: {what} — {why}; it was not run")),
+                requirement.clone(),
+                policies.clone(),
+                None,
+            )))
+        };
+        // On record before anyone can see it waiting.
+        let requested = Event::ApprovalRequested(record::ApprovalRequested {
+            turn: site.turn.to_owned(),
+            call_id: site.call_id.clone(),
+            request_id: call.request_id.clone(),
+            approval: id.clone(),
+            principal: principal.clone(),
+            tool: call.tool.clone(),
+            arguments: Some(self.recorded(arguments)),
+            requirement: requirement.clone(),
+            policies: policies.clone(),
+            expires_at: info.expires_at.clone(),
+            system_identity: site.identity.cloned(),
+        });
+        if let Err(e) = self.recorder.append(&requested).await {
+            tracing::error!(error = %e, call_id = %site.call_id, "approval_requested not recorded");
+            return internal(format!(
+                "the broker could not record the approval request ({e})"
+            ));
+        }
+        let Some(mut ticket) = self.approvals.wait(info.clone()) else {
+            return internal(format!("approval {id} is already taken"));
+        };
+        if let Some(on_wait) = site.on_wait {
+            on_wait(&info, timeout);
+        }
+        enum Waited {
+            Decided(Approval),
+            TimedOut,
+            Cancelled,
+        }
+        let waited = tokio::select! {
+            d = &mut ticket.answer => d.map_or(Waited::TimedOut, Waited::Decided),
+            _ = cancel.cancelled() => {
+                ticket.withdraw();
+                Waited::Cancelled
+            }
+            _ = tokio::time::sleep(timeout) => ticket.withdraw().map_or(Waited::TimedOut, Waited::Decided),
+        };
+        drop(ticket);
+        let (decision, by, reason) = match &waited {
+            Waited::Decided(d) => (
+                if d.approve { "approved" } else { "denied" },
+                d.by,
+                d.reason.clone(),
+            ),
+            Waited::TimedOut => ("timeout", None, None),
+            Waited::Cancelled => ("cancelled", None, None),
+        };
+        let decided = Event::ApprovalDecided(record::ApprovalDecided {
+            turn: site.turn.to_owned(),
+            call_id: site.call_id.clone(),
+            approval: id.clone(),
+            decision: decision.to_owned(),
+            decided_by: by,
+            reason: reason.clone(),
+            system_identity: site.identity.cloned(),
+        });
+        if let Err(e) = self.recorder.append(&decided).await {
+            tracing::error!(error = %e, call_id = %site.call_id, "approval_decided not recorded");
+            return internal(format!(
+                "the broker could not record the approval decision ({e})"
+            ));
+        }
+        let refused = |code, message: String| {
+            Err(Box::new((
+                Outcome::Denied(code),
+                Some(message),
+                requirement.clone(),
+                policies.clone(),
+                None,
+            )))
+        };
+        match waited {
+            Waited::Decided(d) if d.approve => Ok(()),
+            Waited::Decided(_) => refused(
+                DenyCode::ApprovalDenied,
+                format!(
+                    "denied: {what} — a person denied this call (approval {id}){}; do not retry it unchanged: tell the user, or do something else",
+                    reason.map(|r| format!(": {r}")).unwrap_or_default()
+                ),
+            ),
+            Waited::TimedOut => refused(
+                DenyCode::ApprovalTimeout,
+                format!(
+                    "denied: {what} — it needs a person's approval and nobody gave it within {} s (approval {id}); ask the user to approve it, then try again",
+                    timeout.as_secs()
+                ),
+            ),
+            Waited::Cancelled => Err(Box::new((
+                Outcome::Cancelled(CancelCode::ClientCancelled),
+                None,
+                requirement,
+                policies,
+                None,
+            ))),
+        }
     }
 
     /// Makes a call's answer, and its record line, which must be written before it leaves.
@@ -1031,6 +1267,8 @@ when { resource.path like "*secret*" };
             catalog: &catalog,
             identity: None,
             blocking: None,
+            budget: None,
+            on_wait: None,
         };
         let call = ToolCall {
             tool: "fake.read".into(),

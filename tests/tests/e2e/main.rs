@@ -8,6 +8,7 @@
 )]
 
 mod boundary;
+mod budgets;
 mod cli;
 mod deploy;
 mod faults;
