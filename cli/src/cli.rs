@@ -1272,6 +1272,28 @@ pub fn record_row(line: &Value) -> String {
                 b.peer.pid.map_or("null".to_owned(), |p| p.to_string())
             ),
         ),
+        Event::ApprovalRequested(a) => (
+            format!("{:?}", a.tool),
+            "waiting".to_owned(),
+            format!(
+                "{} approval={} expires={}",
+                a.call_id, a.approval, a.expires_at
+            ),
+        ),
+        Event::ApprovalDecided(d) => (
+            String::new(),
+            d.decision.clone(),
+            format!(
+                "{} approval={} by={}{}",
+                d.call_id,
+                d.approval,
+                d.decided_by.map_or("-".to_owned(), |u| u.to_string()),
+                d.reason
+                    .as_deref()
+                    .map(|r| format!(" reason={r:?}"))
+                    .unwrap_or_default()
+            ),
+        ),
         other => (
             String::new(),
             String::new(),

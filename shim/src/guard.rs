@@ -61,6 +61,10 @@ pub struct Referral {
     /// Why the arguments were not passed on (the line is nested deeper than
     /// [`MAX_LINE_DEPTH`]): the kernel refuses and records the call without them.
     pub rejected: Option<String>,
+    /// `params._meta.progressToken` (a string or a number): the client asked for
+    /// `notifications/progress` about this call (sent while it waits for a person's approval).
+    /// Boxed: rare, and a referral stays as small as it was.
+    pub progress: Option<Box<Value>>,
 }
 
 /// Where a request states its own protocol version.
@@ -71,6 +75,13 @@ fn stated_protocol(meta: Option<&Value>) -> Option<String> {
     meta.and_then(|m| m.get(PROTOCOL_META_KEY))
         .and_then(Value::as_str)
         .map(str::to_owned)
+}
+
+/// The progress token a request's `_meta` carries, if it is a string or a number.
+fn progress_token(meta: Option<&Value>) -> Option<Box<Value>> {
+    meta.and_then(|m| m.get("progressToken"))
+        .filter(|t| t.is_string() || t.is_number())
+        .map(|t| Box::new(t.clone()))
 }
 
 /// A call's `name` as the kernel gets it (see [`Referral::tool`]).
@@ -132,6 +143,7 @@ pub fn check_oversize(len: usize, prefix: &[u8], sha256: &str) -> Verdict {
             tool: seen.name.unwrap_or_default(),
             arguments: None,
             protocol: None,
+            progress: None,
             rejected: Some(format!(
                 "the message is {len} bytes (SHA-256 {sha256}); the limit is {MAX_LINE_BYTES} bytes"
             )),
@@ -275,6 +287,7 @@ fn check_deep_line(line: &[u8], depth: usize) -> Verdict {
                 tool: tool_text(name),
                 arguments: None,
                 protocol: None,
+                progress: None,
                 rejected: Some(why),
             })
         }
@@ -351,12 +364,18 @@ pub fn check_line_fast(line: &[u8]) -> Option<Verdict> {
     };
     Some(match message.method {
         "tools/call" => {
-            let (name, arguments, protocol) = match object {
+            let (name, arguments, protocol, progress) = match object {
                 Some(p) => {
                     let p: CallParams = serde_json::from_str(p.get()).ok()?;
-                    (p.name, p.arguments, stated_protocol(p.meta.as_ref()))
+                    let meta = p.meta.as_ref();
+                    (
+                        p.name,
+                        p.arguments,
+                        stated_protocol(meta),
+                        progress_token(meta),
+                    )
                 }
-                None => (None, None, None),
+                None => (None, None, None, None),
             };
             Verdict::Refer(Referral {
                 id: message.id,
@@ -364,6 +383,7 @@ pub fn check_line_fast(line: &[u8]) -> Option<Verdict> {
                 arguments,
                 protocol,
                 rejected: None,
+                progress,
             })
         }
         "notifications/cancelled" if message.id.is_none() => {
@@ -480,6 +500,7 @@ pub fn check_line_full(line: &[u8]) -> Verdict {
                 .cloned(),
             protocol: stated_protocol(params.and_then(|p| p.get("_meta"))),
             rejected: None,
+            progress: progress_token(params.and_then(|p| p.get("_meta"))),
         });
     }
     if method == "notifications/cancelled"
@@ -684,6 +705,7 @@ mod tests {
                 arguments: None,
                 protocol: None,
                 rejected: None,
+                progress: None,
             }
         );
         let r = refer(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":5}}"#);
@@ -718,8 +740,14 @@ mod tests {
                 arguments: Some(json!({"p": 1})),
                 protocol: None,
                 rejected: None,
+                progress: None,
             }
         );
+        // A client that asks for progress about the call.
+        let r = refer(
+            br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","_meta":{"progressToken":"p-1"}}}"#,
+        );
+        assert_eq!(r.progress, Some(Box::new(json!("p-1"))));
         // A 2026-07-28 client states its version on the call itself.
         let r = refer(
             br#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"x","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,

@@ -7,6 +7,7 @@
     reason = "test code: a failed expectation is the test failing"
 )]
 
+mod approvals;
 mod boundary;
 mod budgets;
 mod cli;
