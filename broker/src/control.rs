@@ -295,14 +295,22 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest, uid: Option<u32>) -> 
                     policies,
                 },
                 Verdict::Permitted {
-                    resolved, policies, ..
+                    resolved,
+                    policies,
+                    approval,
+                    ..
                 } => ControlResponse::Decision {
                     decision: "allow".into(),
                     outcome: Outcome::Succeeded,
                     message: format!(
-                        "allow: {tool} of {} — permitted by {}",
+                        "allow: {tool} of {} — permitted by {}{}",
                         resolved.resource.short(),
-                        policies.join(", ")
+                        policies.join(", "),
+                        if approval {
+                            ", once a person approves it (@approval(\"required\"))"
+                        } else {
+                            ""
+                        }
                     ),
                     requirement: Some(resolved.resource.requirement(&resolved.action)),
                     policies,

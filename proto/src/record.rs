@@ -569,6 +569,21 @@ mod tests {
     }
 
     #[test]
+    fn approval_lines_keep_their_field_order() {
+        let l = round_trip(
+            r#"{"seq":6,"at":"A","kind":"approval_requested","turn":"t","callId":"t.1","requestId":"1","approval":"ab","principal":"alice","tool":"files.read","arguments":{"path":"/private/a"},"requirement":{"action":"read","resource":"SharedOS::File::\"/private/a\"","namespace":"files"},"policies":["ask"],"expiresAt":"B"}"#,
+        );
+        assert_eq!(l.event.kind(), "approval_requested");
+        assert_eq!(l.event.turn(), Some("t"));
+        round_trip(
+            r#"{"seq":7,"at":"A","kind":"approval_decided","turn":"t","callId":"t.1","approval":"ab","decision":"denied","decidedBy":1000,"reason":"no"}"#,
+        );
+        round_trip(
+            r#"{"seq":8,"at":"A","kind":"approval_decided","turn":"t","callId":"t.1","approval":"ab","decision":"timeout","decidedBy":null}"#,
+        );
+    }
+
+    #[test]
     fn an_unknown_kind_is_an_error_not_a_guess() {
         assert!(
             serde_json::from_str::<RecordLine>(r#"{"seq":1,"at":"A","kind":"nope","turn":null}"#)

@@ -456,3 +456,32 @@ async fn a_long_wait_outlasts_the_shims_answer_deadline_with_progress() {
     let r = raw.response(3).await;
     assert_eq!(outcome(&r["result"]), "succeeded/ok", "{r}");
 }
+
+/// A turn that closes while its call waits: the wait ends, the call is recorded
+/// `cancelled/turn_closed`, and nothing waits any more.
+#[tokio::test(flavor = "multi_thread")]
+async fn closing_the_turn_ends_the_wait() {
+    let broker = broker("").await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    send_read(&mut raw, 1, "/private/secret.txt", None).await;
+    wait_pending(&broker, 1).await;
+    broker.close_turn(&turn.turn).await;
+    let calls = broker.calls_of(&turn.turn);
+    assert_eq!(calls.len(), 1, "recorded before the close returned");
+    assert_eq!(
+        (calls[0]["outcome"].as_str(), calls[0]["code"].as_str()),
+        (Some("cancelled"), Some("turn_closed"))
+    );
+    assert_eq!(
+        lines_of(&broker, &turn.turn, "approval_decided")[0]["decision"],
+        "cancelled"
+    );
+    assert!(pending(&broker).await.is_empty());
+    assert_eq!(
+        raw.exit_code().await,
+        Some(3),
+        "the shim exits with its turn"
+    );
+}
