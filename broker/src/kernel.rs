@@ -843,25 +843,24 @@ impl Kernel {
         enum Waited {
             Decided(Approval),
             TimedOut,
-            Cancelled,
+            /// With the decision a person gave just before, if one did: the call is cancelled
+            /// anyway, and the record keeps who decided what.
+            Cancelled(Option<Approval>),
         }
         let waited = tokio::select! {
             d = &mut ticket.answer => d.map_or(Waited::TimedOut, Waited::Decided),
-            _ = cancel.cancelled() => {
-                ticket.withdraw();
-                Waited::Cancelled
-            }
+            _ = cancel.cancelled() => Waited::Cancelled(ticket.withdraw()),
             _ = tokio::time::sleep(timeout) => ticket.withdraw().map_or(Waited::TimedOut, Waited::Decided),
         };
         drop(ticket);
         let (decision, by, reason) = match &waited {
-            Waited::Decided(d) => (
+            Waited::Decided(d) | Waited::Cancelled(Some(d)) => (
                 if d.approve { "approved" } else { "denied" },
                 d.by,
                 d.reason.clone(),
             ),
             Waited::TimedOut => ("timeout", None, None),
-            Waited::Cancelled => ("cancelled", None, None),
+            Waited::Cancelled(None) => ("cancelled", None, None),
         };
         let decided = Event::ApprovalDecided(record::ApprovalDecided {
             turn: site.turn.to_owned(),
@@ -903,7 +902,7 @@ impl Kernel {
                     timeout.as_secs()
                 ),
             ),
-            Waited::Cancelled => Err(Box::new((
+            Waited::Cancelled(_) => Err(Box::new((
                 Outcome::Cancelled(CancelCode::ClientCancelled),
                 None,
                 requirement,
