@@ -465,11 +465,23 @@ impl Config {
                     detail,
                 })?;
         }
-        if raw.approval_timeout_seconds == Some(0) {
-            return Err(ConfigError::Parse {
-                path: shown,
-                detail: "approval_timeout_seconds = 0: a call held for approval needs at least 1 s for a person to decide".into(),
-            });
+        match raw.approval_timeout_seconds {
+            Some(0) => {
+                return Err(ConfigError::Parse {
+                    path: shown,
+                    detail: "approval_timeout_seconds = 0: a call held for approval needs at least 1 s for a person to decide".into(),
+                });
+            }
+            Some(s) if Duration::from_secs(s) > MAX_TTL => {
+                return Err(ConfigError::Parse {
+                    path: shown,
+                    detail: format!(
+                        "approval_timeout_seconds = {s}: at most {} (a turn's longest life)",
+                        MAX_TTL.as_secs()
+                    ),
+                });
+            }
+            _ => {}
         }
         let harness_group = group(raw.harness_group, "harness_group")?;
         let host_group = group(raw.host_group, "host_group")?;
@@ -643,6 +655,21 @@ mod tests {
             msg.contains("broker.toml") && msg.contains("line 4") && msg.contains("ftp"),
             "{msg}"
         );
+        for (bad, says) in [
+            (
+                "approval_timeout_seconds = 0",
+                "approval_timeout_seconds = 0",
+            ),
+            ("approval_timeout_seconds = 99999999", "at most 604800"),
+        ] {
+            std::fs::write(
+                &path,
+                format!("record = \"r\"\npolicy = \"p\"\n{bad}\n[[providers]]\ntype = \"files\"\nroot = \"data\"\n"),
+            )
+            .expect("w");
+            let msg = Config::from_file(&path).expect_err(bad).to_string();
+            assert!(msg.contains(says), "{msg}");
+        }
         let msg = Config::from_file(&dir.path().join("missing.toml"))
             .expect_err("missing")
             .to_string();

@@ -57,6 +57,10 @@ pub struct Waiting {
     pub timeout: Duration,
 }
 
+/// The longest a broker may ask the shim to wait for a person (its `approval_timeout_seconds`
+/// is at most a turn's longest life, 7 days).
+const MAX_WAIT: Duration = Duration::from_secs(8 * 24 * 3600);
+
 /// How often a client that asked for progress hears that its call is still waiting.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
@@ -280,7 +284,7 @@ impl Link {
                     Ok(Ok(Reply::Answer(answer))) => return Some(Ok(answer)),
                     Ok(Ok(Reply::Waiting(w, later))) => {
                         rx = later;
-                        deadline = w.timeout + self.deadline;
+                        deadline = w.timeout.min(MAX_WAIT).saturating_add(self.deadline);
                         no_answer.as_mut().reset(tokio::time::Instant::now() + deadline);
                         progress(&w, 1);
                         tick = Some(Box::pin(tokio::time::sleep(PROGRESS_EVERY)));
