@@ -485,3 +485,48 @@ async fn closing_the_turn_ends_the_wait() {
         "the shim exits with its turn"
     );
 }
+
+/// Budgets come after the approval, right before the call runs: a call a person denied uses no
+/// budget, and an approved call is still refused when the budget is used up meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn budgets_are_checked_after_the_approval() {
+    let broker = TestBroker::start(Options {
+        policy: POLICY,
+        tables: "[[budgets]]\ntool = \"files.read\"\ncalls_per_turn = 1\n".to_owned(),
+        ..Options::default()
+    })
+    .await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    send_read(&mut raw, 1, "/private/secret.txt", None).await;
+    let id = wait_pending(&broker, 1).await[0]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    assert_eq!(decide(&broker, &["deny", &id]).await.0, 0);
+    assert_eq!(
+        outcome(&raw.response(1).await["result"]),
+        "denied/approval_denied"
+    );
+    // The denied call used nothing: the one call of the budget is still there.
+    send_read(&mut raw, 2, "/private/secret.txt", None).await;
+    let id = wait_pending(&broker, 1).await[0]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    // While it waits, another call uses the budget up.
+    let public = raw
+        .call(3, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(outcome(&public["result"]), "succeeded/ok");
+    assert_eq!(decide(&broker, &["approve", &id]).await.0, 0);
+    let r = raw.response(2).await;
+    assert_eq!(outcome(&r["result"]), "denied/budget_exhausted", "{r}");
+    let codes: Vec<String> = broker
+        .calls_of(&turn.turn)
+        .iter()
+        .map(|c| c["code"].as_str().unwrap_or("?").to_owned())
+        .collect();
+    assert_eq!(codes, ["approval_denied", "ok", "budget_exhausted"]);
+}
