@@ -735,6 +735,7 @@ pub async fn overheads(budget: Budget, spans: usize) -> anyhow::Result<Overheads
         end: std::time::SystemTime::now(),
         traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         tracestate: None,
+        approval: None,
     };
     // Warm the exporter's connection first.
     telemetry.call(template.clone());

@@ -133,6 +133,8 @@ pub(crate) async fn build(
     if let Some(otel) = crate::telemetry::effective(config.otel.as_ref()) {
         kernel.telemetry = crate::telemetry::Telemetry::start(&otel)?;
     }
+    kernel.budgets = crate::budget::Budgets::new(&config.budgets);
+    kernel.approvals = crate::approval::Approvals::new(config.approval_timeout);
     Ok((kernel, recovery))
 }
 

@@ -14,7 +14,9 @@ use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::StreamCommon as _;
 use sharedos_ipc::{Conn, FrameReader, IpcError, write_encoded, write_frame};
 use sharedos_proto::CancelCode;
-use sharedos_proto::ipc::{BridgeEvent, BridgeRequest, PROTOCOL_VERSION, RefusalCode};
+use sharedos_proto::ipc::{
+    BridgeEvent, BridgeRequest, PROTOCOL_VERSION, PendingApproval, RefusalCode,
+};
 use sharedos_proto::record;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -340,6 +342,17 @@ async fn run_connection(
                             CancelCode::ClientCancelled
                         }
                     };
+                    // A call held for approval: the shim hears of it (and waits that much longer).
+                    let on_wait = |p: &PendingApproval, wait: Duration| {
+                        let event = BridgeEvent::Waiting {
+                            id,
+                            approval: p.id.clone(),
+                            expires_at: p.expires_at.clone(),
+                            timeout_ms: wait.as_millis() as u64,
+                        };
+                        let out = out.clone();
+                        tokio::spawn(async move { send_event(&out, event).await });
+                    };
                     let site = CallSite {
                         turn: &turn2.id,
                         call_id: turn2.next_call_id(),
@@ -347,6 +360,8 @@ async fn run_connection(
                         catalog: &turn2.catalog,
                         identity: turn2.system_identity.as_ref(),
                         blocking: Some(&turn2.blocking),
+                        budget: Some(&turn2.budget),
+                        on_wait: Some(&on_wait),
                     };
                     let answer = broker.kernel.invoke(site, call, token, cause).await;
                     if let Ok(mut m) = inflight.lock() {

@@ -131,6 +131,122 @@ pub struct McpProviderConfig {
     pub startup_timeout_seconds: Option<u64>,
 }
 
+/// A `[[budgets]]` table: a limit on the calls of one tool (`tool`) or of every tool of one
+/// provider (`namespace`). Checked by the kernel after the policy permits a call (and after a
+/// person approved it, where one must), right before it runs.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetConfig {
+    /// One tool, by its full name (`files.read`).
+    #[serde(default)]
+    pub tool: Option<String>,
+    /// Every tool of the provider with this namespace (`fs`).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Calls that may run in one turn.
+    #[serde(default)]
+    pub calls_per_turn: Option<u64>,
+    /// A token bucket per principal across turns: this many calls at once, refilled at this
+    /// many per minute.
+    #[serde(default)]
+    pub calls_per_minute_per_principal: Option<u64>,
+    /// Bytes the turn's calls may return: the compact JSON text of each result's `content`
+    /// (and `structuredContent`). A call that starts below the limit runs whole.
+    #[serde(default)]
+    pub bytes_per_turn: Option<u64>,
+}
+
+impl BudgetConfig {
+    /// What the budget applies to: the tool's name or the namespace.
+    pub fn target(&self) -> &str {
+        self.tool
+            .as_deref()
+            .or(self.namespace.as_deref())
+            .unwrap_or("")
+    }
+
+    /// Checks one table (`index` counts from 0) against the configured providers.
+    fn check(&self, index: usize, providers: &[ProviderConfig]) -> Result<(), String> {
+        let at = format!("[[budgets]] #{} (budgets[{index}])", index + 1);
+        let namespaces: Vec<&str> = providers.iter().map(ProviderConfig::namespace).collect();
+        let known = namespaces.join(", ");
+        match (&self.tool, &self.namespace) {
+            (Some(_), Some(_)) | (None, None) => {
+                return Err(format!(
+                    "{at}: give exactly one of `tool` (a tool's full name) or `namespace` (a provider's)"
+                ));
+            }
+            (None, Some(ns)) => {
+                if !namespaces.contains(&ns.as_str()) {
+                    return Err(format!(
+                        "{at}: namespace = \"{ns}\" is no provider's namespace (configured: {known})"
+                    ));
+                }
+            }
+            (Some(tool), None) => {
+                let provider = providers.iter().find(|p| {
+                    tool.strip_prefix(p.namespace())
+                        .is_some_and(|rest| rest.starts_with('.') && rest.len() > 1)
+                });
+                match provider {
+                    None => {
+                        return Err(format!(
+                            "{at}: tool = \"{tool}\" names no provider's tool (a tool is `<namespace>.<name>`; configured namespaces: {known})"
+                        ));
+                    }
+                    // The files provider's tools are known now; a brokered provider's only once
+                    // its upstream lists them (such a budget for a tool it never lists applies
+                    // to nothing).
+                    Some(ProviderConfig::Files {
+                        namespace,
+                        writable,
+                        ..
+                    }) => {
+                        let name = &tool[namespace.len() + 1..];
+                        let mut tools = vec!["read", "list", "search"];
+                        if *writable {
+                            tools.push("write");
+                        }
+                        if !tools.contains(&name) {
+                            return Err(format!(
+                                "{at}: tool = \"{tool}\" is not a tool of files provider `{namespace}` (it has {})",
+                                tools
+                                    .iter()
+                                    .map(|t| format!("{namespace}.{t}"))
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ));
+                        }
+                    }
+                    Some(ProviderConfig::Mcp(_)) => {}
+                }
+            }
+        }
+        let limits = [
+            ("calls_per_turn", self.calls_per_turn),
+            (
+                "calls_per_minute_per_principal",
+                self.calls_per_minute_per_principal,
+            ),
+            ("bytes_per_turn", self.bytes_per_turn),
+        ];
+        if limits.iter().all(|(_, v)| v.is_none()) {
+            return Err(format!(
+                "{at}: no limit: give calls_per_turn, calls_per_minute_per_principal or bytes_per_turn"
+            ));
+        }
+        if let Some((key, _)) = limits.iter().find(|(_, v)| *v == Some(0)) {
+            return Err(format!(
+                "{at}: {key} = 0: a limit must be at least 1 (to refuse a tool altogether, write a policy)"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How long a call waits for a person's approval unless the config says otherwise.
+pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Most bridges one turn may have open at once, by default.
 pub const DEFAULT_MAX_BRIDGES_PER_TURN: usize = 8;
 
@@ -188,6 +304,15 @@ fn default_files_namespace() -> String {
     "files".into()
 }
 
+impl ProviderConfig {
+    pub fn namespace(&self) -> &str {
+        match self {
+            ProviderConfig::Files { namespace, .. } => namespace,
+            ProviderConfig::Mcp(m) => &m.namespace,
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -235,6 +360,11 @@ struct RawConfig {
     /// OpenTelemetry export (off unless present or `OTEL_EXPORTER_OTLP_*ENDPOINT` is set).
     #[serde(default)]
     otel: Option<OtelSettings>,
+    /// How long a call waits for a person's approval (default 120 s).
+    #[serde(default)]
+    approval_timeout_seconds: Option<u64>,
+    #[serde(default)]
+    budgets: Vec<BudgetConfig>,
 }
 
 /// A resolved configuration (all paths absolute or relative to the working directory).
@@ -276,6 +406,10 @@ pub struct Config {
     pub providers: Vec<ProviderConfig>,
     /// The `[otel]` section, as written (`telemetry::effective` adds the standard variables).
     pub otel: Option<OtelSettings>,
+    /// How long a call held for approval waits before it is refused `denied/approval_timeout`.
+    pub approval_timeout: Duration,
+    /// `[[budgets]]`, checked at load.
+    pub budgets: Vec<BudgetConfig>,
     /// The folder relative paths in provider entries resolve against.
     pub base: PathBuf,
 }
@@ -330,6 +464,31 @@ impl Config {
                     detail,
                 })
         };
+        for (i, b) in raw.budgets.iter().enumerate() {
+            b.check(i, &raw.providers)
+                .map_err(|detail| ConfigError::Parse {
+                    path: shown.clone(),
+                    detail,
+                })?;
+        }
+        match raw.approval_timeout_seconds {
+            Some(0) => {
+                return Err(ConfigError::Parse {
+                    path: shown,
+                    detail: "approval_timeout_seconds = 0: a call held for approval needs at least 1 s for a person to decide".into(),
+                });
+            }
+            Some(s) if Duration::from_secs(s) > MAX_TTL => {
+                return Err(ConfigError::Parse {
+                    path: shown,
+                    detail: format!(
+                        "approval_timeout_seconds = {s}: at most {} (a turn's longest life)",
+                        MAX_TTL.as_secs()
+                    ),
+                });
+            }
+            _ => {}
+        }
         let harness_group = group(raw.harness_group, "harness_group")?;
         let host_group = group(raw.host_group, "host_group")?;
         Ok(Config {
@@ -395,6 +554,10 @@ impl Config {
                 .collect(),
             pins: raw.pins.as_deref().map(rel),
             otel: raw.otel,
+            approval_timeout: raw
+                .approval_timeout_seconds
+                .map_or(DEFAULT_APPROVAL_TIMEOUT, Duration::from_secs),
+            budgets: raw.budgets,
             base: base.to_path_buf(),
         })
     }
@@ -457,6 +620,8 @@ impl Config {
             }],
             pins: None,
             otel: None,
+            approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
+            budgets: Vec::new(),
             base: dir.to_path_buf(),
         })
     }
@@ -523,6 +688,21 @@ mod tests {
             msg.contains("broker.toml") && msg.contains("line 4") && msg.contains("ftp"),
             "{msg}"
         );
+        for (bad, says) in [
+            (
+                "approval_timeout_seconds = 0",
+                "approval_timeout_seconds = 0",
+            ),
+            ("approval_timeout_seconds = 99999999", "at most 604800"),
+        ] {
+            std::fs::write(
+                &path,
+                format!("record = \"r\"\npolicy = \"p\"\n{bad}\n[[providers]]\ntype = \"files\"\nroot = \"data\"\n"),
+            )
+            .expect("w");
+            let msg = Config::from_file(&path).expect_err(bad).to_string();
+            assert!(msg.contains(says), "{msg}");
+        }
         let msg = Config::from_file(&dir.path().join("missing.toml"))
             .expect_err("missing")
             .to_string();

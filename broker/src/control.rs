@@ -90,7 +90,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
     }
     loop {
         let response = match reader.next::<ControlRequest>().await {
-            Ok(req) => handle(&broker, req).await,
+            Ok(req) => handle(&broker, req, uid).await,
             Err(IpcError::Closed) => return,
             Err(e) => {
                 let _ = write_frame(&mut send, &error("bad_frame", e.to_string())).await;
@@ -174,7 +174,11 @@ fn turn_context(open: &OpenTurn) -> Result<AccessContext, Refusal> {
     Ok(ctx)
 }
 
-async fn handle(broker: &Arc<Broker>, req: ControlRequest) -> ControlResponse {
+/// Longest reason a host may give with `approvals deny` (recorded, and shown to the model).
+pub const MAX_APPROVAL_REASON_BYTES: usize = 500;
+
+/// `uid`: the peer, a host uid (recorded as who decided an approval).
+async fn handle(broker: &Arc<Broker>, req: ControlRequest, uid: Option<u32>) -> ControlResponse {
     match req {
         ControlRequest::Hello { .. } => error("hello_again", "hello was already said"),
         ControlRequest::OpenTurn(open) => match open_turn(broker, *open).await {
@@ -195,7 +199,12 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest) -> ControlResponse {
             }
         }
         ControlRequest::ListTurns => ControlResponse::Turns {
-            turns: broker.turns.list().iter().map(|t| t.summary()).collect(),
+            turns: broker
+                .turns
+                .list()
+                .iter()
+                .map(|t| t.summary(&broker.kernel.budgets))
+                .collect(),
         },
         ControlRequest::Catalog { principal, agent } => {
             match context(&principal, agent.as_deref()) {
@@ -204,6 +213,10 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest) -> ControlResponse {
                     ControlResponse::Catalog {
                         catalog_hash: c.hash.clone(),
                         tools: c.tools.clone(),
+                        budgets: broker
+                            .kernel
+                            .budgets
+                            .left(None, &ctx.principal, c.namespaces()),
                     }
                 }
                 Err(e) => e.into(),
@@ -282,14 +295,22 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest) -> ControlResponse {
                     policies,
                 },
                 Verdict::Permitted {
-                    resolved, policies, ..
+                    resolved,
+                    policies,
+                    approval,
+                    ..
                 } => ControlResponse::Decision {
                     decision: "allow".into(),
                     outcome: Outcome::Succeeded,
                     message: format!(
-                        "allow: {tool} of {} — permitted by {}",
+                        "allow: {tool} of {} — permitted by {}{}",
                         resolved.resource.short(),
-                        policies.join(", ")
+                        policies.join(", "),
+                        if approval {
+                            ", once a person approves it (@approval(\"required\"))"
+                        } else {
+                            ""
+                        }
                     ),
                     requirement: Some(resolved.resource.requirement(&resolved.action)),
                     policies,
@@ -297,6 +318,40 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest) -> ControlResponse {
             }
         }
         ControlRequest::Telemetry => ControlResponse::Telemetry(broker.kernel.telemetry.stats()),
+        ControlRequest::Approvals => ControlResponse::Approvals {
+            approvals: broker.kernel.approvals.list(),
+        },
+        ControlRequest::DecideApproval {
+            id,
+            approve,
+            mut reason,
+        } => {
+            if let Some(r) = reason.as_mut() {
+                sharedos_proto::name::clip(r, MAX_APPROVAL_REASON_BYTES);
+            }
+            let decision = crate::approval::Decision {
+                approve,
+                by: uid,
+                reason,
+            };
+            let shown = sharedos_proto::name::shown(&id);
+            match broker.kernel.approvals.decide(&id, decision) {
+                Ok(()) => ControlResponse::ApprovalDecided {
+                    id,
+                    decision: if approve { "approved" } else { "denied" }.into(),
+                },
+                Err(crate::approval::DecideError::AlreadyDecided(_)) => error(
+                    "approval_decided",
+                    format!("approval `{shown}` was already decided: an approval id is used once"),
+                ),
+                Err(crate::approval::DecideError::Unknown(_)) => error(
+                    "no_such_approval",
+                    format!(
+                        "no call is waiting for approval `{shown}` (`sharedos-broker approvals` lists those that are)"
+                    ),
+                ),
+            }
+        }
         ControlRequest::Providers => ControlResponse::Providers {
             providers: broker.kernel.provider_statuses(),
         },
@@ -438,6 +493,7 @@ async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlRespon
         portable_names: open.portable_names,
         aliases,
         token_file,
+        budget_slots: broker.kernel.budgets.slots(),
     };
     let turn = broker
         .turns

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
-use sharedos_proto::ipc::CallAnswer;
+use sharedos_proto::ipc::{CallAnswer, PendingApproval};
 use sharedos_proto::record::{self, Arguments, Event};
 use sharedos_proto::{
     CancelCode, CatalogHash, DenyCode, FailCode, Outcome, PublishedToolDefinition, Requirement,
@@ -21,6 +21,8 @@ use sharedos_proto::{
 };
 use tokio_util::sync::CancellationToken;
 
+use crate::approval::{Approvals, Decision as Approval, approval_id};
+use crate::budget::{Budgets, Exhausted, TurnUse, returned_bytes};
 use crate::pins::Pins;
 use crate::policy::PolicyEngine;
 use crate::provider::{
@@ -169,6 +171,13 @@ impl Catalog {
     pub fn contains(&self, name: &str) -> bool {
         self.by_name.contains_key(name)
     }
+
+    /// Each tool's name and its provider's namespace (what budgets apply to).
+    pub fn namespaces(&self) -> impl Iterator<Item = (&str, &str)> + Clone {
+        self.by_name
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.authority.handler.namespace()))
+    }
 }
 
 /// A refusal or a permission, before execution.
@@ -184,6 +193,8 @@ pub enum Verdict {
         resolved: Box<Resolved>,
         arguments: Map<String, Value>,
         policies: Vec<String>,
+        /// A deciding permit asks for a person's approval (`@approval("required")`).
+        approval: bool,
     },
 }
 
@@ -204,11 +215,19 @@ pub struct Kernel {
     catalogs: Mutex<HashMap<(AccessContext, u64, u64), Arc<Catalog>>>,
     /// OpenTelemetry export (off unless configured): fed after each call's line is written.
     pub telemetry: Telemetry,
+    /// The config's `[[budgets]]` (none by default).
+    pub budgets: Budgets,
+    /// The calls waiting for a person's approval, and how long they wait.
+    pub approvals: Approvals,
 }
 
 fn requirement_of(resolved: &Resolved) -> Requirement {
     resolved.resource.requirement(&resolved.action)
 }
+
+/// What a call site is told when its call starts waiting for a person: the pending approval and
+/// the longest it will wait.
+pub type OnWait<'a> = &'a (dyn Fn(&PendingApproval, Duration) + Sync);
 
 /// Everything `invoke` needs to know about where a call came from.
 pub struct CallSite<'a> {
@@ -220,6 +239,10 @@ pub struct CallSite<'a> {
     pub identity: Option<&'a SystemIdentity>,
     /// The turn's places for blocking work (list, search, write), if it has a bound.
     pub blocking: Option<&'a Arc<tokio::sync::Semaphore>>,
+    /// What the turn has used of its per-turn budgets (`None`: budgets are not counted).
+    pub budget: Option<&'a TurnUse>,
+    /// Told when the call starts waiting for a person's approval, and for how long at most.
+    pub on_wait: Option<OnWait<'a>>,
 }
 
 impl Kernel {
@@ -245,6 +268,8 @@ impl Kernel {
             longest_call_timeout,
             catalogs: Mutex::new(HashMap::new()),
             telemetry: Telemetry::off(),
+            budgets: Budgets::default(),
+            approvals: Approvals::new(crate::config::DEFAULT_APPROVAL_TIMEOUT),
         }
     }
 
@@ -562,10 +587,14 @@ impl Kernel {
             resolved: Box::new(resolved),
             arguments,
             policies: decision.policies,
+            approval: decision.approval,
         }
     }
 
     /// The single call path. Returns once the call's record line is as durable as configured.
+    ///
+    /// After the check: a call a permit holds for approval waits for a person (and, approved,
+    /// is checked again under the policy in force then); then the budgets; then the provider.
     pub async fn invoke(
         self: &Arc<Self>,
         site: CallSite<'_>,
@@ -574,13 +603,67 @@ impl Kernel {
         cancel_cause: impl Fn() -> CancelCode,
     ) -> CallAnswer {
         let started = Instant::now();
-        let verdict = self.check_rejecting(
-            site.context,
-            site.catalog,
-            &call.tool,
-            call.arguments.as_ref(),
-            call.rejected_arguments.as_deref(),
-        );
+        let check = || {
+            self.check_rejecting(
+                site.context,
+                site.catalog,
+                &call.tool,
+                call.arguments.as_ref(),
+                call.rejected_arguments.as_deref(),
+            )
+        };
+        let mut verdict = check();
+        // For the call's span: the approval it waited for, and how that ended.
+        let mut approval: Option<(String, &'static str)> = None;
+        if let Verdict::Permitted {
+            approval: true,
+            resolved,
+            policies,
+            ..
+        } = &verdict
+        {
+            let requirement = Some(requirement_of(resolved));
+            let what = format!("{} of {}", call.tool, resolved.resource.short());
+            let waited = self
+                .approval(&site, &call, &what, requirement, policies.clone(), &cancel)
+                .await;
+            if self.telemetry.enabled() {
+                let arguments = match &call.arguments {
+                    None | Some(Value::Null) => Value::Object(Map::new()),
+                    Some(v) => v.clone(),
+                };
+                let id = approval_id(
+                    site.turn,
+                    &site.call_id,
+                    &site.context.principal,
+                    &call.tool,
+                    &arguments,
+                );
+                let decision = match &waited {
+                    Ok(()) => "approved",
+                    Err(e) => match e.0 {
+                        Outcome::Denied(DenyCode::ApprovalDenied) => "denied",
+                        Outcome::Denied(DenyCode::ApprovalTimeout) => "timeout",
+                        Outcome::Cancelled(_) => "cancelled",
+                        _ => "failed",
+                    },
+                };
+                approval = Some((id, decision));
+            }
+            match waited {
+                // Approved: decided again under the policy in force now (a permit that still
+                // asks for approval has it).
+                Ok(()) => verdict = check(),
+                Err(mut ending) => {
+                    if ending.0 == Outcome::Cancelled(CancelCode::ClientCancelled) {
+                        ending.0 = Outcome::Cancelled(cancel_cause());
+                    }
+                    return self
+                        .finish(&site, &call, started, *ending, None, approval)
+                        .await;
+                }
+            }
+        }
         let mut forwarded = None;
         let (outcome, message, requirement, policies, content) = match verdict {
             Verdict::Refused {
@@ -594,10 +677,44 @@ impl Kernel {
                 resolved,
                 arguments,
                 policies,
+                approval: _,
             } => {
                 let requirement = Some(requirement_of(&resolved));
                 forwarded.clone_from(&resolved.forwarded);
                 let what = format!("{} of {}", call.tool, resolved.resource.short());
+                // Budgets, last before the call runs: a call refused before here uses none.
+                let mut taken = None;
+                if !self.budgets.is_empty()
+                    && let Some(used) = site.budget
+                {
+                    match self.budgets.take(
+                        used,
+                        &site.context.principal,
+                        tool.name.as_str(),
+                        tool.authority.handler.namespace(),
+                    ) {
+                        Ok(t) => taken = t.counts_bytes().then_some((t, used)),
+                        Err(Exhausted(why)) => {
+                            let message = format!("denied: {what} — {why}");
+                            return self
+                                .finish(
+                                    &site,
+                                    &call,
+                                    started,
+                                    (
+                                        Outcome::Denied(DenyCode::BudgetExhausted),
+                                        Some(message),
+                                        requirement,
+                                        policies,
+                                        None,
+                                    ),
+                                    None,
+                                    approval,
+                                )
+                                .await;
+                        }
+                    }
+                }
                 // Write-ahead: a call that can change state is on record, as durable as the
                 // record is, before it runs; its outcome line follows. A crash in between leaves
                 // the intent, which the next start closes as `unknown`.
@@ -625,6 +742,7 @@ impl Kernel {
                                     None,
                                 ),
                                 None,
+                                approval,
                             )
                             .await;
                     }
@@ -646,6 +764,14 @@ impl Kernel {
                         Some(Err(Failure::new(FailCode::Timeout, format!("did not finish within {secs} s"))))
                     }
                 };
+                if let Some((taken, used)) = taken {
+                    let bytes = match &ran {
+                        Some(Ok(s)) => returned_bytes(&s.content, s.structured.as_ref()),
+                        Some(Err(f)) => returned_bytes(&f.content, None),
+                        None => 0,
+                    };
+                    self.budgets.add_bytes(used, &taken, bytes);
+                }
                 match ran {
                     None => (
                         Outcome::Cancelled(cancel_cause()),
@@ -677,8 +803,147 @@ impl Kernel {
             started,
             (outcome, message, requirement, policies, content),
             forwarded,
+            approval,
         )
         .await
+    }
+
+    /// Holds a permitted call for a person: records `approval_requested`, waits for a decision
+    /// from `control.sock`, the time limit or a cancellation, and records `approval_decided`.
+    /// `Ok` when approved; otherwise how the call ends (a cancellation as `client_cancelled`,
+    /// which the caller replaces with the real cause).
+    async fn approval(
+        &self,
+        site: &CallSite<'_>,
+        call: &ToolCall,
+        what: &str,
+        requirement: Option<Requirement>,
+        policies: Vec<String>,
+        cancel: &CancellationToken,
+    ) -> Result<(), Box<Ending>> {
+        let arguments = match &call.arguments {
+            None | Some(Value::Null) => Value::Object(Map::new()),
+            Some(v) => v.clone(),
+        };
+        let principal = &site.context.principal;
+        let id = approval_id(site.turn, &site.call_id, principal, &call.tool, &arguments);
+        let timeout = self.approvals.timeout;
+        let now = std::time::SystemTime::now();
+        let info = PendingApproval {
+            id: id.clone(),
+            turn: site.turn.to_owned(),
+            call_id: site.call_id.clone(),
+            principal: principal.clone(),
+            tool: call.tool.clone(),
+            arguments: arguments.clone(),
+            requested_at: crate::approval::rfc3339(now),
+            expires_at: crate::approval::rfc3339(now + timeout),
+        };
+        let internal = |why: String| {
+            Err(Box::new((
+                Outcome::Failed(FailCode::Internal),
+                Some(format!("failed: {what} — {why}; it was not run")),
+                requirement.clone(),
+                policies.clone(),
+                None,
+            )))
+        };
+        // On record before anyone can see it waiting.
+        let requested = Event::ApprovalRequested(record::ApprovalRequested {
+            turn: site.turn.to_owned(),
+            call_id: site.call_id.clone(),
+            request_id: call.request_id.clone(),
+            approval: id.clone(),
+            principal: principal.clone(),
+            tool: call.tool.clone(),
+            arguments: Some(self.recorded(arguments)),
+            requirement: requirement.clone(),
+            policies: policies.clone(),
+            expires_at: info.expires_at.clone(),
+            system_identity: site.identity.cloned(),
+        });
+        if let Err(e) = self.recorder.append(&requested).await {
+            tracing::error!(error = %e, call_id = %site.call_id, "approval_requested not recorded");
+            return internal(format!(
+                "the broker could not record the approval request ({e})"
+            ));
+        }
+        let Some(mut ticket) = self.approvals.wait(info.clone()) else {
+            return internal(format!("approval {id} is already taken"));
+        };
+        if let Some(on_wait) = site.on_wait {
+            on_wait(&info, timeout);
+        }
+        enum Waited {
+            Decided(Approval),
+            TimedOut,
+            /// With the decision a person gave just before, if one did: the call is cancelled
+            /// anyway, and the record keeps who decided what.
+            Cancelled(Option<Approval>),
+        }
+        let waited = tokio::select! {
+            d = &mut ticket.answer => d.map_or(Waited::TimedOut, Waited::Decided),
+            _ = cancel.cancelled() => Waited::Cancelled(ticket.withdraw()),
+            _ = tokio::time::sleep(timeout) => ticket.withdraw().map_or(Waited::TimedOut, Waited::Decided),
+        };
+        drop(ticket);
+        let (decision, by, reason) = match &waited {
+            Waited::Decided(d) | Waited::Cancelled(Some(d)) => (
+                if d.approve { "approved" } else { "denied" },
+                d.by,
+                d.reason.clone(),
+            ),
+            Waited::TimedOut => ("timeout", None, None),
+            Waited::Cancelled(None) => ("cancelled", None, None),
+        };
+        let decided = Event::ApprovalDecided(record::ApprovalDecided {
+            turn: site.turn.to_owned(),
+            call_id: site.call_id.clone(),
+            approval: id.clone(),
+            decision: decision.to_owned(),
+            decided_by: by,
+            reason: reason.clone(),
+            system_identity: site.identity.cloned(),
+        });
+        if let Err(e) = self.recorder.append(&decided).await {
+            tracing::error!(error = %e, call_id = %site.call_id, "approval_decided not recorded");
+            return internal(format!(
+                "the broker could not record the approval decision ({e})"
+            ));
+        }
+        let refused = |code, message: String| {
+            Err(Box::new((
+                Outcome::Denied(code),
+                Some(message),
+                requirement.clone(),
+                policies.clone(),
+                None,
+            )))
+        };
+        match waited {
+            Waited::Decided(d) if d.approve => Ok(()),
+            Waited::Decided(_) => refused(
+                DenyCode::ApprovalDenied,
+                format!(
+                    "denied: {what} — a person denied this call (approval {id}){}; do not retry it unchanged: tell the user, or do something else",
+                    reason.map(|r| format!(": {r}")).unwrap_or_default()
+                ),
+            ),
+            Waited::TimedOut => refused(
+                DenyCode::ApprovalTimeout,
+                format!(
+                    "denied: {what} — it needs a person's approval and nobody gave it within {} s (approval {id}); ask the user to approve it, then try again",
+                    timeout.as_secs()
+                ),
+            ),
+            Waited::Cancelled(_) => Err(Box::new((
+                Outcome::Cancelled(CancelCode::ClientCancelled),
+                None,
+                requirement,
+                policies,
+                None,
+            ))),
+        }
     }
 
     /// Makes a call's answer, and its record line, which must be written before it leaves.
@@ -689,6 +954,7 @@ impl Kernel {
         started: Instant,
         (outcome, message, requirement, policies, content): Ending,
         forwarded: Option<Map<String, Value>>,
+        approval: Option<(String, &'static str)>,
     ) -> CallAnswer {
         let duration = started.elapsed();
         let mut answer = CallAnswer {
@@ -723,8 +989,9 @@ impl Kernel {
             ));
         }
         if self.telemetry.enabled() {
-            self.telemetry
-                .call(self.call_span(site, call, &answer, duration));
+            let mut span = self.call_span(site, call, &answer, duration);
+            span.approval = approval;
+            self.telemetry.call(span);
         }
         answer
     }
@@ -754,6 +1021,7 @@ impl Kernel {
             end,
             traceparent: call.traceparent.clone(),
             tracestate: call.tracestate.clone(),
+            approval: None,
         }
     }
 
@@ -1067,6 +1335,8 @@ when { resource.path like "*secret*" };
             catalog: &catalog,
             identity: None,
             blocking: None,
+            budget: None,
+            on_wait: None,
         };
         let call = ToolCall {
             tool: "fake.read".into(),

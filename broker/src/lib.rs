@@ -22,7 +22,9 @@
 //!    (brokered MCP servers, with [`pins`]): the concrete providers. The kernel never imports
 //!    them; they and the kernel meet only in
 //! 7. [`provider`]: the provider interface (`ToolHandler`, `Provider`, `Authority`): all the
-//!    kernel knows of a provider.
+//!    kernel knows of a provider; half a floor below it, [`budget`] (the `[[budgets]]` limits and
+//!    what is left of them) and [`approval`] (the calls waiting for a person), which the kernel
+//!    consults on the call path and the handlers read.
 //! 8. [`policy`] (Cedar schema and policies, decisions, the catalogue question, `AccessContext`)
 //!    and [`config`] (the TOML config and the embedded default); half a floor below them,
 //!    [`chain`]: checking the record's hash chain and signed checkpoints (`records verify`).
@@ -34,9 +36,11 @@
 //! on a lower floor.
 
 pub mod admission;
+pub mod approval;
 pub mod assemble;
 pub mod beneath;
 pub mod bridge;
+pub mod budget;
 pub mod chain;
 pub mod config;
 pub mod control;

@@ -176,6 +176,9 @@ pub struct Decision {
     pub policies: Vec<String>,
     /// Evaluation errors (each makes the decision a deny if it could matter).
     pub errors: Vec<String>,
+    /// Allowed, and a deciding permit is annotated `@approval("required")`: the call waits for
+    /// a person before it runs.
+    pub approval: bool,
 }
 
 impl Decision {
@@ -185,15 +188,23 @@ impl Decision {
             forbidden: false,
             policies: vec![],
             errors: vec![error],
+            approval: false,
         }
     }
 }
+
+/// The annotation that makes a permit ask a person, and its one value.
+pub const APPROVAL_ANNOTATION: &str = "approval";
+pub const APPROVAL_REQUIRED: &str = "required";
 
 /// One loaded, validated policy set.
 pub struct PolicyVersion {
     pub version: u64,
     set: PolicySet,
     pub count: usize,
+    /// Ids of the permits annotated `@approval("required")` (empty in most sets: then a
+    /// decision does not look).
+    approval: std::collections::HashSet<String>,
     /// The set sliced per principal: only policies whose principal scope can match.
     sliced: Mutex<HashMap<String, Arc<PolicySet>>>,
     /// What every decision for one (principal, agent) shares, built and validated once.
@@ -206,10 +217,16 @@ type PrincipalKey = AccessContext;
 impl PolicyVersion {
     fn new(version: u64, set: PolicySet) -> Self {
         let count = set.policies().count();
+        let approval = set
+            .policies()
+            .filter(|p| p.annotation(APPROVAL_ANNOTATION).is_some())
+            .map(|p| p.id().to_string())
+            .collect();
         Self {
             version,
             set,
             count,
+            approval,
             sliced: Mutex::new(HashMap::new()),
             prepared: Mutex::new(HashMap::new()),
         }
@@ -397,6 +414,27 @@ pub fn compile_policies(schema: &Schema, path: &Path, src: &str) -> Result<Polic
             None => p.clone(),
         };
         renamed.push(policy);
+    }
+    for p in &renamed {
+        if let Some(value) = p.annotation(APPROVAL_ANNOTATION) {
+            let problem = if value != APPROVAL_REQUIRED {
+                Some(format!(
+                    "@{APPROVAL_ANNOTATION}(\"{value}\"): the one value is \"{APPROVAL_REQUIRED}\""
+                ))
+            } else if p.effect() != Effect::Permit {
+                Some(format!(
+                    "@{APPROVAL_ANNOTATION} on a forbid: only a permit can ask for a person's approval"
+                ))
+            } else {
+                None
+            };
+            if let Some(problem) = problem {
+                return Err(PolicyError::Invalid {
+                    path: shown.clone(),
+                    detail: format!("  policy `{}`: {problem}\n", p.id()),
+                });
+            }
+        }
     }
     let set = PolicySet::from_policies(renamed).map_err(|e| PolicyError::Parse {
         path: shown.clone(),
@@ -743,11 +781,15 @@ impl PolicyEngine {
                 set.policy(&PolicyId::new(id))
                     .is_some_and(|p: &Policy| p.effect() == Effect::Forbid)
             });
+        let approval = allowed
+            && !pv.approval.is_empty()
+            && policies.iter().any(|id| pv.approval.contains(id));
         Ok(Decision {
             allowed,
             forbidden,
             policies,
             errors,
+            approval,
         })
     }
 

@@ -315,6 +315,13 @@ impl Scan {
                 (Some("intent"), Some(id), _) => {
                     self.intents.insert(id, (seq, open_intent(obj)));
                 }
+                // A call held for approval is open until its `call` line, like an intent (an
+                // approved call that changes state writes its intent later, same callId).
+                (Some("approval_requested"), Some(id), _) => {
+                    self.intents
+                        .entry(id)
+                        .or_insert_with(|| (seq, open_intent(obj)));
+                }
                 (Some("call"), Some(id), _) => {
                     self.intents.remove(&id);
                 }
@@ -1394,6 +1401,39 @@ mod tests {
             let line: sharedos_proto::record::RecordLine = serde_json::from_str(l).expect("typed");
             assert_eq!(line.event, want);
         }
+    }
+
+    #[test]
+    fn a_call_left_waiting_for_approval_is_open_until_its_call_line() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("rec.jsonl");
+        let requested = |seq: u64, call: &str| {
+            format!(
+                r#"{{"seq":{seq},"at":"A","kind":"approval_requested","turn":"t","callId":"{call}","requestId":"1","approval":"ab","principal":"alice","tool":"files.read","arguments":{{}},"requirement":null,"policies":["ask"],"expiresAt":"B"}}"#
+            )
+        };
+        let answered = r#"{"seq":3,"at":"A","kind":"call","turn":"t","callId":"t.1","requestId":"1","tool":"files.read","arguments":{},"requirement":null,"outcome":"denied","code":"approval_denied"}"#;
+        std::fs::write(
+            &path,
+            format!(
+                "{}\n{}\n{answered}\n",
+                requested(1, "t.1"),
+                requested(2, "t.2")
+            ),
+        )
+        .expect("w");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("rt");
+        let _guard = rt.enter();
+        let (_rec, recovery) = Recorder::open(&path, RecordSync::Always).expect("open");
+        let open: Vec<&str> = recovery
+            .open_intents
+            .iter()
+            .map(|i| i.call_id.as_str())
+            .collect();
+        assert_eq!(open, ["t.2"]);
+        assert_eq!(recovery.open_intents[0].tool, "files.read");
     }
 
     #[test]

@@ -337,6 +337,8 @@ impl<'a> Replay<'a> {
         };
         let allowed = match (call.outcome.as_str(), call.code.as_str()) {
             ("denied", "no_permit" | "forbidden") => false,
+            // Permitted by the policy, then held for a person or over a budget.
+            ("denied", "approval_denied" | "approval_timeout" | "budget_exhausted") => true,
             ("denied", _) => {
                 self.report.not_decided_by_policy += 1;
                 return;
@@ -513,6 +515,19 @@ when { resource.path like "/public/*" };
         );
         assert!(r.changes.is_empty());
         assert_eq!(r.not_replayable, 0);
+    }
+
+    #[test]
+    fn a_call_refused_after_the_policy_permitted_it_replays_as_allowed() {
+        for code in ["budget_exhausted", "approval_denied", "approval_timeout"] {
+            let record = text(&[
+                opened(2, "t-1", alice()),
+                call(3, "t-1", "/public/a.txt", "denied", code),
+            ]);
+            let r = run(BASE, &record, None);
+            assert_eq!((r.replayable, r.unchanged), (1, 1), "{code}");
+            assert!(r.changes.is_empty(), "{code}");
+        }
     }
 
     #[test]

@@ -20,6 +20,7 @@ use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::budget::{Budgets, TurnUse};
 use crate::kernel::{AccessContext, Catalog};
 
 /// How long closing a turn waits for its in-flight calls to record their outcome.
@@ -59,6 +60,8 @@ pub struct Turn {
     pub close_reason: RwLock<Option<String>>,
     /// This turn's token file (the host writes it; removed when the turn closes).
     pub token_file: Option<std::path::PathBuf>,
+    /// What the turn has used of its per-turn budgets.
+    pub budget: TurnUse,
 }
 
 impl Turn {
@@ -67,8 +70,14 @@ impl Turn {
         format!("{}.{n}", self.id)
     }
 
-    pub fn summary(&self) -> TurnSummary {
+    /// What `turn list` shows, with what is left of the budgets that apply to its tools.
+    pub fn summary(&self, budgets: &Budgets) -> TurnSummary {
         TurnSummary {
+            budgets: budgets.left(
+                Some(&self.budget),
+                &self.context.principal,
+                self.catalog.namespaces(),
+            ),
             turn: self.id.clone(),
             principal: self.context.principal.clone(),
             agent: self.context.agent.clone(),
@@ -118,6 +127,8 @@ pub struct NewTurn {
     pub aliases: BTreeMap<String, AliasReport>,
     /// Where the host writes the turn's token.
     pub token_file: Option<TokenFileTemplate>,
+    /// Budget slots the turn counts (the kernel's `Budgets::slots`).
+    pub budget_slots: usize,
 }
 
 /// A host's token file path: absolute, with `{turn}` in its file name (and only there), so no
@@ -203,6 +214,7 @@ impl Turns {
             aliases: new.aliases,
             close_reason: RwLock::new(None),
             token_file: new.token_file.map(|t| t.for_turn(&id)),
+            budget: TurnUse::new(new.budget_slots),
         });
         if let Ok(mut m) = self.by_id.write() {
             m.insert(id.clone(), turn.clone());

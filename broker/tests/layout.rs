@@ -23,6 +23,8 @@ const FLOORS: &[(&str, f32)] = &[
     ("vpath", 6.5),
     ("pins", 6.5),
     ("provider", 7.0),
+    ("budget", 7.5),
+    ("approval", 7.5),
     ("policy", 8.0),
     ("config", 8.0),
     ("chain", 8.5),

@@ -126,6 +126,17 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The calls waiting for a person's approval (a permit annotated `@approval("required")`);
+    /// `approvals approve ID` lets one run, `approvals deny ID` refuses it.
+    #[command(args_conflicts_with_subcommands = true)]
+    Approvals {
+        #[command(subcommand)]
+        command: Option<ApprovalsCommand>,
+        /// Print a JSON array of {id, turn, callId, principal, tool, arguments, requestedAt,
+        /// expiresAt} instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// The MCP conformance column: run a real harness CLI against one turn and grade it.
     #[command(subcommand)]
     Column(ColumnCommand),
@@ -141,6 +152,26 @@ pub enum Command {
         /// Append what the model saw (requests, tool results) to this file as JSON Lines.
         #[arg(long, value_name = "FILE")]
         log: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ApprovalsCommand {
+    /// Let the waiting call run (it is checked again under the policy in force now). Your uid
+    /// is recorded as who decided. An id is used once: a decided or unknown id exits 1.
+    Approve {
+        /// The approval id (64 hex digits), as `approvals` lists it.
+        #[arg(value_name = "ID")]
+        id: String,
+    },
+    /// Refuse the waiting call: it is answered `denied/approval_denied`, with your reason.
+    Deny {
+        /// The approval id (64 hex digits), as `approvals` lists it.
+        #[arg(value_name = "ID")]
+        id: String,
+        /// Why (recorded, and shown to the model in the refusal; at most 500 bytes).
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
     },
 }
 
@@ -568,6 +599,24 @@ pub fn parse_tool_list(text: &str) -> anyhow::Result<Vec<PublishedToolDefinition
     Ok(out)
 }
 
+/// What is left of each budget, one line each: `budget "files.read calls_per_turn=3": 2 of 3 left`.
+fn print_budgets(budgets: &[sharedos_proto::ipc::BudgetLeft]) -> anyhow::Result<()> {
+    for b in budgets {
+        let refill = b
+            .refills_in_seconds
+            .map(|s| format!(", one more in {s} s"))
+            .unwrap_or_default();
+        outln!(
+            "  budget \"{}\": {} of {} left (per {}){refill}",
+            b.budget,
+            b.left,
+            b.limit,
+            b.scope
+        );
+    }
+    Ok(())
+}
+
 fn unexpected(r: ControlResponse) -> anyhow::Error {
     anyhow::anyhow!("unexpected answer from the broker: {r:?}")
 }
@@ -617,11 +666,15 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                 ControlResponse::Catalog {
                     catalog_hash,
                     tools,
+                    budgets,
                 } => {
                     if query.json {
-                        print_json(
-                            &serde_json::json!({"catalogHash": catalog_hash, "tools": tools}),
-                        )?;
+                        let mut v =
+                            serde_json::json!({"catalogHash": catalog_hash, "tools": tools});
+                        if !budgets.is_empty() {
+                            v["budgets"] = serde_json::to_value(&budgets)?;
+                        }
+                        print_json(&v)?;
                     } else {
                         outln!("catalogHash: {catalog_hash}");
                         for t in &tools {
@@ -634,6 +687,7 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                         if tools.is_empty() {
                             outln!("  (no tools: no policy could permit this principal anything)");
                         }
+                        print_budgets(&budgets)?;
                     }
                 }
                 r => return Err(unexpected(r)),
@@ -812,6 +866,7 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                                 t.calls,
                                 t.expires_at
                             );
+                            print_budgets(&t.budgets)?;
                         }
                     }
                 }
@@ -994,6 +1049,52 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
             }
             r => return Err(unexpected(r)),
         },
+        Command::Approvals {
+            command: None,
+            json,
+        } => match client.call(&ControlRequest::Approvals).await? {
+            ControlResponse::Approvals { approvals } => {
+                if json {
+                    print_json(&approvals)?;
+                } else if approvals.is_empty() {
+                    outln!("no calls are waiting for approval");
+                } else {
+                    for a in &approvals {
+                        outln!("{}", a.id);
+                        outln!(
+                            "  turn {} ({}) principal {}: {} {}",
+                            a.turn,
+                            a.call_id,
+                            a.principal,
+                            a.tool,
+                            a.arguments
+                        );
+                        outln!("  requested {}, expires {}", a.requested_at, a.expires_at);
+                    }
+                }
+            }
+            r => return Err(unexpected(r)),
+        },
+        Command::Approvals {
+            command: Some(decide),
+            ..
+        } => {
+            let (id, approve, reason) = match decide {
+                ApprovalsCommand::Approve { id } => (id, true, None),
+                ApprovalsCommand::Deny { id, reason } => (id, false, reason),
+            };
+            match client
+                .call(&ControlRequest::DecideApproval {
+                    id,
+                    approve,
+                    reason,
+                })
+                .await?
+            {
+                ControlResponse::ApprovalDecided { id, decision } => outln!("{decision} {id}"),
+                r => return Err(unexpected(r)),
+            }
+        }
         Command::Policy(PolicyCommand::Reload) => {
             match client.call(&ControlRequest::PolicyReload).await? {
                 ControlResponse::PolicyReloaded { version, policies } => {
@@ -1200,6 +1301,28 @@ pub fn record_row(line: &Value) -> String {
                 "{} pid={}",
                 b.turn,
                 b.peer.pid.map_or("null".to_owned(), |p| p.to_string())
+            ),
+        ),
+        Event::ApprovalRequested(a) => (
+            format!("{:?}", a.tool),
+            "waiting".to_owned(),
+            format!(
+                "{} approval={} expires={}",
+                a.call_id, a.approval, a.expires_at
+            ),
+        ),
+        Event::ApprovalDecided(d) => (
+            String::new(),
+            d.decision.clone(),
+            format!(
+                "{} approval={} by={}{}",
+                d.call_id,
+                d.approval,
+                d.decided_by.map_or("-".to_owned(), |u| u.to_string()),
+                d.reason
+                    .as_deref()
+                    .map(|r| format!(" reason={r:?}"))
+                    .unwrap_or_default()
             ),
         ),
         other => (

@@ -49,6 +49,14 @@ pub enum DenyCode {
     NoPermit,
     /// A `forbid` policy applies.
     Forbidden,
+    /// A `[[budgets]]` limit of the config is used up (calls per turn, calls per minute per
+    /// principal, bytes returned per turn).
+    BudgetExhausted,
+    /// The policy that permitted the call asks for a person's approval (`@approval("required")`)
+    /// and the person said no.
+    ApprovalDenied,
+    /// ... and nobody decided within `approval_timeout_seconds`.
+    ApprovalTimeout,
 }
 
 /// Why a call failed: it was permitted (or could not be checked) and then did not succeed.

@@ -127,6 +127,15 @@ pub enum BridgeEvent {
     TurnClosed {
         reason: String,
     },
+    /// Call `id` waits for a person's approval (`approval`, its id) until `expires_at`: its
+    /// answer comes later, at most `timeout_ms` from now (the shim waits that much longer, and
+    /// keeps a client that asked for progress informed).
+    Waiting {
+        id: u64,
+        approval: String,
+        expires_at: String,
+        timeout_ms: u64,
+    },
 }
 
 impl Serialize for BridgeEvent {
@@ -403,6 +412,41 @@ pub struct TurnSummary {
     pub expires_at: String,
     pub bridges: usize,
     pub calls: u64,
+    /// What is left of each budget that applies to this turn's tools.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<BudgetLeft>,
+}
+
+/// What is left of one `[[budgets]]` limit, for a turn or a principal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetLeft {
+    /// The budget as refusals name it: `files.read calls_per_turn=3`.
+    pub budget: String,
+    /// `turn` (calls or bytes per turn) or `principal` (calls per minute per principal).
+    pub scope: String,
+    pub limit: u64,
+    pub left: u64,
+    /// For a per-minute budget below its limit: seconds until one more call is allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refills_in_seconds: Option<f64>,
+}
+
+/// A call waiting for a person's approval, as `approvals` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingApproval {
+    /// The approval id: SHA-256 (hex) of the RFC 8785 JSON of {turn, callId, principal, tool,
+    /// arguments}, bound to this one call attempt.
+    pub id: String,
+    pub turn: String,
+    pub call_id: String,
+    pub principal: String,
+    pub tool: String,
+    /// The call's arguments as given.
+    pub arguments: Value,
+    pub requested_at: String,
+    pub expires_at: String,
 }
 
 /// Host → broker.
@@ -446,6 +490,15 @@ pub enum ControlRequest {
     PinProviders,
     /// What OpenTelemetry export did: spans queued, exported and dropped.
     Telemetry,
+    /// The calls waiting for a person's approval.
+    Approvals,
+    /// Approve (`approve: true`) or deny a waiting call by its approval id.
+    DecideApproval {
+        id: String,
+        approve: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
 }
 
 /// OpenTelemetry export's counts since the broker started (`sharedos-broker telemetry`).
@@ -486,6 +539,10 @@ pub enum ControlResponse {
     Catalog {
         catalog_hash: CatalogHash,
         tools: Vec<std::sync::Arc<PublishedToolDefinition>>,
+        /// What is left of each budget that applies to these tools (per-turn budgets at their
+        /// full limit: a new turn starts with them whole).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        budgets: Vec<BudgetLeft>,
     },
     Records {
         lines: Vec<Value>,
@@ -513,6 +570,14 @@ pub enum ControlResponse {
         pins: std::collections::BTreeMap<String, String>,
     },
     Telemetry(TelemetryStats),
+    Approvals {
+        approvals: Vec<PendingApproval>,
+    },
+    /// The decision reached the waiting call (`approved` or `denied`).
+    ApprovalDecided {
+        id: String,
+        decision: String,
+    },
     Error {
         code: String,
         message: String,

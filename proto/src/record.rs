@@ -69,6 +69,10 @@ pub enum Event {
     Checkpoint(Checkpoint),
     /// A torn last line (a crash mid-write) was cut off when the broker opened the record.
     TornTailCut(TornTailCut),
+    /// A permitted call waits for a person (`@approval("required")` on a deciding policy).
+    ApprovalRequested(ApprovalRequested),
+    /// The wait of an `approval_requested` call ended: approved, denied, timeout or cancelled.
+    ApprovalDecided(ApprovalDecided),
 }
 
 impl Event {
@@ -88,6 +92,8 @@ impl Event {
             Event::ChainStarted(_) => "chain_started",
             Event::Checkpoint(_) => "checkpoint",
             Event::TornTailCut(_) => "torn_tail_cut",
+            Event::ApprovalRequested(_) => "approval_requested",
+            Event::ApprovalDecided(_) => "approval_decided",
         }
     }
 
@@ -107,6 +113,8 @@ impl Event {
             Event::ChainStarted(e) => e.turn.as_deref(),
             Event::Checkpoint(e) => e.turn.as_deref(),
             Event::TornTailCut(e) => e.turn.as_deref(),
+            Event::ApprovalRequested(e) => Some(&e.turn),
+            Event::ApprovalDecided(e) => Some(&e.turn),
         }
     }
 }
@@ -267,6 +275,47 @@ pub struct Intent {
     #[serde(flatten)]
     pub arguments: Option<Arguments>,
     pub requirement: Option<Requirement>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_identity: Option<SystemIdentity>,
+}
+
+/// A permitted call that waits for a person's approval before it runs. Its `call` line follows
+/// when the wait ends (one per attempt, as always), after an `approval_decided` line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalRequested {
+    pub turn: String,
+    pub call_id: String,
+    pub request_id: Option<String>,
+    /// The approval id (hex SHA-256 of the RFC 8785 JSON of {turn, callId, principal, tool,
+    /// arguments}): what `sharedos-broker approvals approve|deny` takes.
+    pub approval: String,
+    pub principal: String,
+    pub tool: String,
+    #[serde(flatten)]
+    pub arguments: Option<Arguments>,
+    pub requirement: Option<Requirement>,
+    /// The policies that permitted the call (at least one asks for approval).
+    pub policies: Vec<String>,
+    /// When it is refused `denied/approval_timeout` if nobody decided.
+    pub expires_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_identity: Option<SystemIdentity>,
+}
+
+/// How the wait for an approval ended. The line's `at` is when.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalDecided {
+    pub turn: String,
+    pub call_id: String,
+    pub approval: String,
+    /// `approved` or `denied` (by a person), `timeout` or `cancelled`.
+    pub decision: String,
+    /// The uid on `control.sock` that approved or denied; `null` for timeout and cancelled.
+    pub decided_by: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_identity: Option<SystemIdentity>,
 }
@@ -517,6 +566,21 @@ mod tests {
             panic!()
         };
         assert_eq!(h.len(), 64);
+    }
+
+    #[test]
+    fn approval_lines_keep_their_field_order() {
+        let l = round_trip(
+            r#"{"seq":6,"at":"A","kind":"approval_requested","turn":"t","callId":"t.1","requestId":"1","approval":"ab","principal":"alice","tool":"files.read","arguments":{"path":"/private/a"},"requirement":{"action":"read","resource":"SharedOS::File::\"/private/a\"","namespace":"files"},"policies":["ask"],"expiresAt":"B"}"#,
+        );
+        assert_eq!(l.event.kind(), "approval_requested");
+        assert_eq!(l.event.turn(), Some("t"));
+        round_trip(
+            r#"{"seq":7,"at":"A","kind":"approval_decided","turn":"t","callId":"t.1","approval":"ab","decision":"denied","decidedBy":1000,"reason":"no"}"#,
+        );
+        round_trip(
+            r#"{"seq":8,"at":"A","kind":"approval_decided","turn":"t","callId":"t.1","approval":"ab","decision":"timeout","decidedBy":null}"#,
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use sharedos_proto::ipc::CallAnswer;
 use tokio_util::sync::CancellationToken;
 
 use crate::guard::Referral;
-use crate::link::Link;
+use crate::link::{Link, Waiting};
 use crate::render;
 
 /// Forwards calls to the broker. Cheap to clone: one per call task.
@@ -20,11 +20,42 @@ pub struct Caller {
     link: Arc<Link>,
     /// Portable ↔ canonical names, when the client cannot carry a dot.
     portable: Option<Arc<PortableNames>>,
+    /// Whole lines for stdout (newline included): the progress notifications of calls that
+    /// wait for a person's approval. Weak: it never keeps stdout's writer from finishing.
+    notes: Option<tokio::sync::mpsc::WeakSender<Vec<u8>>>,
+}
+
+/// The `notifications/progress` line (newline included) of a call waiting for approval.
+pub fn progress_line(token: &Value, waiting: &Waiting, n: u64) -> Vec<u8> {
+    let line = serde_json::json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/progress",
+        "params": {
+            "progressToken": token,
+            "progress": n,
+            "message": format!(
+                "waiting for a person to approve this call (approval {}); refused at {} unless approved",
+                waiting.approval, waiting.expires_at
+            ),
+        },
+    });
+    let mut bytes = line.to_string().into_bytes();
+    bytes.push(b'\n');
+    bytes
 }
 
 impl Caller {
     pub fn new(link: Arc<Link>, portable: Option<Arc<PortableNames>>) -> Self {
-        Self { link, portable }
+        Self {
+            link,
+            portable,
+            notes: None,
+        }
+    }
+
+    /// Where progress notifications go (the session's stdout queue).
+    pub fn set_notes(&mut self, notes: &tokio::sync::mpsc::Sender<Vec<u8>>) {
+        self.notes = Some(notes.downgrade());
     }
 
     /// Sends a referred call to the broker; resolves with its answer (or the shim's own, when the
@@ -38,6 +69,7 @@ impl Caller {
             rejected: rejected_arguments,
             protocol: _,
             trace,
+            progress: token,
         } = referral;
         // A portable name is mapped back to the canonical one; any other string goes as sent.
         let tool = match &self.portable {
@@ -52,7 +84,18 @@ impl Caller {
             traceparent: trace.parent,
             tracestate: trace.state,
         };
-        match self.link.call(call, cancel).await {
+        let notes = self.notes.as_ref();
+        let shown = tool.clone();
+        let mut progress = |w: &Waiting, n: u64| {
+            if n == 1 {
+                tracing::info!(tool = %shown, approval = %w.approval, expires_at = %w.expires_at, "the call waits for a person's approval");
+            }
+            if let (Some(token), Some(notes)) = (&token, notes.and_then(|n| n.upgrade())) {
+                // A progress note that finds stdout's queue full is dropped, not waited for.
+                let _ = notes.try_send(progress_line(token, w, n));
+            }
+        };
+        match self.link.call(call, cancel, &mut progress).await {
             Some(Ok(answer)) => Some(answer),
             Some(Err(why)) => Some(render::local_answer(&tool, &why)),
             None => None,

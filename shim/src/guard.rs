@@ -64,6 +64,10 @@ pub struct Referral {
     /// The W3C trace context the call carries in `params._meta` (`traceparent`, `tracestate`),
     /// passed to the broker for the call's span.
     pub trace: TraceContext,
+    /// `params._meta.progressToken` (a string or a number): the client asked for
+    /// `notifications/progress` about this call (sent while it waits for a person's approval).
+    /// Boxed: rare, and a referral stays as small as it was.
+    pub progress: Option<Box<Value>>,
 }
 
 /// `params._meta.traceparent` and `tracestate`, when they are strings of a sane length (the W3C
@@ -100,6 +104,13 @@ fn stated_protocol(meta: Option<&Value>) -> Option<String> {
     meta.and_then(|m| m.get(PROTOCOL_META_KEY))
         .and_then(Value::as_str)
         .map(str::to_owned)
+}
+
+/// The progress token a request's `_meta` carries, if it is a string or a number.
+fn progress_token(meta: Option<&Value>) -> Option<Box<Value>> {
+    meta.and_then(|m| m.get("progressToken"))
+        .filter(|t| t.is_string() || t.is_number())
+        .map(|t| Box::new(t.clone()))
 }
 
 /// A call's `name` as the kernel gets it (see [`Referral::tool`]).
@@ -161,6 +172,7 @@ pub fn check_oversize(len: usize, prefix: &[u8], sha256: &str) -> Verdict {
             tool: seen.name.unwrap_or_default(),
             arguments: None,
             protocol: None,
+            progress: None,
             rejected: Some(format!(
                 "the message is {len} bytes (SHA-256 {sha256}); the limit is {MAX_LINE_BYTES} bytes"
             )),
@@ -305,6 +317,7 @@ fn check_deep_line(line: &[u8], depth: usize) -> Verdict {
                 tool: tool_text(name),
                 arguments: None,
                 protocol: None,
+                progress: None,
                 rejected: Some(why),
                 trace: TraceContext::default(),
             })
@@ -382,7 +395,7 @@ pub fn check_line_fast(line: &[u8]) -> Option<Verdict> {
     };
     Some(match message.method {
         "tools/call" => {
-            let (name, arguments, protocol, trace) = match object {
+            let (name, arguments, protocol, trace, progress) = match object {
                 Some(p) => {
                     let p: CallParams = serde_json::from_str(p.get()).ok()?;
                     let meta = p.meta.as_ref();
@@ -391,9 +404,10 @@ pub fn check_line_fast(line: &[u8]) -> Option<Verdict> {
                         p.arguments,
                         stated_protocol(meta),
                         TraceContext::of(meta),
+                        progress_token(meta),
                     )
                 }
-                None => (None, None, None, TraceContext::default()),
+                None => (None, None, None, TraceContext::default(), None),
             };
             Verdict::Refer(Referral {
                 id: message.id,
@@ -402,6 +416,7 @@ pub fn check_line_fast(line: &[u8]) -> Option<Verdict> {
                 protocol,
                 rejected: None,
                 trace,
+                progress,
             })
         }
         "notifications/cancelled" if message.id.is_none() => {
@@ -519,6 +534,7 @@ pub fn check_line_full(line: &[u8]) -> Verdict {
             protocol: stated_protocol(params.and_then(|p| p.get("_meta"))),
             rejected: None,
             trace: TraceContext::of(params.and_then(|p| p.get("_meta"))),
+            progress: progress_token(params.and_then(|p| p.get("_meta"))),
         });
     }
     if method == "notifications/cancelled"
@@ -724,6 +740,7 @@ mod tests {
                 protocol: None,
                 rejected: None,
                 trace: TraceContext::default(),
+                progress: None,
             }
         );
         let r = refer(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":5}}"#);
@@ -759,8 +776,14 @@ mod tests {
                 protocol: None,
                 rejected: None,
                 trace: TraceContext::default(),
+                progress: None,
             }
         );
+        // A client that asks for progress about the call.
+        let r = refer(
+            br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","_meta":{"progressToken":"p-1"}}}"#,
+        );
+        assert_eq!(r.progress, Some(Box::new(json!("p-1"))));
         // A 2026-07-28 client states its version on the call itself.
         let r = refer(
             br#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"x","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,

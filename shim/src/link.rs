@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,6 +18,7 @@ use sharedos_proto::ipc::{
 use sharedos_proto::{CatalogHash, PublishedToolDefinition};
 use tokio::io::WriteHalf;
 use tokio::sync::oneshot;
+use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::ShimError;
@@ -45,7 +47,39 @@ pub enum LinkDown {
     NoAnswer(Duration),
 }
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<CallAnswer, LinkDown>>>>>;
+/// A call the broker holds for a person's approval.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Waiting {
+    /// The approval id (`sharedos-broker approvals approve ID`).
+    pub approval: String,
+    pub expires_at: String,
+    /// The longest the broker waits for the person: the shim waits that much longer.
+    pub timeout: Duration,
+}
+
+/// The longest a broker may ask the shim to wait for a person (its `approval_timeout_seconds`
+/// is at most a turn's longest life, 7 days).
+const MAX_WAIT: Duration = Duration::from_secs(8 * 24 * 3600);
+
+/// How often a client that asked for progress hears that its call is still waiting.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// The progress timer's next tick; never, without one.
+async fn next_tick(tick: &mut Option<Pin<Box<Sleep>>>) {
+    match tick {
+        Some(t) => t.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What a pending call hears from the reader: its answer, or that it waits for a person (and
+/// where its answer will come instead).
+enum Reply {
+    Answer(CallAnswer),
+    Waiting(Waiting, oneshot::Receiver<Result<Reply, LinkDown>>),
+}
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Reply, LinkDown>>>>>;
 
 pub struct Link {
     /// The write half; each caller writes its own frame under the lock. `None` once the link
@@ -134,7 +168,30 @@ impl Link {
                     Ok(BridgeEvent::Answer { id, answer }) => {
                         let tx = l.pending.lock().ok().and_then(|mut m| m.remove(&id));
                         if let Some(tx) = tx {
-                            let _ = tx.send(Ok(answer));
+                            let _ = tx.send(Ok(Reply::Answer(answer)));
+                        }
+                    }
+                    // The call's answer will come later: it goes to a new place, and the call
+                    // hears where.
+                    Ok(BridgeEvent::Waiting {
+                        id,
+                        approval,
+                        expires_at,
+                        timeout_ms,
+                    }) => {
+                        let (next, later) = oneshot::channel();
+                        let tx = l.pending.lock().ok().and_then(|mut m| {
+                            let tx = m.remove(&id)?;
+                            m.insert(id, next);
+                            Some(tx)
+                        });
+                        if let Some(tx) = tx {
+                            let waiting = Waiting {
+                                approval,
+                                expires_at,
+                                timeout: Duration::from_millis(timeout_ms),
+                            };
+                            let _ = tx.send(Ok(Reply::Waiting(waiting, later)));
                         }
                     }
                     Ok(BridgeEvent::TurnClosed { reason }) => {
@@ -190,17 +247,20 @@ impl Link {
     }
 
     /// Forwards one call; resolves with the broker's answer, or why there is none.
-    /// Cancelling `cancel` sends a cancel frame and resolves `None`.
+    /// Cancelling `cancel` sends a cancel frame and resolves `None`. While the broker holds the
+    /// call for a person's approval, `progress` is told so at once and every
+    /// [`PROGRESS_EVERY`] (with a count from 1), and the answer is awaited that much longer.
     pub async fn call(
         &self,
         call: ToolCall,
         cancel: &CancellationToken,
+        progress: &mut (dyn FnMut(&Waiting, u64) + Send),
     ) -> Option<Result<CallAnswer, LinkDown>> {
         if let Some(why) = self.end_reason.lock().ok().and_then(|r| r.clone()) {
             return Some(Err(why));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
+        let (tx, mut rx) = oneshot::channel();
         if let Ok(mut m) = self.pending.lock() {
             m.insert(id, tx);
         }
@@ -209,26 +269,55 @@ impl Link {
                 "the connection to the SharedOS broker is closed".into(),
             ));
         }
-        tokio::select! {
-            // An answer (or the link's end) wins over a cancellation that arrives with it: the
-            // call gets its answer rather than nothing.
-            biased;
-            r = rx => Some(r.unwrap_or_else(|_| Err(LinkDown::BrokerGone("the broker link dropped the call".into())))),
-            _ = self.ended.cancelled() => {
-                let why = self.end_reason.lock().ok().and_then(|r| r.clone());
-                Some(Err(why.unwrap_or_else(|| LinkDown::BrokerGone("the broker link ended".into()))))
-            }
-            _ = cancel.cancelled() => {
-                if let Ok(mut m) = self.pending.lock() { m.remove(&id); }
-                let _ = self.send(&BridgeRequest::Cancel { id }).await;
-                None
-            }
-            // A lost answer, or a broker that hangs: the call is answered anyway, and the broker
-            // is told to stop it.
-            _ = tokio::time::sleep(self.deadline) => {
-                if let Ok(mut m) = self.pending.lock() { m.remove(&id); }
-                let _ = self.send(&BridgeRequest::Cancel { id }).await;
-                Some(Err(LinkDown::NoAnswer(self.deadline)))
+        let mut deadline = self.deadline;
+        let no_answer = tokio::time::sleep(deadline);
+        tokio::pin!(no_answer);
+        // Made only once the call waits for a person: an ordinary call sets up one timer.
+        let mut waiting: Option<(Waiting, u64)> = None;
+        let mut tick: Option<Pin<Box<Sleep>>> = None;
+        loop {
+            tokio::select! {
+                // An answer (or the link's end) wins over a cancellation that arrives with it: the
+                // call gets its answer rather than nothing.
+                biased;
+                r = &mut rx => match r {
+                    Ok(Ok(Reply::Answer(answer))) => return Some(Ok(answer)),
+                    Ok(Ok(Reply::Waiting(w, later))) => {
+                        rx = later;
+                        deadline = w.timeout.min(MAX_WAIT).saturating_add(self.deadline);
+                        no_answer.as_mut().reset(tokio::time::Instant::now() + deadline);
+                        progress(&w, 1);
+                        tick = Some(Box::pin(tokio::time::sleep(PROGRESS_EVERY)));
+                        waiting = Some((w, 1));
+                    }
+                    Ok(Err(why)) => return Some(Err(why)),
+                    Err(_) => return Some(Err(LinkDown::BrokerGone("the broker link dropped the call".into()))),
+                },
+                _ = self.ended.cancelled() => {
+                    let why = self.end_reason.lock().ok().and_then(|r| r.clone());
+                    return Some(Err(why.unwrap_or_else(|| LinkDown::BrokerGone("the broker link ended".into()))));
+                }
+                _ = cancel.cancelled() => {
+                    if let Ok(mut m) = self.pending.lock() { m.remove(&id); }
+                    let _ = self.send(&BridgeRequest::Cancel { id }).await;
+                    return None;
+                }
+                // A lost answer, or a broker that hangs: the call is answered anyway, and the
+                // broker is told to stop it.
+                _ = &mut no_answer => {
+                    if let Ok(mut m) = self.pending.lock() { m.remove(&id); }
+                    let _ = self.send(&BridgeRequest::Cancel { id }).await;
+                    return Some(Err(LinkDown::NoAnswer(deadline)));
+                }
+                _ = next_tick(&mut tick), if waiting.is_some() => {
+                    if let Some((w, n)) = waiting.as_mut() {
+                        *n += 1;
+                        progress(w, *n);
+                    }
+                    if let Some(t) = tick.as_mut() {
+                        t.as_mut().reset(tokio::time::Instant::now() + PROGRESS_EVERY);
+                    }
+                }
             }
         }
     }

@@ -58,6 +58,10 @@ pub trait Calls: Send + 'static {
         referral: Referral,
         cancel: CancellationToken,
     ) -> impl Future<Output = Option<Vec<u8>>> + Send + 'static;
+
+    /// Where the calls may put notifications for the client (whole lines, newline included):
+    /// the session's stdout queue, given once before the first call.
+    fn notify_to(&mut self, _out: &tokio::sync::mpsc::Sender<Vec<u8>>) {}
 }
 
 impl<F, A> Calls for F
@@ -82,6 +86,10 @@ struct Forward {
 }
 
 impl Calls for Forward {
+    fn notify_to(&mut self, out: &tokio::sync::mpsc::Sender<Vec<u8>>) {
+        self.caller.set_notes(out);
+    }
+
     fn answer(
         &self,
         mut referral: Referral,
@@ -213,7 +221,7 @@ enum Event<T> {
 pub async fn run<R, W, C, E, F, T>(
     stdin: R,
     stdout: W,
-    calls: C,
+    mut calls: C,
     ended: E,
     rmcp: F,
     grace: Duration,
@@ -230,6 +238,7 @@ where
     let (mut to_rmcp, rmcp_in) = tokio::io::duplex(PIPE_BYTES);
     let (rmcp_out, from_rmcp) = tokio::io::duplex(PIPE_BYTES);
     let (out, writer) = stdio::writer(stdout, from_rmcp);
+    calls.notify_to(&out);
     let mut rmcp = tokio::spawn(rmcp((rmcp_in, rmcp_out)));
     let mut rmcp_end = None;
 

@@ -81,8 +81,10 @@ pub struct Options {
     pub latency_ms: Option<u64>,
     pub call_timeout_seconds: Option<u64>,
     pub record_sync: &'static str,
-    /// TOML appended to the config as written (a section such as `[otel]`).
-    pub extra: String,
+    /// More top-level config keys (`key = value` lines).
+    pub top: String,
+    /// More tables, after `[[providers]]` (`[[budgets]]`, ...).
+    pub tables: String,
 }
 
 impl Default for Options {
@@ -93,7 +95,8 @@ impl Default for Options {
             latency_ms: None,
             call_timeout_seconds: None,
             record_sync: "always",
-            extra: String::new(),
+            top: String::new(),
+            tables: String::new(),
         }
     }
 }
@@ -122,6 +125,7 @@ pub fn write_config(dir: &Path, opts: &Options) -> PathBuf {
     if let Some(t) = opts.call_timeout_seconds {
         toml.push_str(&format!("call_timeout_seconds = {t}\n"));
     }
+    toml.push_str(&opts.top);
     toml.push_str(&format!(
         "[[providers]]\ntype = \"files\"\nnamespace = \"files\"\nroot = \"data\"\nwritable = {}\n",
         opts.writable
@@ -129,7 +133,7 @@ pub fn write_config(dir: &Path, opts: &Options) -> PathBuf {
     if let Some(l) = opts.latency_ms {
         toml.push_str(&format!("latency_ms = {l}\n"));
     }
-    toml.push_str(&opts.extra);
+    toml.push_str(&opts.tables);
     let path = dir.join("broker.toml");
     std::fs::write(&path, toml).expect("write config");
     path

@@ -7,7 +7,9 @@
     reason = "test code: a failed expectation is the test failing"
 )]
 
+mod approvals;
 mod boundary;
+mod budgets;
 mod cli;
 mod deploy;
 mod faults;

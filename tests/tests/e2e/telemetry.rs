@@ -135,7 +135,7 @@ async fn spans_reach_a_real_backend_and_a_dead_one_costs_no_call() {
     let broker = TestBroker::start(Options {
         // Slow enough that a call can be cancelled while it runs.
         latency_ms: Some(400),
-        extra: format!(
+        tables: format!(
             "[otel]\nendpoint = \"http://127.0.0.1:{}\"\nmetrics = false\ntimeout_seconds = 2\n",
             phoenix.port
         ),

@@ -1,0 +1,265 @@
+//! Approvals: "ask a person" as a kernel outcome.
+//!
+//! A call permitted by a policy annotated `@approval("required")` waits in the kernel, on the
+//! call path, for a host's `approvals approve|deny ID` (over `control.sock`). This module holds
+//! the calls waiting (one oneshot each, in the broker's shared state) and nothing else: the
+//! kernel records, waits, times out and cancels; `control` lists and decides.
+//!
+//! An approval id is the hex SHA-256 of the RFC 8785 JSON of `{turn, callId, principal, tool,
+//! arguments}`: bound to the exact call (another call, with other arguments, has another id) and
+//! to one attempt (the same call made again is a new attempt, with a new `callId` and id). An id
+//! is decided once: deciding it again, or an id that never existed, is an error naming it.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sharedos_proto::ipc::PendingApproval;
+use tokio::sync::oneshot;
+
+use crate::lock;
+
+/// Decided ids remembered, so a second decision gets "already decided", not "no such id".
+const DECIDED_MAX: usize = 4096;
+
+/// A person's answer, from `control.sock`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub approve: bool,
+    /// The peer uid on `control.sock`.
+    pub by: Option<u32>,
+    pub reason: Option<String>,
+}
+
+/// Why a decision could not be given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecideError {
+    #[error("approval `{0}` was already decided (an approval id is used once)")]
+    AlreadyDecided(String),
+    #[error("no call is waiting for approval `{0}` (see `sharedos-broker approvals`)")]
+    Unknown(String),
+}
+
+struct Waiting {
+    info: PendingApproval,
+    answer: oneshot::Sender<Decision>,
+}
+
+#[derive(Default)]
+struct Decided {
+    order: VecDeque<String>,
+    set: HashSet<String>,
+}
+
+/// The calls waiting for a person, by approval id.
+pub struct Approvals {
+    pub timeout: Duration,
+    waiting: Mutex<HashMap<String, Waiting>>,
+    decided: Mutex<Decided>,
+}
+
+/// A time as `approvals` shows it: RFC 3339 UTC.
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    let t: time::OffsetDateTime = t.into();
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+/// The approval id of one call attempt.
+pub fn approval_id(
+    turn: &str,
+    call_id: &str,
+    principal: &str,
+    tool: &str,
+    arguments: &Value,
+) -> String {
+    let bound = json!({
+        "turn": turn,
+        "callId": call_id,
+        "principal": principal,
+        "tool": tool,
+        "arguments": arguments,
+    });
+    let text =
+        sharedos_proto::catalog::canonical_json(&bound).unwrap_or_else(|_| bound.to_string());
+    sharedos_proto::catalog::sha256_hex(text.as_bytes())
+}
+
+/// A call's place in the table; leaving it (dropped or [`Ticket::withdraw`]n) takes it out.
+pub struct Ticket<'a> {
+    approvals: &'a Approvals,
+    id: String,
+    pub answer: oneshot::Receiver<Decision>,
+}
+
+impl Ticket<'_> {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Stops waiting (time out, cancellation). `None`: the call was still waiting and is out
+    /// now; `Some`: a decision took it first, and here it is.
+    pub fn withdraw(&mut self) -> Option<Decision> {
+        let removed = lock(&self.approvals.waiting).remove(&self.id);
+        match removed {
+            Some(_) => {
+                self.approvals.remember(&self.id);
+                None
+            }
+            None => self.answer.try_recv().ok(),
+        }
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if lock(&self.approvals.waiting).remove(&self.id).is_some() {
+            self.approvals.remember(&self.id);
+        }
+    }
+}
+
+impl Approvals {
+    pub fn new(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            waiting: Mutex::default(),
+            decided: Mutex::default(),
+        }
+    }
+
+    /// Puts a call in the table. `None` if its id is already there (which cannot happen for two
+    /// attempts: each has its own `callId`).
+    pub fn wait(&self, info: PendingApproval) -> Option<Ticket<'_>> {
+        let (tx, rx) = oneshot::channel();
+        let id = info.id.clone();
+        let mut waiting = lock(&self.waiting);
+        if waiting.contains_key(&id) || lock(&self.decided).set.contains(&id) {
+            return None;
+        }
+        waiting.insert(id.clone(), Waiting { info, answer: tx });
+        Some(Ticket {
+            approvals: self,
+            id,
+            answer: rx,
+        })
+    }
+
+    /// A person's decision on `id`: taken out of the table and handed to the waiting call.
+    pub fn decide(&self, id: &str, decision: Decision) -> Result<(), DecideError> {
+        let mut waiting = lock(&self.waiting);
+        let Some(w) = waiting.remove(id) else {
+            return Err(if lock(&self.decided).set.contains(id) {
+                DecideError::AlreadyDecided(id.to_owned())
+            } else {
+                DecideError::Unknown(id.to_owned())
+            });
+        };
+        self.remember(id);
+        // Sent under the lock: a call that withdraws after this finds the decision waiting.
+        let sent = w.answer.send(decision);
+        drop(waiting);
+        sent.map_err(|_| DecideError::Unknown(id.to_owned()))
+    }
+
+    /// The calls waiting now, oldest first.
+    pub fn list(&self) -> Vec<PendingApproval> {
+        let mut all: Vec<PendingApproval> = lock(&self.waiting)
+            .values()
+            .map(|w| w.info.clone())
+            .collect();
+        all.sort_by(|a, b| a.requested_at.cmp(&b.requested_at).then(a.id.cmp(&b.id)));
+        all
+    }
+
+    fn remember(&self, id: &str) {
+        let mut d = lock(&self.decided);
+        if d.set.insert(id.to_owned()) {
+            d.order.push_back(id.to_owned());
+            if d.order.len() > DECIDED_MAX
+                && let Some(old) = d.order.pop_front()
+            {
+                d.set.remove(&old);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used, clippy::panic, reason = "test code")]
+mod tests {
+    use super::*;
+
+    fn info(id: &str) -> PendingApproval {
+        PendingApproval {
+            id: id.into(),
+            turn: "t".into(),
+            call_id: "t.1".into(),
+            principal: "alice".into(),
+            tool: "files.read".into(),
+            arguments: json!({}),
+            requested_at: "a".into(),
+            expires_at: "b".into(),
+        }
+    }
+
+    fn yes() -> Decision {
+        Decision {
+            approve: true,
+            by: Some(1),
+            reason: None,
+        }
+    }
+
+    #[test]
+    fn ids_are_bound_to_the_call() {
+        let a = approval_id("t", "t.1", "alice", "files.read", &json!({"path": "/a"}));
+        let b = approval_id("t", "t.1", "alice", "files.read", &json!({"path": "/b"}));
+        let c = approval_id("t", "t.2", "alice", "files.read", &json!({"path": "/a"}));
+        assert_eq!(a.len(), 64);
+        assert!(a != b && a != c);
+        assert_eq!(
+            a,
+            approval_id("t", "t.1", "alice", "files.read", &json!({"path": "/a"}))
+        );
+    }
+
+    #[test]
+    fn an_id_is_decided_once() {
+        let approvals = Approvals::new(Duration::from_secs(1));
+        let mut ticket = approvals.wait(info("x")).expect("waits");
+        assert_eq!(approvals.list().len(), 1);
+        assert_eq!(
+            approvals.decide("y", yes()),
+            Err(DecideError::Unknown("y".into()))
+        );
+        approvals.decide("x", yes()).expect("decided");
+        assert_eq!(
+            approvals.decide("x", yes()),
+            Err(DecideError::AlreadyDecided("x".into()))
+        );
+        assert_eq!(ticket.withdraw(), Some(yes()), "the decision won the race");
+        assert!(approvals.list().is_empty());
+        assert!(
+            approvals.wait(info("x")).is_none(),
+            "a decided id never waits again"
+        );
+    }
+
+    #[test]
+    fn a_withdrawn_or_dropped_ticket_leaves_the_table() {
+        let approvals = Approvals::new(Duration::from_secs(1));
+        let mut ticket = approvals.wait(info("x")).expect("waits");
+        assert_eq!(ticket.withdraw(), None);
+        assert!(approvals.decide("x", yes()).is_err());
+        let ticket2 = approvals.wait(info("z")).expect("waits");
+        drop(ticket2);
+        drop(ticket);
+        assert!(approvals.list().is_empty());
+        assert_eq!(
+            approvals.decide("z", yes()),
+            Err(DecideError::AlreadyDecided("z".into()))
+        );
+    }
+}

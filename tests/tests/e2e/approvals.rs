@@ -1,0 +1,532 @@
+//! Approvals: a call a permit annotated `@approval("required")` decides waits for a person. It
+//! is recorded `approval_requested`, listed by `sharedos-broker approvals`, and decided from
+//! another process (`approvals approve|deny ID`, over control.sock); it then runs (approved),
+//! is refused `denied/approval_denied` or `denied/approval_timeout`, or ends `cancelled` when
+//! the client cancels it. Real broker, shim (as the MCP client's server) and CLI processes.
+
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::kit::{Options, Raw, TestBroker, WAIT, eventually, meta, run, text};
+
+const POLICY: &str = r#"
+@id("alice-public")
+permit(principal == SharedOS::User::"alice",
+       action in [SharedOS::Action::"read", SharedOS::Action::"list", SharedOS::Action::"search"],
+       resource is SharedOS::File)
+when { resource.path == "/public" || resource.path like "/public/*" };
+
+@id("alice-private-ask")
+@approval("required")
+permit(principal == SharedOS::User::"alice",
+       action == SharedOS::Action::"read",
+       resource is SharedOS::File)
+when { resource.path like "/private/*" };
+"#;
+
+async fn broker(top: &str) -> TestBroker {
+    let broker = TestBroker::start(Options {
+        policy: POLICY,
+        top: top.to_owned(),
+        ..Options::default()
+    })
+    .await;
+    std::fs::write(
+        broker.dir.path().join("data/private/other.txt"),
+        "another secret\n",
+    )
+    .expect("write");
+    broker
+}
+
+fn outcome(result: &Value) -> String {
+    let m = meta(result);
+    format!(
+        "{}/{}",
+        m["outcome"].as_str().unwrap_or("?"),
+        m["code"].as_str().unwrap_or("?")
+    )
+}
+
+/// Sends a `tools/call` without waiting for its answer.
+async fn send_read(raw: &mut Raw, id: i64, path: &str, progress: Option<&str>) {
+    let mut params = json!({"name": "files.read", "arguments": {"path": path}});
+    if let Some(token) = progress {
+        params["_meta"] = json!({"progressToken": token});
+    }
+    raw.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}))
+        .await;
+}
+
+/// `approvals --json`, from its own process.
+async fn pending(broker: &TestBroker) -> Vec<Value> {
+    let mut list = broker.cli();
+    list.args(["approvals", "--json"]);
+    let (code, out, err) = run(list).await;
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).expect("approvals --json is a JSON array")
+}
+
+/// Waits until `n` calls wait for approval; returns them.
+async fn wait_pending(broker: &TestBroker, n: usize) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let p = pending(broker).await;
+        if p.len() == n {
+            return p;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} pending approvals expected, have {p:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn decide(broker: &TestBroker, args: &[&str]) -> (i32, String, String) {
+    let mut cmd = broker.cli();
+    cmd.arg("approvals").args(args);
+    run(cmd).await
+}
+
+fn lines_of(broker: &TestBroker, turn: &str, kind: &str) -> Vec<Value> {
+    broker
+        .records()
+        .into_iter()
+        .filter(|l| l["turn"] == turn && l["kind"] == kind)
+        .collect()
+}
+
+fn my_uid(broker: &TestBroker) -> u32 {
+    std::fs::metadata(broker.dir.path()).expect("stat").uid()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_call_is_approved_from_a_second_process_and_then_runs() {
+    let broker = broker("").await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    // An ordinary call is not held.
+    let public = raw
+        .call(1, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(outcome(&public["result"]), "succeeded/ok");
+    send_read(&mut raw, 2, "/private/secret.txt", Some("tok-2")).await;
+    // The client asked for progress: it hears that the call waits, and for which approval.
+    let note = raw.recv().await;
+    assert_eq!(note["method"], "notifications/progress", "{note}");
+    assert_eq!(note["params"]["progressToken"], "tok-2");
+    assert_eq!(note["params"]["progress"], 1);
+    let listed = wait_pending(&broker, 1).await;
+    let a = &listed[0];
+    let id = a["id"].as_str().expect("id").to_owned();
+    assert_eq!(id.len(), 64);
+    assert!(
+        note["params"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&id)),
+        "{note}"
+    );
+    assert_eq!(a["turn"], turn.turn.as_str());
+    assert_eq!(a["principal"], "alice");
+    assert_eq!(a["tool"], "files.read");
+    assert_eq!(a["arguments"], json!({"path": "/private/secret.txt"}));
+    assert!(
+        a["requestedAt"].is_string() && a["expiresAt"].is_string(),
+        "{a}"
+    );
+    // The id is the hash of the call it is bound to.
+    let bound = json!({"turn": turn.turn, "callId": a["callId"], "principal": "alice",
+        "tool": "files.read", "arguments": {"path": "/private/secret.txt"}});
+    let canonical = sharedos_proto::catalog::canonical_json(&bound).expect("canonical");
+    assert_eq!(
+        id,
+        sharedos_proto::catalog::sha256_hex(canonical.as_bytes())
+    );
+
+    let (code, out, err) = decide(&broker, &["approve", &id]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), format!("approved {id}"));
+    let r = raw.response(2).await;
+    assert_eq!(outcome(&r["result"]), "succeeded/ok", "{r}");
+    assert_eq!(text(&r["result"]), "the secret\n");
+
+    // An id is used once: deciding it again, or an id that never existed, fails naming it.
+    let (code, _, err) = decide(&broker, &["approve", &id]).await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(&id) && err.contains("already decided"),
+        "{err}"
+    );
+    let never = "0".repeat(64);
+    let (code, _, err) = decide(&broker, &["deny", &never]).await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(&never) && err.contains("no call is waiting"),
+        "{err}"
+    );
+    assert!(pending(&broker).await.is_empty());
+    let (code, out, _) = decide(&broker, &[]).await;
+    assert_eq!((code, out.trim()), (0, "no calls are waiting for approval"));
+
+    // On record: requested, decided (by whom), then the call's one line.
+    let requested = lines_of(&broker, &turn.turn, "approval_requested");
+    let decided = lines_of(&broker, &turn.turn, "approval_decided");
+    let calls = broker.calls_of(&turn.turn);
+    assert_eq!((requested.len(), decided.len(), calls.len()), (1, 1, 2));
+    assert_eq!(requested[0]["approval"], id.as_str());
+    assert_eq!(requested[0]["policies"], json!(["alice-private-ask"]));
+    assert_eq!(
+        requested[0]["arguments"],
+        json!({"path": "/private/secret.txt"})
+    );
+    assert_eq!(decided[0]["decision"], "approved");
+    assert_eq!(decided[0]["decidedBy"], my_uid(&broker));
+    assert_eq!(calls[1]["callId"], requested[0]["callId"]);
+    assert_eq!(calls[1]["outcome"], "succeeded");
+    let seq = |l: &Value| l["seq"].as_u64().expect("seq");
+    assert!(seq(&requested[0]) < seq(&decided[0]) && seq(&decided[0]) < seq(&calls[1]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_denied_call_is_refused_with_the_reason_the_model_reads() {
+    let broker = broker("").await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    send_read(&mut raw, 1, "/private/secret.txt", None).await;
+    let listed = wait_pending(&broker, 1).await;
+    let id = listed[0]["id"].as_str().expect("id").to_owned();
+    let (code, out, err) =
+        decide(&broker, &["deny", &id, "--reason", "not before the audit"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), format!("denied {id}"));
+    let r = raw.response(1).await;
+    assert_eq!(outcome(&r["result"]), "denied/approval_denied", "{r}");
+    assert_eq!(r["result"]["isError"], true);
+    let why = text(&r["result"]);
+    assert!(
+        why.starts_with("denied: files.read of /private/secret.txt — a person denied this call")
+            && why.contains("not before the audit")
+            && why.contains(&id),
+        "{why}"
+    );
+    let decided = lines_of(&broker, &turn.turn, "approval_decided");
+    assert_eq!(decided.len(), 1);
+    assert_eq!(decided[0]["decision"], "denied");
+    assert_eq!(decided[0]["reason"], "not before the audit");
+    assert_eq!(decided[0]["decidedBy"], my_uid(&broker));
+    let calls = broker.calls_of(&turn.turn);
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        (calls[0]["outcome"].as_str(), calls[0]["code"].as_str()),
+        (Some("denied"), Some("approval_denied"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_nobody_decides_is_refused_when_its_time_is_up() {
+    let broker = broker("approval_timeout_seconds = 1\n").await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    let started = std::time::Instant::now();
+    let r = raw
+        .call(1, "files.read", json!({"path": "/private/secret.txt"}))
+        .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(outcome(&r["result"]), "denied/approval_timeout", "{r}");
+    let why = text(&r["result"]);
+    assert!(why.contains("nobody gave it within 1 s"), "{why}");
+    let decided = lines_of(&broker, &turn.turn, "approval_decided");
+    assert_eq!(decided.len(), 1);
+    assert_eq!(decided[0]["decision"], "timeout");
+    assert_eq!(decided[0]["decidedBy"], Value::Null);
+    assert!(pending(&broker).await.is_empty());
+    let id = decided[0]["approval"].as_str().expect("id").to_owned();
+    let (code, _, err) = decide(&broker, &["approve", &id]).await;
+    assert_ne!(code, 0, "a timed-out id cannot be approved late");
+    assert!(err.contains("already decided"), "{err}");
+    assert_eq!(broker.calls_of(&turn.turn)[0]["code"], "approval_timeout");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_cancelled_while_it_waits_stops_waiting_and_is_recorded_cancelled() {
+    let broker = broker("").await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    send_read(&mut raw, 7, "/private/secret.txt", None).await;
+    let listed = wait_pending(&broker, 1).await;
+    let id = listed[0]["id"].as_str().expect("id").to_owned();
+    raw.send(
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 7, "reason": "the user pressed Esc"}}),
+    )
+    .await;
+    eventually("the cancelled call is recorded", || {
+        broker.calls_of(&turn.turn).len() == 1
+    })
+    .await;
+    let calls = broker.calls_of(&turn.turn);
+    assert_eq!(
+        (calls[0]["outcome"].as_str(), calls[0]["code"].as_str()),
+        (Some("cancelled"), Some("client_cancelled"))
+    );
+    let decided = lines_of(&broker, &turn.turn, "approval_decided");
+    assert_eq!(decided.len(), 1);
+    assert_eq!(decided[0]["decision"], "cancelled");
+    assert!(pending(&broker).await.is_empty(), "it no longer waits");
+    let (code, _, err) = decide(&broker, &["approve", &id]).await;
+    assert_ne!(code, 0);
+    assert!(err.contains(&id), "{err}");
+    // No answer for the cancelled call; the session goes on.
+    let next = raw
+        .call(8, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(outcome(&next["result"]), "succeeded/ok", "{next}");
+}
+
+/// Two calls wait at once, with different arguments, so with different approval ids. An id is
+/// the hash of the exact call (its turn, callId, principal, tool and arguments), so:
+/// approving call A's id releases A and leaves B waiting; A's id, once used, releases nothing;
+/// and an id made for B's attempt with A's arguments names no waiting call and is refused.
+/// B then ends as decided for it, and each call has its own record lines.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approval_id_releases_only_the_call_it_was_made_for() {
+    let broker = broker("").await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    send_read(&mut raw, 1, "/private/secret.txt", None).await;
+    wait_pending(&broker, 1).await;
+    send_read(&mut raw, 2, "/private/other.txt", None).await;
+    let listed = wait_pending(&broker, 2).await;
+    let by_path = |p: &str| {
+        listed
+            .iter()
+            .find(|a| a["arguments"]["path"] == p)
+            .cloned()
+            .expect("listed")
+    };
+    let (a, b) = (
+        by_path("/private/secret.txt"),
+        by_path("/private/other.txt"),
+    );
+    let (id_a, id_b) = (
+        a["id"].as_str().expect("id").to_owned(),
+        b["id"].as_str().expect("id").to_owned(),
+    );
+    assert_ne!(id_a, id_b);
+    // B's attempt with A's arguments: not B's id, and no call waits for it.
+    let forged = json!({"turn": turn.turn, "callId": b["callId"], "principal": "alice",
+        "tool": "files.read", "arguments": {"path": "/private/secret.txt"}});
+    let forged = sharedos_proto::catalog::sha256_hex(
+        sharedos_proto::catalog::canonical_json(&forged)
+            .expect("canonical")
+            .as_bytes(),
+    );
+    assert_ne!(forged, id_b);
+    let (code, _, err) = decide(&broker, &["approve", &forged]).await;
+    assert_ne!(code, 0, "an id for other arguments is refused");
+    assert!(
+        err.contains(&forged) && err.contains("no call is waiting"),
+        "{err}"
+    );
+    // A's id releases A, and only A.
+    let (code, _, err) = decide(&broker, &["approve", &id_a]).await;
+    assert_eq!(code, 0, "{err}");
+    let ra = raw.response(1).await;
+    assert_eq!(outcome(&ra["result"]), "succeeded/ok");
+    assert_eq!(text(&ra["result"]), "the secret\n");
+    let still = pending(&broker).await;
+    assert_eq!(still.len(), 1);
+    assert_eq!(still[0]["id"], id_b.as_str(), "B still waits");
+    // A's id again (for B, say): used, refused, and B still waits.
+    let (code, _, err) = decide(&broker, &["approve", &id_a]).await;
+    assert_ne!(code, 0);
+    assert!(err.contains("already decided"), "{err}");
+    assert_eq!(pending(&broker).await.len(), 1);
+    assert!(
+        broker
+            .calls_of(&turn.turn)
+            .iter()
+            .all(|c| c["arguments"]["path"] != "/private/other.txt"),
+        "B has not run"
+    );
+    let (code, _, err) = decide(&broker, &["deny", &id_b]).await;
+    assert_eq!(code, 0, "{err}");
+    let rb = raw.response(2).await;
+    assert_eq!(outcome(&rb["result"]), "denied/approval_denied");
+    let calls = broker.calls_of(&turn.turn);
+    let of = |p: &str| {
+        calls
+            .iter()
+            .find(|c| c["arguments"]["path"] == p)
+            .map(|c| c["code"].as_str().unwrap_or("?").to_owned())
+    };
+    assert_eq!(of("/private/secret.txt").as_deref(), Some("ok"));
+    assert_eq!(of("/private/other.txt").as_deref(), Some("approval_denied"));
+    let decided: Vec<(String, String)> = lines_of(&broker, &turn.turn, "approval_decided")
+        .iter()
+        .map(|l| {
+            (
+                l["approval"].as_str().unwrap_or("?").to_owned(),
+                l["decision"].as_str().unwrap_or("?").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        decided,
+        [(id_a, "approved".to_owned()), (id_b, "denied".to_owned())]
+    );
+}
+
+/// Approved, the call is decided again under the policy in force then: a policy reloaded while
+/// it waited that no longer permits it refuses it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approved_call_is_checked_again_under_the_current_policy() {
+    let broker = broker("").await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    send_read(&mut raw, 1, "/private/secret.txt", None).await;
+    let listed = wait_pending(&broker, 1).await;
+    let id = listed[0]["id"].as_str().expect("id").to_owned();
+    // The approval policy goes away while the call waits.
+    std::fs::write(
+        broker.dir.path().join("policy.cedar"),
+        POLICY
+            .split("@id(\"alice-private-ask\")")
+            .next()
+            .expect("first policy"),
+    )
+    .expect("write policy");
+    let mut reload = broker.cli();
+    reload.args(["policy", "reload"]);
+    let (code, _, err) = run(reload).await;
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = decide(&broker, &["approve", &id]).await;
+    assert_eq!(code, 0, "{err}");
+    let r = raw.response(1).await;
+    assert_eq!(outcome(&r["result"]), "denied/no_permit", "{r}");
+    let decided = lines_of(&broker, &turn.turn, "approval_decided");
+    assert_eq!(decided[0]["decision"], "approved");
+}
+
+/// A wait longer than the shim's own answer deadline (the longest call timeout + 5 s, here
+/// 1 + 5 s): the broker tells the shim the call waits, so the shim waits for the person too
+/// instead of answering `failed/timeout`, and keeps a client that asked for progress informed
+/// (at once, then every 5 s).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_wait_outlasts_the_shims_answer_deadline_with_progress() {
+    let broker = TestBroker::start(Options {
+        policy: POLICY,
+        call_timeout_seconds: Some(1),
+        ..Options::default()
+    })
+    .await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-06-18").await;
+    send_read(&mut raw, 3, "/private/secret.txt", Some("t3")).await;
+    let listed = wait_pending(&broker, 1).await;
+    let id = listed[0]["id"].as_str().expect("id").to_owned();
+    let first = raw.recv().await;
+    assert_eq!(
+        (
+            first["params"]["progressToken"].as_str(),
+            first["params"]["progress"].as_u64()
+        ),
+        (Some("t3"), Some(1)),
+        "{first}"
+    );
+    let second = raw.recv().await;
+    assert_eq!(second["params"]["progress"], 2, "{second}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (code, _, err) = decide(&broker, &["approve", &id]).await;
+    assert_eq!(code, 0, "{err}");
+    let r = raw.response(3).await;
+    assert_eq!(outcome(&r["result"]), "succeeded/ok", "{r}");
+}
+
+/// A turn that closes while its call waits: the wait ends, the call is recorded
+/// `cancelled/turn_closed`, and nothing waits any more.
+#[tokio::test(flavor = "multi_thread")]
+async fn closing_the_turn_ends_the_wait() {
+    let broker = broker("").await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    send_read(&mut raw, 1, "/private/secret.txt", None).await;
+    wait_pending(&broker, 1).await;
+    broker.close_turn(&turn.turn).await;
+    let calls = broker.calls_of(&turn.turn);
+    assert_eq!(calls.len(), 1, "recorded before the close returned");
+    assert_eq!(
+        (calls[0]["outcome"].as_str(), calls[0]["code"].as_str()),
+        (Some("cancelled"), Some("turn_closed"))
+    );
+    assert_eq!(
+        lines_of(&broker, &turn.turn, "approval_decided")[0]["decision"],
+        "cancelled"
+    );
+    assert!(pending(&broker).await.is_empty());
+    assert_eq!(
+        raw.exit_code().await,
+        Some(3),
+        "the shim exits with its turn"
+    );
+}
+
+/// Budgets come after the approval, right before the call runs: a call a person denied uses no
+/// budget, and an approved call is still refused when the budget is used up meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn budgets_are_checked_after_the_approval() {
+    let broker = TestBroker::start(Options {
+        policy: POLICY,
+        tables: "[[budgets]]\ntool = \"files.read\"\ncalls_per_turn = 1\n".to_owned(),
+        ..Options::default()
+    })
+    .await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    send_read(&mut raw, 1, "/private/secret.txt", None).await;
+    let id = wait_pending(&broker, 1).await[0]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    assert_eq!(decide(&broker, &["deny", &id]).await.0, 0);
+    assert_eq!(
+        outcome(&raw.response(1).await["result"]),
+        "denied/approval_denied"
+    );
+    // The denied call used nothing: the one call of the budget is still there.
+    send_read(&mut raw, 2, "/private/secret.txt", None).await;
+    let id = wait_pending(&broker, 1).await[0]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    // While it waits, another call uses the budget up.
+    let public = raw
+        .call(3, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(outcome(&public["result"]), "succeeded/ok");
+    assert_eq!(decide(&broker, &["approve", &id]).await.0, 0);
+    let r = raw.response(2).await;
+    assert_eq!(outcome(&r["result"]), "denied/budget_exhausted", "{r}");
+    let codes: Vec<String> = broker
+        .calls_of(&turn.turn)
+        .iter()
+        .map(|c| c["code"].as_str().unwrap_or("?").to_owned())
+        .collect();
+    assert_eq!(codes, ["approval_denied", "ok", "budget_exhausted"]);
+}
