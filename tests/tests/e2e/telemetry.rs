@@ -15,7 +15,23 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
-use crate::kit::{Options, Raw, TestBroker, installed, meta, run};
+use crate::kit::{Options, Raw, TestBroker, WAIT, installed, meta, run};
+
+/// Alice reads /public; /private/ask.txt only with a person's approval; the rest of /private
+/// is denied.
+const POLICY: &str = r#"
+@id("alice-public")
+permit(principal == SharedOS::User::"alice",
+       action in [SharedOS::Action::"read", SharedOS::Action::"list", SharedOS::Action::"search"],
+       resource is SharedOS::File)
+when { resource.path == "/public" || resource.path like "/public/*" };
+
+@id("alice-ask")
+@approval("required")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"read",
+       resource is SharedOS::File)
+when { resource.path == "/private/ask.txt" };
+"#;
 
 /// A free loopback port (bound, read, released).
 fn free_port() -> u16 {
@@ -133,6 +149,7 @@ async fn spans_reach_a_real_backend_and_a_dead_one_costs_no_call() {
     };
     let mut phoenix = Phoenix::start(Path::new(&env["PHOENIX"])).await;
     let broker = TestBroker::start(Options {
+        policy: POLICY,
         // Slow enough that a call can be cancelled while it runs.
         latency_ms: Some(400),
         tables: format!(
@@ -144,6 +161,11 @@ async fn spans_reach_a_real_backend_and_a_dead_one_costs_no_call() {
     .await;
     let s = stats(&broker).await;
     assert_eq!(s["enabled"], true, "{s}");
+    std::fs::write(
+        broker.dir.path().join("data/private/ask.txt"),
+        "ask first\n",
+    )
+    .expect("w");
     let alice = broker.open_turn("alice").await;
     let mut raw = Raw::spawn(broker.shim_command(alice.token.expose()));
     raw.initialize("2025-06-18").await;
@@ -190,6 +212,34 @@ async fn spans_reach_a_real_backend_and_a_dead_one_costs_no_call() {
         broker.calls_of(&alice.turn).len() == 4
     })
     .await;
+    // Held for a person, approved from another process, then run.
+    let (tp, _, _) = parent(5);
+    raw.send(json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+        "params": {"name": "files.read", "arguments": {"path": "/private/ask.txt"},
+                   "_meta": {"traceparent": tp}}}))
+        .await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let approval = loop {
+        let mut list = broker.cli();
+        list.args(["approvals", "--json"]);
+        let (code, out, err) = run(list).await;
+        assert_eq!(code, 0, "{err}");
+        let pending: Vec<Value> = serde_json::from_str(&out).expect("approvals JSON");
+        if let Some(p) = pending.first() {
+            break p["id"].as_str().expect("id").to_owned();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing waits for approval"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut approve = broker.cli();
+    approve.args(["approvals", "approve", &approval]);
+    let (code, _, err) = run(approve).await;
+    assert_eq!(code, 0, "{err}");
+    let r = raw.response(5).await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
     let outcomes: Vec<Value> = broker
         .calls_of(&alice.turn)
         .iter()
@@ -201,7 +251,8 @@ async fn spans_reach_a_real_backend_and_a_dead_one_costs_no_call() {
             json!("succeeded"),
             json!("denied"),
             json!("failed"),
-            json!("cancelled")
+            json!("cancelled"),
+            json!("succeeded")
         ]
     );
 
@@ -209,7 +260,7 @@ async fn spans_reach_a_real_backend_and_a_dead_one_costs_no_call() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let spans = loop {
         let spans = phoenix.spans().await;
-        if spans.len() >= 4 {
+        if spans.len() >= 5 {
             break spans;
         }
         assert!(
@@ -219,13 +270,14 @@ async fn spans_reach_a_real_backend_and_a_dead_one_costs_no_call() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
-    assert_eq!(spans.len(), 4, "{spans:#?}");
+    assert_eq!(spans.len(), 5, "{spans:#?}");
     let record = broker.calls_of(&alice.turn);
     for (n, (outcome, code, error_type)) in [
         ("succeeded", "ok", None),
         ("denied", "no_permit", Some("tool_error")),
         ("failed", "not_found", Some("tool_error")),
         ("cancelled", "client_cancelled", Some("cancelled")),
+        ("succeeded", "ok", None),
     ]
     .into_iter()
     .enumerate()
@@ -256,6 +308,12 @@ async fn spans_reach_a_real_backend_and_a_dead_one_costs_no_call() {
         assert_eq!(a["sharedos.turn"], alice.turn, "{span}");
         assert_eq!(a["sharedos.principal"], "alice", "{span}");
         assert_eq!(a["sharedos.policies"], line["policies"], "{span}");
+        if n == 4 {
+            assert_eq!(a["sharedos.approval.id"], approval.as_str(), "{span}");
+            assert_eq!(a["sharedos.approval.decision"], "approved", "{span}");
+        } else {
+            assert!(a.get("sharedos.approval.id").is_none(), "{span}");
+        }
         match error_type {
             Some(e) => {
                 assert_eq!(a["error.type"], e, "{span}");
@@ -270,7 +328,7 @@ async fn spans_reach_a_real_backend_and_a_dead_one_costs_no_call() {
     let s = stats(&broker).await;
     assert_eq!(
         (s["queued"].as_u64(), s["exported"].as_u64()),
-        (Some(4), Some(4)),
+        (Some(5), Some(5)),
         "{s}"
     );
 
@@ -283,7 +341,7 @@ async fn spans_reach_a_real_backend_and_a_dead_one_costs_no_call() {
             .await;
         assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
     }
-    assert_eq!(broker.calls_of(&alice.turn).len(), 9);
+    assert_eq!(broker.calls_of(&alice.turn).len(), 10);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let s = loop {
         let s = stats(&broker).await;
@@ -302,7 +360,7 @@ async fn spans_reach_a_real_backend_and_a_dead_one_costs_no_call() {
             s["exported"].as_u64(),
             s["droppedQueueFull"].as_u64()
         ),
-        (Some(9), Some(4), Some(0)),
+        (Some(10), Some(5), Some(0)),
         "{s}"
     );
     drop(raw.close_stdin().await);
