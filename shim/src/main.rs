@@ -97,15 +97,24 @@ fn init_logging(file: Option<&PathBuf>) -> Option<tracing_appender::non_blocking
             })
             .ok()
     });
-    let (writer, guard) = match opened {
-        Some(f) => log_writer().finish(f),
-        None => log_writer().finish(std::io::stderr()),
-    };
-    let _ = tracing_subscriber::registry()
-        .with(fmt::layer().with_writer(writer).with_ansi(false))
-        .with(log_filter())
-        .try_init();
-    Some(guard)
+    let registry = tracing_subscriber::registry().with(log_filter());
+    match opened {
+        Some(f) => {
+            let (writer, guard) = log_writer().finish(f);
+            let _ = registry
+                .with(fmt::layer().with_writer(writer).with_ansi(false))
+                .try_init();
+            Some(guard)
+        }
+        // To stderr, written in place: a shim logs little (warnings), and a writer thread costs
+        // its stack, its malloc arena and its buffer for the whole session (issue 17).
+        None => {
+            let _ = registry
+                .with(fmt::layer().with_writer(std::io::stderr).with_ansi(false))
+                .try_init();
+            None
+        }
+    }
 }
 
 fn read_token(args: &Args) -> Result<String, ShimError> {
