@@ -285,6 +285,13 @@ fn salvage_call(u: sharedos_ipc::Undecodable) -> Result<BridgeRequest, IpcError>
     })
 }
 
+/// Cancels the in-flight (or place-waiting) call with this frame id, if there is one.
+fn cancel_inflight(inflight: &Mutex<HashMap<u64, CancellationToken>>, id: u64) {
+    if let Some(t) = inflight.lock().ok().and_then(|m| m.get(&id).cloned()) {
+        t.cancel();
+    }
+}
+
 async fn run_connection(
     broker: Arc<Broker>,
     turn: Arc<Turn>,
@@ -303,12 +310,17 @@ async fn run_connection(
         Frame(Result<BridgeRequest, IpcError>),
         TurnEnded,
     }
+    // A frame read while a call waited for its place, handled next.
+    let mut held: Option<Result<BridgeRequest, IpcError>> = None;
     loop {
-        let event = tokio::select! {
-            f = reader.next_or_undecodable::<BridgeRequest>() => {
-                Event::Frame(f.and_then(|r| r.or_else(salvage_call)))
-            }
-            _ = turn.cancel.cancelled() => Event::TurnEnded,
+        let event = match held.take() {
+            Some(f) => Event::Frame(f),
+            None => tokio::select! {
+                f = reader.next_or_undecodable::<BridgeRequest>() => {
+                    Event::Frame(f.and_then(|r| r.or_else(salvage_call)))
+                }
+                _ = turn.cancel.cancelled() => Event::TurnEnded,
+            },
         };
         match event {
             Event::TurnEnded => {
@@ -317,13 +329,39 @@ async fn run_connection(
                 break;
             }
             Event::Frame(Ok(BridgeRequest::Call { id, call })) => {
-                let Ok(permit) = limit.clone().acquire_owned().await else {
-                    break;
-                };
+                // Known before it has a place, so a cancel that comes while it waits reaches it.
                 let token = conn.child_token();
                 if let Ok(mut m) = inflight.lock() {
                     m.insert(id, token.clone());
                 }
+                // While every place is taken (calls held for a person, say), frames are still
+                // read: a cancel is acted on at once, so a waiting call can be cancelled; the
+                // first other frame is held, and reading stops until this call has its place.
+                let permit = loop {
+                    if held.is_some() {
+                        break limit.clone().acquire_owned().await;
+                    }
+                    tokio::select! {
+                        biased;
+                        p = limit.clone().acquire_owned() => break p,
+                        f = reader.next_or_undecodable::<BridgeRequest>() => {
+                            match f.and_then(|r| r.or_else(salvage_call)) {
+                                Ok(BridgeRequest::Cancel { id }) => cancel_inflight(&inflight, id),
+                                Ok(other) => held = Some(Ok(other)),
+                                // The shim is gone (or sent what ends the connection): its calls
+                                // end now, this one too, each recorded as cancelled.
+                                Err(e) => {
+                                    disconnected.store(true, Ordering::Relaxed);
+                                    conn.cancel();
+                                    held = Some(Err(e));
+                                }
+                            }
+                        }
+                    }
+                };
+                let Ok(permit) = permit else {
+                    break;
+                };
                 let (broker, turn2, out, inflight, disc) = (
                     broker.clone(),
                     turn.clone(),
@@ -371,11 +409,7 @@ async fn run_connection(
                     drop(permit);
                 });
             }
-            Event::Frame(Ok(BridgeRequest::Cancel { id })) => {
-                if let Some(t) = inflight.lock().ok().and_then(|m| m.get(&id).cloned()) {
-                    t.cancel();
-                }
-            }
+            Event::Frame(Ok(BridgeRequest::Cancel { id })) => cancel_inflight(&inflight, id),
             Event::Frame(Ok(BridgeRequest::ClientInfo {
                 name,
                 version,

@@ -92,7 +92,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
     /// Like [`FrameReader::next`], but a whole frame whose body does not decode as `T` is
     /// consumed and handed back (so that a reader can salvage what it can say about it and go
-    /// on with the next frame).
+    /// on with the next frame). Cancel-safe: a future dropped before it completes has consumed
+    /// no frame, and the next call goes on from the same bytes.
     pub async fn next_or_undecodable<T: DeserializeOwned>(
         &mut self,
     ) -> Result<Result<T, Undecodable>, IpcError> {
@@ -131,17 +132,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 None => HEADER_BYTES - self.buf.len(),
             }
             .clamp(READ_AHEAD.min(self.limit + HEADER_BYTES), READ_CHUNK);
-            let start = self.buf.len();
-            self.buf.resize(start + want, 0);
-            let n = self.inner.read(&mut self.buf[start..]).await;
-            let n = match n {
-                Ok(n) => n,
-                Err(e) => {
-                    self.buf.truncate(start);
-                    return Err(e.into());
-                }
-            };
-            self.buf.truncate(start + n);
+            // `read_buf` into the buffer's spare room: the buffer grows only by what was read,
+            // in the poll that read it, so dropping this future between polls loses nothing
+            // (the bridge reads on while a call waits for a place; see `bridge.rs`).
+            self.buf.reserve(want);
+            let n = (&mut self.inner)
+                .take(want as u64)
+                .read_buf(&mut self.buf)
+                .await?;
             if n == 0 {
                 return Err(if self.buf.is_empty() {
                     IpcError::Closed

@@ -530,3 +530,45 @@ async fn budgets_are_checked_after_the_approval() {
         .collect();
     assert_eq!(codes, ["approval_denied", "ok", "budget_exhausted"]);
 }
+
+/// Every place on the bridge taken by calls waiting for a person (8 of them), and a 9th call
+/// behind them: a cancel for one of the waiting calls still reaches it at once (the bridge reads
+/// on while a call waits for a place), the 9th call takes the place it frees and is answered,
+/// and closing the turn ends the rest. One call line for each of the 9 attempts.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancel_reaches_a_waiting_call_when_every_place_is_taken() {
+    let broker = broker("").await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    for id in 1..=8 {
+        send_read(&mut raw, id, "/private/secret.txt", None).await;
+    }
+    wait_pending(&broker, 8).await;
+    send_read(&mut raw, 9, "/public/hello.txt", None).await;
+    raw.send(
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 3, "reason": "changed my mind"}}),
+    )
+    .await;
+    // The 9th call is answered long before any approval could time out (120 s).
+    let r = raw.response(9).await;
+    assert_eq!(outcome(&r["result"]), "succeeded/ok", "{r}");
+    assert_eq!(pending(&broker).await.len(), 7);
+    let calls = broker.calls_of(&turn.turn);
+    let cancelled: Vec<&Value> = calls
+        .iter()
+        .filter(|c| c["outcome"] == "cancelled")
+        .collect();
+    assert_eq!(cancelled.len(), 1, "{calls:?}");
+    assert_eq!(cancelled[0]["requestId"], "3");
+    assert_eq!(cancelled[0]["code"], "client_cancelled");
+    broker.close_turn(&turn.turn).await;
+    let calls = broker.calls_of(&turn.turn);
+    assert_eq!(calls.len(), 9, "{calls:?}");
+    let turn_closed = calls
+        .iter()
+        .filter(|c| c["outcome"] == "cancelled" && c["code"] == "turn_closed")
+        .count();
+    assert_eq!(turn_closed, 7, "{calls:?}");
+}
