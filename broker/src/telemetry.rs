@@ -678,6 +678,7 @@ mod tests {
         let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let s = span_data(call("denied", "no_permit", Some(parent)), &ids, &scope);
         assert_eq!(s.name, "tools/call files.read");
+        assert_eq!(s.span_kind, SpanKind::Server);
         assert_eq!(
             s.span_context.trace_id().to_string(),
             "4bf92f3577b34da6a3ce929d0e0e4736"
