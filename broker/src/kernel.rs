@@ -225,6 +225,15 @@ fn requirement_of(resolved: &Resolved) -> Requirement {
     resolved.resource.requirement(&resolved.action)
 }
 
+/// How a wait for a person ended: the approval's id, a word for how (`approved`, `denied`,
+/// `timeout`, `cancelled`, or `failed` when the broker could not record it; the call's span
+/// carries both), and `Ok` to run the call or how it ends instead.
+struct Held {
+    id: String,
+    ended: &'static str,
+    result: Result<(), Box<Ending>>,
+}
+
 /// What a call site is told when its call starts waiting for a person: the pending approval and
 /// the longest it will wait.
 pub type OnWait<'a> = &'a (dyn Fn(&PendingApproval, Duration) + Sync);
@@ -624,33 +633,11 @@ impl Kernel {
         {
             let requirement = Some(requirement_of(resolved));
             let what = format!("{} of {}", call.tool, resolved.resource.short());
-            let waited = self
+            let held = self
                 .approval(&site, &call, &what, requirement, policies.clone(), &cancel)
                 .await;
-            if self.telemetry.enabled() {
-                let arguments = match &call.arguments {
-                    None | Some(Value::Null) => Value::Object(Map::new()),
-                    Some(v) => v.clone(),
-                };
-                let id = approval_id(
-                    site.turn,
-                    &site.call_id,
-                    &site.context.principal,
-                    &call.tool,
-                    &arguments,
-                );
-                let decision = match &waited {
-                    Ok(()) => "approved",
-                    Err(e) => match e.0 {
-                        Outcome::Denied(DenyCode::ApprovalDenied) => "denied",
-                        Outcome::Denied(DenyCode::ApprovalTimeout) => "timeout",
-                        Outcome::Cancelled(_) => "cancelled",
-                        _ => "failed",
-                    },
-                };
-                approval = Some((id, decision));
-            }
-            match waited {
+            approval = Some((held.id, held.ended));
+            match held.result {
                 // Approved: decided again under the policy in force now (a permit that still
                 // asks for approval has it).
                 Ok(()) => verdict = check(),
@@ -810,8 +797,8 @@ impl Kernel {
 
     /// Holds a permitted call for a person: records `approval_requested`, waits for a decision
     /// from `control.sock`, the time limit or a cancellation, and records `approval_decided`.
-    /// `Ok` when approved; otherwise how the call ends (a cancellation as `client_cancelled`,
-    /// which the caller replaces with the real cause).
+    /// The result is `Ok` when approved; otherwise how the call ends (a cancellation as
+    /// `client_cancelled`, which the caller replaces with the real cause).
     async fn approval(
         &self,
         site: &CallSite<'_>,
@@ -820,7 +807,7 @@ impl Kernel {
         requirement: Option<Requirement>,
         policies: Vec<String>,
         cancel: &CancellationToken,
-    ) -> Result<(), Box<Ending>> {
+    ) -> Held {
         let arguments = match &call.arguments {
             None | Some(Value::Null) => Value::Object(Map::new()),
             Some(v) => v.clone(),
@@ -836,17 +823,19 @@ impl Kernel {
             principal: principal.clone(),
             tool: call.tool.clone(),
             arguments: arguments.clone(),
-            requested_at: crate::approval::rfc3339(now),
-            expires_at: crate::approval::rfc3339(now + timeout),
+            requested_at: crate::record::rfc3339(now),
+            expires_at: crate::record::rfc3339(now + timeout),
         };
-        let internal = |why: String| {
-            Err(Box::new((
+        let internal = |why: String| Held {
+            id: id.clone(),
+            ended: "failed",
+            result: Err(Box::new((
                 Outcome::Failed(FailCode::Internal),
                 Some(format!("failed: {what} — {why}; it was not run")),
                 requirement.clone(),
                 policies.clone(),
                 None,
-            )))
+            ))),
         };
         // On record before anyone can see it waiting.
         let requested = Event::ApprovalRequested(record::ApprovalRequested {
@@ -920,30 +909,40 @@ impl Kernel {
                 None,
             )))
         };
-        match waited {
-            Waited::Decided(d) if d.approve => Ok(()),
-            Waited::Decided(_) => refused(
-                DenyCode::ApprovalDenied,
-                format!(
-                    "denied: {what} — a person denied this call (approval {id}){}; do not retry it unchanged: tell the user, or do something else",
-                    reason.map(|r| format!(": {r}")).unwrap_or_default()
+        let (ended, result) = match waited {
+            Waited::Decided(d) if d.approve => ("approved", Ok(())),
+            Waited::Decided(_) => (
+                "denied",
+                refused(
+                    DenyCode::ApprovalDenied,
+                    format!(
+                        "denied: {what} — a person denied this call (approval {id}){}; do not retry it unchanged: tell the user, or do something else",
+                        reason.map(|r| format!(": {r}")).unwrap_or_default()
+                    ),
                 ),
             ),
-            Waited::TimedOut => refused(
-                DenyCode::ApprovalTimeout,
-                format!(
-                    "denied: {what} — it needs a person's approval and nobody gave it within {} s (approval {id}); ask the user to approve it, then try again",
-                    timeout.as_secs()
+            Waited::TimedOut => (
+                "timeout",
+                refused(
+                    DenyCode::ApprovalTimeout,
+                    format!(
+                        "denied: {what} — it needs a person's approval and nobody gave it within {} s (approval {id}); ask the user to approve it, then try again",
+                        timeout.as_secs()
+                    ),
                 ),
             ),
-            Waited::Cancelled(_) => Err(Box::new((
-                Outcome::Cancelled(CancelCode::ClientCancelled),
-                None,
-                requirement,
-                policies,
-                None,
-            ))),
-        }
+            Waited::Cancelled(_) => (
+                "cancelled",
+                Err(Box::new((
+                    Outcome::Cancelled(CancelCode::ClientCancelled),
+                    None,
+                    requirement,
+                    policies,
+                    None,
+                ))),
+            ),
+        };
+        Held { id, ended, result }
     }
 
     /// Makes a call's answer, and its record line, which must be written before it leaves.

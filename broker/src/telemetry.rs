@@ -201,7 +201,8 @@ impl Telemetry {
                 "endpoint = {e:?}: give an http:// URL (OTLP over HTTP, e.g. http://127.0.0.1:4318)"
             )));
         }
-        if endpoint.is_some_and(|e| e.starts_with("https://")) || shown.starts_with("https://") {
+        // `shown` is the configured endpoint when there is one, else what the variables say.
+        if shown.starts_with("https://") {
             return Err(TelemetryError(format!(
                 "endpoint {shown}: this build exports over plain HTTP only (no TLS stack); send to a local collector"
             )));
