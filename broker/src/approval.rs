@@ -59,13 +59,6 @@ pub struct Approvals {
     decided: Mutex<Decided>,
 }
 
-/// A time as `approvals` shows it: RFC 3339 UTC.
-pub fn rfc3339(t: std::time::SystemTime) -> String {
-    let t: time::OffsetDateTime = t.into();
-    t.format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
-}
-
 /// The approval id of one call attempt.
 pub fn approval_id(
     turn: &str,

@@ -22,8 +22,9 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::kernel::CallSite;
+use crate::record::rfc3339;
 use crate::state::Broker;
-use crate::turn::{Turn, rfc3339};
+use crate::turn::Turn;
 
 /// How long a new connection has to say hello (a shim sends it at once).
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(3);

@@ -21,8 +21,9 @@ use sharedos_proto::{DenyCode, Identifier, Outcome};
 use crate::config::MAX_TTL;
 use crate::kernel::{AccessContext, Verdict};
 use crate::record::read_records;
+use crate::record::rfc3339;
 use crate::state::Broker;
-use crate::turn::{NewTurn, TokenFileTemplate, opened_record, rfc3339};
+use crate::turn::{NewTurn, TokenFileTemplate, opened_record};
 
 /// Most record lines returned by one `records` request.
 pub const RECORDS_PAGE_MAX: u32 = 1000;

@@ -174,6 +174,13 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> RecordError + '_ {
 use sharedos_proto::record::{ChainStarted, Checkpoint, Intent, RecordLine, TornTailCut};
 pub use sharedos_proto::record::{Event, now_rfc3339};
 
+/// A time as the host sees it (`turn list`, `approvals`, token expiry): RFC 3339 UTC.
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    let t: time::OffsetDateTime = t.into();
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
 /// The record's files in order: rotated ones (`<record>.<first seq>`, by that seq), then the
 /// record itself (if it exists).
 pub fn record_files(path: &Path) -> Result<Vec<PathBuf>, RecordError> {

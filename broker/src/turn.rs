@@ -22,6 +22,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::budget::{Budgets, TurnUse};
 use crate::kernel::{AccessContext, Catalog};
+use crate::record::rfc3339;
 
 /// How long closing a turn waits for its in-flight calls to record their outcome.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(5);
@@ -97,12 +98,6 @@ impl Turn {
     pub fn closed_reason(&self) -> Option<String> {
         self.close_reason.read().ok().and_then(|g| g.clone())
     }
-}
-
-pub fn rfc3339(t: SystemTime) -> String {
-    let t: time::OffsetDateTime = t.into();
-    t.format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
 }
 
 fn digest(token: &str) -> [u8; 32] {

@@ -70,7 +70,7 @@ async fn pending(broker: &TestBroker) -> Vec<Value> {
 }
 
 /// Waits until `n` calls wait for approval; returns them.
-async fn wait_pending(broker: &TestBroker, n: usize) -> Vec<Value> {
+pub(crate) async fn wait_pending(broker: &TestBroker, n: usize) -> Vec<Value> {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let p = pending(broker).await;

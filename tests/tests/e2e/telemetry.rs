@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
-use crate::kit::{Options, Raw, TestBroker, WAIT, installed, meta, run};
+use crate::kit::{Options, Raw, TestBroker, installed, meta, run};
 
 /// Alice reads /public; /private/ask.txt only with a person's approval; the rest of /private
 /// is denied.
@@ -218,22 +218,10 @@ async fn spans_reach_a_real_backend_and_a_dead_one_costs_no_call() {
         "params": {"name": "files.read", "arguments": {"path": "/private/ask.txt"},
                    "_meta": {"traceparent": tp}}}))
         .await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let approval = loop {
-        let mut list = broker.cli();
-        list.args(["approvals", "--json"]);
-        let (code, out, err) = run(list).await;
-        assert_eq!(code, 0, "{err}");
-        let pending: Vec<Value> = serde_json::from_str(&out).expect("approvals JSON");
-        if let Some(p) = pending.first() {
-            break p["id"].as_str().expect("id").to_owned();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "nothing waits for approval"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let approval = crate::approvals::wait_pending(&broker, 1).await[0]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
     let mut approve = broker.cli();
     approve.args(["approvals", "approve", &approval]);
     let (code, _, err) = run(approve).await;
