@@ -12,10 +12,12 @@
 //! - [`call`]: one `tools/call`, forwarded to the broker (portable names mapped back).
 //! - [`render`]: the one mapping from a kernel answer to its MCP result; the shim's own answers.
 //! - [`server`]: what rmcp serves (`ServerHandler`): `initialize` and `tools/list`.
+//! - [`cli`]: the command (options, log, runtime, exit status); `main.rs` only calls it.
 //! - [`error`]: [`error::ShimError`], why the shim could not start serving or stopped.
 //! - [`link`]: the bridge connection to the broker (hello, calls, cancels, turn end).
 
 pub mod call;
+pub mod cli;
 pub mod error;
 pub mod guard;
 pub mod link;
