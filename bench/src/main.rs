@@ -30,7 +30,7 @@ use clap::Parser;
 /// The broker binary's allocator, so that the in-process sections (decision, catalogue, turn
 /// open, record) measure the broker's library as `sharedos-broker` runs it.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
     let args = suite::Args::parse();

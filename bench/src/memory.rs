@@ -22,7 +22,21 @@ pub struct Memory {
     pub open_all: Duration,
     pub shim: Mem,
     pub direct: Mem,
+    pub floors: Floors,
 }
+
+/// The floors under the shim's memory, measured through the same session as the shim (median
+/// of [`FLOOR_SESSIONS`]): the relay (`relay`, std only, in front of a listening direct server),
+/// what any process between a harness and a server costs; and `rmcp-floor`, the smallest rmcp
+/// stdio server, built with the shim's profile.
+#[derive(Clone, Copy)]
+pub struct Floors {
+    pub relay: Mem,
+    pub rmcp: Mem,
+}
+
+/// Sessions per floor; their peaks vary by a few pages.
+const FLOOR_SESSIONS: usize = 3;
 
 pub async fn measure(bins: &Bins, data: &Path, turns: usize) -> anyhow::Result<Memory> {
     let broker = BrokerProc::start(bins, data, "always").await?;
@@ -72,6 +86,7 @@ async fn with_broker(
     )
     .await?;
     let direct = session_memory(procs::direct_command(bins, data), None).await?;
+    let floors = floors(bins, data).await?;
     Ok(Memory {
         broker_idle,
         broker_turns,
@@ -79,7 +94,36 @@ async fn with_broker(
         open_all,
         shim,
         direct,
+        floors,
     })
+}
+
+/// The relay's and the rmcp floor's memory after the shim's session, each the median of
+/// [`FLOOR_SESSIONS`] (by peak).
+pub async fn floors(bins: &Bins, data: &Path) -> anyhow::Result<Floors> {
+    let server = procs::DirectListener::start(bins, data).await?;
+    let mut relay = Vec::with_capacity(FLOOR_SESSIONS);
+    let mut rmcp = Vec::with_capacity(FLOOR_SESSIONS);
+    let measured = async {
+        for _ in 0..FLOOR_SESSIONS {
+            relay.push(session_memory(procs::relay_command(bins, &server.socket), None).await?);
+            rmcp.push(session_memory(tokio::process::Command::new(&bins.rmcp_floor), None).await?);
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    server.stop().await?;
+    measured?;
+    Ok(Floors {
+        relay: median_by_peak(relay),
+        rmcp: median_by_peak(rmcp),
+    })
+}
+
+/// The session whose peak is the median.
+pub fn median_by_peak(mut mems: Vec<Mem>) -> Mem {
+    mems.sort_unstable_by_key(|m| m.hwm_kib);
+    mems.get(mems.len() / 2).copied().unwrap_or_default()
 }
 
 /// The shim's memory alone (`--shim-memory`): `sessions` shims one after another, each on the

@@ -32,6 +32,8 @@ pub struct Bins {
     pub direct: PathBuf,
     /// The thin relay (stdio ↔ Unix socket, no parsing): the floor of one extra process hop.
     pub relay: PathBuf,
+    /// The smallest rmcp stdio server, built as the shim is: the floor under the shim's memory.
+    pub rmcp_floor: PathBuf,
     pub release: bool,
 }
 
@@ -58,6 +60,8 @@ impl Bins {
                     "sharedos-mcp-shim",
                     "-p",
                     "sharedos-bench",
+                    "-p",
+                    "sharedos-bench-rmcp-floor",
                 ]);
             if release {
                 cmd.arg("--release");
@@ -73,12 +77,19 @@ impl Bins {
             shim: dir.join("sharedos-mcp-shim"),
             direct: dir.join("direct-files-server"),
             relay: dir.join("relay"),
+            rmcp_floor: dir.join("rmcp-floor"),
             release,
         };
-        for p in [&bins.broker, &bins.shim, &bins.direct, &bins.relay] {
+        for p in [
+            &bins.broker,
+            &bins.shim,
+            &bins.direct,
+            &bins.relay,
+            &bins.rmcp_floor,
+        ] {
             if !p.is_file() {
                 bail!(
-                    "`{}` is missing: run `cargo build --release --bins -p sharedos-broker-cli -p sharedos-mcp-shim -p sharedos-bench`",
+                    "`{}` is missing: run `cargo build --release --bins -p sharedos-broker-cli -p sharedos-mcp-shim -p sharedos-bench -p sharedos-bench-rmcp-floor`",
                     p.display()
                 );
             }

@@ -6,15 +6,13 @@ mod cli;
 mod demo;
 mod replay;
 
-/// mimalloc instead of glibc's malloc. Measured (bench/NOTES.md): with glibc, a decision cost
+/// jemalloc instead of glibc's malloc. Measured (bench/NOTES.md): with glibc, a decision cost
 /// more as the process held more policies (13.4 µs with 10, 22 µs with 10,000, for the same five
 /// that apply), because its per-call allocations slowed on the heap a large set leaves; with
-/// jemalloc, and now mimalloc, it is the same at every size, and the 10,000-tool catalogue takes
-/// half the time. mimalloc replaced jemalloc (issue 18): as fast here, and its C source compiles
-/// in seconds where jemalloc's configure-and-make took over a minute of a fresh build. The
-/// benchmark uses the same allocator when it drives this library in process.
+/// jemalloc it is the same at every size (12.5 µs), and the 10,000-tool catalogue takes half the
+/// time. The benchmark uses the same allocator when it drives this library in process.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
