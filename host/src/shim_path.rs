@@ -40,12 +40,15 @@ pub fn locate_shim() -> Result<PathBuf, ShimPathError> {
         std::env::var_os("CARGO_MANIFEST_DIR"),
     ) {
         let release = dir.file_name().is_some_and(|n| n == "release");
-        eprintln!("demo: building sharedos-mcp-shim (cargo run builds only the broker)…");
+        eprintln!(
+            "demo: linking sharedos-mcp-shim (cargo run builds only the broker's binary; the shim's library was built with it)…"
+        );
         let mut cmd = std::process::Command::new(cargo);
         // Selecting the broker's CLI package too makes cargo resolve dependency features as it
         // did for `cargo run` (the shim alone resolves fewer, e.g. serde_json without
-        // preserve_order, and every crate above them would compile a second time): only the
-        // shim's own crate is compiled here.
+        // preserve_order, and every crate above them would compile a second time). The broker's
+        // CLI lists the shim's library, so `cargo run` has compiled it already: what is left here
+        // is the shim's one-line `main` and the link (under a second on a fresh build).
         cmd.args([
             "build",
             "--quiet",
