@@ -36,7 +36,7 @@ pub struct Floors {
 }
 
 /// Sessions per floor; their peaks vary by a few pages.
-const FLOOR_SESSIONS: usize = 3;
+pub const FLOOR_SESSIONS: usize = 3;
 
 pub async fn measure(bins: &Bins, data: &Path, turns: usize) -> anyhow::Result<Memory> {
     let broker = BrokerProc::start(bins, data, "always").await?;

@@ -313,7 +313,8 @@ async fn shim_memory(bins: &Bins, sessions: usize, smaps: Option<&Path>) -> anyh
     );
     let floors = memory::floors(bins, &data).await?;
     eprintln!(
-        "floors (same session, median of 3): relay VmHWM {} KiB ({:.2} MiB), rmcp-floor VmHWM {} KiB ({:.2} MiB)",
+        "floors (same session, median of {}): relay VmHWM {} KiB ({:.2} MiB), rmcp-floor VmHWM {} KiB ({:.2} MiB)",
+        memory::FLOOR_SESSIONS,
         floors.relay.hwm_kib,
         floors.relay.hwm_kib as f64 / 1024.0,
         floors.rmcp.hwm_kib,
