@@ -37,7 +37,41 @@ pub struct Bins {
     pub release: bool,
 }
 
+/// The binaries spawned once per server (the shim) and the floors it is compared with, linked as
+/// the README deploys the shim: statically (static-pie: the C library's code only as far as it is
+/// used, no dynamic loader, ASLR kept). A dynamically linked process counts every page of libc,
+/// libm and ld.so it touches in its own RSS: 5.0 MiB a shim, against 3.9 MiB static. Cargo
+/// cannot set a target feature for one binary of a build, so each is relinked on its own with
+/// `cargo rustc` after the build (which resolves its package's features alone: the shim then
+/// has serde_json without the `preserve_order` that cedar asks for in the workspace build).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub const STATIC_BINS: &[(&str, &str)] = &[
+    ("sharedos-mcp-shim", "sharedos-mcp-shim"),
+    ("sharedos-bench-rmcp-floor", "rmcp-floor"),
+    ("sharedos-bench-relay", "relay"),
+];
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub const STATIC_BINS: &[(&str, &str)] = &[];
+
 impl Bins {
+    /// How each binary under test is linked, for the report: "shim static, broker dynamic, …".
+    pub fn linking(&self) -> anyhow::Result<String> {
+        let mut parts = Vec::new();
+        for (name, path) in [
+            ("shim", &self.shim),
+            ("broker", &self.broker),
+            ("direct server", &self.direct),
+            ("relay", &self.relay),
+            ("rmcp-floor", &self.rmcp_floor),
+        ] {
+            parts.push(format!(
+                "{name} {}",
+                sharedos_host::shim_path::linking(path)?.as_str()
+            ));
+        }
+        Ok(parts.join(", "))
+    }
+
     /// Builds (when run under cargo) and finds the broker, the shim and the direct server next
     /// to this executable. `cargo run` builds only the binary it runs, so the others would be
     /// missing or stale otherwise.
@@ -50,9 +84,9 @@ impl Bins {
         let release = dir.file_name().is_some_and(|n| n == "release");
         if let Some(cargo) = std::env::var_os("CARGO") {
             let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-            let mut cmd = std::process::Command::new(cargo);
+            let mut cmd = std::process::Command::new(&cargo);
             cmd.args(["build", "--quiet", "--bins", "--manifest-path"])
-                .arg(manifest)
+                .arg(&manifest)
                 .args([
                     "-p",
                     "sharedos-broker-cli",
@@ -60,6 +94,8 @@ impl Bins {
                     "sharedos-mcp-shim",
                     "-p",
                     "sharedos-bench",
+                    "-p",
+                    "sharedos-bench-relay",
                     "-p",
                     "sharedos-bench-rmcp-floor",
                 ]);
@@ -70,6 +106,20 @@ impl Bins {
             let status = cmd.status().context("cannot run cargo build")?;
             if !status.success() {
                 bail!("building the binaries under test failed");
+            }
+            for (package, bin) in STATIC_BINS {
+                let mut cmd = std::process::Command::new(&cargo);
+                cmd.args(["rustc", "--quiet", "--manifest-path"])
+                    .arg(&manifest)
+                    .args(["-p", package, "--bin", bin]);
+                if release {
+                    cmd.arg("--release");
+                }
+                cmd.args(["--", "-C", "target-feature=+crt-static"]);
+                let status = cmd.status().context("cannot run cargo rustc")?;
+                if !status.success() {
+                    bail!("linking `{bin}` statically failed");
+                }
             }
         }
         let bins = Self {
@@ -89,7 +139,7 @@ impl Bins {
         ] {
             if !p.is_file() {
                 bail!(
-                    "`{}` is missing: run `cargo build --release --bins -p sharedos-broker-cli -p sharedos-mcp-shim -p sharedos-bench -p sharedos-bench-rmcp-floor`",
+                    "`{}` is missing: run `cargo build --release --bins -p sharedos-broker-cli -p sharedos-mcp-shim -p sharedos-bench -p sharedos-bench-relay -p sharedos-bench-rmcp-floor`, or the benchmark under `cargo run`",
                     p.display()
                 );
             }

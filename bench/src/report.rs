@@ -15,6 +15,8 @@ pub struct Machine {
     pub date: String,
     pub commit: String,
     pub profile: &'static str,
+    /// How the binaries under test are linked (static or dynamic), named one by one.
+    pub linking: String,
     pub load_start: String,
     pub load_end: String,
     pub duration_s: f64,
@@ -53,6 +55,7 @@ impl Machine {
             date,
             commit: commit(),
             profile: "release",
+            linking: String::new(),
             load_start: loadavg(),
             load_end: String::new(),
             duration_s: 0.0,
@@ -184,6 +187,9 @@ impl Report {
             m.cpus, m.cpu_model, m.memory, m.kernel
         );
         let _ = writeln!(out, "- toolchain: {}, {} build", m.rustc, m.profile);
+        if !m.linking.is_empty() {
+            let _ = writeln!(out, "- linked: {}", m.linking);
+        }
         let _ = writeln!(out, "- date: {}", m.date);
         let _ = writeln!(out, "- commit: {}", m.commit);
         let _ = writeln!(

@@ -217,6 +217,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if !bins.release {
         machine.profile = "debug (not representative: use --release)";
     }
+    machine.linking = bins.linking()?;
     let plan = Plan::new(args.quick);
     let want = |s: Section| args.only.is_empty() || args.only.contains(&s);
     let fixture = tempfile::Builder::new()
@@ -290,8 +291,9 @@ async fn shim_memory(bins: &Bins, sessions: usize, smaps: Option<&Path>) -> anyh
             .with_context(|| format!("cannot create `{}`", dir.display()))?;
     }
     eprintln!(
-        "bench: shim memory, {sessions} session(s) of {}",
-        bins.shim.display()
+        "bench: shim memory, {sessions} session(s) of {} (linked: {})",
+        bins.shim.display(),
+        bins.linking()?
     );
     let mems = memory::shim_only(bins, &data, sessions, smaps).await?;
     for (i, m) in mems.iter().enumerate() {
@@ -524,7 +526,7 @@ async fn round_trips(
          broker; the client is this benchmark's rmcp clients (the same work in both). On 2 cores, \
          2 s of CPU per second divided by the CPU of a call bounds the calls/s. The floor row, \
          \"relay + direct\", puts one process that copies bytes between stdio and a Unix socket \
-         (`bench/src/bin/relay.rs`: std only, no parsing) in front of one `direct-files-server \
+         (`bench/relay/src/main.rs`: std only, no parsing) in front of one `direct-files-server \
          --listen` serving every caller's connection: what any boundary process costs before it \
          does anything.",
     );
@@ -966,7 +968,10 @@ async fn memory_section(
     );
     t.text(format!(
         "From `/proc/<pid>/status` of the real processes. Targets are judged on the peak (VmHWM). \
-         The {} turns were opened for alice over 8 control connections in {} (record_sync `always`).",
+         The shim, the relay and rmcp-floor are linked statically under `cargo run`, as the README \
+         deploys the shim (`cargo rustc … -- -C target-feature=+crt-static`; \"linked\" above says \
+         how each binary of this run is): a dynamically linked process also counts the pages of \
+         libc, libm and ld.so it touches. The {} turns were opened for alice over 8 control connections in {} (record_sync `always`).",
         thousands(m.turns as u64),
         dur(m.open_all)
     ));

@@ -1,6 +1,6 @@
-//! Where the `sharedos-mcp-shim` binary is, for configs that must name it.
+//! Where the `sharedos-mcp-shim` binary is, for configs that must name it, and how it is linked.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Why the shim binary was not found.
 #[derive(Debug, thiserror::Error)]
@@ -78,4 +78,86 @@ pub fn locate_shim() -> Result<PathBuf, ShimPathError> {
         }
     }
     Err(ShimPathError::NotFound)
+}
+
+/// How an executable is linked: the README deploys the shim statically (static-pie).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Linking {
+    /// No dynamic loader named (no `PT_INTERP` program header).
+    Static,
+    /// Loaded by `ld.so`, with shared libraries.
+    Dynamic,
+}
+
+impl Linking {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Linking::Static => "static",
+            Linking::Dynamic => "dynamic",
+        }
+    }
+}
+
+/// Why [`linking`] could not tell.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkingError {
+    #[error("cannot read `{}`", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{}` is not a 64-bit little-endian ELF file", path.display())]
+    NotElf { path: PathBuf },
+}
+
+/// How the ELF executable at `path` is linked, from its program headers.
+pub fn linking(path: &Path) -> Result<Linking, LinkingError> {
+    use std::os::unix::fs::FileExt as _;
+    let read = |source| LinkingError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(read)?;
+    let mut header = [0u8; 64];
+    file.read_exact_at(&mut header, 0).map_err(read)?;
+    // ELF magic, ELFCLASS64, ELFDATA2LSB.
+    if header[..4] != *b"\x7fELF" || header[4] != 2 || header[5] != 1 {
+        return Err(LinkingError::NotElf {
+            path: path.to_owned(),
+        });
+    }
+    let u16_at = |at: usize| u64::from(u16::from_le_bytes([header[at], header[at + 1]]));
+    let mut phoff = [0u8; 8];
+    phoff.copy_from_slice(&header[0x20..0x28]);
+    let (phoff, entsize, count) = (u64::from_le_bytes(phoff), u16_at(0x36), u16_at(0x38));
+    for i in 0..count {
+        let mut kind = [0u8; 4];
+        file.read_exact_at(&mut kind, phoff + i * entsize)
+            .map_err(read)?;
+        // PT_INTERP: the program names its loader.
+        if u32::from_le_bytes(kind) == 3 {
+            return Ok(Linking::Dynamic);
+        }
+    }
+    Ok(Linking::Static)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_test_binary_is_dynamic_and_a_text_file_is_no_elf() {
+        let exe = std::env::current_exe().expect("exe");
+        assert_eq!(linking(&exe).expect("linking"), Linking::Dynamic);
+        let dir = tempfile::tempdir().expect("tmp");
+        let text = dir.path().join("not-elf");
+        std::fs::write(&text, "#!/bin/sh\n".repeat(10)).expect("write");
+        let err = linking(&text).expect_err("not elf");
+        assert!(err.to_string().contains("not-elf"), "{err}");
+        let short = dir.path().join("short");
+        std::fs::write(&short, b"\x7fELF").expect("write");
+        assert!(matches!(linking(&short), Err(LinkingError::Read { .. })));
+    }
 }

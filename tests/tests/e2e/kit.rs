@@ -39,7 +39,7 @@ when { resource.path like "/private/*" };
 "#;
 
 /// The workspace's target dir for this profile (tests run from target/<profile>/deps).
-fn target_dir() -> PathBuf {
+pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test exe");
     exe.parent()
         .and_then(Path::parent)
@@ -250,7 +250,12 @@ impl TestBroker {
 
     /// The shim command for a turn token, as a harness config would spawn it.
     pub fn shim_command(&self, token: &str) -> Command {
-        let mut cmd = Command::new(bin("sharedos-mcp-shim"));
+        self.shim_command_at(&bin("sharedos-mcp-shim"), token)
+    }
+
+    /// The shim command with another shim binary (a statically linked one, say).
+    pub fn shim_command_at(&self, shim: &Path, token: &str) -> Command {
+        let mut cmd = Command::new(shim);
         cmd.env(runtime::TOKEN_ENV, token)
             .env(runtime::BROKER_ENV, self.bridge())
             .env_remove(runtime::RUNTIME_DIR_ENV)
@@ -260,7 +265,12 @@ impl TestBroker {
 
     /// A real MCP client (rmcp) connected to a freshly spawned shim.
     pub async fn client(&self, token: &str) -> RunningService<RoleClient, ()> {
-        let (transport, _) = TokioChildProcess::builder(self.shim_command(token))
+        self.client_of(self.shim_command(token)).await
+    }
+
+    /// A real MCP client (rmcp) connected to the shim this command spawns.
+    pub async fn client_of(&self, shim: Command) -> RunningService<RoleClient, ()> {
+        let (transport, _) = TokioChildProcess::builder(shim)
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn shim");

@@ -17,6 +17,7 @@ mod golden;
 mod hostile;
 mod interop;
 mod kit;
+mod linking;
 mod names;
 mod outside_client;
 mod races;
