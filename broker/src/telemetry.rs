@@ -50,6 +50,9 @@ const MAX_BATCH: usize = 512;
 /// the collector at most this much later than it would alone (the SDK's batch processor waits
 /// up to 5 s).
 const LINGER: Duration = Duration::from_millis(200);
+/// How often a waiting export thread looks at the stop flag: shutdown waits at most about this
+/// long for it (then for the last export), never for a batch to fill.
+const STOP_POLL: Duration = Duration::from_millis(20);
 /// A tool name longer than this (a malformed one can be anything) is cut in telemetry.
 const MAX_NAME_CHARS: usize = 128;
 
@@ -371,7 +374,7 @@ impl Worker {
             .build();
         let mut failing = false;
         loop {
-            let first = match self.rx.recv_timeout(Duration::from_millis(100)) {
+            let first = match self.rx.recv_timeout(STOP_POLL) {
                 Ok(s) => s,
                 Err(RecvTimeoutError::Timeout) if !self.stop.load(Ordering::Relaxed) => continue,
                 Err(_) => match self.rx.try_recv() {
@@ -389,7 +392,12 @@ impl Worker {
                 let next = if left.is_zero() || self.stop.load(Ordering::Relaxed) {
                     self.rx.try_recv().map_err(|_| ())
                 } else {
-                    self.rx.recv_timeout(left).map_err(|_| ())
+                    match self.rx.recv_timeout(left.min(STOP_POLL)) {
+                        Ok(s) => Ok(s),
+                        // Look at the clock and the stop flag again.
+                        Err(RecvTimeoutError::Timeout) => continue,
+                        Err(RecvTimeoutError::Disconnected) => Err(()),
+                    }
                 };
                 match next {
                     Ok(s) => batch.push(s),
@@ -743,19 +751,152 @@ mod tests {
             ..OtelSettings::default()
         })
         .expect("start");
-        for _ in 0..1000 {
+        for _ in 0..2000 {
             t.call(call("succeeded", "ok", None));
         }
         let s = t.stats();
-        assert_eq!(s.queued + s.dropped_queue_full, 1000, "{s:?}");
-        // The queue's 4, and what the thread took out of it (racing the loop) before it blocked
-        // on the silent backend: the rest is dropped.
-        assert!(s.dropped_queue_full >= 900, "{s:?}");
+        assert_eq!(s.queued + s.dropped_queue_full, 2000, "{s:?}");
+        // The queue's 4, and the one batch (at most MAX_BATCH) the thread gathered out of it,
+        // racing the loop, before it blocked on the silent backend: the rest is dropped.
+        assert!(s.queued <= MAX_BATCH as u64 + 4, "{s:?}");
         t.shutdown();
         let s = t.stats();
         assert_eq!(s.exported, 0, "{s:?}");
         assert_eq!(s.dropped_export_failed, s.queued, "{s:?}");
         drop(silent);
+    }
+
+    /// A stand-in OTLP/HTTP sink for timing tests (the real backend is Phoenix, in the e2e
+    /// tests): answers every request 200 with an empty body and notes when each arrived.
+    struct Sink {
+        port: u16,
+        arrivals: Arc<Mutex<Vec<Instant>>>,
+        stop: Arc<AtomicBool>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    }
+
+    impl Sink {
+        fn start() -> Self {
+            use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            let port = listener.local_addr().expect("addr").port();
+            let arrivals = Arc::new(Mutex::new(Vec::new()));
+            let stop = Arc::new(AtomicBool::new(false));
+            let (seen, stopped) = (arrivals.clone(), stop.clone());
+            let thread = std::thread::spawn(move || {
+                for conn in listener.incoming() {
+                    if stopped.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let Ok(conn) = conn else { continue };
+                    let seen = seen.clone();
+                    std::thread::spawn(move || {
+                        let mut out = conn.try_clone().expect("clone");
+                        let mut reader = BufReader::new(conn);
+                        loop {
+                            let mut length = 0usize;
+                            let mut line = String::new();
+                            loop {
+                                line.clear();
+                                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                                    return;
+                                }
+                                if line == "\r\n" {
+                                    break;
+                                }
+                                let lower = line.to_ascii_lowercase();
+                                if let Some(v) = lower.strip_prefix("content-length:") {
+                                    length = v.trim().parse().unwrap_or(0);
+                                }
+                            }
+                            let mut body = vec![0; length];
+                            if reader.read_exact(&mut body).is_err() {
+                                return;
+                            }
+                            crate::lock(&seen).push(Instant::now());
+                            let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                            if out.write_all(answer.as_bytes()).is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            });
+            Sink {
+                port,
+                arrivals,
+                stop,
+                thread: Some(thread),
+            }
+        }
+
+        fn telemetry(&self) -> Telemetry {
+            Telemetry::start(&OtelSettings {
+                endpoint: Some(format!("http://127.0.0.1:{}", self.port)),
+                metrics: false,
+                ..OtelSettings::default()
+            })
+            .expect("start")
+        }
+
+        fn arrivals(&self) -> Vec<Instant> {
+            crate::lock(&self.arrivals).clone()
+        }
+    }
+
+    impl Drop for Sink {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::Relaxed);
+            // Wakes the accept loop, which then sees the flag.
+            let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    /// Spans are gathered for LINGER after the first of a batch, and sent together then: a
+    /// span waits at least that long under light traffic, and not much longer.
+    #[test]
+    fn a_batch_goes_out_linger_after_its_first_span() {
+        let sink = Sink::start();
+        let t = sink.telemetry();
+        let first = Instant::now();
+        t.call(call("succeeded", "ok", None));
+        std::thread::sleep(Duration::from_millis(50));
+        t.call(call("denied", "no_permit", None));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while t.stats().exported < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let arrivals = sink.arrivals();
+        assert_eq!(arrivals.len(), 1, "both spans in one request");
+        let waited = arrivals[0] - first;
+        assert!(
+            waited >= LINGER - Duration::from_millis(10) && waited < LINGER * 5,
+            "the batch left {waited:?} after its first span; LINGER is {LINGER:?}"
+        );
+        assert_eq!(t.stats().exported, 2);
+        t.shutdown();
+    }
+
+    /// Shutdown sends what is gathered without waiting out LINGER.
+    #[test]
+    fn shutdown_does_not_wait_for_a_batch_to_fill() {
+        let sink = Sink::start();
+        let t = sink.telemetry();
+        t.call(call("succeeded", "ok", None));
+        // Let the thread take the span and start gathering its batch.
+        std::thread::sleep(Duration::from_millis(5));
+        let asked = Instant::now();
+        t.shutdown();
+        let took = asked.elapsed();
+        assert!(
+            took < LINGER,
+            "shutdown took {took:?}, not less than LINGER ({LINGER:?})"
+        );
+        assert_eq!(t.stats().exported, 1, "the gathered span went out");
+        assert_eq!(sink.arrivals().len(), 1);
     }
 
     #[test]
