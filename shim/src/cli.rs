@@ -145,7 +145,18 @@ pub fn main() -> ExitCode {
             return ExitCode::from(EXIT_NOT_STARTED);
         }
     };
-    let code = rt.block_on(run(args));
+    // The session runs as a task, not as `block_on`'s own future: a task woken by another task
+    // on this thread is queued in place, while waking `block_on`'s future goes through the
+    // driver (an eventfd write and one more epoll_wait per call).
+    let code = rt.block_on(async {
+        match tokio::spawn(run(args)).await {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("sharedos-mcp-shim: the session ended abnormally: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    });
     // Do not wait for a read of stdin that may never return: the session is over.
     rt.shutdown_timeout(std::time::Duration::from_millis(200));
     code
