@@ -302,16 +302,14 @@ async fn shim_memory(bins: &Bins, sessions: usize, smaps: Option<&Path>) -> anyh
             m.rss_kib, m.hwm_kib
         );
     }
-    let median = |mut v: Vec<u64>| {
-        v.sort_unstable();
-        v.get(v.len() / 2).copied().unwrap_or_default()
-    };
+    // The session with the median peak, as section 6 and the floors are taken.
+    let m = memory::median_by_peak(mems.clone());
     eprintln!(
-        "median of {}: VmRSS {} KiB, VmHWM {} KiB ({:.2} MiB)",
+        "median of {} (by peak): VmRSS {} KiB, VmHWM {} KiB ({:.2} MiB)",
         mems.len(),
-        median(mems.iter().map(|m| m.rss_kib).collect()),
-        median(mems.iter().map(|m| m.hwm_kib).collect()),
-        median(mems.iter().map(|m| m.hwm_kib).collect()) as f64 / 1024.0
+        m.rss_kib,
+        m.hwm_kib,
+        m.hwm_kib as f64 / 1024.0
     );
     let floors = memory::floors(bins, &data).await?;
     eprintln!(
