@@ -530,12 +530,7 @@ impl Worker {
 
 impl Instruments {
     fn record(&self, s: &CallSpan) {
-        // A tool the catalogue does not hold is any string a client chose: one bucket for all,
-        // so a hostile client cannot grow the metric's series.
-        let tool = match s.code.as_str() {
-            "malformed_tool_name" | "unpublished_tool" => "(unpublished)".to_owned(),
-            _ => bounded(&s.tool),
-        };
+        let tool = metric_tool(&s.code, &s.tool);
         let secs = s
             .end
             .duration_since(s.start)
@@ -558,6 +553,16 @@ impl Instruments {
                 KeyValue::new("sharedos.code", s.code.clone()),
             ],
         );
+    }
+}
+
+/// The tool as a metric attribute. A tool the catalogue does not hold is any string a client
+/// chose: one bucket for all, so a hostile client cannot grow the metric's series (a published
+/// tool is one of the catalogue's, which the host chose).
+fn metric_tool(code: &str, tool: &str) -> String {
+    match code {
+        "malformed_tool_name" | "unpublished_tool" => "(unpublished)".to_owned(),
+        _ => bounded(tool),
     }
 }
 
@@ -897,6 +902,22 @@ mod tests {
         );
         assert_eq!(t.stats().exported, 1, "the gathered span went out");
         assert_eq!(sink.arrivals().len(), 1);
+    }
+
+    /// However many names a client invents, calls to tools outside the catalogue add one series.
+    #[test]
+    fn invented_tool_names_share_one_metric_series() {
+        let mut series = std::collections::BTreeSet::new();
+        for i in 0..1000 {
+            series.insert(metric_tool("unpublished_tool", &format!("x.tool{i}")));
+            series.insert(metric_tool("malformed_tool_name", &format!("bad name {i}")));
+        }
+        series.insert(metric_tool("ok", "files.read"));
+        series.insert(metric_tool("no_permit", "files.read"));
+        assert_eq!(
+            series.into_iter().collect::<Vec<_>>(),
+            ["(unpublished)", "files.read"]
+        );
     }
 
     #[test]
