@@ -223,9 +223,12 @@ impl Telemetry {
         let stop = Arc::new(AtomicBool::new(false));
         let turns: Arc<OnceLock<TurnCount>> = Arc::new(OnceLock::new());
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        // The worker takes the endpoint as checked here, trimmed once.
+        let mut trimmed = settings.clone();
+        trimmed.endpoint = endpoint.map(str::to_owned);
         let worker = Worker {
             rx,
-            settings: settings.clone(),
+            settings: trimmed,
             stats: stats.clone(),
             stop: stop.clone(),
             turns: turns.clone(),
@@ -441,7 +444,7 @@ impl Worker {
 
     fn build(&self) -> Result<(opentelemetry_otlp::SpanExporter, Option<Instruments>), String> {
         let s = &self.settings;
-        let base = s.endpoint.as_ref().map(|e| e.trim_end_matches('/'));
+        let base = s.endpoint.as_deref();
         let timeout = Duration::from_secs(s.timeout_seconds.unwrap_or(5).max(1));
         let headers: HashMap<String, String> = s
             .headers
@@ -775,7 +778,8 @@ mod tests {
     /// tests): answers every request 200 with an empty body and notes when each arrived.
     struct Sink {
         port: u16,
-        arrivals: Arc<Mutex<Vec<Instant>>>,
+        /// When each request arrived, and its path.
+        arrivals: Arc<Mutex<Vec<(Instant, String)>>>,
         stop: Arc<AtomicBool>,
         thread: Option<std::thread::JoinHandle<()>>,
     }
@@ -800,6 +804,7 @@ mod tests {
                         let mut reader = BufReader::new(conn);
                         loop {
                             let mut length = 0usize;
+                            let mut path = String::new();
                             let mut line = String::new();
                             loop {
                                 line.clear();
@@ -808,6 +813,10 @@ mod tests {
                                 }
                                 if line == "\r\n" {
                                     break;
+                                }
+                                if path.is_empty() {
+                                    // The request line: `POST /v1/traces HTTP/1.1`.
+                                    path = line.split(' ').nth(1).unwrap_or("").to_owned();
                                 }
                                 let lower = line.to_ascii_lowercase();
                                 if let Some(v) = lower.strip_prefix("content-length:") {
@@ -818,7 +827,7 @@ mod tests {
                             if reader.read_exact(&mut body).is_err() {
                                 return;
                             }
-                            crate::lock(&seen).push(Instant::now());
+                            crate::lock(&seen).push((Instant::now(), path));
                             let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
                             if out.write_all(answer.as_bytes()).is_err() {
                                 return;
@@ -837,14 +846,15 @@ mod tests {
 
         fn telemetry(&self) -> Telemetry {
             Telemetry::start(&OtelSettings {
-                endpoint: Some(format!("http://127.0.0.1:{}", self.port)),
+                // With a trailing slash, which the broker trims once.
+                endpoint: Some(format!("http://127.0.0.1:{}/", self.port)),
                 metrics: false,
                 ..OtelSettings::default()
             })
             .expect("start")
         }
 
-        fn arrivals(&self) -> Vec<Instant> {
+        fn arrivals(&self) -> Vec<(Instant, String)> {
             crate::lock(&self.arrivals).clone()
         }
     }
@@ -876,7 +886,8 @@ mod tests {
         }
         let arrivals = sink.arrivals();
         assert_eq!(arrivals.len(), 1, "both spans in one request");
-        let waited = arrivals[0] - first;
+        assert_eq!(arrivals[0].1, "/v1/traces");
+        let waited = arrivals[0].0 - first;
         assert!(
             waited >= LINGER - Duration::from_millis(10) && waited < LINGER * 5,
             "the batch left {waited:?} after its first span; LINGER is {LINGER:?}"
