@@ -198,6 +198,11 @@ struct Shared {
     broker_after_load: Vec<(String, Mem)>,
     /// The round trips, kept for their targets (which need both fdatasync measurements).
     rtt: Vec<Rtt>,
+    /// Work the boundary must add to a call on top of a relay hop, measured in sections 3 and
+    /// 5: one decision (`PolicyEngine::decide`, the fewest policies) and one `batch` record line
+    /// (`Recorder::append`, one appender). Medians.
+    decide: Option<Duration>,
+    append: Option<Duration>,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -253,7 +258,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     if want(Section::Kernel) {
         eprintln!("bench: 3. kernel decision…");
-        decision(&data, &plan, &mut report).await?;
+        decision(&data, &plan, &mut report, &mut shared).await?;
     }
     if want(Section::Turn) {
         eprintln!("bench: 4. turn open…");
@@ -261,8 +266,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     if want(Section::Record) {
         eprintln!("bench: 5. record…");
-        record(&plan, &mut report, &shared).await?;
+        record(&plan, &mut report, &mut shared).await?;
     }
+    required_work_floor(&mut report, &shared);
     if want(Section::Memory) {
         eprintln!("bench: 6. memory…");
         memory_section(&bins, &data, &plan, &mut report, &shared).await?;
@@ -648,7 +654,56 @@ fn round_trip_targets(report: &mut Report, shared: &Shared) {
     }
 }
 
-async fn decision(data: &Path, plan: &Plan, report: &mut Report) -> anyhow::Result<()> {
+/// The floor under the added-latency goal, from this run: the relay's added latency plus the
+/// work a boundary cannot skip on top of a hop (a decision, a record line written before the
+/// answer). Appended to the `batch` ratio's row; when it is over 1.0× the relay's, the goal is
+/// out of reach by construction, and the row says so.
+fn required_work_floor(report: &mut Report, shared: &Shared) {
+    let all = &shared.rtt;
+    let median = |server: &str, record: &str| {
+        all.iter()
+            .find(|r| r.server == server && r.record == record && r.callers == 1)
+            .map(|r| r.result.latency.summary().median)
+    };
+    let (Some(direct), Some(relay), Some(decide), Some(append)) = (
+        median("direct", "—"),
+        median(RELAY, "—"),
+        shared.decide,
+        shared.append,
+    ) else {
+        return;
+    };
+    let hop = relay.saturating_sub(direct);
+    let floor = hop + decide + append;
+    let Some(row) = report
+        .targets
+        .iter_mut()
+        .find(|t| t.what.starts_with("2. added latency, `batch`"))
+    else {
+        return;
+    };
+    let r = ratio(floor, hop);
+    row.measured.push_str(&format!(
+        "; floor of what the boundary must add: the relay's {} + a decision {} + a record line {} \
+         = {} = {r:.2}× the relay's{}",
+        dur(hop),
+        dur(decide),
+        dur(append),
+        dur(floor),
+        if r > 1.0 {
+            ", so this goal is out of reach here"
+        } else {
+            ""
+        }
+    ));
+}
+
+async fn decision(
+    data: &Path,
+    plan: &Plan,
+    report: &mut Report,
+    shared: &mut Shared,
+) -> anyhow::Result<()> {
     let mut t = Table::new(
         "3. Kernel decision: requirement resolution + Cedar",
         &[
@@ -684,6 +739,9 @@ async fn decision(data: &Path, plan: &Plan, report: &mut Report) -> anyhow::Resu
     for d in micro::decisions(data, &plan.policy_sizes, plan.decision).await? {
         anyhow::ensure!(d.permitted, "the benchmarked call was not permitted");
         let (c, p) = (d.check.summary(), d.decide.summary());
+        if shared.decide.is_none() {
+            shared.decide = Some(p.median);
+        }
         let met = c.median <= Duration::from_micros(20);
         t.row(vec![
             thousands(d.policies as u64),
@@ -801,7 +859,7 @@ async fn turn_open(
     Ok(())
 }
 
-async fn record(plan: &Plan, report: &mut Report, shared: &Shared) -> anyhow::Result<()> {
+async fn record(plan: &Plan, report: &mut Report, shared: &mut Shared) -> anyhow::Result<()> {
     let mut t = Table::new(
         "5. Record alone",
         &[
@@ -834,6 +892,9 @@ async fn record(plan: &Plan, report: &mut Report, shared: &Shared) -> anyhow::Re
             eprintln!("bench:    {mode:?}, {appenders} appender(s)…");
             let r = micro::record(mode, appenders, plan.record_max, plan.record_duration).await?;
             let s = r.latency.summary();
+            if matches!(mode, RecordMode::Batch) && appenders == 1 {
+                shared.append = Some(s.median);
+            }
             t.row(vec![
                 mode.label().into(),
                 appenders.to_string(),
