@@ -493,6 +493,7 @@ impl Worker {
                 .f64_histogram("mcp.server.operation.duration")
                 .with_unit("s")
                 .with_description("Duration of tools/call as the broker handled it")
+                .with_boundaries(DURATION_BOUNDARIES.to_vec())
                 .build();
             let calls = meter
                 .u64_counter("sharedos.tool.calls")
@@ -558,6 +559,13 @@ impl Instruments {
         );
     }
 }
+
+/// The bucket boundaries (s) the MCP semantic conventions give `mcp.server.operation.duration`;
+/// the SDK's default ones (0, 5, 10, 25 … 10,000) are meant for milliseconds and would put every
+/// call in one bucket.
+const DURATION_BOUNDARIES: [f64; 14] = [
+    0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
 
 /// The tool as a metric attribute. A tool the catalogue does not hold is any string a client
 /// chose: one bucket for all, so a hostile client cannot grow the metric's series (a published

@@ -1,11 +1,12 @@
-//! OpenTelemetry export against a real OTLP backend: Arize Phoenix (PyPI `arize-phoenix`,
-//! installed by `.ci/install-phoenix`), started here on loopback ports, its spans read back from
-//! its REST API. Then the backend is killed: every call is still answered and recorded, and the
-//! dropped-span count rises.
+//! OpenTelemetry export against real OTLP receivers started here on loopback ports.
 //!
-//! Phoenix keeps traces only; it has no OTLP metrics endpoint, and no OTLP metrics receiver can
-//! be installed on these machines (the Collector cannot be built; Debian's Prometheus 2.42
-//! predates its OTLP receiver), so metrics are turned off here and are not tested end to end.
+//! Spans: Arize Phoenix (PyPI `arize-phoenix`, installed by `.ci/install-phoenix`), its spans
+//! read back from its REST API. Then the backend is killed: every call is still answered and
+//! recorded, and the dropped-span count rises.
+//!
+//! Metrics: Phoenix keeps traces only, so they go to OtelTap (PyPI `oteltap`, installed by
+//! `.ci/install-oteltap`), a receiver for OTLP/HTTP-protobuf traces, logs and metrics whose CLI
+//! prints each item it decoded as one JSON line.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -353,4 +354,233 @@ async fn spans_reach_a_real_backend_and_a_dead_one_costs_no_call() {
     );
     drop(raw.close_stdin().await);
     broker.close_turn(&alice.turn).await;
+}
+
+/// OtelTap's CLI (PyPI `oteltap`, installed by `.ci/install-oteltap`): a real OTLP/HTTP-protobuf
+/// receiver that prints every span, log record and metric it receives as one JSON line.
+struct OtelTap {
+    child: tokio::process::Child,
+    port: u16,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl OtelTap {
+    async fn start(script: &Path) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let port = free_port();
+        let mut child = Command::new(script)
+            .args(["--port", &port.to_string()])
+            .env("PYTHONUNBUFFERED", "1")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn oteltap");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut out = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let sink = lines.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = out.next_line().await {
+                sink.lock().expect("lines").push(line);
+            }
+        });
+        let tap = Self { child, port, lines };
+        crate::kit::eventually("oteltap listening", || {
+            tap.lines
+                .lock()
+                .expect("lines")
+                .iter()
+                .any(|l| l.starts_with("Listening"))
+        })
+        .await;
+        tap
+    }
+
+    /// The newest export of metric `name` that satisfies `wanted`, waiting up to 30 s for one.
+    async fn last_with(&self, name: &str, wanted: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let found = self
+                .lines
+                .lock()
+                .expect("lines")
+                .iter()
+                .rev()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .find(|m| m["name"] == name && wanted(m));
+            if let Some(m) = found {
+                return m;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no {name} export as wanted within 30 s; received:\n{}",
+                self.lines.lock().expect("lines").join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs OtelTap from .ci/install-oteltap: bash .ci/run installs it and runs this"]
+async fn metrics_reach_a_real_receiver() {
+    let Some(env) = installed("oteltap", ".ci/install-oteltap") else {
+        return;
+    };
+    let mut tap = OtelTap::start(Path::new(&env["OTELTAP"])).await;
+    let broker = TestBroker::start(Options {
+        policy: POLICY,
+        tables: format!(
+            "[otel]\nendpoint = \"http://127.0.0.1:{}\"\nmetrics_interval_seconds = 1\ntimeout_seconds = 2\n",
+            tap.port
+        ),
+        ..Options::default()
+    })
+    .await;
+    let alice = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(alice.token.expose()));
+    raw.initialize("2025-06-18").await;
+    for (id, tool, args) in [
+        (1, "files.read", json!({"path": "/public/hello.txt"})),
+        (2, "files.read", json!({"path": "/public/hello.txt"})),
+        (3, "files.read", json!({"path": "/private/secret.txt"})),
+        (4, "files.read", json!({"path": "/public/missing.txt"})),
+    ] {
+        raw.call(id, tool, args).await;
+    }
+    // A hostile client invents names: 50 unpublished, 50 malformed. Each is recorded; together
+    // they add two series, not a hundred.
+    for i in 0..50 {
+        raw.call(100 + i, &format!("x.invented_{i}"), json!({}))
+            .await;
+        raw.call(200 + i, &format!("bad name {i}"), json!({})).await;
+    }
+    assert_eq!(broker.calls_of(&alice.turn).len(), 104);
+
+    // The receiver's view once an export has seen every call (cumulative counters).
+    let calls = tap
+        .last_with("sharedos.tool.calls", |m| total(m) == 104)
+        .await;
+    let mut series = std::collections::BTreeMap::new();
+    for p in points(&calls, "sum") {
+        let a = attrs(&p);
+        let key = (
+            a["gen_ai.tool.name"].clone(),
+            a["sharedos.outcome"].clone(),
+            a["sharedos.code"].clone(),
+        );
+        series.insert(key, int(&p["asInt"]));
+    }
+    let s = |t: &str, o: &str, c: &str| (t.to_owned(), o.to_owned(), c.to_owned());
+    assert_eq!(
+        series,
+        std::collections::BTreeMap::from([
+            (s("files.read", "succeeded", "ok"), 2),
+            (s("files.read", "denied", "no_permit"), 1),
+            (s("files.read", "failed", "not_found"), 1),
+            (s("(unpublished)", "denied", "unpublished_tool"), 50),
+            (s("(unpublished)", "denied", "malformed_tool_name"), 50),
+        ]),
+        "{calls}"
+    );
+    assert_eq!(calls["sum"]["isMonotonic"], true, "{calls}");
+
+    // The duration histogram: one point per tool and outcome, in seconds, with the MCP
+    // conventions' bucket boundaries, `error.type` on refusals and failures.
+    let duration = tap
+        .last_with("mcp.server.operation.duration", |m| total(m) == 104)
+        .await;
+    assert_eq!(duration["unit"], "s", "{duration}");
+    let mut counts = std::collections::BTreeMap::new();
+    for p in points(&duration, "histogram") {
+        let a = attrs(&p);
+        assert_eq!(a["mcp.method.name"], "tools/call", "{p}");
+        assert_eq!(
+            a.get("error.type").map(String::as_str),
+            (a["sharedos.outcome"] != "succeeded").then_some("tool_error"),
+            "{p}"
+        );
+        assert_eq!(
+            p["explicitBounds"],
+            json!([
+                0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0
+            ]),
+            "{p}"
+        );
+        let sum = p["sum"].as_f64().expect("sum");
+        assert!(sum > 0.0 && sum < 60.0, "seconds, not ms or ns: {p}");
+        counts.insert(
+            (a["gen_ai.tool.name"].clone(), a["sharedos.outcome"].clone()),
+            int(&p["count"]),
+        );
+    }
+    let o = |t: &str, o: &str| (t.to_owned(), o.to_owned());
+    assert_eq!(
+        counts,
+        std::collections::BTreeMap::from([
+            (o("files.read", "succeeded"), 2),
+            (o("files.read", "denied"), 1),
+            (o("files.read", "failed"), 1),
+            (o("(unpublished)", "denied"), 100),
+        ]),
+        "{duration}"
+    );
+
+    // Turns open: 1 now, 0 once the turn is closed.
+    let open = tap.last_with("sharedos.turns.open", |_| true).await;
+    assert_eq!(int(&points(&open, "gauge")[0]["asInt"]), 1, "{open}");
+    drop(raw.close_stdin().await);
+    broker.close_turn(&alice.turn).await;
+    let seen = tap.lines.lock().expect("lines").len();
+    let open = tap
+        .last_with("sharedos.turns.open", |m| {
+            int(&points(m, "gauge")[0]["asInt"]) == 0
+        })
+        .await;
+    assert!(tap.lines.lock().expect("lines").len() > seen, "{open}");
+    let s = stats(&broker).await;
+    assert_eq!(s["droppedExportFailed"].as_u64(), Some(0), "{s}");
+    tap.child.kill().await.expect("kill oteltap");
+}
+
+/// A metric's data points (`kind`: `sum`, `gauge` or `histogram`).
+fn points(metric: &Value, kind: &str) -> Vec<Value> {
+    metric[kind]["dataPoints"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {kind} points: {metric}"))
+        .clone()
+}
+
+/// A data point's attributes, as strings.
+fn attrs(point: &Value) -> std::collections::BTreeMap<String, String> {
+    point["attributes"]
+        .as_array()
+        .expect("attributes")
+        .iter()
+        .map(|kv| {
+            let v = kv["value"]["stringValue"].as_str().expect("a string value");
+            (kv["key"].as_str().expect("key").to_owned(), v.to_owned())
+        })
+        .collect()
+}
+
+/// An OTLP 64-bit integer, which protobuf's JSON writes as a string or a number.
+fn int(v: &Value) -> u64 {
+    v.as_u64()
+        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+        .unwrap_or_else(|| panic!("not an integer: {v}"))
+}
+
+/// Calls counted by a counter (its points' values) or a histogram (its points' counts).
+fn total(metric: &Value) -> u64 {
+    if metric.get("histogram").is_some() {
+        points(metric, "histogram")
+            .iter()
+            .map(|p| int(&p["count"]))
+            .sum()
+    } else {
+        points(metric, "sum").iter().map(|p| int(&p["asInt"])).sum()
+    }
 }
