@@ -665,9 +665,8 @@ impl Kernel {
                 arguments,
                 policies,
                 approval: _,
-            } => {
+            } => 'run: {
                 let requirement = Some(requirement_of(&resolved));
-                forwarded.clone_from(&resolved.forwarded);
                 let what = format!("{} of {}", call.tool, resolved.resource.short());
                 // Budgets, last before the call runs: a call refused before here uses none.
                 let mut taken = None;
@@ -682,23 +681,13 @@ impl Kernel {
                     ) {
                         Ok(t) => taken = t.counts_bytes().then_some((t, used)),
                         Err(Exhausted(why)) => {
-                            let message = format!("denied: {what} — {why}");
-                            return self
-                                .finish(
-                                    &site,
-                                    &call,
-                                    started,
-                                    (
-                                        Outcome::Denied(DenyCode::BudgetExhausted),
-                                        Some(message),
-                                        requirement,
-                                        policies,
-                                        None,
-                                    ),
-                                    None,
-                                    approval,
-                                )
-                                .await;
+                            break 'run (
+                                Outcome::Denied(DenyCode::BudgetExhausted),
+                                Some(format!("denied: {what} — {why}")),
+                                requirement,
+                                policies,
+                                None,
+                            );
                         }
                     }
                 }
@@ -713,27 +702,19 @@ impl Kernel {
                     let intent = self.intent_record(&site, &call, &requirement);
                     if let Err(e) = self.recorder.append(&intent).await {
                         tracing::error!(error = %e, call_id = %site.call_id, "intent not recorded: the call is not run");
-                        let message = format!(
-                            "failed: {what} — the broker could not record the call before running it ({e}); it was not run"
+                        break 'run (
+                            Outcome::Failed(FailCode::Internal),
+                            Some(format!(
+                                "failed: {what} — the broker could not record the call before running it ({e}); it was not run"
+                            )),
+                            requirement,
+                            policies,
+                            None,
                         );
-                        return self
-                            .finish(
-                                &site,
-                                &call,
-                                started,
-                                (
-                                    Outcome::Failed(FailCode::Internal),
-                                    Some(message),
-                                    requirement,
-                                    policies,
-                                    None,
-                                ),
-                                None,
-                                approval,
-                            )
-                            .await;
                     }
                 }
+                // Only a call that runs has forwarded arguments on its line.
+                forwarded.clone_from(&resolved.forwarded);
                 let (job, timeout) = self.job(
                     tool,
                     *resolved,
