@@ -11,8 +11,9 @@
 //! [`Recorder::append`] returns only once the line is written, and with [`RecordSync::Always`]
 //! once it is on disk (fdatasync). Concurrent appends share one sync (group commit): each
 //! appender writes its own line under a lock, and one of the waiting appenders runs a single
-//! fdatasync covering every line written so far (it first yields once, so that every task ready
-//! to run writes its line before the sync rather than after it). With [`RecordSync::Batch`] a line is
+//! fdatasync covering every line written so far (when the last sync covered more than one line,
+//! it first yields once, so that every task ready to run writes its line before the sync rather
+//! than after it). With [`RecordSync::Batch`] a line is
 //! acknowledged once written to the OS (it survives a broker crash) and synced within
 //! [`BATCH_SYNC_INTERVAL`].
 //!
@@ -144,6 +145,9 @@ struct State {
     synced: u64,
     /// `always`: how many group-commit fdatasyncs have finished (each covering one or more lines).
     syncs: u64,
+    /// `always`: the last fdatasync covered more than one line (appends are arriving together),
+    /// so the next leader yields before it syncs; `true` until a sync says otherwise.
+    shared_last: bool,
     /// `always`: an fdatasync failed; nothing more is acknowledged.
     failed: Option<String>,
 }
@@ -646,6 +650,7 @@ impl Recorder {
                 dirty: false,
                 sync_in_flight: false,
                 syncs: 0,
+                shared_last: true,
                 synced: recovery.last_seq,
                 failed: None,
             }),
@@ -890,7 +895,7 @@ impl Recorder {
         let shared = &*self.shared;
         let mut synced = shared.synced_tx.subscribe();
         loop {
-            let leads = {
+            let (leads, together) = {
                 let mut st = shared.lock();
                 if let Some(e) = &st.failed {
                     return Err(shared.failed_error(e));
@@ -898,7 +903,10 @@ impl Recorder {
                 if st.synced >= seq {
                     return Ok(());
                 }
-                !std::mem::replace(&mut st.sync_in_flight, true)
+                (
+                    !std::mem::replace(&mut st.sync_in_flight, true),
+                    st.shared_last,
+                )
             };
             if !leads {
                 // Another append leads a sync; it publishes when done (or when it gives up).
@@ -911,17 +919,21 @@ impl Recorder {
                 shared,
                 done: false,
             };
-            // Before syncing, let every task that is ready to run (the runtime polls its sockets
-            // first: tokio defers a yielded task until then) decide and write its line, so that
-            // this one fdatasync covers them too. Under load each sync otherwise covered about
-            // one line, and the syncs' own CPU (a third of the broker's) set the throughput;
-            // alone, this costs one empty poll.
-            tokio::task::yield_now().await;
-            let (target, file) = {
+            // When appends are arriving together (the last sync covered more than one line),
+            // let every task that is ready to run (the runtime polls its sockets first: tokio
+            // defers a yielded task until then) decide and write its line before syncing, so
+            // that this one fdatasync covers them too. Under load each sync otherwise covered
+            // about one line, and the syncs' own CPU (a third of the broker's) set the
+            // throughput. For a lone caller the yield only cost: an empty poll that woke the
+            // other runtime thread, 20-40 µs of a sequential `always` round trip (bench/NOTES.md).
+            if together {
+                tokio::task::yield_now().await;
+            }
+            let (target, file, from) = {
                 let st = shared.lock();
                 // Taken together: every line up to the target is in this file (a rotation
                 // synced the earlier files before it swapped).
-                (st.next_seq - 1, st.file.clone())
+                (st.next_seq - 1, st.file.clone(), st.synced)
             };
             // With two or more runtime threads, the leader syncs on its own thread: handing the
             // fdatasync to the blocking pool cost two thread wake-ups per sync (there and back,
@@ -954,6 +966,7 @@ impl Recorder {
                     None => {
                         st.synced = st.synced.max(target);
                         st.syncs += 1;
+                        st.shared_last = target.saturating_sub(from) > 1;
                     }
                 }
             }
@@ -1321,6 +1334,37 @@ mod tests {
         );
         let (lines, _) = read_records(&path, Some("t"), 0, 100).expect("read");
         assert_eq!(lines.len(), 64);
+    }
+
+    /// A lone appender syncs without yielding (each sync covers its one line); a burst turns
+    /// the yield back on after one sync, and the rest of the burst shares one or two more.
+    #[tokio::test]
+    async fn a_lone_appender_does_not_yield_and_a_burst_turns_it_back_on() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("rec.jsonl");
+        let (rec, _) = Recorder::open(&path, RecordSync::Always).expect("open");
+        for _ in 0..3 {
+            rec.append(&event("call", "t")).await.expect("append");
+        }
+        let before = {
+            let st = rec.shared.lock();
+            assert!(!st.shared_last, "one line per sync: no yield");
+            st.syncs
+        };
+        let tasks: Vec<_> = (0..64)
+            .map(|_| {
+                let rec = rec.clone();
+                tokio::spawn(async move { rec.append(&event("call", "t")).await })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("join").expect("append");
+        }
+        // The first leader syncs its line alone; the next one finds the lines written meanwhile
+        // and, from then on, leaders yield (how many lines the second sync finds depends on
+        // when the blocking pool's sync returns, hence two or three).
+        let syncs = rec.shared.lock().syncs - before;
+        assert!((2..=3).contains(&syncs), "{syncs} syncs for a burst of 64");
     }
 
     #[tokio::test]
