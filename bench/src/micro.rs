@@ -473,9 +473,15 @@ pub async fn record(
     Ok(out)
 }
 
+/// How long [`fdatasync`] waits between syncs when spaced: about a sequential `batch` round
+/// trip, so the syncs come as far apart as a lone `always` caller's do.
+pub const SYNC_GAP: Duration = Duration::from_micros(150);
+
 /// One fdatasync after appending a record-sized line, on the filesystem of the temporary
-/// folder (where every benchmark record lives).
-pub async fn fdatasync(budget: Budget) -> anyhow::Result<Samples> {
+/// folder (where every benchmark record lives): back to back, or, with `gap`, after sleeping
+/// that long (a lone `always` caller's syncs are a round trip apart; on this VM such a sync is
+/// slower than one right after another).
+pub async fn fdatasync(budget: Budget, gap: Option<Duration>) -> anyhow::Result<Samples> {
     let dir = tempdir("fsync")?;
     let path = dir.path().join("probe.jsonl");
     tokio::task::spawn_blocking(move || -> anyhow::Result<Samples> {
@@ -490,6 +496,9 @@ pub async fn fdatasync(budget: Budget) -> anyhow::Result<Samples> {
         for _ in 0..budget.iterations {
             if Instant::now() >= deadline {
                 break;
+            }
+            if let Some(gap) = gap {
+                std::thread::sleep(gap);
             }
             file.write_all(&line)?;
             let t = Instant::now();
