@@ -454,7 +454,114 @@ struct Rtt {
     server: &'static str,
     record: &'static str,
     callers: usize,
+    /// Measured with both CPUs held awake ([`Spinners`]).
+    awake: bool,
     result: LoadResult,
+}
+
+impl Rtt {
+    fn new(
+        server: &'static str,
+        record: &'static str,
+        load: Load,
+        awake: bool,
+        result: LoadResult,
+    ) -> Self {
+        Self {
+            server,
+            record,
+            callers: load.callers,
+            awake,
+            result,
+        }
+    }
+}
+
+async fn direct(bins: &Bins, data: &Path, load: Load) -> anyhow::Result<LoadResult> {
+    let cmds = (0..load.callers)
+        .map(|_| procs::direct_command(bins, data))
+        .collect();
+    e2e::drive(cmds, load, &[]).await
+}
+
+async fn relay(bins: &Bins, data: &Path, load: Load) -> anyhow::Result<LoadResult> {
+    let server = procs::DirectListener::start(bins, data).await?;
+    let cmds = (0..load.callers)
+        .map(|_| procs::relay_command(bins, &server.socket))
+        .collect();
+    let result = e2e::drive(cmds, load, &[server.pid]).await;
+    server.stop().await?;
+    result
+}
+
+/// Each load in turn against one broker in `mode`, and the broker's memory after them.
+async fn shim_broker(
+    bins: &Bins,
+    data: &Path,
+    mode: &'static str,
+    loads: &[Load],
+) -> anyhow::Result<(Vec<LoadResult>, Mem)> {
+    let broker = BrokerProc::start(bins, data, mode).await?;
+    let result = async {
+        let mut out = Vec::new();
+        for load in loads {
+            eprintln!(
+                "bench:    shim + broker ({mode}), {} caller(s)…",
+                load.callers
+            );
+            let mut host = broker.host().await?;
+            let mut cmds = Vec::with_capacity(load.callers);
+            for _ in 0..load.callers {
+                let turn = procs::open_turn(&mut host, "alice").await?;
+                cmds.push(procs::shim_command(
+                    bins,
+                    &broker.bridge(),
+                    turn.token.expose(),
+                ));
+            }
+            out.push(e2e::drive(cmds, *load, &[broker.pid]).await?);
+        }
+        anyhow::Ok((out, broker.memory()?))
+    }
+    .await;
+    broker.stop().await?;
+    result
+}
+
+/// One busy loop per CPU at `SCHED_IDLE` (`chrt --idle 0`), so no CPU halts while a round trip
+/// waits, and any real work preempts them at once. Stopped when dropped.
+struct Spinners(Vec<std::process::Child>);
+
+impl Spinners {
+    fn start() -> anyhow::Result<Self> {
+        let n = std::thread::available_parallelism().map_or(2, usize::from);
+        let mut s = Self(Vec::with_capacity(n));
+        for _ in 0..n {
+            let child = std::process::Command::new("chrt")
+                .args(["--idle", "0", "sh", "-c", "while :; do :; done"])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .context("cannot run `chrt --idle 0 sh` (util-linux)")?;
+            s.0.push(child);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        for c in &mut s.0 {
+            if let Some(status) = c.try_wait()? {
+                anyhow::bail!("`chrt --idle 0 sh` exited at once: {status}");
+            }
+        }
+        Ok(s)
+    }
+}
+
+impl Drop for Spinners {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 async fn round_trips(
@@ -467,70 +574,61 @@ async fn round_trips(
     let mut all = Vec::new();
     for load in &plan.loads {
         eprintln!("bench:    direct, {} caller(s)…", load.callers);
-        let cmds = (0..load.callers)
-            .map(|_| procs::direct_command(bins, data))
-            .collect();
-        all.push(Rtt {
-            server: "direct",
-            record: "—",
-            callers: load.callers,
-            result: e2e::drive(cmds, *load, &[]).await?,
-        });
+        all.push(Rtt::new(
+            "direct",
+            "—",
+            *load,
+            false,
+            direct(bins, data, *load).await?,
+        ));
     }
     // The floor: one extra process that only copies bytes, in front of one listening direct
     // server (as the shims are in front of one broker).
     for load in &plan.loads {
         eprintln!("bench:    relay + direct, {} caller(s)…", load.callers);
-        let server = procs::DirectListener::start(bins, data).await?;
-        let cmds = (0..load.callers)
-            .map(|_| procs::relay_command(bins, &server.socket))
-            .collect();
-        let result = e2e::drive(cmds, *load, &[server.pid]).await;
-        server.stop().await?;
-        all.push(Rtt {
-            server: RELAY,
-            record: "—",
-            callers: load.callers,
-            result: result?,
-        });
+        all.push(Rtt::new(
+            RELAY,
+            "—",
+            *load,
+            false,
+            relay(bins, data, *load).await?,
+        ));
     }
     for mode in ["batch", "always"] {
-        let broker = BrokerProc::start(bins, data, mode).await?;
-        let result = async {
-            let mut out = Vec::new();
-            for load in &plan.loads {
-                eprintln!(
-                    "bench:    shim + broker ({mode}), {} caller(s)…",
-                    load.callers
-                );
-                let mut host = broker.host().await?;
-                let mut cmds = Vec::with_capacity(load.callers);
-                for _ in 0..load.callers {
-                    let turn = procs::open_turn(&mut host, "alice").await?;
-                    cmds.push(procs::shim_command(
-                        bins,
-                        &broker.bridge(),
-                        turn.token.expose(),
-                    ));
-                }
-                out.push(Rtt {
-                    server: "shim + broker",
-                    record: mode,
-                    callers: load.callers,
-                    result: e2e::drive(cmds, *load, &[broker.pid]).await?,
-                });
-            }
-            anyhow::Ok((out, broker.memory()?))
+        let (rows, mem) = shim_broker(bins, data, mode, &plan.loads).await?;
+        for (load, result) in plan.loads.iter().zip(rows) {
+            all.push(Rtt::new("shim + broker", mode, *load, false, result));
         }
-        .await;
-        broker.stop().await?;
-        let (rows, mem) = result?;
-        all.extend(rows);
         shared.broker_after_load.push((format!("`{mode}`"), mem));
     }
-    let direct_median = |callers: usize| {
+    // One caller again with both CPUs kept from halting: a caller's processes all wait while
+    // an `always` call's fdatasync runs, and on a VM a CPU that halted that long wakes slowly.
+    if let Some(one) = plan.loads.iter().find(|l| l.callers == 1) {
+        match Spinners::start() {
+            Ok(spinners) => {
+                eprintln!("bench:    one caller again, CPUs held awake…");
+                let rows = async {
+                    let mut rows = vec![
+                        Rtt::new("direct", "—", *one, true, direct(bins, data, *one).await?),
+                        Rtt::new(RELAY, "—", *one, true, relay(bins, data, *one).await?),
+                    ];
+                    for mode in ["batch", "always"] {
+                        let (mut r, _) = shim_broker(bins, data, mode, &[*one]).await?;
+                        let result = r.pop().context("no row")?;
+                        rows.push(Rtt::new("shim + broker", mode, *one, true, result));
+                    }
+                    anyhow::Ok(rows)
+                }
+                .await;
+                drop(spinners);
+                all.extend(rows?);
+            }
+            Err(e) => eprintln!("bench:    CPUs held awake: skipped ({e:#})"),
+        }
+    }
+    let direct_median = |callers: usize, awake: bool| {
         all.iter()
-            .find(|r| r.server == "direct" && r.callers == callers)
+            .find(|r| r.server == "direct" && r.callers == callers && r.awake == awake)
             .map(|r| r.result.latency.summary().median)
     };
     let mut t = Table::new(
@@ -563,11 +661,15 @@ async fn round_trips(
          \"relay + direct\", puts one process that copies bytes between stdio and a Unix socket \
          (`bench/relay/src/main.rs`: std only, no parsing) in front of one `direct-files-server \
          --listen` serving every caller's connection: what any boundary process costs before it \
-         does anything.",
+         does anything. The rows \"CPUs held awake\" run one caller again while one `SCHED_IDLE` \
+         busy loop per CPU (`chrt --idle 0`) keeps the CPUs from halting (any real work preempts \
+         it): on a VM, a CPU that halted through an `always` call's fdatasync (all of a lone \
+         caller's processes wait for it) takes long to wake, and these rows show how much of a \
+         round trip that is; their \"added\" is against the direct server held awake too.",
     );
     for r in &all {
         let s = r.result.latency.summary();
-        let base = direct_median(r.callers);
+        let base = direct_median(r.callers, r.awake);
         let (added, rat) = match (r.server, base) {
             ("direct", _) | (_, None) => ("—".to_owned(), "1.00".to_owned()),
             (_, Some(b)) => (delta(s.median, b), format!("{:.2}", ratio(s.median, b))),
@@ -593,7 +695,11 @@ async fn round_trips(
             )
         };
         t.row(vec![
-            r.server.into(),
+            if r.awake {
+                format!("{}, CPUs held awake", r.server)
+            } else {
+                r.server.into()
+            },
             r.record.into(),
             r.callers.to_string(),
             thousands(r.result.calls),
@@ -619,10 +725,12 @@ async fn round_trips(
 fn round_trip_targets(shared: &Shared) -> Vec<Target> {
     let mut targets = Vec::new();
     let all = &shared.rtt;
-    let find = |server: &str, record: &str, callers: usize| {
-        all.iter()
-            .find(|r| r.server == server && r.record == record && r.callers == callers)
+    let find_in = |awake: bool, server: &str, record: &str, callers: usize| {
+        all.iter().find(|r| {
+            r.server == server && r.record == record && r.callers == callers && r.awake == awake
+        })
     };
+    let find = |server: &str, record: &str, callers: usize| find_in(false, server, record, callers);
     let median = |r: &Rtt| r.result.latency.summary().median;
     let fsync = shared.fsync.summary();
     // Needs only the 64-caller rows (a `--callers 64` run has no others).
@@ -719,6 +827,26 @@ fn round_trip_targets(shared: &Shared) -> Vec<Target> {
                     ", so this goal is out of reach here"
                 } else {
                     ""
+                }
+            ));
+        }
+        // The same round trip with no CPU halting while the fdatasync runs: how much of the
+        // miss is this machine's wake-up from idle rather than the boundary's work.
+        if let (Some(aa), Some(ra)) = (
+            find_in(true, "shim + broker", "always", 1),
+            find_in(true, RELAY, "—", 1),
+        ) {
+            let limit_awake = median(ra) + fsync.median.mul_f64(1.5);
+            measured.push_str(&format!(
+                "; with the CPUs held awake, same run: {} against the relay's {} + 1.5 × \
+                 fdatasync = {}, {}",
+                dur(median(aa)),
+                dur(median(ra)),
+                dur(limit_awake),
+                if median(aa) <= limit_awake {
+                    "within it"
+                } else {
+                    "over it"
                 }
             ));
         }
