@@ -196,6 +196,17 @@ impl Plan {
     }
 }
 
+impl Shared {
+    /// The fdatasync probes, back to back and spaced; run before and after the end-to-end
+    /// sections.
+    async fn probe_fsync(&mut self, plan: &Plan) -> anyhow::Result<()> {
+        self.fsync.extend(micro::fdatasync(plan.fsync, None).await?);
+        self.fsync_spaced
+            .extend(micro::fdatasync(plan.fsync, Some(micro::SYNC_GAP)).await?);
+        Ok(())
+    }
+}
+
 /// Numbers one section hands to another.
 #[derive(Default)]
 struct Shared {
@@ -258,12 +269,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut shared = Shared::default();
     eprintln!("bench: fdatasync…");
-    shared
-        .fsync
-        .extend(micro::fdatasync(plan.fsync, None).await?);
-    shared
-        .fsync_spaced
-        .extend(micro::fdatasync(plan.fsync, Some(micro::SYNC_GAP)).await?);
+    shared.probe_fsync(&plan).await?;
     if want(Section::Cold) {
         eprintln!("bench: 1. cold start…");
         cold_start(&bins, &data, &plan, &mut report).await?;
@@ -273,12 +279,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         round_trips(&bins, &data, &plan, &mut report, &mut shared).await?;
     }
     eprintln!("bench: fdatasync again…");
-    shared
-        .fsync
-        .extend(micro::fdatasync(plan.fsync, None).await?);
-    shared
-        .fsync_spaced
-        .extend(micro::fdatasync(plan.fsync, Some(micro::SYNC_GAP)).await?);
+    shared.probe_fsync(&plan).await?;
     // Section 2's targets go here in the table, but are computed after sections 3 and 5, whose
     // decision and record line give the floor under the added-latency goal.
     let rtt_targets_at = report.targets.len();

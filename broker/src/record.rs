@@ -1308,6 +1308,19 @@ mod tests {
         );
     }
 
+    /// `n` appends spawned together, all awaited.
+    async fn burst(rec: &Recorder, n: usize) {
+        let tasks: Vec<_> = (0..n)
+            .map(|_| {
+                let rec = rec.clone();
+                tokio::spawn(async move { rec.append(&event("call", "t")).await })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("join").expect("append");
+        }
+    }
+
     /// Appends ready to run together share one fdatasync: the leader yields before it syncs, so
     /// the others write their lines first. (Without the yield the leader synced its own line
     /// alone, and the other 63 needed a second sync; under load, about one sync per line.)
@@ -1318,15 +1331,7 @@ mod tests {
         let (rec, _) = Recorder::open(&path, RecordSync::Always).expect("open");
         let before = rec.shared.lock().syncs;
         // Spawned on this one-thread runtime, all 64 are ready before any of them runs.
-        let tasks: Vec<_> = (0..64)
-            .map(|_| {
-                let rec = rec.clone();
-                tokio::spawn(async move { rec.append(&event("call", "t")).await })
-            })
-            .collect();
-        for t in tasks {
-            t.await.expect("join").expect("append");
-        }
+        burst(&rec, 64).await;
         assert_eq!(
             rec.shared.lock().syncs - before,
             1,
@@ -1351,15 +1356,7 @@ mod tests {
             assert!(!st.shared_last, "one line per sync: no yield");
             st.syncs
         };
-        let tasks: Vec<_> = (0..64)
-            .map(|_| {
-                let rec = rec.clone();
-                tokio::spawn(async move { rec.append(&event("call", "t")).await })
-            })
-            .collect();
-        for t in tasks {
-            t.await.expect("join").expect("append");
-        }
+        burst(&rec, 64).await;
         // The first leader syncs its line alone; the next one finds the lines written meanwhile
         // and, from then on, leaders yield (how many lines the second sync finds depends on
         // when the blocking pool's sync returns, hence two or three).
