@@ -719,10 +719,12 @@ async fn round_trips(
     Ok(())
 }
 
-/// Section 2's targets. The `batch` added-latency row also gives the floor under its goal, when
+/// Section 2's targets. The added-latency rows also give the floor under their goal, when
 /// sections 3 and 5 ran: the relay's added latency plus the work a boundary cannot skip on top of
-/// a hop (a decision, a record line written before the answer). When that floor is over 1.0×
-/// the relay's, the goal is out of reach by construction, and the row says so.
+/// a hop (a decision, a record line written before the answer, and in `always` one fdatasync).
+/// When that floor is over 1.0× the relay's, the goal is out of reach by construction, and the
+/// row says so. The `always` sequential row gives its floor the same way, with the fdatasync
+/// spaced as a lone caller's are, and the round trip with the CPUs held awake.
 fn round_trip_targets(shared: &Shared) -> Vec<Target> {
     let mut targets = Vec::new();
     let all = &shared.rtt;
@@ -777,17 +779,23 @@ fn round_trip_targets(shared: &Shared) -> Vec<Target> {
             dur(d)
         );
         // Without a measurable relay hop (a --quick run can read 0) there is no ratio to give.
-        if let (Some(decide), Some(append), "batch", false) =
-            (shared.decide, shared.append, mode, floor.is_zero())
+        if let (Some(decide), Some(append), false) = (shared.decide, shared.append, floor.is_zero())
         {
-            let required = floor + decide + append;
+            // `always` cannot answer before one fdatasync (back to back: the smaller figure).
+            let sync = match mode {
+                "always" => Some(fsync.median),
+                _ => None,
+            };
+            let required = floor + decide + append + sync.unwrap_or_default();
             let rr = ratio(required, floor);
             measured.push_str(&format!(
                 "; floor of what the boundary must add: the relay's {} + a decision {} + a record \
-                 line {} = {} = {rr:.2}× the relay's{}",
+                 line {}{} = {} = {rr:.2}× the relay's{}",
                 dur(floor),
                 dur(decide),
                 dur(append),
+                sync.map(|d| format!(" + an fdatasync {}", dur(d)))
+                    .unwrap_or_default(),
                 dur(required),
                 if rr > 1.0 {
                     ", so this goal is out of reach here"
