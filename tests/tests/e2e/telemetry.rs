@@ -542,7 +542,28 @@ async fn metrics_reach_a_real_receiver() {
     assert!(tap.lines.lock().expect("lines").len() > seen, "{open}");
     let s = stats(&broker).await;
     assert_eq!(s["droppedExportFailed"].as_u64(), Some(0), "{s}");
+
+    // The receiver goes away: metric exports fail (every second), and still every call of a new
+    // turn is answered and recorded, and the broker's CLI answers.
     tap.child.kill().await.expect("kill oteltap");
+    let second = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(second.token.expose()));
+    raw.initialize("2025-06-18").await;
+    for id in 1..=20 {
+        let r = raw
+            .call(id, "files.read", json!({"path": "/public/hello.txt"}))
+            .await;
+        assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+        if id == 10 {
+            // Across at least one failed metric export.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
+    }
+    assert_eq!(broker.calls_of(&second.turn).len(), 20);
+    let s = stats(&broker).await;
+    assert_eq!(s["enabled"], true, "{s}");
+    drop(raw.close_stdin().await);
+    broker.close_turn(&second.turn).await;
 }
 
 /// A metric's data points (`kind`: `sum`, `gauge` or `histogram`).
