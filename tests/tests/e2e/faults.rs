@@ -91,10 +91,7 @@ impl Proc {
 
     /// `sharedos-broker records verify --config` on this record: exit status and output.
     async fn verify(&self) -> (i32, String) {
-        let mut cmd = std::process::Command::new(bin("sharedos-broker"));
-        cmd.args(["records", "verify", "--config"]).arg(&self.cfg);
-        let (code, out, err) = run(cmd).await;
-        (code, format!("{out}{err}"))
+        crate::kit::verify_record(&self.cfg).await
     }
 }
 

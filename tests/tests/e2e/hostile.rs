@@ -448,10 +448,14 @@ async fn a_killed_broker_leaves_every_write_it_made_on_record() {
         assert_eq!(closed[0]["code"], "broker_restart", "{}", closed[0]);
     }
     let turn = intents.values().next().expect("an intent")["turn"].clone();
-    let closed_turn: Vec<&Value> = after
-        .iter()
-        .filter(|l| l["kind"] == "turn_closed" && l["turn"] == turn)
-        .collect();
+    let turn_closes = |lines: &[Value]| -> Vec<Value> {
+        lines
+            .iter()
+            .filter(|l| l["kind"] == "turn_closed" && l["turn"] == turn)
+            .cloned()
+            .collect()
+    };
+    let closed_turn = turn_closes(&after);
     assert_eq!(closed_turn.len(), 1, "{closed_turn:?}");
     assert_eq!(closed_turn[0]["reason"], "broker_restart");
     // Every intent now has exactly one outcome line.
@@ -479,24 +483,14 @@ async fn a_killed_broker_leaves_every_write_it_made_on_record() {
         "three starts on record"
     );
     one_outcome_each(&third);
-    let restarts = |lines: &[Value]| {
-        lines
-            .iter()
-            .filter(|l| l["kind"] == "turn_closed" && l["turn"] == turn)
-            .count()
-    };
-    assert_eq!(restarts(&third), 1, "the turn is closed once");
+    assert_eq!(turn_closes(&third).len(), 1, "the turn is closed once");
     assert_eq!(
         third.iter().filter(|l| l["outcome"] == "unknown").count(),
         open.len(),
         "one `unknown` line per intent left open"
     );
-    let mut verify = std::process::Command::new(bin("sharedos-broker"));
-    verify
-        .args(["records", "verify", "--config"])
-        .arg(b.path("broker.toml"));
-    let (code, out, err) = run(verify).await;
-    assert_eq!(code, 0, "records verify after two kills: {out}{err}");
+    let (code, out) = crate::kit::verify_record(&b.path("broker.toml")).await;
+    assert_eq!(code, 0, "records verify after two kills: {out}");
 }
 
 /// No token is needed to try to lock everyone out: 3,000 connections that never say hello, held

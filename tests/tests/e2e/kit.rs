@@ -431,6 +431,14 @@ pub async fn eventually<F: FnMut() -> bool>(what: &str, mut check: F) {
     }
 }
 
+/// `sharedos-broker records verify --config CONFIG`: its exit status, and its stdout and stderr.
+pub async fn verify_record(config: &Path) -> (i32, String) {
+    let mut cmd = std::process::Command::new(bin("sharedos-broker"));
+    cmd.args(["records", "verify", "--config"]).arg(config);
+    let (code, out, err) = run(cmd).await;
+    (code, format!("{out}{err}"))
+}
+
 /// The `_meta.sharedos` object of a result (raw JSON or rmcp).
 pub fn meta(result: &Value) -> &Value {
     &result["_meta"]["sharedos"]
