@@ -106,7 +106,9 @@ pub async fn floors(bins: &Bins, data: &Path) -> anyhow::Result<Floors> {
     let mut rmcp = Vec::with_capacity(FLOOR_SESSIONS);
     let measured = async {
         for _ in 0..FLOOR_SESSIONS {
-            relay.push(session_memory(procs::relay_command(bins, &server.socket), None).await?);
+            relay.push(
+                session_memory(procs::relay_command(bins, &server.socket, None), None).await?,
+            );
             rmcp.push(session_memory(tokio::process::Command::new(&bins.rmcp_floor), None).await?);
         }
         anyhow::Ok(())

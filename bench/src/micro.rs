@@ -51,7 +51,7 @@ fn time_loop(budget: Budget, mut f: impl FnMut()) -> Samples {
     s
 }
 
-fn tempdir(what: &str) -> anyhow::Result<tempfile::TempDir> {
+pub fn tempdir(what: &str) -> anyhow::Result<tempfile::TempDir> {
     Ok(tempfile::Builder::new()
         .prefix(&format!("sharedos-bench-{what}-"))
         .tempdir()?)

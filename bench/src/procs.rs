@@ -325,9 +325,14 @@ pub fn direct_command(bins: &Bins, data: &Path) -> Command {
 }
 
 /// The relay in front of a listening direct server: what an MCP client spawns for the floor.
-pub fn relay_command(bins: &Bins, socket: &Path) -> Command {
+/// With `record`, the durable relay: it appends every answer to that file and fdatasyncs it
+/// before passing it on.
+pub fn relay_command(bins: &Bins, socket: &Path, record: Option<&Path>) -> Command {
     let mut cmd = Command::new(&bins.relay);
     cmd.arg(socket);
+    if let Some(record) = record {
+        cmd.arg(record);
+    }
     cmd
 }
 

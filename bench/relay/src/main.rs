@@ -3,17 +3,44 @@
 //! between a harness and a server costs before it does anything. The benchmark reports the
 //! shim + broker's added latency against this relay's.
 //!
+//! `relay SOCKET RECORD` is the floor of a durable hop: every chunk the server sends is appended
+//! to RECORD and fdatasynced before it goes on to stdout, as a boundary that records in `always`
+//! mode must make its line durable before the answer leaves. The benchmark sets the `always`
+//! sequential round trip against it.
+//!
 //! std only, two threads, no runtime: the cheapest relay this machine can run.
 
+use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 
-fn main() -> std::io::Result<()> {
-    let Some(path) = std::env::args_os().nth(1) else {
-        eprintln!("usage: relay SOCKET");
+fn main() {
+    if let Err(e) = relay() {
+        eprintln!("relay: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn relay() -> std::io::Result<()> {
+    let mut args = std::env::args_os().skip(1);
+    let Some(path) = args.next() else {
+        eprintln!("usage: relay SOCKET [RECORD]");
         std::process::exit(2);
     };
-    let socket = UnixStream::connect(&path)?;
+    let mut record = match args.next() {
+        Some(p) => Some(
+            File::options()
+                .create(true)
+                .append(true)
+                .open(&p)
+                .map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("{}: {e}", p.to_string_lossy()))
+                })?,
+        ),
+        None => None,
+    };
+    let socket = UnixStream::connect(&path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.to_string_lossy())))?;
     let mut to_server = socket.try_clone()?;
     std::thread::spawn(move || {
         let mut stdin = std::io::stdin().lock();
@@ -38,6 +65,10 @@ fn main() -> std::io::Result<()> {
         match from_server.read(&mut buf) {
             Ok(0) | Err(_) => return Ok(()),
             Ok(n) => {
+                if let Some(f) = record.as_mut() {
+                    f.write_all(&buf[..n])?;
+                    f.sync_data()?;
+                }
                 stdout.write_all(&buf[..n])?;
                 stdout.flush()?;
             }
