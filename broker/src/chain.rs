@@ -593,6 +593,56 @@ mod tests {
         assert!(r.broken.expect("broken").reason.contains("is missing"));
     }
 
+    /// A broker killed inside a rotation, after the active file got its rotated name (a hard
+    /// link) and before the fresh file took the record's name: the same file is under both
+    /// names. The next open undoes the half rotation (the rotated name goes; the lines stay
+    /// under the record's name), so nothing is read twice and the record goes on verifying.
+    #[tokio::test]
+    async fn a_rotation_cut_between_its_link_and_its_rename_is_undone_at_open() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = written(dir.path(), Some(600)).await;
+        let before = verify(&path, None).expect("verify");
+        assert!(before.ok(), "{before:?}");
+        let first: u64 = serde_json::from_str::<serde_json::Value>(&lines(&path)[0]).expect("json")
+            ["seq"]
+            .as_u64()
+            .expect("seq");
+        let rotated = PathBuf::from(format!("{}.{first}", path.display()));
+        std::fs::hard_link(&path, &rotated).expect("link");
+        std::fs::write(format!("{}.new", path.display()), "").expect("new");
+        // Read before any broker starts again: every line once.
+        let cut = verify(&path, None).expect("verify the cut state");
+        assert!(cut.ok(), "{cut:?}");
+        assert_eq!(cut.lines, before.lines);
+        let (rec, recovery) = Recorder::open_with(
+            &path,
+            RecordOptions {
+                sync: RecordSync::Always,
+                signing_key: Some(key(7)),
+                rotate_bytes: Some(600),
+                rotate_age: None,
+            },
+        )
+        .expect("reopen after a cut rotation");
+        assert_eq!(recovery.last_seq, before.lines);
+        for i in 0..4 {
+            rec.append(&event(&format!("c{i}"))).await.expect("append");
+        }
+        rec.checkpoint("shutdown").await.expect("cp");
+        drop(rec);
+        let r = verify(&path, None).expect("verify");
+        assert!(r.ok(), "{r:?}");
+        assert!(r.lines >= before.lines + 5, "{r:?}");
+        assert!(!Path::new(&format!("{}.new", path.display())).exists());
+        let ino = std::fs::metadata(&path).expect("meta").ino();
+        for f in record_files(&path).expect("files") {
+            if f != path {
+                assert_ne!(std::fs::metadata(&f).expect("meta").ino(), ino, "{f:?}");
+            }
+        }
+    }
+
     #[tokio::test]
     async fn a_record_written_before_chaining_is_chained_from_its_last_line() {
         let dir = tempfile::tempdir().expect("tmp");

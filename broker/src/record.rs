@@ -189,14 +189,28 @@ pub fn rfc3339(t: std::time::SystemTime) -> String {
 }
 
 /// The record's files in order: rotated ones (`<record>.<first seq>`, by that seq), then the
-/// record itself (if it exists).
+/// record itself (if it exists). A rotation cut short between its link and its rename leaves
+/// the record's file under its rotated name too ([`same_file`]): that name is left out, so no
+/// reader takes its lines twice.
 pub fn record_files(path: &Path) -> Result<Vec<PathBuf>, RecordError> {
+    let mut files = rotated_files(path)?;
+    if path.exists() {
+        if files.last().is_some_and(|newest| same_file(path, newest)) {
+            files.pop();
+        }
+        files.push(path.to_path_buf());
+    }
+    Ok(files)
+}
+
+/// The rotated files (`<record>.<first seq>`), by that seq.
+fn rotated_files(path: &Path) -> Result<Vec<PathBuf>, RecordError> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
     let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-        return Ok(vec![path.to_path_buf()]);
+        return Ok(Vec::new());
     };
     let prefix = format!("{name}.");
     let mut rotated: Vec<(u64, PathBuf)> = Vec::new();
@@ -221,11 +235,37 @@ pub fn record_files(path: &Path) -> Result<Vec<PathBuf>, RecordError> {
         Err(e) => return Err(io_err(&dir)(e)),
     }
     rotated.sort();
-    let mut files: Vec<PathBuf> = rotated.into_iter().map(|(_, p)| p).collect();
-    if path.exists() {
-        files.push(path.to_path_buf());
+    Ok(rotated.into_iter().map(|(_, p)| p).collect())
+}
+
+/// Whether `a` and `b` name the same file. A rotation links the active file to its rotated
+/// name, then renames a fresh file over the record's name; a broker killed between the two
+/// leaves one file under both (and the rotated name is the newest: the active file's first
+/// seq).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
     }
-    Ok(files)
+}
+
+/// Undoes a rotation cut short between its link and its rename (see [`same_file`]); called with
+/// the record's lock held. The second name goes (the lines stay under the record's name, and
+/// the next line rotates again), and so does the fresh file that was to take the record's name.
+fn undo_half_rotation(path: &Path) -> Result<(), RecordError> {
+    let fresh = PathBuf::from(format!("{}.new", path.display()));
+    if let Some(second) = rotated_files(path)?
+        .pop()
+        .filter(|newest| same_file(path, newest))
+    {
+        std::fs::remove_file(&second).map_err(io_err(&second))?;
+        tracing::warn!(record = %path.display(), second_name = %second.display(), "a rotation was cut short (the broker stopped between its link and its rename): undone; the lines stay under the record's name and the next line rotates again");
+    }
+    match std::fs::remove_file(&fresh) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(&fresh)(e)),
+        _ => Ok(()),
+    }
 }
 
 /// The name a rotation gives the active file whose first line has `first_seq`.
@@ -618,6 +658,7 @@ impl Recorder {
             std::fs::create_dir_all(parent).map_err(io_err(parent))?;
         }
         let mut file = open_locked(path, false)?;
+        undo_half_rotation(path)?;
         let meta = file.metadata().map_err(io_err(path))?;
         if meta.permissions().mode() & 0o077 != 0 {
             tracing::warn!(record = %path.display(), mode = format!("{:o}", meta.permissions().mode() & 0o777), "the record was readable by others: made 0600");
