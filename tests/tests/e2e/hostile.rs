@@ -493,6 +493,153 @@ async fn a_killed_broker_leaves_every_write_it_made_on_record() {
     assert_eq!(code, 0, "records verify after two kills: {out}");
 }
 
+/// Every line of the record, across its rotated files, in order (a torn last line is left out).
+fn all_lines(b: &Served) -> Vec<Value> {
+    let files = sharedos_broker::record::record_files(&b.path("record.jsonl")).expect("files");
+    files
+        .iter()
+        .flat_map(|f| {
+            std::fs::read_to_string(f)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// A broker SIGKILLed in the middle of its own close-out, across rotated files: the start after
+/// it finds that start cut short (only close-out lines after it), passes over it to the start
+/// before, and closes out exactly what is still open. 1,500 open turns give the second broker
+/// 1,500 close-out lines to write, each fdatasynced (`always`), the record rotating every
+/// 32 KiB; the kill lands once 100 of them are on record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_killed_in_its_close_out_leaves_the_rest_to_the_next() {
+    use sharedos_host::client::ControlClient;
+    use sharedos_proto::ipc::{ControlRequest, ControlResponse, OpenTurn};
+    const TURNS: usize = 1500;
+    let mut b = Served::start_with(
+        &[],
+        "record_sync = \"always\"\nrecord_rotate_bytes = 32768\ncall_timeout_seconds = 10",
+    )
+    .await;
+    let t0 = Instant::now();
+    let mut host = ControlClient::connect(&b.run_dir).await.expect("control");
+    let mut turns = std::collections::BTreeSet::new();
+    for _ in 0..TURNS {
+        let open = ControlRequest::OpenTurn(Box::new(OpenTurn {
+            principal: "alice".into(),
+            ..Default::default()
+        }));
+        match host.call(&open).await.expect("open") {
+            ControlResponse::TurnOpened(t) => turns.insert(t.turn),
+            other => panic!("unexpected {other:?}"),
+        };
+    }
+    drop(host);
+    eprintln!("{TURNS} turns opened in {:?}", t0.elapsed());
+    let restart_closes = |b: &Served| -> usize {
+        let files = sharedos_broker::record::record_files(&b.path("record.jsonl")).expect("files");
+        files
+            .iter()
+            .map(|f| {
+                std::fs::read_to_string(f)
+                    .unwrap_or_default()
+                    .matches("\"reason\":\"broker_restart\"")
+                    .count()
+            })
+            .sum()
+    };
+    // The first broker dies with every turn open; the second starts closing them out and is
+    // killed part way.
+    b.kill_and_spawn().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while restart_closes(&b) < 100 {
+        assert!(
+            Instant::now() < deadline,
+            "the second broker wrote no close-out"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    b.kill().await;
+    let lines = all_lines(&b);
+    let cut_at = lines
+        .iter()
+        .filter(|l| l["kind"] == "turn_closed" && l["reason"] == "broker_restart")
+        .count();
+    eprintln!("second broker killed after {cut_at} of {TURNS} close-out lines");
+    assert!(
+        cut_at < TURNS,
+        "the close-out finished before the kill: nothing was cut"
+    );
+    let files_before = sharedos_broker::record::record_files(&b.path("record.jsonl"))
+        .expect("files")
+        .len();
+    // The third start closes out the rest: each turn exactly once.
+    let t3 = Instant::now();
+    b.kill_and_spawn().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let host = loop {
+        // Its control socket answers once its close-out is over.
+        if let Ok(mut h) = ControlClient::connect(&b.run_dir).await
+            && let Ok(ControlResponse::Turns { turns: open }) =
+                h.call(&ControlRequest::ListTurns).await
+        {
+            assert!(open.is_empty(), "turns open after the close-out: {open:?}");
+            break h;
+        }
+        assert!(Instant::now() < deadline, "the third broker did not serve");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    drop(host);
+    eprintln!("third broker served after {:?}", t3.elapsed());
+    let lines = all_lines(&b);
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l["kind"] == "broker_started")
+            .count(),
+        3,
+        "three starts on record"
+    );
+    let mut closed: std::collections::BTreeMap<String, usize> = Default::default();
+    for l in lines.iter().filter(|l| l["kind"] == "turn_closed") {
+        assert_eq!(l["reason"], "broker_restart", "{l}");
+        *closed
+            .entry(l["turn"].as_str().expect("turn").to_owned())
+            .or_default() += 1;
+    }
+    assert_eq!(closed.len(), TURNS, "every turn closed");
+    assert!(
+        closed.values().all(|n| *n == 1),
+        "a turn closed twice: {:?}",
+        closed
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .take(5)
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        closed.keys().eq(turns.iter()),
+        "the closed turns are the opened ones"
+    );
+    let files = sharedos_broker::record::record_files(&b.path("record.jsonl")).expect("files");
+    eprintln!(
+        "{} record files before the third start, {} after",
+        files_before,
+        files.len()
+    );
+    assert!(
+        files_before > 3,
+        "the record did not rotate: {files_before} files"
+    );
+    let (code, out) = crate::kit::verify_record(&b.path("broker.toml")).await;
+    assert_eq!(
+        code, 0,
+        "records verify after a kill inside a close-out: {out}"
+    );
+}
+
 /// No token is needed to try to lock everyone out: 3,000 connections that never say hello, held
 /// open by one process. The broker keeps at most 16 of them per peer process before hello and
 /// closes the rest at once, so a real shim still gets in, and the host's `turn list` answers,

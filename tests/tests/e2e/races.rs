@@ -136,6 +136,27 @@ impl Served {
         env: &[(&str, &str)],
         wrapper: &[&str],
     ) -> tokio::process::Child {
+        let control = run_dir.join("control.sock");
+        let record = d.join("record.jsonl");
+        let before = std::fs::read_to_string(&record).map_or(0, |t| t.lines().count());
+        let child = Self::spawn(d, run_dir, env, wrapper);
+        eventually("broker started", || {
+            control.exists()
+                && std::fs::read_to_string(&record).is_ok_and(|t| {
+                    t.lines().any(|l| l.contains("broker_started")) && t.lines().count() > before
+                })
+        })
+        .await;
+        child
+    }
+
+    /// Starts `sharedos-broker serve` on the laid-out folder, without waiting for anything.
+    fn spawn(
+        d: &Path,
+        run_dir: &Path,
+        env: &[(&str, &str)],
+        wrapper: &[&str],
+    ) -> tokio::process::Child {
         let mut serve = match wrapper.split_first() {
             Some((program, args)) => {
                 let mut c = tokio::process::Command::new(program);
@@ -154,18 +175,7 @@ impl Served {
             .envs(env.iter().copied())
             .kill_on_drop(true)
             .stderr(std::fs::File::create(d.join("broker.stderr")).expect("stderr"));
-        let child = serve.spawn().expect("serve");
-        let control = run_dir.join("control.sock");
-        let record = d.join("record.jsonl");
-        let before = std::fs::read_to_string(&record).map_or(0, |t| t.lines().count());
-        eventually("broker started", || {
-            control.exists()
-                && std::fs::read_to_string(&record).is_ok_and(|t| {
-                    t.lines().any(|l| l.contains("broker_started")) && t.lines().count() > before
-                })
-        })
-        .await;
-        child
+        serve.spawn().expect("serve")
     }
 
     /// Kills the broker (SIGKILL: no shutdown, no last lines) if it runs, and starts it again
@@ -176,6 +186,16 @@ impl Served {
         let d = std::fs::canonicalize(self.dir.path()).expect("canon");
         let _ = std::fs::remove_file(self.run_dir.join("control.sock"));
         self.child = Self::serve(&d, &self.run_dir, &[], &[]).await;
+    }
+
+    /// Kills the broker (SIGKILL) if it runs, and starts it again without waiting for it: the
+    /// caller watches the record for what it wants to see.
+    pub async fn kill_and_spawn(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+        let d = std::fs::canonicalize(self.dir.path()).expect("canon");
+        let _ = std::fs::remove_file(self.run_dir.join("control.sock"));
+        self.child = Self::spawn(&d, &self.run_dir, &[], &[]);
     }
 
     /// Kills the broker with SIGKILL.
