@@ -138,15 +138,22 @@ impl Served {
     ) -> tokio::process::Child {
         let control = run_dir.join("control.sock");
         let record = d.join("record.jsonl");
-        let before = std::fs::read_to_string(&record).map_or(0, |t| t.lines().count());
-        let child = Self::spawn(d, run_dir, env, wrapper);
-        eventually("broker started", || {
-            control.exists()
-                && std::fs::read_to_string(&record).is_ok_and(|t| {
-                    t.lines().any(|l| l.contains("broker_started")) && t.lines().count() > before
+        // Counted across the rotated files: a start may rotate the record at its first line.
+        let starts = || {
+            sharedos_broker::record::record_files(&record)
+                .unwrap_or_default()
+                .iter()
+                .map(|f| {
+                    std::fs::read_to_string(f)
+                        .unwrap_or_default()
+                        .matches("\"kind\":\"broker_started\"")
+                        .count()
                 })
-        })
-        .await;
+                .sum::<usize>()
+        };
+        let before = starts();
+        let child = Self::spawn(d, run_dir, env, wrapper);
+        eventually("broker started", || control.exists() && starts() > before).await;
         child
     }
 
