@@ -417,20 +417,21 @@ mod tests {
         SigningKey::from_bytes(&[byte; 32])
     }
 
+    /// `always`, signed with key 7, rotating after `rotate` bytes if given.
+    fn options(rotate: Option<u64>) -> RecordOptions {
+        RecordOptions {
+            sync: RecordSync::Always,
+            signing_key: Some(key(7)),
+            rotate_bytes: rotate,
+            rotate_age: None,
+        }
+    }
+
     /// A record of a chain start, 6 lines, a checkpoint, 3 lines and a last checkpoint, with
     /// rotation after every ~600 bytes when `rotate` is given.
     async fn written(dir: &Path, rotate: Option<u64>) -> PathBuf {
         let path = dir.join("rec.jsonl");
-        let (rec, _) = Recorder::open_with(
-            &path,
-            RecordOptions {
-                sync: RecordSync::Always,
-                signing_key: Some(key(7)),
-                rotate_bytes: rotate,
-                rotate_age: None,
-            },
-        )
-        .expect("open");
+        let (rec, _) = Recorder::open_with(&path, options(rotate)).expect("open");
         for i in 0..6 {
             rec.append(&event(&format!("a{i}"))).await.expect("append");
         }
@@ -568,16 +569,7 @@ mod tests {
                 .expect("open");
             std::io::Write::write_all(&mut f, b"{\"seq\":99,\"kind\":\"ca").expect("w");
         }
-        let (rec, recovery) = Recorder::open_with(
-            &path,
-            RecordOptions {
-                sync: RecordSync::Always,
-                signing_key: Some(key(7)),
-                rotate_bytes: Some(600),
-                rotate_age: None,
-            },
-        )
-        .expect("reopen");
+        let (rec, recovery) = Recorder::open_with(&path, options(Some(600))).expect("reopen");
         assert_eq!(recovery.last_seq, before);
         rec.append(&event("c")).await.expect("append");
         rec.checkpoint("shutdown").await.expect("cp");
@@ -615,16 +607,8 @@ mod tests {
         let cut = verify(&path, None).expect("verify the cut state");
         assert!(cut.ok(), "{cut:?}");
         assert_eq!(cut.lines, before.lines);
-        let (rec, recovery) = Recorder::open_with(
-            &path,
-            RecordOptions {
-                sync: RecordSync::Always,
-                signing_key: Some(key(7)),
-                rotate_bytes: Some(600),
-                rotate_age: None,
-            },
-        )
-        .expect("reopen after a cut rotation");
+        let (rec, recovery) =
+            Recorder::open_with(&path, options(Some(600))).expect("reopen after a cut rotation");
         assert_eq!(recovery.last_seq, before.lines);
         for i in 0..4 {
             rec.append(&event(&format!("c{i}"))).await.expect("append");

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value, json};
 
 use crate::kit::{bin, meta, run};
-use crate::races::Served;
+use crate::races::{Served, record_texts};
 
 /// Non-ASCII argument keys (byte 200 of the schema validator's message inside a multi-byte
 /// character), a CJK property name, and non-ASCII tool names: each answered, each recorded once,
@@ -495,16 +495,10 @@ async fn a_killed_broker_leaves_every_write_it_made_on_record() {
 
 /// Every line of the record, across its rotated files, in order (a torn last line is left out).
 fn all_lines(b: &Served) -> Vec<Value> {
-    let files = sharedos_broker::record::record_files(&b.path("record.jsonl")).expect("files");
-    files
+    record_texts(&b.path("record.jsonl"))
         .iter()
-        .flat_map(|f| {
-            std::fs::read_to_string(f)
-                .unwrap_or_default()
-                .lines()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .collect::<Vec<_>>()
-        })
+        .flat_map(|t| t.lines())
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .collect()
 }
 
@@ -539,15 +533,9 @@ async fn a_broker_killed_in_its_close_out_leaves_the_rest_to_the_next() {
     drop(host);
     eprintln!("{TURNS} turns opened in {:?}", t0.elapsed());
     let restart_closes = |b: &Served| -> usize {
-        let files = sharedos_broker::record::record_files(&b.path("record.jsonl")).expect("files");
-        files
+        record_texts(&b.path("record.jsonl"))
             .iter()
-            .map(|f| {
-                std::fs::read_to_string(f)
-                    .unwrap_or_default()
-                    .matches("\"reason\":\"broker_restart\"")
-                    .count()
-            })
+            .map(|t| t.matches("\"reason\":\"broker_restart\"").count())
             .sum()
     };
     // The first broker dies with every turn open; the second starts closing them out and is

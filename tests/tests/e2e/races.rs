@@ -140,15 +140,9 @@ impl Served {
         let record = d.join("record.jsonl");
         // Counted across the rotated files: a start may rotate the record at its first line.
         let starts = || {
-            sharedos_broker::record::record_files(&record)
-                .unwrap_or_default()
+            record_texts(&record)
                 .iter()
-                .map(|f| {
-                    std::fs::read_to_string(f)
-                        .unwrap_or_default()
-                        .matches("\"kind\":\"broker_started\"")
-                        .count()
-                })
+                .map(|t| t.matches("\"kind\":\"broker_started\"").count())
                 .sum::<usize>()
         };
         let before = starts();
@@ -356,6 +350,16 @@ impl Served {
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
             .collect()
     }
+}
+
+/// The text of each of the record's files (its rotated files first), in order; a file that
+/// went away while they were listed reads as empty.
+pub fn record_texts(record: &Path) -> Vec<String> {
+    sharedos_broker::record::record_files(record)
+        .unwrap_or_default()
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap_or_default())
+        .collect()
 }
 
 /// The swaps a flipper made (it prints them when its time is up).
