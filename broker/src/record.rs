@@ -550,6 +550,9 @@ pub fn load_or_create_signing_key(path: &Path) -> Result<SigningKey, RecordError
         path: path.display().to_string(),
         detail,
     };
+    if !path.exists() {
+        create_signing_key(path)?;
+    }
     let key = match std::fs::read_to_string(path) {
         Ok(text) => {
             let mode = std::fs::metadata(path)
@@ -565,23 +568,6 @@ pub fn load_or_create_signing_key(path: &Path) -> Result<SigningKey, RecordError
                 .ok_or_else(|| key_err("not 64 hex digits (an Ed25519 seed)".into()))?;
             SigningKey::from_bytes(&seed)
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let mut seed = [0u8; 32];
-            getrandom::fill(&mut seed).map_err(|e| key_err(format!("no randomness: {e}")))?;
-            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent).map_err(io_err(parent))?;
-            }
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(path)
-                .map_err(io_err(path))?;
-            f.write_all(format!("{}\n", hex(&seed)).as_bytes())
-                .and_then(|()| f.sync_all())
-                .map_err(io_err(path))?;
-            SigningKey::from_bytes(&seed)
-        }
         Err(e) => return Err(io_err(path)(e)),
     };
     let public = public_key_path(path);
@@ -590,6 +576,45 @@ pub fn load_or_create_signing_key(path: &Path) -> Result<SigningKey, RecordError
         std::fs::write(&public, text).map_err(io_err(&public))?;
     }
     Ok(key)
+}
+
+/// Creates a new signing key at `path`, whole or not at all: the seed is written and synced
+/// under a name of this process's own, then linked to `path` (a link never replaces a file: a key
+/// another broker made first is kept, and this one's seed is dropped). A broker killed part way
+/// leaves no key file, or a whole one; never an empty one that would keep the next start out.
+fn create_signing_key(path: &Path) -> Result<(), RecordError> {
+    let mut seed = [0u8; 32];
+    getrandom::fill(&mut seed).map_err(|e| RecordError::Key {
+        path: path.display().to_string(),
+        detail: format!("no randomness: {e}"),
+    })?;
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(io_err(parent))?;
+    }
+    let tmp = PathBuf::from(format!("{}.{}.new", path.display(), std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let written = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| {
+            f.write_all(format!("{}\n", hex(&seed)).as_bytes())?;
+            f.sync_all()
+        })
+        .map_err(io_err(&tmp))
+        .and_then(|()| match std::fs::hard_link(&tmp, path) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(io_err(path)(e)),
+            _ => Ok(()),
+        });
+    let _ = std::fs::remove_file(&tmp);
+    written?;
+    if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty())
+        && let Ok(d) = File::open(dir)
+    {
+        let _ = d.sync_all();
+    }
+    Ok(())
 }
 
 /// Where the public half of the key at `key` is written.
@@ -1321,6 +1346,37 @@ mod tests {
             .clone();
         std::fs::write(&holding, "not json\n").expect("damage");
         assert!(Recorder::open_with(&path, options()).is_err());
+    }
+
+    /// A new signing key is whole (64 hex digits, 0600) and kept across opens; a temporary file
+    /// left by a creation that was killed does not get in the way and is cleaned up; an empty key
+    /// file is not replaced (it may be the key of records already signed): it is an error.
+    #[test]
+    fn a_signing_key_is_made_whole_and_kept() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("k.key");
+        std::fs::write(format!("{}.{}.new", path.display(), std::process::id()), "")
+            .expect("stale temp");
+        let made = load_or_create_signing_key(&path).expect("make");
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert_eq!(text.len(), 65, "{text:?}");
+        assert!(text.trim().bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(
+            std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777,
+            0o600
+        );
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["k.key", "k.key.pub"]);
+        let again = load_or_create_signing_key(&path).expect("load");
+        assert_eq!(again.verifying_key(), made.verifying_key());
+        let empty = dir.path().join("empty.key");
+        std::fs::write(&empty, "").expect("w");
+        let e = load_or_create_signing_key(&empty).expect_err("an empty key");
+        assert!(e.to_string().contains("not 64 hex digits"), "{e}");
     }
 
     /// A start whose close-out was cut short (only `unknown` calls and `broker_restart` closes
