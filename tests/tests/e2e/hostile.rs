@@ -685,6 +685,152 @@ async fn a_rotation_cut_by_a_kill_is_undone_by_the_next_start() {
     assert_eq!(code, 0, "records verify after the undone rotation: {out}");
 }
 
+/// How many `broker_started` lines the record holds, across its files.
+fn start_lines(b: &Served) -> usize {
+    record_texts(&b.path("record.jsonl"))
+        .iter()
+        .map(|t| t.matches("\"kind\":\"broker_started\"").count())
+        .sum()
+}
+
+/// Waits until the broker's control socket answers `turn list` (its close-out is over).
+async fn wait_serving(b: &Served) {
+    use sharedos_host::client::ControlClient;
+    use sharedos_proto::ipc::{ControlRequest, ControlResponse};
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(mut h) = ControlClient::connect(&b.run_dir).await
+            && let Ok(ControlResponse::Turns { .. }) = h.call(&ControlRequest::ListTurns).await
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the broker did not serve again");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// SIGKILL at 30 points no one chose: a broker writing files (16 calls in flight), its record in
+/// `always`, rotating every 4 KiB and signing a checkpoint every second, killed after 10 to
+/// 250 ms of work, and every fourth time killed again as its next start begins its close-out. Every start must succeed, and at the end the record must verify,
+/// hold every start, one outcome for every intent (`unknown` for those cut off), an intent for
+/// every file on disk, and one close for every turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kills_at_any_point_leave_a_record_that_opens_and_verifies() {
+    const KILLS: u64 = 30;
+    let mut b = Served::start_with(
+        &[],
+        "record_sync = \"always\"\nrecord_rotate_bytes = 4096\nrecord_checkpoint_seconds = 1\n\
+         call_timeout_seconds = 10",
+    )
+    .await;
+    let mut next = 1u64;
+    for round in 0..KILLS {
+        // A spread of kill points without a random source: 10..250 ms of calls.
+        let work = Duration::from_millis(10 + (round * 97) % 240);
+        let mut raw = b.shim().await;
+        let until = Instant::now() + work;
+        let mut pending = 0u32;
+        while Instant::now() < until {
+            while pending < 16 {
+                let sent = raw
+                    .try_send(json!({"jsonrpc": "2.0", "id": next, "method": "tools/call",
+                        "params": {"name": "files.write",
+                                   "arguments": {"path": format!("/public/r-{next}.txt"), "content": "r"}}}))
+                    .await;
+                assert!(sent, "the shim went away before the kill");
+                next += 1;
+                pending += 1;
+            }
+            match tokio::time::timeout(until - Instant::now().min(until), raw.next_line()).await {
+                Ok(Some(line)) if line.contains("\"id\"") => pending -= 1,
+                Ok(Some(_)) | Err(_) => {}
+                Ok(None) => panic!("the shim closed stdout before the kill"),
+            }
+        }
+        let starts_before = start_lines(&b);
+        b.kill_and_spawn().await;
+        if round % 4 == 3 {
+            // Killed again as soon as its start line is on record, or up to 2 ms after: in
+            // its close-out of what the last one left open.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while start_lines(&b) <= starts_before {
+                assert!(Instant::now() < deadline, "the broker wrote no start line");
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            tokio::time::sleep(Duration::from_micros(1000 * (round % 3))).await;
+            b.kill_and_spawn().await;
+        }
+        wait_serving(&b).await;
+        drop(raw);
+    }
+    let lines = all_lines(&b);
+    let starts = lines
+        .iter()
+        .filter(|l| l["kind"] == "broker_started")
+        .count() as u64;
+    assert_eq!(
+        starts,
+        KILLS + 1 + KILLS / 4,
+        "a start line for every start, the ones killed in their close-out too"
+    );
+    let seqs: Vec<u64> = lines.iter().filter_map(|l| l["seq"].as_u64()).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "seqs run on, each once"
+    );
+    let mut outcomes: std::collections::BTreeMap<&str, usize> = Default::default();
+    for l in lines.iter().filter(|l| l["kind"] == "call") {
+        if let Some(id) = l["callId"].as_str() {
+            *outcomes.entry(id).or_default() += 1;
+        }
+    }
+    let intents: Vec<&Value> = lines.iter().filter(|l| l["kind"] == "intent").collect();
+    let mut unknown = 0;
+    for i in &intents {
+        let id = i["callId"].as_str().expect("callId");
+        assert_eq!(outcomes.get(id).copied(), Some(1), "intent {i}");
+        unknown += lines
+            .iter()
+            .filter(|l| l["callId"] == id && l["outcome"] == "unknown")
+            .count();
+    }
+    let on_record: std::collections::BTreeSet<&str> = intents
+        .iter()
+        .filter_map(|i| i["arguments"]["path"].as_str())
+        .collect();
+    let written: Vec<String> = std::fs::read_dir(b.path("data/public"))
+        .expect("public")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("r-"))
+        .map(|n| format!("/public/{n}"))
+        .collect();
+    for path in &written {
+        assert!(
+            on_record.contains(path.as_str()),
+            "{path} is on disk without its intent"
+        );
+    }
+    let mut closes: std::collections::BTreeMap<&str, usize> = Default::default();
+    for l in lines.iter().filter(|l| l["kind"] == "turn_closed") {
+        *closes.entry(l["turn"].as_str().expect("turn")).or_default() += 1;
+    }
+    for t in lines.iter().filter(|l| l["kind"] == "turn_opened") {
+        let turn = t["turn"].as_str().expect("turn");
+        assert_eq!(closes.get(turn).copied(), Some(1), "turn {turn}");
+    }
+    let files = sharedos_broker::record::record_files(&b.path("record.jsonl")).expect("files");
+    eprintln!(
+        "{starts} starts, {} lines in {} files, {} intents ({unknown} closed as unknown), {} files written",
+        lines.len(),
+        files.len(),
+        intents.len(),
+        written.len()
+    );
+    assert!(unknown > 0, "no kill cut a call off");
+    let (code, out) = crate::kit::verify_record(&b.path("broker.toml")).await;
+    assert_eq!(code, 0, "records verify after {KILLS} kills: {out}");
+}
+
 /// No token is needed to try to lock everyone out: 3,000 connections that never say hello, held
 /// open by one process. The broker keeps at most 16 of them per peer process before hello and
 /// closes the rest at once, so a real shim still gets in, and the host's `turn list` answers,
