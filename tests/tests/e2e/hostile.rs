@@ -394,12 +394,7 @@ async fn a_killed_broker_leaves_every_write_it_made_on_record() {
             )
         })
         .collect();
-    let written: Vec<String> = std::fs::read_dir(b.path("data/public"))
-        .expect("public")
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with("k-"))
-        .map(|n| format!("/public/{n}"))
-        .collect();
+    let written = written_files(&b, "k-");
     eprintln!(
         "killed after {answered} answers; {} files written, {} intents",
         written.len(),
@@ -491,6 +486,16 @@ async fn a_killed_broker_leaves_every_write_it_made_on_record() {
     );
     let (code, out) = crate::kit::verify_record(&b.path("broker.toml")).await;
     assert_eq!(code, 0, "records verify after two kills: {out}");
+}
+
+/// The files under `data/public` whose names start with `prefix`, as the tools name them.
+fn written_files(b: &Served, prefix: &str) -> Vec<String> {
+    std::fs::read_dir(b.path("data/public"))
+        .expect("public")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(prefix))
+        .map(|n| format!("/public/{n}"))
+        .collect()
 }
 
 /// Every line of the record, across its rotated files, in order (a torn last line is left out).
@@ -798,12 +803,7 @@ async fn kills_at_any_point_leave_a_record_that_opens_and_verifies() {
         .iter()
         .filter_map(|i| i["arguments"]["path"].as_str())
         .collect();
-    let written: Vec<String> = std::fs::read_dir(b.path("data/public"))
-        .expect("public")
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with("r-"))
-        .map(|n| format!("/public/{n}"))
-        .collect();
+    let written = written_files(&b, "r-");
     for path in &written {
         assert!(
             on_record.contains(path.as_str()),
