@@ -82,8 +82,22 @@ impl Proc {
         Raw::spawn(c)
     }
 
+    /// Every whole line. A SIGKILL can land inside a write(2) and leave its line cut at a page
+    /// boundary: that torn tail (the end of the text, with no newline) is left out, as the next
+    /// start cuts it off and records the cut. Any other line must be whole JSON.
     fn lines(&self) -> Vec<Value> {
-        self.text()
+        let text = self.text();
+        let whole = match text.rfind('\n') {
+            Some(end) => &text[..=end],
+            None => "",
+        };
+        if whole.len() < text.len() {
+            eprintln!(
+                "a torn write of {} bytes at the end, left out",
+                text.len() - whole.len()
+            );
+        }
+        whole
             .lines()
             .map(|l| serde_json::from_str(l).expect("every line is whole JSON"))
             .collect()
@@ -122,8 +136,9 @@ fn children(pid: u32) -> usize {
 }
 
 /// Kills the broker (SIGKILL) at pseudo-random points while 4 clients call as fast as they can;
-/// every call whose answer a client saw must be in the record, which stays whole JSON, and whose
-/// hash chain verifies after every kill, across rotations (64 KiB files).
+/// every call whose answer a client saw must be in the record, which stays whole JSON lines (but
+/// for a write the kill tore, at the very end, which the next start cuts off and records), and
+/// whose hash chain verifies after every restart, across rotations (64 KiB files).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_answered_call_is_on_disk_when_the_broker_is_killed() {
     let p = Proc::new(&Options::default());
@@ -137,6 +152,14 @@ async fn every_answered_call_is_on_disk_when_the_broker_is_killed() {
     let mut answered_total = 0;
     for round in 0..4 {
         let mut broker = p.serve().await;
+        if round > 0 {
+            // Started again: a write the kill tore is cut off and recorded; the chain verifies.
+            let (code, out) = p.verify().await;
+            assert_eq!(
+                code, 0,
+                "round {round}: the record verifies once the broker is back after a kill: {out}"
+            );
+        }
         let mut clients = Vec::new();
         for c in 0..4 {
             let (_, token) = p.open("alice", &[]).await;
@@ -187,11 +210,6 @@ async fn every_answered_call_is_on_disk_when_the_broker_is_killed() {
             "round {round} (killed after {delay} ms): answered but not recorded: {missing:?}"
         );
         answered_total += answered.len();
-        let (code, out) = p.verify().await;
-        assert_eq!(
-            code, 0,
-            "round {round}: the record verifies after a kill: {out}"
-        );
     }
     // A clean stop signs everything; a broker up for a while signs at its interval too.
     let mut broker = p.serve().await;
