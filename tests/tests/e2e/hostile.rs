@@ -511,7 +511,7 @@ fn all_lines(b: &Served) -> Vec<Value> {
 /// it finds that start cut short (only close-out lines after it), passes over it to the start
 /// before, and closes out exactly what is still open. 1,500 open turns give the second broker
 /// 1,500 close-out lines to write, each fdatasynced (`always`), the record rotating every
-/// 32 KiB; the kill lands once 100 of them are on record.
+/// 32 KiB; the kill lands once 20 of them are on record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_killed_in_its_close_out_leaves_the_rest_to_the_next() {
     use sharedos_host::client::ControlClient;
@@ -547,7 +547,7 @@ async fn a_broker_killed_in_its_close_out_leaves_the_rest_to_the_next() {
     // killed part way.
     b.kill_and_spawn().await;
     let deadline = Instant::now() + Duration::from_secs(60);
-    while restart_closes(&b) < 100 {
+    while restart_closes(&b) < 20 {
         assert!(
             Instant::now() < deadline,
             "the second broker wrote no close-out"
