@@ -254,7 +254,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
 /// the record's lock held. The second name goes (the lines stay under the record's name, and
 /// the next line rotates again), and so does the fresh file that was to take the record's name.
 fn undo_half_rotation(path: &Path) -> Result<(), RecordError> {
-    let fresh = PathBuf::from(format!("{}.new", path.display()));
+    let fresh = fresh_name(path);
     if let Some(second) = rotated_files(path)?
         .pop()
         .filter(|newest| same_file(path, newest))
@@ -265,6 +265,21 @@ fn undo_half_rotation(path: &Path) -> Result<(), RecordError> {
     match std::fs::remove_file(&fresh) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(&fresh)(e)),
         _ => Ok(()),
+    }
+}
+
+/// The name of the fresh file a rotation renames over the record's name.
+fn fresh_name(path: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.new", path.display()))
+}
+
+/// Syncs the folder holding `path`, so that a name made or moved there is on disk (best effort:
+/// the data itself was synced before).
+fn sync_parent(path: &Path) {
+    if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty())
+        && let Ok(d) = File::open(dir)
+    {
+        let _ = d.sync_all();
     }
 }
 
@@ -609,11 +624,7 @@ fn create_signing_key(path: &Path) -> Result<(), RecordError> {
         });
     let _ = std::fs::remove_file(&tmp);
     written?;
-    if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty())
-        && let Ok(d) = File::open(dir)
-    {
-        let _ = d.sync_all();
-    }
+    sync_parent(path);
     Ok(())
 }
 
@@ -747,10 +758,10 @@ impl Recorder {
             // The cut was made durable a moment ago: its line is too, before anything else
             // (in `batch` it would otherwise wait for the next sync, and a power cut in between
             // would leave a cut no line accounts for).
-            let mut st = recorder.shared.lock();
-            st.file.sync_data().map_err(io_err(path))?;
-            st.synced = st.next_seq - 1;
-            recorder.shared.synced_tx.send_replace(st.synced);
+            let shared = &recorder.shared;
+            shared
+                .sync_written(&mut shared.lock())
+                .map_err(io_err(path))?;
         }
         if options.sync == RecordSync::Batch {
             tokio::spawn(batch_syncer(
@@ -935,25 +946,18 @@ impl Recorder {
         if shared.signer.is_some() && st.unsigned > 0 {
             self.write_locked(st, Body::Checkpoint("rotation"))?;
         }
-        if let Err(e) = st.file.sync_data() {
+        if let Err(e) = shared.sync_written(st) {
             st.failed = Some(e.to_string());
             return Err(io_err(path)(e));
         }
-        st.synced = st.next_seq - 1;
-        st.dirty = false;
-        shared.synced_tx.send_replace(st.synced);
-        let fresh = PathBuf::from(format!("{}.new", path.display()));
+        let fresh = fresh_name(path);
         let _ = std::fs::remove_file(&fresh);
         let file = open_locked(&fresh, true)?;
         // The old file keeps its bytes under its new name; the record's name moves, in one
         // rename, to the new file: there is always a file under the record's name.
         std::fs::hard_link(path, &rotated).map_err(io_err(&rotated))?;
         std::fs::rename(&fresh, path).map_err(io_err(path))?;
-        if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty())
-            && let Ok(d) = File::open(dir)
-        {
-            let _ = d.sync_all();
-        }
+        sync_parent(path);
         let _ = st.file.unlock();
         st.file = Arc::new(file);
         st.len = 0;
@@ -1080,6 +1084,15 @@ impl Shared {
             && st.retry_rotation_at.is_none_or(|t| Instant::now() >= t)
             && (self.rotate_bytes.is_some_and(|b| st.len >= b)
                 || self.rotate_age.is_some_and(|a| st.begun.elapsed() >= a))
+    }
+
+    /// Syncs every line written so far, under the lock, and says so to the waiting appenders.
+    fn sync_written(&self, st: &mut State) -> std::io::Result<()> {
+        st.file.sync_data()?;
+        st.synced = st.next_seq - 1;
+        st.dirty = false;
+        self.synced_tx.send_replace(st.synced);
+        Ok(())
     }
 
     fn sync_now(&self) {
@@ -1382,6 +1395,12 @@ mod tests {
         assert_eq!(names, ["k.key", "k.key.pub"]);
         let again = load_or_create_signing_key(&path).expect("load");
         assert_eq!(again.verifying_key(), made.verifying_key());
+        // Another broker's creation that comes second (its link finds the key there) keeps the
+        // first key, and leaves nothing behind.
+        create_signing_key(&path).expect("a second creation");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), text);
+        let after: Vec<_> = std::fs::read_dir(dir.path()).expect("ls").collect();
+        assert_eq!(after.len(), 2, "{after:?}");
         let empty = dir.path().join("empty.key");
         std::fs::write(&empty, "").expect("w");
         let e = load_or_create_signing_key(&empty).expect_err("an empty key");
