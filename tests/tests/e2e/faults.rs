@@ -29,11 +29,7 @@ impl Proc {
 
     /// The whole record's text: its rotated files, then the record.
     fn text(&self) -> String {
-        sharedos_broker::record::record_files(&self.record())
-            .expect("record files")
-            .iter()
-            .map(|f| std::fs::read_to_string(f).unwrap_or_default())
-            .collect()
+        crate::races::record_texts(&self.record()).concat()
     }
 
     /// Starts `sharedos-broker serve` and waits until it has recorded its start.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value, json};
 
 use crate::kit::{bin, meta, run};
-use crate::races::{Served, record_texts};
+use crate::races::{Served, record_count, record_texts};
 
 /// Non-ASCII argument keys (byte 200 of the schema validator's message inside a multi-byte
 /// character), a CJK property name, and non-ASCII tool names: each answered, each recorded once,
@@ -537,12 +537,8 @@ async fn a_broker_killed_in_its_close_out_leaves_the_rest_to_the_next() {
     }
     drop(host);
     eprintln!("{TURNS} turns opened in {:?}", t0.elapsed());
-    let restart_closes = |b: &Served| -> usize {
-        record_texts(&b.path("record.jsonl"))
-            .iter()
-            .map(|t| t.matches("\"reason\":\"broker_restart\"").count())
-            .sum()
-    };
+    let restart_closes =
+        |b: &Served| record_count(&b.path("record.jsonl"), "\"reason\":\"broker_restart\"");
     // The first broker dies with every turn open; the second starts closing them out and is
     // killed part way.
     b.kill_and_spawn().await;
@@ -571,20 +567,8 @@ async fn a_broker_killed_in_its_close_out_leaves_the_rest_to_the_next() {
     // The third start closes out the rest: each turn exactly once.
     let t3 = Instant::now();
     b.kill_and_spawn().await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let host = loop {
-        // Its control socket answers once its close-out is over.
-        if let Ok(mut h) = ControlClient::connect(&b.run_dir).await
-            && let Ok(ControlResponse::Turns { turns: open }) =
-                h.call(&ControlRequest::ListTurns).await
-        {
-            assert!(open.is_empty(), "turns open after the close-out: {open:?}");
-            break h;
-        }
-        assert!(Instant::now() < deadline, "the third broker did not serve");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    drop(host);
+    let open = wait_serving(&b).await;
+    assert!(open.is_empty(), "turns open after the close-out: {open:?}");
     eprintln!("third broker served after {:?}", t3.elapsed());
     let lines = all_lines(&b);
     assert_eq!(
@@ -692,22 +676,20 @@ async fn a_rotation_cut_by_a_kill_is_undone_by_the_next_start() {
 
 /// How many `broker_started` lines the record holds, across its files.
 fn start_lines(b: &Served) -> usize {
-    record_texts(&b.path("record.jsonl"))
-        .iter()
-        .map(|t| t.matches("\"kind\":\"broker_started\"").count())
-        .sum()
+    record_count(&b.path("record.jsonl"), "\"kind\":\"broker_started\"")
 }
 
-/// Waits until the broker's control socket answers `turn list` (its close-out is over).
-async fn wait_serving(b: &Served) {
+/// Waits until the broker's control socket answers `turn list` (its close-out is over), and
+/// returns the turns it lists.
+async fn wait_serving(b: &Served) -> Vec<sharedos_proto::ipc::TurnSummary> {
     use sharedos_host::client::ControlClient;
     use sharedos_proto::ipc::{ControlRequest, ControlResponse};
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Ok(mut h) = ControlClient::connect(&b.run_dir).await
-            && let Ok(ControlResponse::Turns { .. }) = h.call(&ControlRequest::ListTurns).await
+            && let Ok(ControlResponse::Turns { turns }) = h.call(&ControlRequest::ListTurns).await
         {
-            return;
+            return turns;
         }
         assert!(Instant::now() < deadline, "the broker did not serve again");
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -716,8 +698,8 @@ async fn wait_serving(b: &Served) {
 
 /// SIGKILL at 30 points no one chose: a broker writing files (16 calls in flight), its record in
 /// `always`, rotating every 4 KiB and signing a checkpoint every second, killed after 10 to
-/// 250 ms of work, and every fourth time killed again as its next start begins its close-out. Every start must succeed, and at the end the record must verify,
-/// hold every start, one outcome for every intent (`unknown` for those cut off), an intent for
+/// 250 ms of work, and every fourth time killed again as its next start begins its close-out.
+/// Every start must succeed, and at the end the record must verify, hold every start, one outcome for every intent (`unknown` for those cut off), an intent for
 /// every file on disk, and one close for every turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kills_at_any_point_leave_a_record_that_opens_and_verifies() {

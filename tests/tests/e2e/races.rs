@@ -139,12 +139,7 @@ impl Served {
         let control = run_dir.join("control.sock");
         let record = d.join("record.jsonl");
         // Counted across the rotated files: a start may rotate the record at its first line.
-        let starts = || {
-            record_texts(&record)
-                .iter()
-                .map(|t| t.matches("\"kind\":\"broker_started\"").count())
-                .sum::<usize>()
-        };
+        let starts = || record_count(&record, "\"kind\":\"broker_started\"");
         let before = starts();
         let child = Self::spawn(d, run_dir, env, wrapper);
         eventually("broker started", || control.exists() && starts() > before).await;
@@ -360,6 +355,14 @@ pub fn record_texts(record: &Path) -> Vec<String> {
         .iter()
         .map(|f| std::fs::read_to_string(f).unwrap_or_default())
         .collect()
+}
+
+/// How many times `text` occurs in the record's files.
+pub fn record_count(record: &Path, text: &str) -> usize {
+    record_texts(record)
+        .iter()
+        .map(|t| t.matches(text).count())
+        .sum()
 }
 
 /// The swaps a flipper made (it prints them when its time is up).
