@@ -730,8 +730,8 @@ async fn round_trips(
          does anything. Its `always` row is the floor of a durable hop: the same relay appends \
          every answer to its own file and fdatasyncs it before passing it on (`relay SOCKET \
          RECORD`), what any boundary that makes its record line durable before answering pays \
-         on this machine, wake-ups included. The rows \"CPUs held awake\" run one caller again while one `SCHED_IDLE` \
-         busy loop per CPU (`chrt --idle 0`) keeps the CPUs from halting (any real work preempts \
+         on this machine, wake-ups included. The rows \"CPUs held awake\" run one caller again \
+         while one `SCHED_IDLE` busy loop per CPU (`chrt --idle 0`) keeps the CPUs from halting (any real work preempts \
          it): on a VM, a CPU that halted through an `always` call's fdatasync (all of a lone \
          caller's processes wait for it) takes long to wake, and these rows show how much of a \
          round trip that is; their \"added\" is against the direct server held awake too.",

@@ -21,6 +21,11 @@ fn main() {
     }
 }
 
+/// An error that names the path it is about.
+fn naming(path: &std::ffi::OsStr) -> impl Fn(std::io::Error) -> std::io::Error + '_ {
+    move |e| std::io::Error::new(e.kind(), format!("{}: {e}", path.to_string_lossy()))
+}
+
 fn relay() -> std::io::Result<()> {
     let mut args = std::env::args_os().skip(1);
     let Some(path) = args.next() else {
@@ -33,14 +38,11 @@ fn relay() -> std::io::Result<()> {
                 .create(true)
                 .append(true)
                 .open(&p)
-                .map_err(|e| {
-                    std::io::Error::new(e.kind(), format!("{}: {e}", p.to_string_lossy()))
-                })?,
+                .map_err(naming(&p))?,
         ),
         None => None,
     };
-    let socket = UnixStream::connect(&path)
-        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.to_string_lossy())))?;
+    let socket = UnixStream::connect(&path).map_err(naming(&path))?;
     let mut to_server = socket.try_clone()?;
     std::thread::spawn(move || {
         let mut stdin = std::io::stdin().lock();
