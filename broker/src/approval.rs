@@ -6,15 +6,19 @@
 //! kernel records, waits, times out and cancels; `control` lists and decides.
 //!
 //! An approval id is the hex SHA-256 of the RFC 8785 JSON of `{turn, callId, principal, tool,
-//! arguments}`: bound to the exact call (another call, with other arguments, has another id) and
-//! to one attempt (the same call made again is a new attempt, with a new `callId` and id). An id
-//! is decided once: deciding it again, or an id that never existed, is an error naming it.
+//! arguments, requirement}`: bound to the exact call (another call, with other arguments, has
+//! another id), to what the policy decided on (the resource the arguments resolved to, which the
+//! person sees in `approvals`), and to one attempt (the same call made again is a new attempt,
+//! with a new `callId` and id). An id is decided once: deciding it again, or an id that never
+//! existed, is an error naming it. The kernel holds the object the resource resolved to (device
+//! and inode) beside the wait, and runs an approved call only on that object.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use sharedos_proto::Requirement;
 use sharedos_proto::ipc::PendingApproval;
 use tokio::sync::oneshot;
 
@@ -66,6 +70,7 @@ pub fn approval_id(
     principal: &str,
     tool: &str,
     arguments: &Value,
+    requirement: Option<&Requirement>,
 ) -> String {
     let bound = json!({
         "turn": turn,
@@ -73,6 +78,7 @@ pub fn approval_id(
         "principal": principal,
         "tool": tool,
         "arguments": arguments,
+        "requirement": requirement,
     });
     let text =
         sharedos_proto::catalog::canonical_json(&bound).unwrap_or_else(|_| bound.to_string());
@@ -192,6 +198,7 @@ mod tests {
             principal: "alice".into(),
             tool: "files.read".into(),
             arguments: json!({}),
+            requirement: None,
             requested_at: "a".into(),
             expires_at: "b".into(),
         }
@@ -206,16 +213,30 @@ mod tests {
     }
 
     #[test]
-    fn ids_are_bound_to_the_call() {
-        let a = approval_id("t", "t.1", "alice", "files.read", &json!({"path": "/a"}));
-        let b = approval_id("t", "t.1", "alice", "files.read", &json!({"path": "/b"}));
-        let c = approval_id("t", "t.2", "alice", "files.read", &json!({"path": "/a"}));
+    fn ids_are_bound_to_the_call_and_its_requirement() {
+        let req = |path: &str| Requirement {
+            action: "read".into(),
+            resource: format!("SharedOS::File::{path:?}"),
+            namespace: Some("files".into()),
+        };
+        let id = |call: &str, path: &str, decided: &str| {
+            approval_id(
+                "t",
+                call,
+                "alice",
+                "files.read",
+                &json!({"path": path}),
+                Some(&req(decided)),
+            )
+        };
+        let a = id("t.1", "/a", "/a");
+        let b = id("t.1", "/b", "/b");
+        let c = id("t.2", "/a", "/a");
+        // The same arguments, resolved (through a link) to another file.
+        let d = id("t.1", "/a", "/private/x");
         assert_eq!(a.len(), 64);
-        assert!(a != b && a != c);
-        assert_eq!(
-            a,
-            approval_id("t", "t.1", "alice", "files.read", &json!({"path": "/a"}))
-        );
+        assert!(a != b && a != c && a != d);
+        assert_eq!(a, id("t.1", "/a", "/a"));
     }
 
     #[test]

@@ -28,6 +28,8 @@ use std::path::{Component, Path, PathBuf};
 use rustix::fs::{FileType, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
 
+use crate::resource::Object;
+
 /// Most symbolic links one resolution follows (the kernel's own limit is 40).
 pub const MAX_LINKS: usize = 40;
 /// Deepest folder nesting one resolution walks (each level holds a descriptor while it is walked).
@@ -108,6 +110,20 @@ pub enum Resolution {
 }
 
 impl Resolution {
+    /// The object this resolution landed on (see [`Object`]).
+    pub fn object(&self) -> Object {
+        let of = |stat: &Stat| (stat.st_dev, stat.st_ino);
+        match self {
+            Resolution::Exists(f) => {
+                let (dev, ino) = of(&f.stat);
+                Object::Existing { dev, ino }
+            }
+            Resolution::Missing { parent, .. } => Object::Missing {
+                parent: parent.as_ref().map(|(f, _)| of(&f.stat)),
+            },
+        }
+    }
+
     pub fn virtual_path(&self) -> &str {
         match self {
             Resolution::Exists(f) => &f.virtual_path,

@@ -137,6 +137,7 @@ impl ToolHandler for FileTool {
             action: r.action.to_owned(),
             resource: r.resource.clone(),
             forwarded: None,
+            object: Some(r.target.object()),
             detail: Some(Box::new(r)),
         })
     }

@@ -30,7 +30,7 @@ use crate::provider::{
     ToolHandler,
 };
 use crate::record::Recorder;
-use crate::resource::Resource;
+use crate::resource::{Object, Resource};
 use crate::telemetry::{CallSpan, Telemetry};
 
 pub use crate::config::DEFAULT_CALL_TIMEOUT;
@@ -633,14 +633,62 @@ impl Kernel {
         {
             let requirement = Some(requirement_of(resolved));
             let what = format!("{} of {}", call.tool, resolved.resource.short());
+            let policies = policies.clone();
+            // What the person approves: this resource, sent upstream this way, on this object.
+            let approved = (
+                resolved.resource.clone(),
+                resolved.forwarded.clone(),
+                resolved.object,
+            );
             let held = self
-                .approval(&site, &call, &what, requirement, policies.clone(), &cancel)
+                .approval(
+                    &site,
+                    &call,
+                    &what,
+                    requirement.clone(),
+                    policies.clone(),
+                    &cancel,
+                )
                 .await;
-            approval = Some((held.id, held.ended));
+            approval = Some((held.id.clone(), held.ended));
             match held.result {
                 // Approved: decided again under the policy in force now (a permit that still
-                // asks for approval has it).
-                Ok(()) => verdict = check(),
+                // asks for approval has it), and run only if the arguments resolve to exactly
+                // what was approved (a link re-pointed meanwhile does not carry the approval).
+                Ok(()) => {
+                    verdict = check();
+                    let why = match &verdict {
+                        Verdict::Permitted { resolved: now, .. } => stale(&approved, now),
+                        // Refused now, on something else than what was approved: it is the
+                        // change that the caller has to know about.
+                        Verdict::Refused {
+                            outcome: Outcome::Denied(DenyCode::UnresolvableRequirement),
+                            ..
+                        } => Some("it no longer resolves to a resource".to_owned()),
+                        Verdict::Refused {
+                            requirement: Some(now),
+                            ..
+                        } if Some(now) != requirement.as_ref() => {
+                            Some(format!("what it names changed to {}", now.resource))
+                        }
+                        Verdict::Refused { .. } => None,
+                    };
+                    if let Some(why) = why {
+                        let ending = (
+                            Outcome::Denied(DenyCode::ApprovalStale),
+                            Some(format!(
+                                "denied: {what} — a person approved it (approval {}), but {why} while it waited, so the approval does not cover it and nothing was run; call it again to ask for an approval of what it names now",
+                                held.id
+                            )),
+                            requirement,
+                            policies,
+                            None,
+                        );
+                        return self
+                            .finish(&site, &call, started, ending, None, approval)
+                            .await;
+                    }
+                }
                 Err(mut ending) => {
                     if ending.0 == Outcome::Cancelled(CancelCode::ClientCancelled) {
                         ending.0 = Outcome::Cancelled(cancel_cause());
@@ -794,7 +842,14 @@ impl Kernel {
             Some(v) => v.clone(),
         };
         let principal = &site.context.principal;
-        let id = approval_id(site.turn, &site.call_id, principal, &call.tool, &arguments);
+        let id = approval_id(
+            site.turn,
+            &site.call_id,
+            principal,
+            &call.tool,
+            &arguments,
+            requirement.as_ref(),
+        );
         let timeout = self.approvals.timeout;
         let now = std::time::SystemTime::now();
         let info = PendingApproval {
@@ -804,6 +859,7 @@ impl Kernel {
             principal: principal.clone(),
             tool: call.tool.clone(),
             arguments: arguments.clone(),
+            requirement: requirement.clone(),
             requested_at: crate::record::rfc3339(now),
             expires_at: crate::record::rfc3339(now + timeout),
         };
@@ -1081,6 +1137,28 @@ impl Kernel {
     }
 }
 
+/// Why a call resolved again after its approval is not what was approved (`approved`: the
+/// resource, what was to be sent upstream, the object it resolved to), or `None` when it is.
+fn stale(
+    approved: &(Resource, Option<Map<String, Value>>, Option<Object>),
+    now: &Resolved,
+) -> Option<String> {
+    let (resource, forwarded, object) = approved;
+    if now.resource != *resource {
+        return Some(format!("what it names changed to {}", now.resource.short()));
+    }
+    if now.forwarded != *forwarded {
+        return Some("what it would send the upstream changed".to_owned());
+    }
+    if now.object != *object {
+        return Some(format!(
+            "{} is now another file or folder than the one approved",
+            now.resource.short()
+        ));
+    }
+    None
+}
+
 /// The requirement of a call, from the registration's resolver and the call's arguments.
 fn resolve(tool: &Registered, arguments: &Map<String, Value>) -> Result<Resolved, String> {
     tool.authority
@@ -1177,6 +1255,7 @@ mod tests {
                     path: path.into(),
                 },
                 forwarded: None,
+                object: None,
                 detail: None,
             })
         }

@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 use sharedos_proto::{FailCode, PublishedToolDefinition, ToolDefinition};
 
 use crate::policy::AccessContext;
-use crate::resource::Resource;
+use crate::resource::{Object, Resource};
 
 /// A permitted call's execution, boxed so every handler fits one `select!`.
 pub type Job = Pin<Box<dyn Future<Output = Result<Success, Failure>> + Send>>;
@@ -87,6 +87,9 @@ pub struct Resolution {
     /// What is sent instead of the call's own arguments, when it differs (a brokered
     /// `file_root` path is sent as what it resolved to).
     pub forwarded: Option<Map<String, Value>>,
+    /// The file or folder the resource resolved to, for a resource resolved on a filesystem:
+    /// an approved call runs only if it resolves to the same object again.
+    pub object: Option<Object>,
     /// The handler's own part (the files provider's descriptor), handed back to
     /// [`ToolHandler::execute`].
     pub detail: Option<Box<dyn Any + Send>>,

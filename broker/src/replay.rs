@@ -338,7 +338,10 @@ impl<'a> Replay<'a> {
         let allowed = match (call.outcome.as_str(), call.code.as_str()) {
             ("denied", "no_permit" | "forbidden") => false,
             // Permitted by the policy, then held for a person or over a budget.
-            ("denied", "approval_denied" | "approval_timeout" | "budget_exhausted") => true,
+            (
+                "denied",
+                "approval_denied" | "approval_timeout" | "approval_stale" | "budget_exhausted",
+            ) => true,
             ("denied", _) => {
                 self.report.not_decided_by_policy += 1;
                 return;
@@ -519,7 +522,12 @@ when { resource.path like "/public/*" };
 
     #[test]
     fn a_call_refused_after_the_policy_permitted_it_replays_as_allowed() {
-        for code in ["budget_exhausted", "approval_denied", "approval_timeout"] {
+        for code in [
+            "budget_exhausted",
+            "approval_denied",
+            "approval_timeout",
+            "approval_stale",
+        ] {
             let record = text(&[
                 opened(2, "t-1", alice()),
                 call(3, "t-1", "/public/a.txt", "denied", code),

@@ -79,6 +79,17 @@ impl Resource {
     }
 }
 
+/// Which object a file resource resolved to, as the filesystem tells objects apart (device and
+/// inode): what an approval is bound to, so a path re-pointed or replaced while a person decides
+/// is seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Object {
+    /// An existing file or folder.
+    Existing { dev: u64, ino: u64 },
+    /// Nothing there yet; the folder it would be created in (device, inode), when that exists.
+    Missing { parent: Option<(u64, u64)> },
+}
+
 /// Why a recorded [`Requirement`] names no [`Resource`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RequirementError {

@@ -35,7 +35,7 @@ use crate::provider::{
     Authority, CallEnv, Failure, Job, Names, Provider, Resolution, Success, ToolHandler,
 };
 use crate::record::Recorder;
-use crate::resource::Resource;
+use crate::resource::{Object, Resource};
 use crate::vpath;
 
 /// How long the broker waits at start for an upstream's first tool list.
@@ -79,6 +79,8 @@ pub struct Requirement {
     pub action: String,
     pub resource: Resource,
     pub forwarded: Option<Map<String, Value>>,
+    /// What a `file_root` path resolved to (an approval is bound to it).
+    pub object: Option<Object>,
 }
 
 /// A registered upstream tool's authority.
@@ -669,6 +671,7 @@ impl McpProvider {
                     name: tool.to_owned(),
                 },
                 forwarded: None,
+                object: None,
             });
         };
         let mut path = t.file.clone();
@@ -688,6 +691,7 @@ impl McpProvider {
                     path: virtual_path,
                 },
                 forwarded: None,
+                object: None,
             });
         };
         let root = if root.is_absolute() {
@@ -759,6 +763,7 @@ impl McpProvider {
             action: t.action.clone(),
             resource,
             forwarded,
+            object: Some(resolved.object()),
         })
     }
 
@@ -934,6 +939,7 @@ impl ToolHandler for McpHandler {
             action: r.action,
             resource: r.resource,
             forwarded: r.forwarded,
+            object: r.object,
             detail: None,
         })
     }

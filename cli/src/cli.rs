@@ -1069,6 +1069,16 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                             a.tool,
                             a.arguments
                         );
+                        // What the policy decided on, which the approval covers: the file
+                        // the arguments resolved to, not only the arguments.
+                        if let Some(r) = &a.requirement {
+                            let ns = r
+                                .namespace
+                                .as_ref()
+                                .map(|n| format!(" (namespace {n})"))
+                                .unwrap_or_default();
+                            outln!("  requirement: {} on {}{ns}", r.action, r.resource);
+                        }
                         outln!("  requested {}, expires {}", a.requested_at, a.expires_at);
                     }
                 }

@@ -57,6 +57,10 @@ pub enum DenyCode {
     ApprovalDenied,
     /// ... and nobody decided within `approval_timeout_seconds`.
     ApprovalTimeout,
+    /// ... and a person approved it, but what the call names changed while it waited (another
+    /// resource, or the same path now naming another file or folder): the approval does not
+    /// cover it, and it was not run.
+    ApprovalStale,
 }
 
 /// Why a call failed: it was permitted (or could not be checked) and then did not succeed.

@@ -437,7 +437,7 @@ pub struct BudgetLeft {
 #[serde(rename_all = "camelCase")]
 pub struct PendingApproval {
     /// The approval id: SHA-256 (hex) of the RFC 8785 JSON of {turn, callId, principal, tool,
-    /// arguments}, bound to this one call attempt.
+    /// arguments, requirement}, bound to this one call attempt and what it was decided on.
     pub id: String,
     pub turn: String,
     pub call_id: String,
@@ -445,6 +445,10 @@ pub struct PendingApproval {
     pub tool: String,
     /// The call's arguments as given.
     pub arguments: Value,
+    /// What the policy decided on: the resource the arguments resolved to (a file as its links
+    /// led when the call was held). The call runs only on that very resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requirement: Option<Requirement>,
     pub requested_at: String,
     pub expires_at: String,
 }
