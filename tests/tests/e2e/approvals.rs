@@ -134,13 +134,19 @@ async fn a_held_call_is_approved_from_a_second_process_and_then_runs() {
     assert_eq!(a["principal"], "alice");
     assert_eq!(a["tool"], "files.read");
     assert_eq!(a["arguments"], json!({"path": "/private/secret.txt"}));
+    assert_eq!(
+        a["requirement"],
+        json!({"action": "read", "resource": "SharedOS::File::\"/private/secret.txt\"",
+            "namespace": "files"})
+    );
     assert!(
         a["requestedAt"].is_string() && a["expiresAt"].is_string(),
         "{a}"
     );
-    // The id is the hash of the call it is bound to.
+    // The id is the hash of the call it is bound to, and of what it was decided on.
     let bound = json!({"turn": turn.turn, "callId": a["callId"], "principal": "alice",
-        "tool": "files.read", "arguments": {"path": "/private/secret.txt"}});
+        "tool": "files.read", "arguments": {"path": "/private/secret.txt"},
+        "requirement": a["requirement"]});
     let canonical = sharedos_proto::catalog::canonical_json(&bound).expect("canonical");
     assert_eq!(
         id,
@@ -327,7 +333,8 @@ async fn an_approval_id_releases_only_the_call_it_was_made_for() {
     assert_ne!(id_a, id_b);
     // B's attempt with A's arguments: not B's id, and no call waits for it.
     let forged = json!({"turn": turn.turn, "callId": b["callId"], "principal": "alice",
-        "tool": "files.read", "arguments": {"path": "/private/secret.txt"}});
+        "tool": "files.read", "arguments": {"path": "/private/secret.txt"},
+        "requirement": a["requirement"]});
     let forged = sharedos_proto::catalog::sha256_hex(
         sharedos_proto::catalog::canonical_json(&forged)
             .expect("canonical")
@@ -571,4 +578,341 @@ async fn a_cancel_reaches_a_waiting_call_when_every_place_is_taken() {
         .filter(|c| c["outcome"] == "cancelled" && c["code"] == "turn_closed")
         .count();
     assert_eq!(turn_closed, 7, "{calls:?}");
+}
+
+/// Reads and lists of `/private/*` wait for a person; `/public/*` is free.
+const LINK_POLICY: &str = r#"
+@id("alice-public")
+permit(principal == SharedOS::User::"alice",
+       action in [SharedOS::Action::"read", SharedOS::Action::"list"],
+       resource is SharedOS::File)
+when { resource.path == "/public" || resource.path like "/public/*" };
+
+@id("alice-private-ask")
+@approval("required")
+permit(principal == SharedOS::User::"alice",
+       action in [SharedOS::Action::"read", SharedOS::Action::"list"],
+       resource is SharedOS::File)
+when { resource.path like "/private/*" };
+"#;
+
+/// A broker on [`LINK_POLICY`], and its data folder (canonical).
+async fn link_broker() -> (TestBroker, std::path::PathBuf) {
+    let broker = TestBroker::start(Options {
+        policy: LINK_POLICY,
+        ..Options::default()
+    })
+    .await;
+    let data = std::fs::canonicalize(broker.dir.path().join("data")).expect("data");
+    std::fs::write(data.join("private/harmless.txt"), "harmless\n").expect("write");
+    (broker, data)
+}
+
+/// Points the link `at` to `to`, in one rename (as an agent with a shell would re-point it).
+fn point(at: &std::path::Path, to: &str) {
+    let tmp = at.with_extension("relink");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(to, &tmp).expect("symlink");
+    std::fs::rename(&tmp, at).expect("rename");
+}
+
+fn file_resource(path: &str) -> String {
+    format!("SharedOS::File::{path:?}")
+}
+
+/// The one pending approval, checked to show `resource` (in `--json` and in the plain list);
+/// its id.
+async fn pending_on(broker: &TestBroker, action: &str, resource: &str) -> String {
+    let listed = wait_pending(broker, 1).await;
+    assert_eq!(listed[0]["requirement"]["action"], action, "{listed:?}");
+    assert_eq!(listed[0]["requirement"]["resource"], resource, "{listed:?}");
+    let (code, out, err) = decide(broker, &[]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!("requirement: {action} on {resource}")),
+        "{out}"
+    );
+    listed[0]["id"].as_str().expect("id").to_owned()
+}
+
+/// The call line of `request`, which must be the only one for it.
+fn call_line(broker: &TestBroker, turn: &str, request: &str) -> Value {
+    let lines: Vec<Value> = broker
+        .calls_of(turn)
+        .into_iter()
+        .filter(|c| c["requestId"] == request)
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    lines[0].clone()
+}
+
+/// An approval covers the file the person was shown, not wherever a link points when the person
+/// says yes. `/public/report.txt` links to `../private/harmless.txt`: the read is held and listed
+/// on `/private/harmless.txt`; the agent re-points the link to `../private/secret.txt`; the
+/// approval then refuses the call `denied/approval_stale` (recorded so) and the secret is never
+/// read. The same when the path stays but its file is replaced (another inode), or the link is
+/// re-pointed to a file no policy permits or to nothing; an approval with nothing changed runs on
+/// the very file approved.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approval_does_not_follow_a_link_re_pointed_while_it_waits() {
+    let (broker, data) = link_broker().await;
+    let link = data.join("public/report.txt");
+    point(&link, "../private/harmless.txt");
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    let harmless = file_resource("/private/harmless.txt");
+
+    send_read(&mut raw, 1, "/public/report.txt", None).await;
+    let id = pending_on(&broker, "read", &harmless).await;
+    let requested = lines_of(&broker, &turn.turn, "approval_requested");
+    assert_eq!(requested[0]["requirement"]["resource"], harmless.as_str());
+    assert_eq!(requested[0]["arguments"]["path"], "/public/report.txt");
+    point(&link, "../private/secret.txt");
+    let (code, out, err) = decide(&broker, &["approve", &id]).await;
+    assert_eq!(
+        (code, out.trim()),
+        (0, format!("approved {id}").as_str()),
+        "{err}"
+    );
+    let r = raw.response(1).await;
+    assert_eq!(outcome(&r["result"]), "denied/approval_stale", "{r}");
+    let why = text(&r["result"]);
+    assert!(!why.contains("the secret"), "{why}");
+    assert!(
+        why.starts_with(&format!(
+            "denied: files.read of /private/harmless.txt — a person approved it (approval {id}), but what it names changed to /private/secret.txt"
+        )) && why.contains("call it again"),
+        "{why}"
+    );
+    let line = call_line(&broker, &turn.turn, "1");
+    assert_eq!(
+        (line["outcome"].as_str(), line["code"].as_str()),
+        (Some("denied"), Some("approval_stale"))
+    );
+    assert_eq!(line["requirement"]["resource"], harmless.as_str(), "{line}");
+    assert_eq!(line["message"].as_str(), Some(why.as_str()));
+
+    // The same path, another file: the approved one replaced by a rename while it waits.
+    point(&link, "../private/harmless.txt");
+    send_read(&mut raw, 2, "/public/report.txt", None).await;
+    let id = pending_on(&broker, "read", &harmless).await;
+    std::fs::write(data.join("private/harmless.new"), "replaced\n").expect("write");
+    std::fs::rename(
+        data.join("private/harmless.new"),
+        data.join("private/harmless.txt"),
+    )
+    .expect("rename");
+    assert_eq!(decide(&broker, &["approve", &id]).await.0, 0);
+    let r = raw.response(2).await;
+    assert_eq!(outcome(&r["result"]), "denied/approval_stale", "{r}");
+    let why = text(&r["result"]);
+    assert!(
+        why.contains("/private/harmless.txt is now another file or folder than the one approved"),
+        "{why}"
+    );
+    assert!(!why.contains("replaced"), "{why}");
+    assert_eq!(
+        call_line(&broker, &turn.turn, "2")["code"],
+        "approval_stale"
+    );
+
+    // Re-pointed to a file no policy permits, or to nothing: stale as well (what was approved
+    // is gone), and still nothing read.
+    std::fs::create_dir_all(data.join("other")).expect("mkdir");
+    std::fs::write(data.join("other/x.txt"), "other\n").expect("write");
+    for (request, to, said) in [
+        (
+            "3",
+            "../other/x.txt",
+            "what it names changed to SharedOS::File::\"/other/x.txt\"",
+        ),
+        ("4", "../private/nothing.txt", "it no longer resolves"),
+    ] {
+        point(&link, "../private/harmless.txt");
+        let n: i64 = request.parse().expect("id");
+        send_read(&mut raw, n, "/public/report.txt", None).await;
+        let id = pending_on(&broker, "read", &harmless).await;
+        point(&link, to);
+        assert_eq!(decide(&broker, &["approve", &id]).await.0, 0);
+        let r = raw.response(n).await;
+        assert_eq!(outcome(&r["result"]), "denied/approval_stale", "{r}");
+        let why = text(&r["result"]);
+        assert!(why.contains(said), "{why}");
+        assert!(
+            !why.contains("other\n") && !why.contains("replaced"),
+            "{why}"
+        );
+    }
+
+    // Nothing changed while it waits: it runs, on that file.
+    point(&link, "../private/harmless.txt");
+    send_read(&mut raw, 5, "/public/report.txt", None).await;
+    let id = pending_on(&broker, "read", &harmless).await;
+    assert_eq!(decide(&broker, &["approve", &id]).await.0, 0);
+    let r = raw.response(5).await;
+    assert_eq!(outcome(&r["result"]), "succeeded/ok", "{r}");
+    assert_eq!(text(&r["result"]), "replaced\n");
+
+    let codes: Vec<String> = broker
+        .calls_of(&turn.turn)
+        .iter()
+        .map(|c| c["code"].as_str().unwrap_or("?").to_owned())
+        .collect();
+    assert_eq!(
+        codes,
+        ["approval_stale"; 4]
+            .into_iter()
+            .chain(["ok"])
+            .collect::<Vec<_>>()
+    );
+    let decided = lines_of(&broker, &turn.turn, "approval_decided");
+    assert_eq!(decided.len(), 5);
+    assert!(
+        decided.iter().all(|d| d["decision"] == "approved"),
+        "{decided:?}"
+    );
+}
+
+/// The same for a folder: `files.list /public/docs`, a link to `../private/a`, held on
+/// `/private/a`; re-pointed to `../private/b` (or `/private/a` itself replaced by another
+/// folder) before the approval: refused `denied/approval_stale`, and `b`'s names never shown.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approval_does_not_follow_a_folder_link_re_pointed_while_it_waits() {
+    let (broker, data) = link_broker().await;
+    for (dir, file) in [("a", "a-notes.txt"), ("b", "b-salaries.txt")] {
+        std::fs::create_dir_all(data.join("private").join(dir)).expect("mkdir");
+        std::fs::write(data.join("private").join(dir).join(file), "x\n").expect("write");
+    }
+    let link = data.join("public/docs");
+    point(&link, "../private/a");
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    let list = |id: i64| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "files.list", "arguments": {"path": "/public/docs"}}})
+    };
+
+    raw.send(list(1)).await;
+    let id = pending_on(&broker, "list", &file_resource("/private/a")).await;
+    point(&link, "../private/b");
+    assert_eq!(decide(&broker, &["approve", &id]).await.0, 0);
+    let r = raw.response(1).await;
+    assert_eq!(outcome(&r["result"]), "denied/approval_stale", "{r}");
+    let why = text(&r["result"]);
+    assert!(why.contains("what it names changed to /private/b"), "{why}");
+    assert!(!why.contains("b-salaries"), "{why}");
+
+    // The path the person saw, now another folder.
+    point(&link, "../private/a");
+    raw.send(list(2)).await;
+    let id = pending_on(&broker, "list", &file_resource("/private/a")).await;
+    std::fs::rename(data.join("private/a"), data.join("private/a-old")).expect("mv");
+    std::fs::rename(data.join("private/b"), data.join("private/a")).expect("mv");
+    assert_eq!(decide(&broker, &["approve", &id]).await.0, 0);
+    let r = raw.response(2).await;
+    assert_eq!(outcome(&r["result"]), "denied/approval_stale", "{r}");
+    assert!(!text(&r["result"]).contains("b-salaries"), "{r}");
+
+    // Unchanged while it waits: listed.
+    raw.send(list(3)).await;
+    let id = pending_on(&broker, "list", &file_resource("/private/a")).await;
+    assert_eq!(decide(&broker, &["approve", &id]).await.0, 0);
+    let r = raw.response(3).await;
+    assert_eq!(outcome(&r["result"]), "succeeded/ok", "{r}");
+    assert!(text(&r["result"]).contains("b-salaries.txt"), "{r}");
+
+    let codes: Vec<String> = broker
+        .calls_of(&turn.turn)
+        .iter()
+        .map(|c| c["code"].as_str().unwrap_or("?").to_owned())
+        .collect();
+    assert_eq!(codes, ["approval_stale", "approval_stale", "ok"]);
+    let stale = call_line(&broker, &turn.turn, "1");
+    assert_eq!(
+        stale["requirement"]["resource"],
+        file_resource("/private/a")
+    );
+}
+
+/// The same for a brokered tool whose `file` template resolves beneath a `file_root`: a naive
+/// upstream (a plain `open(path)`, its own process) is sent the path the approval was given for
+/// or nothing. The link re-pointed while the call waits: `denied/approval_stale`, nothing sent.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approval_of_a_brokered_file_does_not_follow_a_re_pointed_link() {
+    // The provider's `file_root` is the broker's data folder, known once the broker has made it.
+    let (broker, data) = {
+        let mut broker = TestBroker::start(Options {
+            policy: LINK_POLICY,
+            ..Options::default()
+        })
+        .await;
+        let data = std::fs::canonicalize(broker.dir.path().join("data")).expect("data");
+        let q = |s: &str| serde_json::to_string(s).expect("quote");
+        let cfg = std::fs::read_to_string(&broker.config_path).expect("cfg");
+        std::fs::write(
+            &broker.config_path,
+            format!(
+                "{cfg}\n[[providers]]\ntype = \"mcp\"\nnamespace = \"plain\"\ncommand = {}\n\
+                 [providers.tools.read_file]\naction = \"read\"\nfile = \"{{path}}\"\nfile_root = {}\n",
+                q(env!("CARGO_BIN_EXE_open-upstream")),
+                q(&data.display().to_string()),
+            ),
+        )
+        .expect("w");
+        broker.restart().await;
+        std::fs::write(data.join("private/harmless.txt"), "harmless\n").expect("write");
+        (broker, data)
+    };
+    let link = data.join("public/report.txt");
+    point(&link, "../private/harmless.txt");
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    let read = |id: i64| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "plain.read_file",
+                       "arguments": {"path": link.display().to_string()}}})
+    };
+    let harmless = file_resource("/private/harmless.txt");
+
+    raw.send(read(1)).await;
+    let id = pending_on(&broker, "read", &harmless).await;
+    assert_eq!(
+        wait_pending(&broker, 1).await[0]["requirement"]["namespace"],
+        "plain"
+    );
+    point(&link, "../private/secret.txt");
+    assert_eq!(decide(&broker, &["approve", &id]).await.0, 0);
+    let r = raw.response(1).await;
+    assert_eq!(outcome(&r["result"]), "denied/approval_stale", "{r}");
+    let why = text(&r["result"]);
+    assert!(
+        why.contains("what it names changed to /private/secret.txt"),
+        "{why}"
+    );
+    assert!(!why.contains("the secret"), "{why}");
+    let line = call_line(&broker, &turn.turn, "1");
+    assert_eq!(line["code"], "approval_stale");
+    assert_eq!(line["requirement"]["resource"], harmless.as_str());
+    assert!(
+        line.get("forwardedArguments").is_none(),
+        "nothing was sent: {line}"
+    );
+
+    // Unchanged while it waits: the upstream is sent the approved file's path, and reads it.
+    point(&link, "../private/harmless.txt");
+    raw.send(read(2)).await;
+    let id = pending_on(&broker, "read", &harmless).await;
+    assert_eq!(decide(&broker, &["approve", &id]).await.0, 0);
+    let r = raw.response(2).await;
+    assert_eq!(outcome(&r["result"]), "succeeded/ok", "{r}");
+    assert_eq!(text(&r["result"]), "harmless\n");
+    let line = call_line(&broker, &turn.turn, "2");
+    assert_eq!(
+        line["forwardedArguments"]["path"],
+        data.join("private/harmless.txt").display().to_string(),
+        "{line}"
+    );
 }
