@@ -531,7 +531,11 @@ async fn serve(
 ) -> anyhow::Result<ExitCode> {
     let mut config = match config {
         Some(path) => Config::from_file(&path)?,
-        None => Config::embedded(&default_dir(&runtime_dir))?,
+        None => {
+            // The runtime dir is checked before the embedded default is laid out in it.
+            sharedos_broker::server::check_runtime_dir(&runtime_dir)?;
+            Config::embedded(&default_dir(&runtime_dir))?
+        }
     };
     config.redact_arguments |= redact_arguments;
     let shutdown = CancellationToken::new();
