@@ -151,6 +151,28 @@ async fn a_runtime_dir_another_uid_planted_is_refused_untouched() {
         std::fs::read(&v.secret).expect("r"),
         b"SECRET-WITHOUT-NEWLINE"
     );
+    // In a shared sticky folder (as /tmp), the other uid names the runtime dir with a link to a
+    // folder of the broker's uid: the link is another uid's, so it is not followed.
+    let shared = top.join("shared");
+    std::fs::create_dir(&shared).expect("mkdir");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let ours = top.join("ours");
+    std::fs::create_dir(&ours).expect("mkdir");
+    std::fs::set_permissions(&ours, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let linked = shared.join("rt");
+    let mut planter = as_uid(HARNESS_UID, HARNESS_GID, Path::new("/bin/ln"));
+    planter.arg("-s").arg(&ours).arg(&linked);
+    assert!(planter.status().await.expect("ln").success());
+    let before = listing(&top);
+    let (code, err) = serve(&["--runtime-dir", &linked.display().to_string()]).await;
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!("`{}`", linked.display()))
+            && err.contains(&format!("link of uid {HARNESS_UID}")),
+        "{err}"
+    );
+    assert_eq!(listing(&top), before, "{err}");
+    assert_eq!(std::fs::read_dir(&ours).expect("ls").count(), 0);
     // The same planting reached through --config: the record and its key in the other uid's
     // folder are refused, naming it, and nothing is made there (the runtime dir is the broker's).
     let mine = top.join("mine");
