@@ -30,6 +30,8 @@ pub(crate) async fn build(
     config: &Config,
     root: &CancellationToken,
 ) -> Result<(Kernel, crate::record::Recovery), StartError> {
+    // Every name of the record's and its key's checked before any of them is made or touched.
+    crate::record::check_files(&config.record, &config.record_signing_key)?;
     let policy = PolicyEngine::load(config.schema.as_deref(), &config.policy)?;
     let mut registry = Registry::default();
     let signing_key = crate::record::load_or_create_signing_key(&config.record_signing_key)?;

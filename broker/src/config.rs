@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::record::RecordSync;
 use crate::telemetry::OtelSettings;
+use crate::trusted::{TrustError, TrustedDir};
 
 /// The embedded default policy: `alice` may read, list and search `/public/...`, and search from
 /// `/` (as `files.search` does when no path is given), which returns only the files she may read.
@@ -51,11 +52,9 @@ pub enum ConfigError {
     },
     #[error("config `{path}`: {detail}")]
     Parse { path: String, detail: String },
-    #[error("cannot prepare the embedded default in `{path}`: {source}")]
-    Default {
-        path: String,
-        source: std::io::Error,
-    },
+    /// The embedded default's folder or a file in it could have been put there by another uid.
+    #[error("cannot prepare the embedded default: {0}")]
+    Default(#[from] TrustError),
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -568,31 +567,34 @@ impl Config {
     }
 
     /// The embedded default, laid out in `dir`: `data/public/hello.txt`,
-    /// `data/private/secret.txt`, `policy.cedar`, `record.jsonl`. Existing files are kept.
+    /// `data/private/secret.txt`, `policy.cedar`, `record.jsonl`. Existing files are kept. `dir`
+    /// and every folder made in it are checked before anything is made in them
+    /// ([`TrustedDir`]); a seed file that is a link or another uid's is refused by name, and the
+    /// seed files are created without following links, never over something there.
     pub fn embedded(dir: &Path) -> Result<Self, ConfigError> {
-        let err = |source| ConfigError::Default {
-            path: dir.display().to_string(),
-            source,
-        };
-        let data = dir.join("data");
-        std::fs::create_dir_all(data.join("public")).map_err(err)?;
-        std::fs::create_dir_all(data.join("private")).map_err(err)?;
+        let held = TrustedDir::open(dir, true)?;
+        let data_dir = held.subdir("data", true)?;
+        let public = data_dir.subdir("public", true)?;
+        let private = data_dir.subdir("private", true)?;
         let seed = [
             (
-                data.join("public/hello.txt"),
+                &public,
+                "hello.txt",
                 "Hello from SharedOS. This file is public.\n",
             ),
             (
-                data.join("private/secret.txt"),
+                &private,
+                "secret.txt",
                 "This file is private: alice may not read it.\n",
             ),
-            (dir.join("policy.cedar"), DEFAULT_POLICY),
+            (&held, "policy.cedar", DEFAULT_POLICY),
         ];
-        for (path, text) in seed {
-            if !path.exists() {
-                std::fs::write(&path, text).map_err(err)?;
+        for (folder, name, text) in seed {
+            if folder.check_file(name)?.is_none() {
+                folder.create_whole(name, text.as_bytes(), 0o644)?;
             }
         }
+        let data = dir.join("data");
         Ok(Config {
             source: "<embedded default>".into(),
             record: Self::embedded_record(dir),

@@ -21,6 +21,8 @@ pub enum StartError {
     #[error(transparent)]
     Registry(#[from] RegistryError),
     #[error(transparent)]
+    Trust(#[from] crate::trusted::TrustError),
+    #[error(transparent)]
     Telemetry(#[from] crate::telemetry::TelemetryError),
     #[error("provider `{namespace}` (config `{config}`): {detail}")]
     Provider {
@@ -34,6 +36,10 @@ pub enum StartError {
     AlreadyListening { path: String },
     #[error("runtime dir `{path}` belongs to uid {owner}, not to this broker's uid {uid}")]
     NotOurs { path: String, owner: u32, uid: u32 },
+    #[error(
+        "runtime dir `{path}` (mode {mode:04o}) can be written by other uids: make it 0700 (or remove it and let the broker make it)"
+    )]
+    OpenToOthers { path: String, mode: u32 },
     #[error("runtime dir `{path}` is not a folder")]
     NotAFolder { path: String },
     #[error(

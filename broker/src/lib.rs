@@ -30,7 +30,8 @@
 //!    [`chain`]: checking the record's hash chain and signed checkpoints (`records verify`).
 //! 9. Leaves: [`record`] (the durable JSON Lines record of `sharedos_proto::record::Event`s,
 //!    group commit), [`resource`] (what a call touches), [`telemetry`] (OpenTelemetry export
-//!    off the call path) and the lock helper.
+//!    off the call path), [`trusted`] (the folders and files the broker writes, checked and
+//!    opened without following links) and the lock helper.
 //!
 //! `tests/layout.rs` checks this order: every `crate::` path in a module's code names a module
 //! on a lower floor.
@@ -57,6 +58,7 @@ pub mod server;
 pub mod state;
 mod sync;
 pub mod telemetry;
+pub mod trusted;
 pub(crate) use sync::lock;
 pub mod turn;
 pub mod upstream;

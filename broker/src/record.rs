@@ -28,9 +28,9 @@
 //! holds it. This module never drops a line: an append that returns `Ok` has written its line,
 //! and one that cannot write says so.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -41,6 +41,8 @@ use serde_json::{Map, Value};
 use sha2::{Digest as _, Sha256};
 use sharedos_proto::catalog::hex;
 use tokio::sync::{Notify, watch};
+
+use crate::trusted::{TrustError, TrustedDir};
 
 /// Longest time a line may stay unsynced with `record_sync = "batch"`.
 pub const BATCH_SYNC_INTERVAL: Duration = Duration::from_millis(50);
@@ -90,6 +92,10 @@ pub enum RecordError {
     Locked { path: String, holder: String },
     #[error("signing key `{path}`: {detail}")]
     Key { path: String, detail: String },
+    /// A folder or file of the record's that another uid could have put there (a link, a file
+    /// of another uid, a folder others can write).
+    #[error(transparent)]
+    Untrusted(#[from] TrustError),
 }
 
 /// What opening an existing record found.
@@ -446,7 +452,7 @@ fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {
             .filter(|f| f.as_path() != path)
             .rev()
         {
-            let old = std::fs::read(&rotated).map_err(io_err(&rotated))?;
+            let old = read_own(&rotated)?;
             let (found, later) = finished_start(&old, activity);
             activity = later;
             needed.push((rotated, old));
@@ -464,13 +470,13 @@ fn recover(path: &Path, file: &mut File) -> Result<Recovery, RecordError> {
     let mut recovery = scan.finish();
     if good_end < bytes.len() {
         let torn = &bytes[good_end..];
-        let aside = PathBuf::from(format!("{}.torn", path.display()));
-        let mut saved = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(&aside)
-            .map_err(io_err(&aside))?;
+        let aside = torn_name(path);
+        let (dir, name) = crate::trusted::split(&aside)?;
+        let mut saved = TrustedDir::open(dir, false)?.open_file(
+            name,
+            rustix::fs::OFlags::CREATE | rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::APPEND,
+            0o600,
+        )?;
         saved.write_all(torn).map_err(io_err(&aside))?;
         saved.write_all(b"\n").map_err(io_err(&aside))?;
         saved.sync_data().map_err(io_err(&aside))?;
@@ -536,17 +542,53 @@ fn lock_holder(file: &File) -> String {
         .unwrap_or_else(|| "holder unknown".into())
 }
 
-/// Opens `path` for appending (0600), and takes its lock.
-fn open_locked(path: &Path, create_new: bool) -> Result<File, RecordError> {
-    let mut options = OpenOptions::new();
-    options.read(true).append(true).mode(0o600);
-    if create_new {
-        options.create_new(true);
-    } else {
-        options.create(true);
+/// Where a torn tail of the record at `path` is saved.
+fn torn_name(path: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.torn", path.display()))
+}
+
+/// Reads a file of the record's, refused if it is a link or another uid's.
+fn read_own(path: &Path) -> Result<Vec<u8>, RecordError> {
+    let (dir, name) = crate::trusted::split(path)?;
+    let mut file = TrustedDir::open(dir, false)?.open_file(name, rustix::fs::OFlags::RDONLY, 0)?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(io_err(path))?;
+    Ok(bytes)
+}
+
+/// Checks, before the broker makes, reads or writes any of them, the folders and names of the
+/// record at `record` and of its signing key at `key`: each folder is checked as
+/// [`TrustedDir`] says (made, 0700, when missing), and the record, its `.torn` file, its rotated
+/// files, the key and its `.pub` are refused by name when one is a link, not a plain file, or
+/// another uid's.
+pub fn check_files(record: &Path, key: &Path) -> Result<(), RecordError> {
+    let (dir, name) = crate::trusted::split(record)?;
+    let folder = TrustedDir::open(dir, true)?;
+    folder.check_file(name)?;
+    folder.check_file(format!("{name}.torn"))?;
+    for rotated in rotated_files(record)? {
+        if let Some(n) = rotated.file_name() {
+            folder.check_file(n)?;
+        }
     }
+    let (dir, name) = crate::trusted::split(key)?;
+    let folder = TrustedDir::open(dir, true)?;
+    folder.check_file(name)?;
+    folder.check_file(format!("{name}.pub"))?;
+    Ok(())
+}
+
+/// Opens `path` for appending (0600), and takes its lock. Never through a link, and never a
+/// file another uid owns (its folder was checked by [`TrustedDir`] first).
+fn open_locked(path: &Path, create_new: bool) -> Result<File, RecordError> {
+    use rustix::fs::OFlags;
+    let mut flags = OFlags::RDWR | OFlags::APPEND | OFlags::CREATE;
+    if create_new {
+        flags |= OFlags::EXCL;
+    }
+    let (dir, name) = crate::trusted::split(path)?;
     // It holds every call's arguments: readable by the broker's uid only.
-    let file = options.open(path).map_err(io_err(path))?;
+    let file = TrustedDir::open(dir, false)?.open_file(name, flags, 0o600)?;
     // One writer per record, whatever path names it (the lock is on the file itself).
     match file.try_lock() {
         Ok(()) => Ok(file),
@@ -559,72 +601,71 @@ fn open_locked(path: &Path, create_new: bool) -> Result<File, RecordError> {
 }
 
 /// Reads the 32-byte Ed25519 seed (hex) at `path`, or makes one there (0600) and writes its
-/// public key (hex) beside it, at `<path>.pub`. A key readable by others is made 0600.
+/// public key (hex) beside it, at `<path>.pub`. A key readable by others is made 0600. The
+/// folder is checked first ([`TrustedDir`]), and a key or `.pub` that is a link or another uid's
+/// is refused by name: nothing is ever read or written through a link.
 pub fn load_or_create_signing_key(path: &Path) -> Result<SigningKey, RecordError> {
+    use rustix::fs::{Mode, OFlags};
     let key_err = |detail: String| RecordError::Key {
         path: path.display().to_string(),
         detail,
     };
-    if !path.exists() {
-        create_signing_key(path)?;
+    let (dir, name) = crate::trusted::split(path)?;
+    let folder = TrustedDir::open(dir, true)?;
+    let public_name = format!("{name}.pub");
+    folder.check_file(&public_name)?;
+    if folder.check_file(name)?.is_none() {
+        create_signing_key_in(&folder, name, path)?;
     }
-    let key = match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let mode = std::fs::metadata(path)
-                .map_err(io_err(path))?
-                .permissions()
-                .mode();
-            if mode & 0o077 != 0 {
-                tracing::warn!(key = %path.display(), mode = format!("{:o}", mode & 0o777), "the record's signing key was readable by others: made 0600");
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-                    .map_err(io_err(path))?;
-            }
-            let seed = parse_hex32(text.trim())
-                .ok_or_else(|| key_err("not 64 hex digits (an Ed25519 seed)".into()))?;
-            SigningKey::from_bytes(&seed)
-        }
-        Err(e) => return Err(io_err(path)(e)),
-    };
-    let public = public_key_path(path);
+    let mut file = folder.open_file(name, OFlags::RDONLY, 0)?;
+    let mode = file.metadata().map_err(io_err(path))?.permissions().mode();
+    if mode & 0o077 != 0 {
+        tracing::warn!(key = %path.display(), mode = format!("{:o}", mode & 0o777), "the record's signing key was readable by others: made 0600");
+        rustix::fs::fchmod(&file, Mode::from_raw_mode(0o600))
+            .map_err(|e| io_err(path)(e.into()))?;
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text).map_err(io_err(path))?;
+    let seed = parse_hex32(text.trim())
+        .ok_or_else(|| key_err("not 64 hex digits (an Ed25519 seed)".into()))?;
+    let key = SigningKey::from_bytes(&seed);
     let text = format!("{}\n", hex(key.verifying_key().as_bytes()));
-    if std::fs::read_to_string(&public).ok().as_deref() != Some(text.as_str()) {
-        std::fs::write(&public, text).map_err(io_err(&public))?;
+    let current = match folder.check_file(&public_name)? {
+        Some(_) => {
+            let mut old = String::new();
+            folder
+                .open_file(&public_name, OFlags::RDONLY, 0)?
+                .read_to_string(&mut old)
+                .map_err(io_err(&folder.join(&public_name)))?;
+            Some(old)
+        }
+        None => None,
+    };
+    if current.as_deref() != Some(text.as_str()) {
+        folder.replace(&public_name, text.as_bytes(), 0o644)?;
     }
     Ok(key)
 }
 
-/// Creates a new signing key at `path`, whole or not at all: the seed is written and synced
-/// under a name of this process's own, then linked to `path` (a link never replaces a file: a key
-/// another broker made first is kept, and this one's seed is dropped). A broker killed part way
-/// leaves no key file, or a whole one; never an empty one that would keep the next start out.
+/// Creates a new signing key at `path`, whole or not at all (see [`create_signing_key_in`]).
+#[cfg(test)]
 fn create_signing_key(path: &Path) -> Result<(), RecordError> {
+    let (dir, name) = crate::trusted::split(path)?;
+    create_signing_key_in(&TrustedDir::open(dir, true)?, name, path)
+}
+
+/// Creates a new signing key `name` in `folder`, whole or not at all: the seed is written and
+/// synced under a name of this process's own, then linked to its name (a link never replaces a
+/// file: a key another broker made first is kept, and this one's seed is dropped). A broker
+/// killed part way leaves no key file, or a whole one; never an empty one that would keep the
+/// next start out.
+fn create_signing_key_in(folder: &TrustedDir, name: &str, path: &Path) -> Result<(), RecordError> {
     let mut seed = [0u8; 32];
     getrandom::fill(&mut seed).map_err(|e| RecordError::Key {
         path: path.display().to_string(),
         detail: format!("no randomness: {e}"),
     })?;
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(io_err(parent))?;
-    }
-    let tmp = PathBuf::from(format!("{}.{}.new", path.display(), std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let written = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .and_then(|mut f| {
-            f.write_all(format!("{}\n", hex(&seed)).as_bytes())?;
-            f.sync_all()
-        })
-        .map_err(io_err(&tmp))
-        .and_then(|()| match std::fs::hard_link(&tmp, path) {
-            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(io_err(path)(e)),
-            _ => Ok(()),
-        });
-    let _ = std::fs::remove_file(&tmp);
-    written?;
-    sync_parent(path);
+    folder.create_whole(name, format!("{}\n", hex(&seed)).as_bytes(), 0o600)?;
     Ok(())
 }
 
@@ -690,9 +731,10 @@ impl Recorder {
     /// chaining gets a `chain_started` line chained to its last line; a torn tail cut off is
     /// recorded.
     pub fn open_with(path: &Path, options: RecordOptions) -> Result<(Self, Recovery), RecordError> {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(io_err(parent))?;
-        }
+        let (dir, name) = crate::trusted::split(path)?;
+        let folder = TrustedDir::open(dir, true)?;
+        folder.check_file(name)?;
+        folder.check_file(format!("{name}.torn"))?;
         let mut file = open_locked(path, false)?;
         undo_half_rotation(path)?;
         let meta = file.metadata().map_err(io_err(path))?;
@@ -1174,6 +1216,7 @@ pub fn read_records(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::OpenOptions;
 
     use sharedos_proto::record::{PolicyReloaded, TurnClosed};
 

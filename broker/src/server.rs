@@ -24,10 +24,49 @@ use crate::assemble::{build, close_out};
 use crate::config::Config;
 use crate::error::StartError;
 use crate::state::Broker;
+use crate::trusted::TrustedDir;
 use crate::turn::Turns;
 
 /// Connections served at once per socket; further ones wait in the kernel's backlog.
 pub const MAX_CONNECTIONS: usize = 1024;
+
+/// Makes the runtime dir (0700), or checks an existing one, before anything is made, read or
+/// written in it: it is this broker's uid's (not root's, not another's), no other uid can write
+/// in it, it is not reached through a link another uid can change, and the folders above it are
+/// checked up to one only the broker or root can write ([`TrustedDir`]). `serve` calls this
+/// before it lays out the embedded default in it; [`start`] calls it first.
+pub fn check_runtime_dir(dir: &Path) -> Result<TrustedDir, StartError> {
+    use std::os::unix::fs::MetadataExt;
+    let uid = crate::trusted::broker_uid();
+    // Said as the runtime dir's own error when it is plainly someone else's.
+    if let Ok(meta) = std::fs::metadata(dir)
+        && meta.is_dir()
+        && meta.uid() != uid
+    {
+        return Err(StartError::NotOurs {
+            path: dir.display().to_string(),
+            owner: meta.uid(),
+            uid,
+        });
+    }
+    let held = TrustedDir::open(dir, true)?;
+    let st = rustix::fs::fstat(&held)
+        .map_err(|e| StartError::io("cannot read runtime dir", dir)(e.into()))?;
+    if st.st_uid != uid {
+        return Err(StartError::NotOurs {
+            path: dir.display().to_string(),
+            owner: st.st_uid,
+            uid,
+        });
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Err(StartError::OpenToOthers {
+            path: dir.display().to_string(),
+            mode: st.st_mode & 0o7777,
+        });
+    }
+    Ok(held)
+}
 
 /// Creates the runtime dir (or checks an existing one is ours) and sets its access: 0700 when
 /// only this uid uses the sockets; 0710 and the one group that needs to reach a socket
@@ -156,6 +195,8 @@ pub async fn start(
     shutdown: CancellationToken,
 ) -> Result<Running, StartError> {
     let uid = runtime::current_uid();
+    // Before anything is made, read or written in it (the record and key may live there).
+    check_runtime_dir(&runtime_dir)?;
     raise_open_files_limit();
     let root = CancellationToken::new();
     // Until the broker is up, a failure stops the providers already started.

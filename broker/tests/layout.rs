@@ -32,6 +32,7 @@ const FLOORS: &[(&str, f32)] = &[
     ("resource", 9.0),
     ("telemetry", 9.0),
     ("sync", 9.5),
+    ("trusted", 9.5),
 ];
 
 /// The module names after `crate::` in `code`.

@@ -531,7 +531,17 @@ async fn serve(
 ) -> anyhow::Result<ExitCode> {
     let mut config = match config {
         Some(path) => Config::from_file(&path)?,
-        None => Config::embedded(&default_dir(&runtime_dir))?,
+        None => {
+            // The runtime dir, and the record's and key's names, are checked before the
+            // embedded default is laid out in it.
+            sharedos_broker::server::check_runtime_dir(&runtime_dir)?;
+            let record = Config::embedded_record(&default_dir(&runtime_dir));
+            sharedos_broker::record::check_files(
+                &record,
+                &sharedos_broker::config::default_signing_key(&record),
+            )?;
+            Config::embedded(&default_dir(&runtime_dir))?
+        }
     };
     config.redact_arguments |= redact_arguments;
     let shutdown = CancellationToken::new();

@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::kit::{Raw, WAIT, bin, meta, run};
 
-const HARNESS_GID: u32 = 64100;
-const HARNESS_UID: u32 = 64101;
+pub(crate) const HARNESS_GID: u32 = 64100;
+pub(crate) const HARNESS_UID: u32 = 64101;
 /// In the harness group, not a listed harness uid.
 const OTHER_UID: u32 = 64102;
 /// In no group of the broker's.
@@ -188,7 +188,7 @@ fn is_root() -> bool {
 }
 
 /// Root, or (outside CI) a skip with the reason. Under CI=true, not being root fails.
-fn need_root(test: &str) -> bool {
+pub(crate) fn need_root(test: &str) -> bool {
     if is_root() {
         return true;
     }
@@ -201,7 +201,7 @@ fn need_root(test: &str) -> bool {
 }
 
 /// `command` under `uid` with primary group `gid` and no other group, by `setpriv`.
-fn as_uid(uid: u32, gid: u32, program: &Path) -> tokio::process::Command {
+pub(crate) fn as_uid(uid: u32, gid: u32, program: &Path) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new("setpriv");
     cmd.arg(format!("--reuid={uid}"))
         .arg(format!("--regid={gid}"))

@@ -12,6 +12,7 @@ mod boundary;
 mod budgets;
 mod cli;
 mod deploy;
+mod deploy_planted;
 mod faults;
 mod golden;
 mod hostile;
