@@ -782,7 +782,8 @@ const SHIM_UID: u32 = 64107;
 
 /// The listener another uid plants: makes its folder (0755 where it may), listens on
 /// `bridge.sock` there (0666), and writes every byte a connection sends to the record file,
-/// saying on stdout when it listens, accepts, and how many bytes a closed connection sent.
+/// saying on stdout when it listens, accepts, receives (`got N`), and how many bytes a closed
+/// connection sent.
 const PLANTED_LISTENER: &str = r#"
 import os, socket, sys
 folder, received = sys.argv[1], sys.argv[2]
@@ -808,6 +809,7 @@ while True:
             break
         record.write(b)
         n += len(b)
+        print(f"got {len(b)}", flush=True)
     c.close()
     print(f"closed {n}", flush=True)
 "#;
@@ -1036,6 +1038,25 @@ async fn a_listener_of_another_uid_gets_no_token() {
         let _ = std::fs::remove_file(runtime::bridge_socket(folder));
         let _ = std::fs::remove_file(&planted.received);
     }
+    // The control: told to trust that uid, the shim sends hello, and the listener records the
+    // token (so the zero counts above are the shim's doing, not the listener's).
+    let mut planted = Planted::start(OTHER_UID, HARNESS_GID, &named).await;
+    let mut trusting = Raw::spawn(shim_cmd(&[
+        (runtime::BROKER_ENV, sock(&named)),
+        (runtime::BROKER_UID_ENV, OTHER_UID.to_string()),
+    ]));
+    let mut got = 0;
+    while got == 0 {
+        let line = planted.line().await;
+        if let Some(n) = line.strip_prefix("got ") {
+            got = n.parse::<u64>().expect("count");
+        }
+    }
+    let record = std::fs::read(&planted.received).expect("record");
+    assert!(String::from_utf8_lossy(&record).contains(&token));
+    eprintln!("trusting uid {OTHER_UID}: the listener got {got} bytes, the token among them");
+    trusting.child.kill().await.ok();
+    planted.child.kill().await.ok();
     for d in [&default_dir, &named, &chowned, &open] {
         let _ = std::fs::remove_dir_all(d);
     }
