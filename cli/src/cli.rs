@@ -792,6 +792,7 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                     let launch = sharedos_host::harness_config::ShimLaunch {
                         shim: sharedos_host::shim_path::locate_shim()?,
                         bridge: std::path::absolute(runtime::bridge_socket(runtime_dir))?,
+                        broker_uid: client.broker_uid(),
                         token: match &token_path {
                             Some(p) => sharedos_host::harness_config::TokenSource::File(p.clone()),
                             None => sharedos_host::harness_config::TokenSource::Env(

@@ -469,6 +469,7 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
             shim: sharedos_host::shim_path::locate_shim()?,
             bridge: absolute(runtime::bridge_socket(&opts.runtime_dir))?,
             token: TokenSource::Env(turn.token.expose().to_owned()),
+            broker_uid: host.broker_uid(),
         };
         harness_config::write(format, &launch, &config_path, None)?;
         for f in &cfg.files {

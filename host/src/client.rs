@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use interprocess::local_socket::tokio::Stream;
+use interprocess::local_socket::traits::StreamCommon as _;
 use tokio::io::{ReadHalf, WriteHalf};
 
 use sharedos_ipc::{FrameReader, IpcError, runtime, write_frame};
@@ -59,6 +60,8 @@ impl ClientError {
 pub struct ControlClient {
     reader: FrameReader<ReadHalf<Stream>>,
     send: WriteHalf<Stream>,
+    /// The uid of the process listening at `control.sock` (`SO_PEERCRED`): the broker's.
+    broker_uid: Option<u32>,
 }
 
 impl ControlClient {
@@ -69,10 +72,12 @@ impl ControlClient {
             Ok(s) => s,
             Err(source) => return Err(ClientError::Connect { path, source }),
         };
+        let broker_uid = stream.peer_creds().ok().and_then(|c| c.euid());
         let (recv, send) = tokio::io::split(stream);
         let mut client = Self {
             reader: FrameReader::new(recv),
             send,
+            broker_uid,
         };
         match client
             .request(&ControlRequest::Hello {
@@ -84,6 +89,12 @@ impl ControlClient {
             ControlResponse::Error { code, message } => Err(ClientError::Refused { code, message }),
             other => Err(ClientError::unexpected("hello", other)),
         }
+    }
+
+    /// The uid the broker runs as, as the kernel reports it for this connection (what a harness
+    /// config gives the shim as `SHAREDOS_BROKER_UID`).
+    pub fn broker_uid(&self) -> Option<u32> {
+        self.broker_uid
     }
 
     /// Sends one request and waits for its response.

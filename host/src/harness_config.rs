@@ -49,6 +49,9 @@ pub struct ShimLaunch {
     pub shim: PathBuf,
     pub bridge: PathBuf,
     pub token: TokenSource,
+    /// The uid the broker runs as (`SHAREDOS_BROKER_UID`): the shim gives its token to no
+    /// listener of another uid.
+    pub broker_uid: Option<u32>,
 }
 
 impl ShimLaunch {
@@ -61,6 +64,9 @@ impl ShimLaunch {
 
     fn env(&self) -> Vec<(&'static str, String)> {
         let mut env = vec![(runtime::BROKER_ENV, self.bridge.display().to_string())];
+        if let Some(uid) = self.broker_uid {
+            env.push((runtime::BROKER_UID_ENV, uid.to_string()));
+        }
         if let TokenSource::Env(t) = &self.token {
             env.push((runtime::TOKEN_ENV, t.clone()));
         }
@@ -264,6 +270,7 @@ mod tests {
             shim: "/opt/sharedos/bin/sharedos-mcp-shim".into(),
             bridge: "/run/sharedos/bridge.sock".into(),
             token,
+            broker_uid: Some(1042),
         }
     }
 
@@ -322,6 +329,25 @@ mod tests {
         assert_eq!(s["default_tools_approval_mode"].as_str(), Some("approve"));
         assert_eq!(s["env"]["SHAREDOS_TURN_TOKEN"].as_str(), Some("T"));
         assert_eq!(t["model"].as_str(), Some("m"));
+    }
+
+    /// Every renderer gives the shim the broker's uid, so that it gives its token to no other.
+    #[test]
+    fn every_config_names_the_brokers_uid() {
+        for format in Harness::ALL {
+            for token in [TokenSource::Env("T".into()), TokenSource::File("/t".into())] {
+                let out = render(format, &launch(token), None, Path::new("x")).expect("render");
+                let line = out
+                    .lines()
+                    .find(|l| l.contains(runtime::BROKER_UID_ENV))
+                    .unwrap_or_else(|| panic!("{format:?}: no broker uid in {out}"));
+                assert!(line.contains("1042"), "{format:?}: {line}");
+            }
+        }
+        let mut none = launch(TokenSource::Env("T".into()));
+        none.broker_uid = None;
+        let out = render(Harness::ClaudeCode, &none, None, Path::new("x")).expect("render");
+        assert!(!out.contains(runtime::BROKER_UID_ENV), "{out}");
     }
 
     #[test]

@@ -13,6 +13,9 @@ pub const RUNTIME_DIR_ENV: &str = "SHAREDOS_RUNTIME_DIR";
 pub const BROKER_ENV: &str = "SHAREDOS_BROKER";
 /// Environment variable carrying the turn token to the shim.
 pub const TOKEN_ENV: &str = "SHAREDOS_TURN_TOKEN";
+/// Environment variable naming the uid the broker runs as: the shim gives its token only to a
+/// bridge socket whose listener runs as this uid (`turn open --write-config` writes it).
+pub const BROKER_UID_ENV: &str = "SHAREDOS_BROKER_UID";
 
 /// The effective uid of this process.
 pub fn current_uid() -> u32 {

@@ -4,7 +4,7 @@
 //! broker's CLI lists it), and the demo's own build of the shim binary is then a link (issue 18).
 
 use crate::error::ShimError;
-use crate::{link, session};
+use crate::{link, refused, session};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,7 +22,9 @@ const EXIT_TURN_ENDED: u8 = 3;
     version,
     about = "Stdio MCP server that serves one SharedOS turn: presents the turn token to the broker and forwards every call",
     long_about = "Spawned by an agent harness from its MCP config. Reads the turn token from SHAREDOS_TURN_TOKEN or --turn-token-file \
-and the broker's bridge socket from SHAREDOS_BROKER or --broker (default: <runtime dir>/bridge.sock). Speaks MCP on stdin/stdout; \
+and the broker's bridge socket from SHAREDOS_BROKER or --broker (default: <runtime dir>/bridge.sock); \
+it sends the token only to a listener running as the broker's uid (SHAREDOS_BROKER_UID or --broker-uid), \
+in a folder no other uid can write. Speaks MCP on stdin/stdout; \
 logs go to stderr or --log-file, filtered by SHAREDOS_LOG: a level (default warn) or target=level pairs such as \
 `sharedos_mcp_shim=debug,warn` (span and field directives are not supported). \
 Exits 2 if it cannot start serving, 3 when its turn ends, 0 when the client closes stdin."
@@ -31,6 +33,11 @@ struct Args {
     /// The broker's bridge socket.
     #[arg(long, env = "SHAREDOS_BROKER", value_name = "PATH")]
     broker: Option<PathBuf>,
+    /// The uid the broker runs as: the token goes only to a listener of this uid (default: the
+    /// owner of the socket's folder when that is this uid, root, or a folder no other uid could
+    /// have made).
+    #[arg(long, env = "SHAREDOS_BROKER_UID", value_name = "UID")]
+    broker_uid: Option<u32>,
     /// The broker's runtime dir (used when --broker is not given).
     #[arg(long, env = "SHAREDOS_RUNTIME_DIR", value_name = "DIR")]
     runtime_dir: Option<PathBuf>,
@@ -175,8 +182,13 @@ async fn run(args: Args) -> ExitCode {
             args.runtime_dir.as_deref(),
         ))
     });
-    let (link, mut welcome) = match link::Link::connect(&socket, token).await {
+    let (link, mut welcome) = match link::Link::connect(&socket, token, args.broker_uid).await {
         Ok(x) => x,
+        Err(e) if e.is_untrusted_broker() => {
+            eprintln!("sharedos-mcp-shim: {e}");
+            refused::answer(&e.to_string()).await;
+            return ExitCode::from(EXIT_NOT_STARTED);
+        }
         Err(e) => {
             eprintln!("sharedos-mcp-shim: {e}");
             return ExitCode::from(EXIT_NOT_STARTED);

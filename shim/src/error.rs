@@ -29,6 +29,52 @@ pub enum ShimError {
         socket: PathBuf,
         source: std::io::Error,
     },
+    /// The socket's folder (or the socket) cannot be looked at: nothing is sent.
+    #[error(
+        "cannot check the broker socket's folder `{}`: {source}; no token sent",
+        folder.display()
+    )]
+    FolderUnreadable {
+        folder: PathBuf,
+        source: std::io::Error,
+    },
+    /// No uid was named for the broker and the socket's folder could have been made by anyone.
+    #[error(
+        "refusing the broker socket's folder `{}`: it belongs to uid {owner} (not this uid {me} or root) and `{}` above it may be written by other uids, so any uid could have made it; set SHAREDOS_BROKER_UID to the broker's uid; no token sent",
+        folder.display(),
+        above.display()
+    )]
+    UnknownBrokerUid {
+        folder: PathBuf,
+        owner: u32,
+        me: u32,
+        above: PathBuf,
+    },
+    #[error(
+        "refusing the broker socket's folder `{}`: it belongs to uid {owner}, not to the broker's uid {broker} or root; no token sent",
+        folder.display()
+    )]
+    FolderOwner {
+        folder: PathBuf,
+        owner: u32,
+        broker: u32,
+    },
+    #[error(
+        "refusing the broker socket's folder `{}`: mode {mode:o} lets other uids write it, so another uid could listen there; no token sent",
+        folder.display()
+    )]
+    FolderWritable { folder: PathBuf, mode: u32 },
+    /// The process at the other end of the socket is not the broker's uid (`SO_PEERCRED`).
+    #[error(
+        "refusing the process listening at `{}`: it runs as {}, not as the broker's uid {broker} (set SHAREDOS_BROKER_UID if the broker runs as another uid); no token sent",
+        socket.display(),
+        peer.map_or_else(|| "an unknown uid".to_owned(), |u| format!("uid {u}"))
+    )]
+    PeerUid {
+        socket: PathBuf,
+        peer: Option<u32>,
+        broker: u32,
+    },
     #[error("cannot set up the connection to the SharedOS broker: {0}")]
     Setup(#[source] std::io::Error),
     /// Hello could not be written.
@@ -57,6 +103,21 @@ pub enum ShimError {
     SessionStart(#[source] Box<rmcp::service::ServerInitializeError>),
     #[error("MCP session ended with an error: {0}")]
     Session(#[source] tokio::task::JoinError),
+}
+
+impl ShimError {
+    /// The shim refused the listener at its socket path (not the broker's uid, or a folder
+    /// others can write): the harness hears it as a JSON-RPC error too.
+    pub fn is_untrusted_broker(&self) -> bool {
+        matches!(
+            self,
+            Self::FolderUnreadable { .. }
+                | Self::UnknownBrokerUid { .. }
+                | Self::FolderOwner { .. }
+                | Self::FolderWritable { .. }
+                | Self::PeerUid { .. }
+        )
+    }
 }
 
 /// A refusal code as the wire spells it (`bad_token`).

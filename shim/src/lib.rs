@@ -15,13 +15,18 @@
 //! - [`cli`]: the command (options, log, runtime, exit status); `main.rs` only calls it.
 //! - [`error`]: [`error::ShimError`], why the shim could not start serving or stopped.
 //! - [`link`]: the bridge connection to the broker (hello, calls, cancels, turn end).
+//! - [`refused`]: what the harness hears when [`trust`] refused the listener.
+//! - [`trust`]: whether the listener at the socket path may have the token (its uid, its
+//!   folder), checked before hello.
 
 pub mod call;
 pub mod cli;
 pub mod error;
 pub mod guard;
 pub mod link;
+pub mod refused;
 pub mod render;
 pub mod server;
 pub mod session;
 pub mod stdio;
+pub mod trust;

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use interprocess::local_socket::traits::StreamCommon as _;
 use sharedos_ipc::{Conn, FrameReader, write_encoded, write_frame};
 use sharedos_proto::ToolCall;
 use sharedos_proto::ipc::{
@@ -22,6 +23,7 @@ use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::ShimError;
+use crate::trust;
 
 /// How long the shim waits for the broker to accept and answer hello.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -95,7 +97,13 @@ pub struct Link {
 }
 
 impl Link {
-    pub async fn connect(socket: &Path, token: String) -> Result<(Arc<Link>, Welcome), ShimError> {
+    /// Connects to `socket` and, once [`trust::check`] finds that its listener runs as the
+    /// broker's uid (`broker_uid` when given), says hello with `token`.
+    pub async fn connect(
+        socket: &Path,
+        token: String,
+        broker_uid: Option<u32>,
+    ) -> Result<(Arc<Link>, Welcome), ShimError> {
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, sharedos_ipc::connect(socket))
             .await
             .map_err(|_| ShimError::ConnectTimeout {
@@ -105,6 +113,14 @@ impl Link {
                 socket: socket.to_path_buf(),
                 source,
             })?;
+        // Nothing is written before this: a listener of another uid gets no byte.
+        let peer = stream.peer_creds().ok().and_then(|c| c.euid());
+        trust::check(
+            socket,
+            peer,
+            broker_uid,
+            sharedos_ipc::runtime::current_uid(),
+        )?;
         let stream = Conn::new(stream).map_err(ShimError::Setup)?;
         let (recv, mut send) = tokio::io::split(stream);
         let mut reader = FrameReader::new(recv);

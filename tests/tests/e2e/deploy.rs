@@ -776,3 +776,321 @@ async fn an_unreachable_runtime_dir_is_reported_at_start() {
         "{blocked}"
     );
 }
+
+/// A harness uid whose own shim is tested against listeners of another harness uid.
+const SHIM_UID: u32 = 64107;
+
+/// The listener another uid plants: makes its folder (0755 where it may), listens on
+/// `bridge.sock` there (0666), and writes every byte a connection sends to the record file,
+/// saying on stdout when it listens, accepts, receives (`got N`), and how many bytes a closed
+/// connection sent.
+const PLANTED_LISTENER: &str = r#"
+import os, socket, sys
+folder, received = sys.argv[1], sys.argv[2]
+os.makedirs(folder, exist_ok=True)
+try:
+    os.chmod(folder, 0o755)
+except PermissionError:
+    pass
+path = os.path.join(folder, "bridge.sock")
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(path)
+os.chmod(path, 0o666)
+s.listen(8)
+record = open(received, "ab", buffering=0)
+print("listening", flush=True)
+while True:
+    c, _ = s.accept()
+    print("accepted", flush=True)
+    n = 0
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        record.write(b)
+        n += len(b)
+        print(f"got {len(b)}", flush=True)
+    c.close()
+    print(f"closed {n}", flush=True)
+"#;
+
+/// A planted listener, running as another uid.
+struct Planted {
+    child: tokio::process::Child,
+    out: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    received: PathBuf,
+}
+
+impl Planted {
+    /// Starts the listener as `uid` in `folder` and waits until it listens.
+    async fn start(uid: u32, gid: u32, folder: &Path) -> Self {
+        use tokio::io::AsyncBufReadExt as _;
+        let received = folder.join("received.bin");
+        let mut cmd = as_uid(uid, gid, Path::new("/usr/bin/python3"));
+        cmd.arg("-c")
+            .arg(PLANTED_LISTENER)
+            .arg(folder)
+            .arg(&received)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped());
+        let mut child = cmd.spawn().expect("listener");
+        let out = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut planted = Self {
+            child,
+            out,
+            received,
+        };
+        assert_eq!(planted.line().await, "listening");
+        planted
+    }
+
+    async fn line(&mut self) -> String {
+        tokio::time::timeout(WAIT, self.out.next_line())
+            .await
+            .expect("listener speaks in time")
+            .expect("read")
+            .expect("listener alive")
+    }
+
+    /// The connections it accepted and the bytes each sent, once `n` have closed.
+    async fn closed(&mut self, n: usize) -> (usize, Vec<u64>) {
+        let mut accepted = 0;
+        let mut bytes = Vec::new();
+        while bytes.len() < n {
+            let line = self.line().await;
+            if line == "accepted" {
+                accepted += 1;
+            } else if let Some(b) = line.strip_prefix("closed ") {
+                bytes.push(b.parse().expect("count"));
+            }
+        }
+        (accepted, bytes)
+    }
+}
+
+/// Drives a shim as a harness does (`initialize`, then `tools/list`) and expects the refusal as
+/// a JSON-RPC error on both, exit status 2, and the reason on stderr: (the error messages, the
+/// stderr).
+async fn refused_shim(cmd: tokio::process::Command) -> (Vec<String>, String) {
+    let mut raw = Raw::spawn(cmd);
+    raw.send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}}))
+        .await;
+    let mut messages = Vec::new();
+    let first = raw.response(0).await;
+    raw.send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+        .await;
+    let second = raw.response(1).await;
+    for r in [first, second] {
+        assert!(r.get("result").is_none(), "{r}");
+        assert_eq!(r["error"]["code"], -32001, "{r}");
+        assert_eq!(r["error"]["data"]["sharedos"]["code"], "untrusted_broker");
+        messages.push(r["error"]["message"].as_str().expect("message").to_owned());
+    }
+    let child = raw.close_stdin().await;
+    let out = tokio::time::timeout(WAIT, child.wait_with_output())
+        .await
+        .expect("shim exits in time")
+        .expect("wait");
+    assert_eq!(out.status.code(), Some(2));
+    (messages, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Issue 31, item 3: the shim gives its token to no listener but the broker's uid. Another
+/// harness uid of the same group plants a listener (a real process of its uid that records every
+/// byte) where the shim looks: at the default path `/tmp/sharedos-<uid>/bridge.sock`, at a path
+/// named by `SHAREDOS_BROKER` (with and without `SHAREDOS_BROKER_UID`), in a root-owned folder
+/// (only `SO_PEERCRED` tells), and in a folder anyone may write. Each time the shim connects,
+/// sends nothing (the listener counts zero bytes, no token byte in its record), answers
+/// `initialize` and `tools/list` with a JSON-RPC error and says why on stderr. The real broker
+/// still serves the harness uid with the config `turn open --write-config` wrote (which names
+/// the broker's uid), and a wrong `SHAREDOS_BROKER_UID` keeps the real broker from the token too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root (processes under other uids): run as root with cargo test -- --include-ignored, or bash .ci/run"]
+async fn a_listener_of_another_uid_gets_no_token() {
+    if !need_root("a_listener_of_another_uid_gets_no_token") {
+        return;
+    }
+    let b = Deployed::start(
+        ALICE_PUBLIC,
+        &format!("harness_uids = [{SHIM_UID}]\nharness_group = {HARNESS_GID}\n"),
+        "",
+    )
+    .await;
+    std::fs::set_permissions(b.dir.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    let (shim, _) = public_bins(b.dir.path());
+    let configs = b.path("configs");
+    std::fs::create_dir(&configs).expect("mkdir");
+    std::fs::set_permissions(&configs, std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    let config = configs.join("claude.mcp.json");
+    let opened = b
+        .cli_open(&[
+            "--write-config",
+            "claude-code",
+            &config.display().to_string(),
+            "--file-owner",
+            &format!("{SHIM_UID}:{HARNESS_GID}"),
+        ])
+        .await;
+    let token = opened["token"].as_str().expect("token").to_owned();
+    let turn = opened["turn"].as_str().expect("turn").to_owned();
+    // The config names the broker's uid (root's, here) for every harness.
+    let written: Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).expect("config")).expect("json");
+    let env = &written["mcpServers"]["sharedos"]["env"];
+    assert_eq!(env[runtime::BROKER_UID_ENV], "0", "{written}");
+
+    // The harness uid's shim, with what a harness passes it, and no runtime dir of its own.
+    let shim_cmd = |vars: &[(&str, String)]| {
+        let mut cmd = as_uid(SHIM_UID, HARNESS_GID, &shim);
+        cmd.env(runtime::TOKEN_ENV, &token)
+            .env_remove(runtime::BROKER_ENV)
+            .env_remove(runtime::BROKER_UID_ENV)
+            .env_remove(runtime::RUNTIME_DIR_ENV)
+            .env_remove("XDG_RUNTIME_DIR");
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        cmd
+    };
+    let pid = std::process::id();
+    let default_dir = PathBuf::from(format!("/tmp/sharedos-{SHIM_UID}"));
+    let named = PathBuf::from(format!("/tmp/sharedos-named-{pid}"));
+    let chowned = PathBuf::from(format!("/tmp/sharedos-chowned-{pid}"));
+    let open = PathBuf::from(format!("/tmp/sharedos-open-{pid}"));
+    for d in [&default_dir, &named, &chowned, &open] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    std::fs::create_dir(&open).expect("mkdir");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let sock = |d: &Path| runtime::bridge_socket(d).display().to_string();
+
+    // (folder, shim environment, what stderr and the JSON-RPC error say, root takes the folder
+    // over after the listener started).
+    type Case<'a> = (&'a Path, Vec<(&'static str, String)>, String, bool);
+    let cases: Vec<Case> = vec![
+        (
+            &default_dir,
+            vec![],
+            format!("`{}`: it belongs to uid {OTHER_UID}", default_dir.display()),
+            false,
+        ),
+        (
+            &named,
+            vec![(runtime::BROKER_ENV, sock(&named))],
+            format!("`{}`: it belongs to uid {OTHER_UID}", named.display()),
+            false,
+        ),
+        (
+            &named,
+            vec![
+                (runtime::BROKER_ENV, sock(&named)),
+                (runtime::BROKER_UID_ENV, "0".into()),
+            ],
+            format!("it belongs to uid {OTHER_UID}, not to the broker's uid 0 or root"),
+            false,
+        ),
+        (
+            &chowned,
+            vec![(runtime::BROKER_ENV, sock(&chowned))],
+            format!("it runs as uid {OTHER_UID}, not as the broker's uid 0"),
+            true,
+        ),
+        (
+            &open,
+            vec![
+                (runtime::BROKER_ENV, sock(&open)),
+                (runtime::BROKER_UID_ENV, "0".into()),
+            ],
+            "mode 1777 lets other uids write it".to_owned(),
+            false,
+        ),
+    ];
+    for (folder, vars, says, take_over) in cases {
+        let mut planted = Planted::start(OTHER_UID, HARNESS_GID, folder).await;
+        if take_over {
+            rustix::fs::chown(
+                folder,
+                Some(rustix::fs::Uid::ROOT),
+                Some(rustix::fs::Gid::ROOT),
+            )
+            .expect("chown");
+        }
+        let (messages, stderr) = refused_shim(shim_cmd(&vars)).await;
+        for m in &messages {
+            assert!(m.contains(&says) && m.contains("no token sent"), "{m}");
+        }
+        assert!(
+            stderr.contains(&says) && stderr.contains("no token sent"),
+            "{stderr}"
+        );
+        // The shim connected (one connection, from the harness uid), and sent nothing.
+        let (accepted, bytes) = planted.closed(1).await;
+        assert_eq!((accepted, bytes), (1, vec![0]), "{}", folder.display());
+        let record = std::fs::read(&planted.received).expect("record");
+        assert_eq!(record.len(), 0);
+        assert!(!String::from_utf8_lossy(&record).contains(&token));
+        eprintln!(
+            "planted at {}: 1 connection, 0 bytes; {says}",
+            folder.display()
+        );
+        planted.child.kill().await.ok();
+        let _ = std::fs::remove_file(runtime::bridge_socket(folder));
+        let _ = std::fs::remove_file(&planted.received);
+    }
+    // The control: told to trust that uid, the shim sends hello, and the listener records the
+    // token (so the zero counts above are the shim's doing, not the listener's).
+    let mut planted = Planted::start(OTHER_UID, HARNESS_GID, &named).await;
+    let mut trusting = Raw::spawn(shim_cmd(&[
+        (runtime::BROKER_ENV, sock(&named)),
+        (runtime::BROKER_UID_ENV, OTHER_UID.to_string()),
+    ]));
+    let mut got = 0;
+    while got == 0 {
+        let line = planted.line().await;
+        if let Some(n) = line.strip_prefix("got ") {
+            got = n.parse::<u64>().expect("count");
+        }
+    }
+    let record = std::fs::read(&planted.received).expect("record");
+    assert!(String::from_utf8_lossy(&record).contains(&token));
+    eprintln!("trusting uid {OTHER_UID}: the listener got {got} bytes, the token among them");
+    trusting.child.kill().await.ok();
+    planted.child.kill().await.ok();
+    for d in [&default_dir, &named, &chowned, &open] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+
+    // The real broker: a wrong broker uid keeps the token from it too (no bridge on record)...
+    let wrong = shim_cmd(&[
+        (runtime::BROKER_ENV, sock(&b.runtime)),
+        (runtime::BROKER_UID_ENV, OTHER_UID.to_string()),
+    ]);
+    let (_, stderr) = refused_shim(wrong).await;
+    assert!(
+        stderr.contains(&format!(
+            "it runs as uid 0, not as the broker's uid {OTHER_UID}"
+        )),
+        "{stderr}"
+    );
+    // ... and the environment the written config gives the shim reaches the turn.
+    let vars: Vec<(&str, String)> = env
+        .as_object()
+        .expect("env")
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str().expect("string").to_owned()))
+        .collect();
+    let (raw, results) = calls(
+        shim_cmd(&vars),
+        &[("files.read", json!({"path": "/public/hello.txt"}))],
+    )
+    .await;
+    assert_eq!(outcomes(&results), ["succeeded"], "{results:?}");
+    raw.close_stdin().await.kill().await.ok();
+    let bridges = b
+        .records()
+        .iter()
+        .filter(|l| l["kind"] == "bridge_connected" && l["turn"] == turn.as_str())
+        .count();
+    assert_eq!(bridges, 1);
+}

@@ -315,3 +315,64 @@ async fn the_shim_refuses_to_start_without_a_usable_broker_or_token() {
     let init = raw.initialize("2025-06-18").await;
     assert_eq!(init["result"]["serverInfo"]["name"], "sharedos-mcp-shim");
 }
+
+/// The shim gives its token only to a listener that runs as the broker's uid (`SO_PEERCRED`):
+/// with `SHAREDOS_BROKER_UID` naming another uid, the real broker gets no hello (no bridge on
+/// record), the harness gets a JSON-RPC error for `initialize` and `tools/list`, and stderr says
+/// why; with the broker's own uid named, or none (the socket's folder is this uid's), it serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shim_gives_its_token_only_to_the_brokers_uid() {
+    use sharedos_ipc::runtime;
+    let broker = TestBroker::start(Options::default()).await;
+    let turn = broker.open_turn("alice").await;
+    let me = runtime::current_uid();
+    let other = if me == 0 { 64199 } else { 0 };
+    let mut cmd = broker.shim_command(turn.token.expose());
+    cmd.env(runtime::BROKER_UID_ENV, other.to_string());
+    let mut raw = Raw::spawn(cmd);
+    raw.send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}}))
+        .await;
+    let init = raw.response(0).await;
+    raw.send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+        .await;
+    let list = raw.response(1).await;
+    let says = format!("it runs as uid {me}, not as the broker's uid {other}");
+    for r in [&init, &list] {
+        assert_eq!(r["error"]["code"], -32001, "{r}");
+        let m = r["error"]["message"].as_str().expect("message");
+        assert!(m.contains(&says) && m.contains("no token sent"), "{m}");
+    }
+    let out = tokio::time::timeout(crate::kit::WAIT, raw.close_stdin().await.wait_with_output())
+        .await
+        .expect("shim exits")
+        .expect("wait");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&says), "{stderr}");
+    assert!(!stderr.contains(turn.token.expose()));
+    let bridges = || {
+        broker
+            .records()
+            .iter()
+            .filter(|l| l["kind"] == "bridge_connected")
+            .count()
+    };
+    assert_eq!(bridges(), 0, "the broker heard no hello");
+
+    // The broker's own uid, named or found from the socket's folder: served.
+    for named in [Some(me), None] {
+        let mut cmd = broker.shim_command(turn.token.expose());
+        cmd.env_remove(runtime::BROKER_UID_ENV);
+        if let Some(uid) = named {
+            cmd.env(runtime::BROKER_UID_ENV, uid.to_string());
+        }
+        let mut raw = Raw::spawn(cmd);
+        raw.initialize("2025-06-18").await;
+        let r = raw
+            .call(1, "files.read", json!({"path": "/public/hello.txt"}))
+            .await;
+        assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    }
+    eventually("both bridges on record", || bridges() == 2).await;
+}
