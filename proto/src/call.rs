@@ -210,6 +210,48 @@ pub struct Requirement {
 mod tests {
     use super::*;
 
+    /// A trace header past its limit is dropped as the call is decoded; one within it is kept; a
+    /// missing or null one is none, and one that is not a string fails the call's decoding, as
+    /// before.
+    #[test]
+    fn trace_headers_past_their_limit_are_dropped_in_decoding() {
+        let decode = |meta: &str| {
+            serde_json::from_str::<ToolCall>(&format!(r#"{{"tool":"files.read"{meta}}}"#))
+        };
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let c = decode(&format!(r#","traceparent":"{parent}","tracestate":"k=v""#)).expect("ok");
+        assert_eq!(
+            (c.traceparent.as_deref(), c.tracestate.as_deref()),
+            (Some(parent), Some("k=v"))
+        );
+        let long = "s".repeat(MAX_TRACESTATE_CHARS + 1);
+        let c = decode(&format!(
+            r#","traceparent":"{parent}","tracestate":"{long}""#
+        ))
+        .expect("ok");
+        assert_eq!(
+            (c.traceparent.as_deref(), c.tracestate),
+            (Some(parent), None)
+        );
+        let within = "s".repeat(MAX_TRACESTATE_CHARS);
+        let c = decode(&format!(
+            r#","traceparent":"{parent}","tracestate":"{within}""#
+        ))
+        .expect("ok");
+        assert_eq!(c.tracestate.as_deref(), Some(within.as_str()));
+        let c = decode(&format!(r#","traceparent":"{}""#, "0".repeat(65))).expect("ok");
+        assert_eq!(c.traceparent, None);
+        // Escaped (so not borrowed from the input): the same limit.
+        let c = decode(&format!(
+            r#","traceparent":"{parent}","tracestate":"\u0073{long}""#
+        ))
+        .expect("ok");
+        assert_eq!(c.tracestate, None);
+        let c = decode(r#","traceparent":null"#).expect("ok");
+        assert_eq!((c.traceparent, c.tracestate), (None, None));
+        assert!(decode(r#","tracestate":7"#).is_err());
+    }
+
     #[test]
     fn outcome_wire_form() {
         let v = serde_json::to_value(Outcome::Denied(DenyCode::NoPermit)).expect("ser");
