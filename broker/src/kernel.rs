@@ -31,7 +31,7 @@ use crate::provider::{
 };
 use crate::record::Recorder;
 use crate::resource::{Object, Resource};
-use crate::telemetry::{CallSpan, Telemetry};
+use crate::telemetry::{CallSpan, Telemetry, bounded};
 
 pub use crate::config::DEFAULT_CALL_TIMEOUT;
 
@@ -607,11 +607,13 @@ impl Kernel {
     pub async fn invoke(
         self: &Arc<Self>,
         site: CallSite<'_>,
-        call: ToolCall,
+        mut call: ToolCall,
         cancel: CancellationToken,
         cancel_cause: impl Fn() -> CancelCode,
     ) -> CallAnswer {
         let started = Instant::now();
+        // A trace context past the W3C limits is dropped now, not held while the call runs.
+        crate::telemetry::bound_trace_context(&mut call.traceparent, &mut call.tracestate);
         let check = || {
             self.check_rejecting(
                 site.context,
@@ -1041,11 +1043,12 @@ impl Kernel {
         duration: Duration,
     ) -> CallSpan {
         let end = std::time::SystemTime::now();
+        // Each string cut to the span's limit here, never copied whole.
         CallSpan {
-            tool: call.tool.clone(),
+            tool: bounded(&call.tool),
             turn: site.turn.to_owned(),
             call_id: site.call_id.clone(),
-            request_id: call.request_id.clone(),
+            request_id: call.request_id.as_deref().map(bounded),
             principal: self
                 .telemetry
                 .principal_on()

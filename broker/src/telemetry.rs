@@ -22,7 +22,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
@@ -44,6 +44,8 @@ use sharedos_proto::ipc::TelemetryStats;
 
 /// Spans waiting for the export thread, unless the config says.
 pub const DEFAULT_QUEUE: usize = 4096;
+/// The smallest `queue_bytes`: room for a few spans of the largest size.
+const MIN_QUEUE_BYTES: usize = 64 * 1024;
 /// Most spans in one export request.
 const MAX_BATCH: usize = 512;
 /// How long the export thread waits for more spans after the first of a batch: a span reaches
@@ -53,8 +55,22 @@ const LINGER: Duration = Duration::from_millis(200);
 /// How often a waiting export thread looks at the stop flag: shutdown waits at most about this
 /// long for it (then for the last export), never for a batch to fill.
 const STOP_POLL: Duration = Duration::from_millis(20);
-/// A tool name longer than this (a malformed one can be anything) is cut in telemetry.
-const MAX_NAME_CHARS: usize = 128;
+/// Bytes the spans waiting for the export thread (and the batch it is sending) may hold,
+/// unless the config says; a span that would pass it is dropped (and counted), like one past
+/// `queue`.
+pub const DEFAULT_QUEUE_BYTES: usize = 4 * 1024 * 1024;
+/// Every string a span takes from a call (tool name, request id, principal, policy ids, ...) is
+/// cut to this many characters, the last one `…`, when the span is made.
+pub const MAX_ATTRIBUTE_CHARS: usize = 128;
+/// A span keeps at most this many policy ids (then one `… N more`).
+pub const MAX_SPAN_POLICIES: usize = 32;
+/// W3C Trace Context: a `tracestate` longer than this, or with more list members than
+/// [`MAX_TRACESTATE_MEMBERS`], or not well formed, is dropped (the `traceparent` is kept).
+pub use sharedos_proto::call::MAX_TRACESTATE_CHARS;
+pub const MAX_TRACESTATE_MEMBERS: usize = 32;
+/// A `traceparent` longer than this is dropped, and its `tracestate` with it (version 00 is 55
+/// characters; the shim passes at most 64).
+pub use sharedos_proto::call::MAX_TRACEPARENT_CHARS;
 
 /// The `[otel]` section of the config.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -83,6 +99,9 @@ pub struct OtelSettings {
     /// Spans that may wait for the exporter; more are dropped (and counted).
     #[serde(default)]
     pub queue: Option<usize>,
+    /// Bytes those spans may hold; more are dropped (and counted) as well.
+    #[serde(default)]
+    pub queue_bytes: Option<usize>,
     /// How long one export request may take.
     #[serde(default)]
     pub timeout_seconds: Option<u64>,
@@ -105,6 +124,7 @@ impl Default for OtelSettings {
             principal: true,
             metrics: true,
             queue: None,
+            queue_bytes: None,
             timeout_seconds: None,
             metrics_interval_seconds: None,
         }
@@ -153,6 +173,139 @@ pub struct CallSpan {
     pub approval: Option<(String, &'static str)>,
 }
 
+impl CallSpan {
+    /// The span as the queue may hold it: every string cut to [`MAX_ATTRIBUTE_CHARS`], at most
+    /// [`MAX_SPAN_POLICIES`] policy ids, the trace context kept only when it is within the W3C
+    /// limits ([`bound_trace_context`]). A string already within its limit is kept as it is.
+    pub fn bounded(mut self) -> Self {
+        for s in [
+            &mut self.tool,
+            &mut self.turn,
+            &mut self.call_id,
+            &mut self.code,
+        ] {
+            cut(s);
+        }
+        for s in [&mut self.request_id, &mut self.principal]
+            .into_iter()
+            .flatten()
+        {
+            cut(s);
+        }
+        if let Some((id, _)) = &mut self.approval {
+            cut(id);
+        }
+        if self.policies.len() > MAX_SPAN_POLICIES {
+            let more = self.policies.len() - (MAX_SPAN_POLICIES - 1);
+            self.policies.truncate(MAX_SPAN_POLICIES - 1);
+            self.policies.push(format!("… {more} more"));
+        }
+        self.policies.iter_mut().for_each(cut);
+        bound_trace_context(&mut self.traceparent, &mut self.tracestate);
+        self
+    }
+
+    /// About what the span holds, in bytes: what the queue's byte limit counts.
+    fn weight(&self) -> usize {
+        let text = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+        std::mem::size_of::<Self>()
+            + self.tool.len()
+            + self.turn.len()
+            + self.call_id.len()
+            + self.code.len()
+            + text(&self.request_id)
+            + text(&self.principal)
+            + text(&self.traceparent)
+            + text(&self.tracestate)
+            + self.approval.as_ref().map_or(0, |(id, _)| id.len())
+            + self
+                .policies
+                .iter()
+                .map(|p| p.len() + std::mem::size_of::<String>())
+                .sum::<usize>()
+    }
+}
+
+/// A client's W3C trace context as a call may keep it, bounded as soon as the call arrives: a
+/// `traceparent` longer than [`MAX_TRACEPARENT_CHARS`] is dropped with its `tracestate`; a
+/// `tracestate` that breaks the W3C rules (more than [`MAX_TRACESTATE_CHARS`] characters or
+/// [`MAX_TRACESTATE_MEMBERS`] members, a malformed or repeated key, a malformed value) is
+/// dropped, and the parent kept. What is dropped is freed here, not held until export.
+pub fn bound_trace_context(parent: &mut Option<String>, state: &mut Option<String>) {
+    if parent
+        .as_ref()
+        .is_some_and(|p| p.len() > MAX_TRACEPARENT_CHARS)
+    {
+        *parent = None;
+    }
+    if parent.is_none() || state.as_deref().is_some_and(|s| !valid_tracestate(s)) {
+        *state = None;
+    }
+}
+
+/// Whether `s` is a `tracestate` header the W3C Trace Context rules allow: at most 512
+/// characters and 32 list members, each `key=value` (empty members are allowed), no key twice.
+fn valid_tracestate(s: &str) -> bool {
+    if s.len() > MAX_TRACESTATE_CHARS {
+        return false;
+    }
+    let mut keys: Vec<&str> = Vec::new();
+    for member in s.split(',') {
+        let member = member.trim_matches([' ', '\t']);
+        if member.is_empty() {
+            continue;
+        }
+        let Some((key, value)) = member.split_once('=') else {
+            return false;
+        };
+        if !valid_tracestate_key(key) || !valid_tracestate_value(value) || keys.contains(&key) {
+            return false;
+        }
+        keys.push(key);
+        if keys.len() > MAX_TRACESTATE_MEMBERS {
+            return false;
+        }
+    }
+    true
+}
+
+/// `simple-key` (`lcalpha 0*255(lcalpha / DIGIT / "_" / "-" / "*" / "/")`) or
+/// `tenant-id "@" system-id` (`(lcalpha / DIGIT) 0*240(...)` and `lcalpha 0*13(...)`).
+fn valid_tracestate_key(key: &str) -> bool {
+    let rest = |s: &str, most: usize| {
+        s.len() <= most
+            && s.bytes().all(|b| {
+                b.is_ascii_lowercase()
+                    || b.is_ascii_digit()
+                    || matches!(b, b'_' | b'-' | b'*' | b'/')
+            })
+    };
+    let starts = |s: &str, digit: bool| {
+        s.bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || (digit && b.is_ascii_digit()))
+    };
+    match key.split_once('@') {
+        None => starts(key, false) && rest(&key[1..], 255),
+        Some((tenant, system)) => {
+            starts(tenant, true)
+                && rest(&tenant[1..], 240)
+                && starts(system, false)
+                && rest(&system[1..], 13)
+        }
+    }
+}
+
+/// `0*255(chr) nblk-chr`: printable ASCII but `,` and `=`, at most 256, not ending in a space.
+fn valid_tracestate_value(value: &str) -> bool {
+    !value.is_empty()
+        && value.len() <= 256
+        && !value.ends_with(' ')
+        && value
+            .bytes()
+            .all(|b| (0x20..=0x7e).contains(&b) && b != b',' && b != b'=')
+}
+
 /// What happened to the spans handed to the exporter.
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -173,6 +326,9 @@ pub struct Telemetry {
 struct Inner {
     tx: SyncSender<CallSpan>,
     stats: Arc<Stats>,
+    /// Bytes the queue (and the batch being sent) holds now, and the most it may.
+    bytes: Arc<AtomicUsize>,
+    max_bytes: usize,
     principal: bool,
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -218,8 +374,15 @@ impl Telemetry {
         if queue == 0 {
             return Err(TelemetryError("queue = 0: give at least 1".into()));
         }
+        let max_bytes = settings.queue_bytes.unwrap_or(DEFAULT_QUEUE_BYTES);
+        if max_bytes < MIN_QUEUE_BYTES {
+            return Err(TelemetryError(format!(
+                "queue_bytes = {max_bytes}: give at least {MIN_QUEUE_BYTES}"
+            )));
+        }
         let (tx, rx) = std::sync::mpsc::sync_channel(queue);
         let stats = Arc::new(Stats::default());
+        let bytes = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let turns: Arc<OnceLock<TurnCount>> = Arc::new(OnceLock::new());
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -230,6 +393,7 @@ impl Telemetry {
             rx,
             settings: trimmed,
             stats: stats.clone(),
+            bytes: bytes.clone(),
             stop: stop.clone(),
             turns: turns.clone(),
         };
@@ -245,11 +409,13 @@ impl Telemetry {
             }
             Err(_) => return Err(TelemetryError("the export thread ended at start".into())),
         }
-        tracing::info!(endpoint = %shown, queue, "OpenTelemetry export on");
+        tracing::info!(endpoint = %shown, queue, queue_bytes = max_bytes, "OpenTelemetry export on");
         Ok(Self {
             inner: Some(Inner {
                 tx,
                 stats,
+                bytes,
+                max_bytes,
                 principal: settings.principal,
                 stop,
                 thread: Mutex::new(Some(thread)),
@@ -268,16 +434,31 @@ impl Telemetry {
         self.inner.as_ref().is_some_and(|i| i.principal)
     }
 
-    /// Hands a finished call to the export thread; never waits. A full queue drops it (counted).
+    /// Hands a finished call to the export thread, bounded first ([`CallSpan::bounded`]); never
+    /// waits. A queue full by spans or by bytes drops it (counted).
     pub fn call(&self, span: CallSpan) {
         let Some(inner) = &self.inner else { return };
-        match inner.tx.try_send(span) {
-            Ok(()) => inner.stats.queued.fetch_add(1, Ordering::Relaxed),
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => inner
+        let span = span.bounded();
+        let weight = span.weight();
+        let dropped = || {
+            inner
                 .stats
                 .dropped_queue_full
-                .fetch_add(1, Ordering::Relaxed),
+                .fetch_add(1, Ordering::Relaxed);
         };
+        if inner.bytes.fetch_add(weight, Ordering::Relaxed) + weight > inner.max_bytes {
+            inner.bytes.fetch_sub(weight, Ordering::Relaxed);
+            return dropped();
+        }
+        match inner.tx.try_send(span) {
+            Ok(()) => {
+                inner.stats.queued.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                inner.bytes.fetch_sub(weight, Ordering::Relaxed);
+                dropped();
+            }
+        }
     }
 
     /// Where `sharedos.turns.open` reads the number of open turns (set once, by the server).
@@ -351,6 +532,7 @@ struct Worker {
     rx: Receiver<CallSpan>,
     settings: OtelSettings,
     stats: Arc<Stats>,
+    bytes: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
     turns: Arc<OnceLock<TurnCount>>,
 }
@@ -408,6 +590,8 @@ impl Worker {
                 }
             }
             let n = batch.len() as u64;
+            // Counted against the queue's bytes until the export is over.
+            let weight: usize = batch.iter().map(CallSpan::weight).sum();
             let spans: Vec<SpanData> = batch
                 .into_iter()
                 .map(|s| {
@@ -417,7 +601,9 @@ impl Worker {
                     span_data(s, &ids, &scope)
                 })
                 .collect();
-            match futures_executor::block_on(exporter.export(spans)) {
+            let exported = futures_executor::block_on(exporter.export(spans));
+            self.bytes.fetch_sub(weight, Ordering::Relaxed);
+            match exported {
                 Ok(()) => {
                     self.stats.exported.fetch_add(n, Ordering::Relaxed);
                     if failing {
@@ -588,10 +774,24 @@ fn error_type(outcome: &str) -> Option<&'static str> {
     }
 }
 
-fn bounded(name: &str) -> String {
-    match name.char_indices().nth(MAX_NAME_CHARS) {
-        Some((at, _)) => format!("{}…", &name[..at]),
-        None => name.to_owned(),
+/// `text` as a span attribute: cut to [`MAX_ATTRIBUTE_CHARS`] characters, the last one `…`.
+pub fn bounded(text: &str) -> String {
+    match text.char_indices().nth(MAX_ATTRIBUTE_CHARS) {
+        Some(_) => {
+            let at = text
+                .char_indices()
+                .nth(MAX_ATTRIBUTE_CHARS - 1)
+                .map_or(0, |(at, _)| at);
+            format!("{}…", &text[..at])
+        }
+        None => text.to_owned(),
+    }
+}
+
+/// [`bounded`] in place: a string within the limit is left alone (and not copied).
+fn cut(text: &mut String) {
+    if text.char_indices().nth(MAX_ATTRIBUTE_CHARS).is_some() {
+        *text = bounded(text);
     }
 }
 
@@ -750,7 +950,133 @@ mod tests {
     fn a_long_name_is_cut() {
         let long = "é".repeat(500);
         let b = bounded(&long);
-        assert_eq!(b.chars().count(), MAX_NAME_CHARS + 1);
+        assert_eq!(b.chars().count(), MAX_ATTRIBUTE_CHARS);
+        assert!(b.ends_with("é…"), "{b}");
+        // Cut once: a cut string is within the limit.
+        assert_eq!(bounded(&b), b);
+        assert_eq!(bounded("files.read"), "files.read");
+    }
+
+    /// Everything a call hands to a span is bounded when the span is made: a 7 MiB tracestate
+    /// is dropped (the parent kept), a 100,000-character request id and every other string cut.
+    #[test]
+    fn a_span_holds_no_more_than_its_limits() {
+        let huge = "x".repeat(100_000);
+        let mut s = call(
+            "denied",
+            &huge,
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        );
+        s.tool = huge.clone();
+        s.turn = huge.clone();
+        s.call_id = huge.clone();
+        s.request_id = Some(huge.clone());
+        s.principal = Some(huge.clone());
+        s.approval = Some((huge.clone(), "approved"));
+        s.policies = vec![huge.clone(); 1000];
+        s.tracestate = Some(format!("vendor={}", "v".repeat(7 << 20)));
+        let s = s.bounded();
+        assert!(s.traceparent.is_some());
+        assert_eq!(s.tracestate, None);
+        for text in [&s.tool, &s.turn, &s.call_id, &s.code]
+            .into_iter()
+            .chain(s.request_id.as_ref())
+            .chain(s.principal.as_ref())
+            .chain(s.approval.as_ref().map(|(id, _)| id))
+            .chain(&s.policies)
+        {
+            assert!(
+                text.chars().count() <= MAX_ATTRIBUTE_CHARS,
+                "{}",
+                text.len()
+            );
+        }
+        assert_eq!(s.policies.len(), MAX_SPAN_POLICIES);
+        assert_eq!(s.policies[MAX_SPAN_POLICIES - 1], "… 969 more");
+        assert!(s.weight() < 16 * 1024, "{}", s.weight());
+        let ids = RandomIdGenerator::default();
+        let scope = InstrumentationScope::builder("t").build();
+        let data = span_data(s, &ids, &scope);
+        assert_eq!(
+            attr(&data, "jsonrpc.request.id").map(|v| v.as_str().chars().count()),
+            Some(MAX_ATTRIBUTE_CHARS)
+        );
+    }
+
+    #[test]
+    fn tracestate_follows_the_w3c_rules() {
+        let parent = || Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned());
+        let kept = |state: &str| {
+            let (mut p, mut s) = (parent(), Some(state.to_owned()));
+            bound_trace_context(&mut p, &mut s);
+            assert!(p.is_some());
+            s.is_some()
+        };
+        assert!(kept("vendor=x"));
+        assert!(kept("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"));
+        assert!(kept("a@b=1, ,c-d/e*f_g=two words"));
+        assert!(kept(&format!("k={}", "v".repeat(256))));
+        let members: Vec<String> = (0..32).map(|i| format!("k{i}=v")).collect();
+        assert!(kept(&members.join(",")));
+        let members: Vec<String> = (0..33).map(|i| format!("k{i}=v")).collect();
+        assert!(!kept(&members.join(",")), "33 members");
+        assert!(!kept(&format!("k={}", "v".repeat(257))), "a value over 256");
+        assert!(
+            !kept(&format!("a={},b=c", "v".repeat(MAX_TRACESTATE_CHARS))),
+            "over 512"
+        );
+        assert!(!kept("Upper=x"));
+        assert!(!kept("k=v,k=w"), "a key twice");
+        assert!(!kept("k"), "no value");
+        assert!(!kept("k=a=b"));
+        assert!(
+            kept("k=v "),
+            "a space after a member is optional whitespace"
+        );
+        assert!(!kept("k= "), "an empty value");
+        assert!(!kept("k=caf\u{e9}"));
+        assert!(!kept("@x=1"));
+        assert!(!kept("t@Sys=1"));
+        // No parent: no state either; an overlong parent goes with its state.
+        let (mut p, mut s) = (None, Some("vendor=x".to_owned()));
+        bound_trace_context(&mut p, &mut s);
+        assert_eq!(s, None);
+        let (mut p, mut s) = (Some("0".repeat(100)), Some("vendor=x".to_owned()));
+        bound_trace_context(&mut p, &mut s);
+        assert_eq!((p, s), (None, None));
+    }
+
+    /// The queue is bounded in bytes too: with room for few spans' bytes and a collector that
+    /// never answers, spans past the bytes are dropped and counted although the count has room.
+    #[test]
+    fn the_queue_is_bounded_in_bytes() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = silent.local_addr().expect("addr").port();
+        let t = Telemetry::start(&OtelSettings {
+            endpoint: Some(format!("http://127.0.0.1:{port}")),
+            metrics: false,
+            queue: Some(100_000),
+            queue_bytes: Some(MIN_QUEUE_BYTES),
+            timeout_seconds: Some(1),
+            ..OtelSettings::default()
+        })
+        .expect("start");
+        let mut big = call("succeeded", "ok", None);
+        big.policies = vec!["p".repeat(MAX_ATTRIBUTE_CHARS); MAX_SPAN_POLICIES];
+        let weight = big.clone().bounded().weight();
+        for _ in 0..2000 {
+            t.call(big.clone());
+        }
+        let s = t.stats();
+        assert_eq!(s.queued + s.dropped_queue_full, 2000, "{s:?}");
+        assert!(
+            s.queued <= (MIN_QUEUE_BYTES / weight) as u64,
+            "{} spans of {weight} bytes queued: {s:?}",
+            s.queued
+        );
+        assert!(s.queued > 0, "{s:?}");
+        t.shutdown();
+        drop(silent);
     }
 
     /// A backend that takes the connection and never answers: the export thread waits on it,

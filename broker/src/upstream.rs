@@ -45,6 +45,15 @@ pub const BACKOFF_MIN: Duration = Duration::from_millis(200);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Largest upstream result passed through (serialized); larger ones fail `too_large`.
 pub const MAX_UPSTREAM_RESULT_BYTES: usize = 4 * 1024 * 1024;
+/// Lines an upstream can cause in the broker's log (its `notifications/message`, its stderr,
+/// its `tools/list_changed` announcements, the tools it lists that are rejected), per provider
+/// per [`UPSTREAM_LOG_WINDOW`]; past them, one line says lines are held back, and the next line
+/// written counts them (`held_back`).
+pub const UPSTREAM_LOG_LINES: u32 = 20;
+pub const UPSTREAM_LOG_WINDOW: Duration = Duration::from_secs(10);
+/// Bytes of an upstream's text one log line carries (escaped first, so it cannot start a line of
+/// its own, then cut, marked `…`).
+pub const MAX_UPSTREAM_LOG_BYTES: usize = 512;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -142,12 +151,17 @@ pub struct McpProvider {
     /// Held while the upstream's tools are listed again and published (a re-pin, a
     /// `notifications/tools/list_changed`): one re-list at a time, so the last list wins.
     relisting: tokio::sync::Mutex<()>,
+    /// The log lines this upstream can cause, bounded.
+    log: Arc<UpstreamLog>,
 }
 
 /// The broker's side of one upstream session: it hears the upstream's
-/// `notifications/tools/list_changed` and wakes the supervisor, which lists the tools again.
+/// `notifications/tools/list_changed` and wakes the supervisor, which lists the tools again, and
+/// takes its `notifications/message` as what it is, the server's log: written as the broker's
+/// own line, attributed to the provider, bounded ([`UpstreamLog`]).
 struct Listener {
     changed: Arc<tokio::sync::Notify>,
+    log: Arc<UpstreamLog>,
 }
 
 impl ClientHandler for Listener {
@@ -156,6 +170,170 @@ impl ClientHandler for Listener {
         // re-list, made after them.
         self.changed.notify_one();
     }
+
+    #[expect(
+        deprecated,
+        reason = "MCP logging is deprecated (SEP-2577), but servers still send notifications/message: it must be bounded"
+    )]
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        use rmcp::model::LoggingLevel as L;
+        self.log.line(|provider, held_back| {
+            let data = upstream_text(&params.data.to_string());
+            let logger = params
+                .logger
+                .as_deref()
+                .map(upstream_text)
+                .unwrap_or_default();
+            let level = format!("{:?}", params.level).to_lowercase();
+            // The upstream's own level, at most WARN: an upstream never writes the broker's
+            // errors.
+            match params.level {
+                L::Debug => {
+                    tracing::debug!(%provider, level, logger, held_back, "upstream log: {data}")
+                }
+                L::Info | L::Notice => {
+                    tracing::info!(%provider, level, logger, held_back, "upstream log: {data}")
+                }
+                _ => tracing::warn!(%provider, level, logger, held_back, "upstream log: {data}"),
+            }
+        });
+    }
+}
+
+/// What one upstream may put in the broker's log: [`UPSTREAM_LOG_LINES`] lines per
+/// [`UPSTREAM_LOG_WINDOW`], each carrying at most [`MAX_UPSTREAM_LOG_BYTES`] of its text; the
+/// rest is counted, and said.
+pub struct UpstreamLog {
+    provider: String,
+    window: Mutex<LogWindow>,
+}
+
+struct LogWindow {
+    started: std::time::Instant,
+    written: u32,
+    /// Lines not written since the last one that was.
+    held_back: u64,
+}
+
+impl UpstreamLog {
+    pub fn new(provider: &str) -> Self {
+        Self {
+            provider: provider.to_owned(),
+            window: Mutex::new(LogWindow {
+                started: std::time::Instant::now(),
+                written: 0,
+                held_back: 0,
+            }),
+        }
+    }
+
+    /// Writes a line with `write(provider, lines held back before it)` if the window has room;
+    /// else counts it: the first one past the window's room says so, and when the window ends
+    /// one line says how many were held back (unless a line written before then said it).
+    pub fn line(self: &Arc<Self>, write: impl FnOnce(&str, u64)) {
+        let admitted = {
+            let mut w = crate::lock(&self.window);
+            let now = std::time::Instant::now();
+            if now.duration_since(w.started) >= UPSTREAM_LOG_WINDOW {
+                w.started = now;
+                w.written = 0;
+            }
+            if w.written < UPSTREAM_LOG_LINES {
+                w.written += 1;
+                Ok(std::mem::take(&mut w.held_back))
+            } else {
+                w.held_back += 1;
+                Err((w.held_back == 1)
+                    .then(|| UPSTREAM_LOG_WINDOW.saturating_sub(now.duration_since(w.started))))
+            }
+        };
+        match admitted {
+            Ok(held_back) => write(&self.provider, held_back),
+            Err(Some(left)) => {
+                tracing::warn!(
+                    provider = %self.provider,
+                    "the upstream sends more than {UPSTREAM_LOG_LINES} log lines in {} s: the rest are counted, not written",
+                    UPSTREAM_LOG_WINDOW.as_secs()
+                );
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    let log = self.clone();
+                    rt.spawn(async move {
+                        tokio::time::sleep(left).await;
+                        log.say_held_back();
+                    });
+                }
+            }
+            Err(None) => {}
+        }
+    }
+
+    /// The count of lines held back and not yet said, in a line of its own.
+    fn say_held_back(&self) {
+        let held_back = std::mem::take(&mut crate::lock(&self.window).held_back);
+        if held_back > 0 {
+            tracing::warn!(provider = %self.provider, held_back, "upstream log lines held back (over {UPSTREAM_LOG_LINES} in {} s)", UPSTREAM_LOG_WINDOW.as_secs());
+        }
+    }
+}
+
+/// An upstream's text as one log line may carry it: control characters escaped (a newline in it
+/// cannot start a line of its own), cut to [`MAX_UPSTREAM_LOG_BYTES`].
+fn upstream_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(MAX_UPSTREAM_LOG_BYTES + 8));
+    for c in text.chars() {
+        if out.len() > MAX_UPSTREAM_LOG_BYTES {
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    sharedos_proto::name::clip(&mut out, MAX_UPSTREAM_LOG_BYTES);
+    out
+}
+
+/// Reads an upstream's stderr line by line, each into the log through `log` (at DEBUG), keeping at
+/// most [`MAX_UPSTREAM_LOG_BYTES`] of a line: a line without end is never buffered whole.
+async fn drain_stderr(stderr: impl tokio::io::AsyncRead + Unpin, log: Arc<UpstreamLog>) {
+    use tokio::io::AsyncBufReadExt;
+    let mut reader = tokio::io::BufReader::new(stderr);
+    let mut line = Vec::new();
+    loop {
+        let Ok(chunk) = reader.fill_buf().await else {
+            return;
+        };
+        if chunk.is_empty() {
+            break;
+        }
+        let (part, ends) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(at) => (&chunk[..at], true),
+            None => (chunk, false),
+        };
+        let room = (MAX_UPSTREAM_LOG_BYTES + 4).saturating_sub(line.len());
+        line.extend_from_slice(&part[..part.len().min(room)]);
+        let used = part.len() + usize::from(ends);
+        reader.consume(used);
+        if ends {
+            stderr_line(&log, &line);
+            line.clear();
+        }
+    }
+    if !line.is_empty() {
+        stderr_line(&log, &line);
+    }
+}
+
+fn stderr_line(log: &Arc<UpstreamLog>, line: &[u8]) {
+    log.line(|provider, held_back| {
+        let text = upstream_text(&String::from_utf8_lossy(line));
+        tracing::debug!(%provider, held_back, "upstream stderr: {text}");
+    });
 }
 
 /// An upstream session, the tools it listed at start, and its list-changed announcements.
@@ -193,7 +371,9 @@ impl McpProvider {
         default_timeout: Duration,
         shutdown: CancellationToken,
     ) -> Arc<Self> {
+        let log = Arc::new(UpstreamLog::new(&config.namespace));
         Arc::new(Self {
+            log,
             config,
             base,
             inner: RwLock::new(Inner {
@@ -326,20 +506,14 @@ impl McpProvider {
             .spawn()
             .map_err(|e| format!("cannot start `{}`: {e}", self.config.command))?;
         if let Some(stderr) = stderr {
-            // Drain the upstream's stderr into our log (a full pipe would block it).
-            let ns = self.config.namespace.clone();
-            tokio::spawn(async move {
-                use tokio::io::AsyncBufReadExt;
-                let mut lines = tokio::io::BufReader::new(stderr).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    tracing::debug!(provider = %ns, "upstream stderr: {line}");
-                }
-            });
+            // Drain the upstream's stderr into our log (a full pipe would block it), bounded.
+            tokio::spawn(drain_stderr(stderr, self.log.clone()));
         }
         let limit = self.startup_timeout();
         let changed = Arc::new(tokio::sync::Notify::new());
         let listener = Listener {
             changed: changed.clone(),
+            log: self.log.clone(),
         };
         let service = tokio::time::timeout(limit, listener.serve(transport))
             .await
@@ -403,7 +577,10 @@ impl McpProvider {
             register(self, tools)
         };
         for r in &rejected {
-            tracing::warn!(provider = %ns, upstream = %r.upstream, reason = %r.reason, "upstream tool rejected at registration");
+            self.log.line(|provider, held_back| {
+                let (upstream, reason) = (upstream_text(&r.upstream), upstream_text(&r.reason));
+                tracing::warn!(%provider, upstream, reason, held_back, "upstream tool rejected at registration");
+            });
         }
         let state = if drifted {
             State::Drifted
@@ -454,7 +631,9 @@ impl McpProvider {
     /// list: the provider then fails, as it would at start.
     async fn relist(self: &Arc<Self>, peer: Peer<RoleClient>) -> Result<(), String> {
         let _one = self.relisting.lock().await;
-        tracing::info!(provider = %self.config.namespace, "the upstream's tool list changed; listing it again");
+        self.log.line(|provider, held_back| {
+            tracing::info!(%provider, held_back, "the upstream's tool list changed; listing it again");
+        });
         let tools = match self.list(&peer).await {
             Ok(tools) => tools,
             Err(e) => {
@@ -969,6 +1148,32 @@ impl ToolHandler for McpHandler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An upstream's log lines: the window's room written, the rest counted and given to the
+    /// next line written; the upstream's text escaped and cut.
+    #[test]
+    fn an_upstream_log_is_bounded_and_counted() {
+        let log = Arc::new(UpstreamLog::new("noisy"));
+        let mut written = vec![];
+        for _ in 0..1000 {
+            log.line(|provider, held_back| written.push((provider.to_owned(), held_back)));
+        }
+        assert_eq!(written.len(), UPSTREAM_LOG_LINES as usize);
+        assert!(written.iter().all(|(p, n)| p == "noisy" && *n == 0));
+        // The next window: its first line counts what the last one held back.
+        crate::lock(&log.window).started -= UPSTREAM_LOG_WINDOW;
+        let mut next = None;
+        log.line(|_, held_back| next = Some(held_back));
+        assert_eq!(next, Some(1000 - u64::from(UPSTREAM_LOG_LINES)));
+        let text = upstream_text(&format!("a\nERROR forged\r\u{1b}[31m{}", "é".repeat(5000)));
+        assert!(text.starts_with("a\\nERROR forged\\r\\u{1b}[31m"), "{text}");
+        assert!(!text.chars().any(char::is_control), "{text}");
+        assert!(
+            text.len() <= MAX_UPSTREAM_LOG_BYTES && text.ends_with('…'),
+            "{}",
+            text.len()
+        );
+    }
 
     #[test]
     fn template_arguments() {

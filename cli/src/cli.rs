@@ -410,13 +410,24 @@ fn parse_attributes(
     Ok((!out.is_empty()).then_some(out))
 }
 
+/// The tracing target of the MCP client library (rmcp: every module's target starts with it).
+const LIBRARY_TARGET: &str = "rmcp";
+
 fn init_logging(
     default: &str,
     file: Option<&Path>,
 ) -> anyhow::Result<Option<tracing_appender::non_blocking::WorkerGuard>> {
     use tracing_subscriber::{EnvFilter, fmt, prelude::*};
-    let filter =
+    let asked = std::env::var("SHAREDOS_LOG").ok();
+    let mut filter =
         EnvFilter::try_from_env("SHAREDOS_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    // The MCP client library logs what an upstream sends (every notification, with its payload,
+    // at INFO; rejected requests and over-long lines at WARN and ERROR, once each): an upstream
+    // reaches the log only through the broker's own bounded lines (`upstream.rs`). Unless
+    // SHAREDOS_LOG names the library's targets itself.
+    if !asked.is_some_and(|a| a.contains(LIBRARY_TARGET)) {
+        filter = filter.add_directive(format!("{LIBRARY_TARGET}=off").parse()?);
+    }
     let stderr = fmt::layer()
         .with_writer(std::io::stderr)
         .with_target(false)

@@ -35,6 +35,10 @@ const READ_CHUNK: usize = 64 * 1024;
 /// frame on the call path. What it reads beyond the frame stays in the buffer for the next one.
 const READ_AHEAD: usize = 4096;
 
+/// A buffer grown past this for a large frame shrinks back to it once the frame is consumed: a
+/// connection that sent one 7 MiB frame does not keep 8 MiB for the rest of its life.
+const KEEP_CAPACITY: usize = 256 * 1024;
+
 #[derive(Debug, thiserror::Error)]
 pub enum IpcError {
     #[error("connection closed")]
@@ -82,6 +86,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.limit = limit.min(MAX_FRAME_BYTES);
     }
 
+    /// Drops the first `used` bytes (a frame read), and the room a large frame needed.
+    fn consume(&mut self, used: usize) {
+        self.buf.drain(..used);
+        if self.buf.capacity() > KEEP_CAPACITY {
+            self.buf.shrink_to(KEEP_CAPACITY.max(self.buf.len()));
+        }
+    }
+
     /// The next message. `Err(IpcError::Closed)` on a clean end of stream between frames.
     pub async fn next<T: DeserializeOwned>(&mut self) -> Result<T, IpcError> {
         match self.next_or_undecodable().await? {
@@ -109,7 +121,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             }
             match frame::decode::<T>(&self.buf) {
                 Ok(Some((msg, used))) => {
-                    self.buf.drain(..used);
+                    self.consume(used);
                     return Ok(Ok(msg));
                 }
                 Ok(None) => {}
@@ -120,7 +132,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                         .get(HEADER_BYTES..HEADER_BYTES + len)
                         .unwrap_or_default()
                         .to_vec();
-                    self.buf.drain(..(HEADER_BYTES + len).min(self.buf.len()));
+                    self.consume((HEADER_BYTES + len).min(self.buf.len()));
                     return Ok(Err(Undecodable { body, error }));
                 }
                 Err(e) => return Err(e.into()),

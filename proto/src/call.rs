@@ -27,11 +27,57 @@ pub struct ToolCall {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rejected_arguments: Option<String>,
     /// The client's W3C trace context (`params._meta.traceparent`, `tracestate`), when it sent
-    /// one as a string: the parent of the call's span when OpenTelemetry export is on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// one as a string: the parent of the call's span when OpenTelemetry export is on. One longer
+    /// than [`MAX_TRACEPARENT_CHARS`] / [`MAX_TRACESTATE_CHARS`] (the W3C limits) is dropped as
+    /// the frame is decoded, never copied out of it.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "trace_header::<MAX_TRACEPARENT_CHARS, _>"
+    )]
     pub traceparent: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "trace_header::<MAX_TRACESTATE_CHARS, _>"
+    )]
     pub tracestate: Option<String>,
+}
+
+/// The longest `traceparent` a call keeps (version 00 is 55 characters; later versions may add
+/// fields).
+pub const MAX_TRACEPARENT_CHARS: usize = 64;
+/// The longest `tracestate` a call keeps: the W3C Trace Context limit.
+pub const MAX_TRACESTATE_CHARS: usize = 512;
+
+/// A trace header as a call keeps it: a string of at most `MAX` bytes, else `None`. A longer
+/// one is looked at where it lies in the frame (borrowed) and never allocated.
+fn trace_header<'de, const MAX: usize, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<String>, D::Error> {
+    struct Header<const MAX: usize>;
+    impl<'de, const MAX: usize> serde::de::Visitor<'de> for Header<MAX> {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a string or null")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok((v.len() <= MAX).then(|| v.to_owned()))
+        }
+        fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+            Ok((v.len() <= MAX).then_some(v))
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D2: serde::Deserializer<'de>>(self, d: D2) -> Result<Self::Value, D2::Error> {
+            d.deserialize_str(self)
+        }
+    }
+    d.deserialize_option(Header::<MAX>)
 }
 
 /// Why a call was denied: the kernel processed it and the answer is no.
@@ -167,6 +213,48 @@ pub struct Requirement {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A trace header past its limit is dropped as the call is decoded; one within it is kept; a
+    /// missing or null one is none, and one that is not a string fails the call's decoding, as
+    /// before.
+    #[test]
+    fn trace_headers_past_their_limit_are_dropped_in_decoding() {
+        let decode = |meta: &str| {
+            serde_json::from_str::<ToolCall>(&format!(r#"{{"tool":"files.read"{meta}}}"#))
+        };
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let c = decode(&format!(r#","traceparent":"{parent}","tracestate":"k=v""#)).expect("ok");
+        assert_eq!(
+            (c.traceparent.as_deref(), c.tracestate.as_deref()),
+            (Some(parent), Some("k=v"))
+        );
+        let long = "s".repeat(MAX_TRACESTATE_CHARS + 1);
+        let c = decode(&format!(
+            r#","traceparent":"{parent}","tracestate":"{long}""#
+        ))
+        .expect("ok");
+        assert_eq!(
+            (c.traceparent.as_deref(), c.tracestate),
+            (Some(parent), None)
+        );
+        let within = "s".repeat(MAX_TRACESTATE_CHARS);
+        let c = decode(&format!(
+            r#","traceparent":"{parent}","tracestate":"{within}""#
+        ))
+        .expect("ok");
+        assert_eq!(c.tracestate.as_deref(), Some(within.as_str()));
+        let c = decode(&format!(r#","traceparent":"{}""#, "0".repeat(65))).expect("ok");
+        assert_eq!(c.traceparent, None);
+        // Escaped (so not borrowed from the input): the same limit.
+        let c = decode(&format!(
+            r#","traceparent":"{parent}","tracestate":"\u0073{long}""#
+        ))
+        .expect("ok");
+        assert_eq!(c.tracestate, None);
+        let c = decode(r#","traceparent":null"#).expect("ok");
+        assert_eq!((c.traceparent, c.tracestate), (None, None));
+        assert!(decode(r#","tracestate":7"#).is_err());
+    }
 
     #[test]
     fn outcome_wire_form() {

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
-use crate::kit::{Options, Raw, TestBroker, installed, meta, run};
+use crate::kit::{Options, Raw, TestBroker, bin, installed, meta, run};
 
 /// Alice reads /public; /private/ask.txt only with a person's approval; the rest of /private
 /// is denied.
@@ -604,4 +604,178 @@ fn total(metric: &Value) -> u64 {
     } else {
         points(metric, "sum").iter().map(|p| int(&p["asInt"])).sum()
     }
+}
+
+/// The broker's resident memory (VmRSS), in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// A collector that accepts every connection and reads what it is sent, and never answers:
+/// each export waits for its timeout. Its tasks end with the test's runtime.
+async fn stalled_collector() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    port
+}
+
+/// Issue 31, item 4. A collector that never answers, and 8 bridges of one turn sending permitted
+/// calls whose trace context carries a 7 MiB `tracestate` and whose request id is 100,000
+/// characters: a span keeps neither whole (the tracestate is past the W3C limits and dropped, the
+/// request id is cut when the span is made), the queue is bounded in bytes (`queue_bytes`, here
+/// its least), so the broker, a real process, grows by less than 64 MiB over its idle size;
+/// every call is answered, and the spans past the queue's bytes are dropped and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_collector_and_huge_trace_contexts_cost_bounded_memory() {
+    use sharedos_ipc::write_frame;
+    use sharedos_proto::Outcome;
+    use sharedos_proto::ipc::{BridgeEvent, BridgeRequest};
+    /// Calls each bridge sends, and how many it keeps in flight.
+    const CALLS: u64 = 16;
+    const IN_FLIGHT: u64 = 8;
+    const BRIDGES: usize = 8;
+    /// The bound on the broker's growth (its peak over its idle size): the 8 bridges may each be
+    /// reading one frame of up to 8 MiB (`MAX_FRAME_BYTES`: a frame is read whole), 64 MiB, and
+    /// 32 MiB for the rest. Without the span bounds, 128 spans of 7 MiB: 900 MiB.
+    const BOUND_MIB: u64 = 96;
+    let port = stalled_collector().await;
+    let b = crate::races::Served::start_with(
+        &[],
+        &format!(
+            "call_timeout_seconds = 10\n[otel]\nendpoint = \"http://127.0.0.1:{port}\"\n\
+             metrics = false\ntimeout_seconds = 600\nqueue_bytes = 65536\n"
+        ),
+    )
+    .await;
+    // Idle: started, one call answered (through a shim) so the first allocations are made.
+    let mut warm = b.shim().await;
+    let r = warm
+        .call(1, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    let pid = b.pid();
+    let idle = rss_kib(pid);
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(idle));
+    let sampling = tokio_util::sync::CancellationToken::new();
+    let sampler = {
+        let (peak, sampling) = (peak.clone(), sampling.clone());
+        tokio::spawn(async move {
+            while !sampling.is_cancelled() {
+                peak.fetch_max(rss_kib(pid), std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let (_, token) = b.open_turn().await;
+    let tracestate = std::sync::Arc::new(format!("vendor={}", "s".repeat(7 << 20)));
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let started = std::time::Instant::now();
+    let mut bridges = Vec::new();
+    for n in 0..BRIDGES {
+        let (mut reader, mut w) = b.raw_bridge(&token).await;
+        let tracestate = tracestate.clone();
+        bridges.push(tokio::spawn(async move {
+            let call = |id: u64| BridgeRequest::Call {
+                id,
+                call: sharedos_proto::ToolCall {
+                    tool: "files.read".into(),
+                    arguments: Some(json!({"path": "/public/hello.txt"})),
+                    request_id: Some(format!("{n}-{id}-{}", "r".repeat(100_000))),
+                    rejected_arguments: None,
+                    traceparent: Some(traceparent.into()),
+                    tracestate: Some(tracestate.as_str().into()),
+                },
+            };
+            let (mut sent, mut succeeded) = (0, 0);
+            while sent < IN_FLIGHT.min(CALLS) {
+                write_frame(&mut w, &call(sent)).await.expect("call");
+                sent += 1;
+            }
+            for _ in 0..CALLS {
+                match tokio::time::timeout(Duration::from_secs(120), reader.next::<BridgeEvent>())
+                    .await
+                    .expect("an answer within 120 s")
+                    .expect("answer")
+                {
+                    BridgeEvent::Answer { answer, .. } => {
+                        if answer.outcome == Outcome::Succeeded {
+                            succeeded += 1;
+                        }
+                    }
+                    other => panic!("{other:?}"),
+                }
+                if sent < CALLS {
+                    write_frame(&mut w, &call(sent)).await.expect("call");
+                    sent += 1;
+                }
+            }
+            succeeded
+        }));
+    }
+    let mut succeeded = 0;
+    for h in bridges {
+        succeeded += h.await.expect("bridge task");
+    }
+    let took = started.elapsed();
+    // Let the broker settle (the export thread is still waiting on the collector).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    sampling.cancel();
+    sampler.await.expect("sampler");
+    let after = rss_kib(pid);
+    let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
+    let total = BRIDGES as u64 * CALLS;
+    assert_eq!(succeeded, total, "every call answered and succeeded");
+    // Still serving: a fresh turn's shim, and the warm one.
+    b.serves_another_turn().await;
+    let r = warm
+        .call(2, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    let mut cmd = std::process::Command::new(bin("sharedos-broker"));
+    cmd.args(["telemetry", "--json", "--runtime-dir"])
+        .arg(&b.run_dir);
+    let (code, out, err) = run(cmd).await;
+    assert_eq!(code, 0, "telemetry --json: {err}");
+    let s: Value = serde_json::from_str(&out).expect("telemetry JSON");
+    eprintln!(
+        "{total} calls with a 7 MiB tracestate and a 100,000-character request id in {took:?}: \
+         broker RSS idle {idle} KiB, peak {peak} KiB (+{} MiB), after {after} KiB; telemetry {s}",
+        (peak - idle) / 1024
+    );
+    let (queued, dropped) = (
+        s["queued"].as_u64().expect("queued"),
+        s["droppedQueueFull"].as_u64().expect("droppedQueueFull"),
+    );
+    // Every span is counted: queued, or dropped when the queue's bytes were full (the warm
+    // shim's two calls and another turn's one among them).
+    assert_eq!(queued + dropped, total + 3, "{s}");
+    assert!(dropped > 0, "no span was dropped: {s}");
+    assert_eq!(s["exported"].as_u64(), Some(0), "{s}");
+    assert!(
+        peak - idle < BOUND_MIB * 1024,
+        "the broker grew by {} MiB (idle {idle} KiB, peak {peak} KiB)",
+        (peak - idle) / 1024
+    );
+
+    // The record's lines are whole: every call recorded.
+    assert_eq!(
+        b.calls().len() as u64,
+        total + 3,
+        "the warm-up's two calls, another turn's one and the flood's"
+    );
 }

@@ -844,3 +844,191 @@ async fn an_unpinned_upstream_that_changes_its_tools_is_listed_again() {
             .any(|l| l["state"] == "ready" && l["tools"].to_string().contains("t.added"))
     );
 }
+
+/// Issue 31, item 11. A real Python upstream (`tests/python/noisy.py`, plain JSON-RPC) that
+/// sends 20,000 `notifications/tools/list_changed`, 20,000 `notifications/message` (each with a
+/// newline and a forged log line in it) and 20,000 stderr lines, at a broker run as a real
+/// process with `SHAREDOS_LOG=info`: the MCP client library's own lines are off, the server's log
+/// reaches the broker's log only as the broker's own lines, attributed to the provider, escaped,
+/// cut and at most 20 per 10 s, and the broker goes on serving. Before: 40,000 lines, 13.5 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_flood_reaches_the_log_bounded() {
+    /// The bounds asserted on the broker's whole stderr, its start and a turn included.
+    const MAX_LINES: usize = 150;
+    const MAX_BYTES: usize = 64 * 1024;
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = crate::kit::write_config(
+        dir.path(),
+        &Options {
+            policy: r#"
+@id("alice-public")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"read",
+       resource is SharedOS::File)
+when { resource.path like "/public/*" };
+
+@id("alice-echo")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call",
+       resource is SharedOS::Tool)
+when { resource.name == "noisy.echo" };
+"#,
+            ..Options::default()
+        },
+    );
+    let noisy = concat!(env!("CARGO_MANIFEST_DIR"), "/python/noisy.py");
+    let base = std::fs::read_to_string(&cfg).expect("cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "{base}\n[[providers]]\ntype = \"mcp\"\nnamespace = \"noisy\"\ncommand = \"python3\"\nargs = [{}]\n",
+            q(noisy)
+        ),
+    )
+    .expect("cfg");
+    let run_dir = dir.path().join("run");
+    let stderr_path = dir.path().join("broker.stderr");
+    let mut serve = tokio::process::Command::new(crate::kit::bin("sharedos-broker"));
+    serve
+        .args(["serve", "--runtime-dir"])
+        .arg(&run_dir)
+        .arg("--config")
+        .arg(&cfg)
+        .env("SHAREDOS_LOG", "info")
+        .kill_on_drop(true)
+        .stderr(std::fs::File::create(&stderr_path).expect("stderr"));
+    let mut broker = serve.spawn().expect("serve");
+    let record = dir.path().join("record.jsonl");
+    eventually("the broker serves", || {
+        run_dir.join("control.sock").exists()
+            && std::fs::read_to_string(&record)
+                .unwrap_or_default()
+                .contains("\"kind\":\"broker_started\"")
+    })
+    .await;
+    let mut open = std::process::Command::new(crate::kit::bin("sharedos-broker"));
+    open.args([
+        "turn",
+        "open",
+        "--principal",
+        "alice",
+        "--json",
+        "--runtime-dir",
+    ])
+    .arg(&run_dir);
+    let (code, out, err) = run(open).await;
+    assert_eq!(code, 0, "turn open: {err}");
+    let opened: Value = serde_json::from_str(&out).expect("json");
+    let mut shim = tokio::process::Command::new(crate::kit::bin("sharedos-mcp-shim"));
+    shim.env(
+        "SHAREDOS_TURN_TOKEN",
+        opened["token"].as_str().expect("token"),
+    )
+    .env("SHAREDOS_BROKER", run_dir.join("bridge.sock"))
+    .kill_on_drop(true);
+    let mut raw = Raw::spawn(shim);
+    raw.initialize("2025-06-18").await;
+    // The flood goes out once the broker has listed the tools; an answer from the upstream
+    // comes after it on the same pipe, so the broker has read the flood once it has the answer.
+    let started = std::time::Instant::now();
+    let r = call(&mut raw, 1, "noisy.echo", json!({"text": "still here"})).await;
+    assert_eq!(meta(&r)["outcome"], "succeeded", "{r}");
+    assert_eq!(text(&r), "still here");
+    let read = started.elapsed();
+    // Let the re-lists the announcements asked for and the stderr drain finish.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for id in 2..12 {
+        let r = call(
+            &mut raw,
+            id,
+            "noisy.echo",
+            json!({"text": format!("call {id}")}),
+        )
+        .await;
+        assert_eq!(meta(&r)["outcome"], "succeeded", "{r}");
+        let r = call(
+            &mut raw,
+            100 + id,
+            "files.read",
+            json!({"path": "/public/hello.txt"}),
+        )
+        .await;
+        assert_eq!(meta(&r)["outcome"], "succeeded", "{r}");
+    }
+    assert!(
+        broker.try_wait().expect("wait").is_none(),
+        "the broker is running"
+    );
+    let log = std::fs::read_to_string(&stderr_path).expect("stderr");
+    let lines: Vec<&str> = log.lines().collect();
+    let relists = std::fs::read_to_string(&record)
+        .unwrap_or_default()
+        .matches("\"kind\":\"provider_state\"")
+        .count();
+    eprintln!(
+        "the flood was read within {read:?}; the broker's stderr: {} lines, {} bytes; {relists} provider_state lines on record",
+        lines.len(),
+        log.len()
+    );
+    assert!(
+        lines.len() <= MAX_LINES,
+        "{} lines on the broker's stderr:\n{}",
+        lines.len(),
+        lines[..lines.len().min(60)].join("\n")
+    );
+    assert!(
+        log.len() <= MAX_BYTES,
+        "{} bytes on the broker's stderr",
+        log.len()
+    );
+    // The library's own line for each notification is off.
+    assert!(!log.contains("received notification"), "{log}");
+    // The server's log, as the broker's own lines: attributed, escaped, bounded, counted.
+    let upstream: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.contains("upstream log:"))
+        .collect();
+    assert!(!upstream.is_empty(), "{log}");
+    assert!(
+        upstream.len() <= 2 * 20,
+        "{} upstream log lines",
+        upstream.len()
+    );
+    for l in &upstream {
+        assert!(l.contains("provider=noisy"), "{l}");
+        assert!(l.contains("\\n"), "the newline is escaped: {l}");
+        assert!(l.len() < 1024, "{} bytes: {l}", l.len());
+        assert!(
+            !l.contains(" ERROR "),
+            "an upstream writes no ERROR line: {l}"
+        );
+    }
+    assert!(
+        lines
+            .iter()
+            .all(|l| !l.starts_with("ERROR FORGED") && !l.contains("FORGED-STDERR")),
+        "{log}"
+    );
+    assert!(
+        log.contains("log lines in 10 s: the rest are counted"),
+        "the held-back lines are said: {log}"
+    );
+    // And counted: when the window ends, one line says how many (the 40,000 lines it was sent,
+    // less the few written).
+    let held_back = |log: &str| -> u64 {
+        log.lines()
+            .filter_map(|l| l.split_once("held_back=").map(|(_, n)| n))
+            .filter_map(|n| n.split(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    eventually("the window's held-back count is said", || {
+        held_back(&std::fs::read_to_string(&stderr_path).unwrap_or_default()) >= 39_900
+    })
+    .await;
+    let log = std::fs::read_to_string(&stderr_path).expect("stderr");
+    eprintln!("{log}");
+    let lines = log.lines().count();
+    assert!(lines <= MAX_LINES, "{lines} lines");
+    assert!(log.len() <= MAX_BYTES, "{} bytes", log.len());
+    drop(raw.close_stdin().await);
+    let _ = broker.start_kill();
+    let _ = broker.wait().await;
+}
