@@ -69,11 +69,13 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             );
         });
         // Read the hello first (bounded), so the refusal is not lost to a reset on close.
-        let _ = tokio::time::timeout(
-            std::time::Duration::from_secs(1),
-            reader.next::<BridgeRequest>(),
-        )
-        .await;
+        tokio::select! {
+            _ = tokio::time::timeout(
+                std::time::Duration::from_secs(1),
+                reader.next::<BridgeRequest>(),
+            ) => {}
+            () = pending.evicted() => return,
+        }
         let _ = write_frame(
             &mut send,
             &BridgeEvent::Refused {
@@ -84,7 +86,16 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
         .await;
         return;
     }
-    let hello = tokio::time::timeout(HELLO_TIMEOUT, reader.next::<BridgeRequest>()).await;
+    // A newcomer may take this connection's place while it is silent: it is then closed.
+    let hello = tokio::select! {
+        h = tokio::time::timeout(HELLO_TIMEOUT, reader.next::<BridgeRequest>()) => h,
+        () = pending.evicted() => {
+            refused_hello(|n| {
+                tracing::info!(?uid, ?pid, closed = n, "bridge connection silent before hello gave its place to another: closed");
+            });
+            return;
+        }
+    };
     let refuse = |code, message: &str| BridgeEvent::Refused {
         code,
         message: message.to_owned(),

@@ -14,6 +14,7 @@ mod cli;
 mod deploy;
 mod faults;
 mod golden;
+mod hello_gate;
 mod hostile;
 mod interop;
 mod kit;
