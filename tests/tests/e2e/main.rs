@@ -11,6 +11,7 @@ mod approvals;
 mod boundary;
 mod budgets;
 mod cli;
+mod client_gone;
 mod deploy;
 mod faults;
 mod golden;
