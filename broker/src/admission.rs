@@ -1,46 +1,172 @@
 //! Admission before hello: bounds on connections that have not said who they are, and a
 //! rate-limited log for refusals. Used by the accept loops and both connection handlers.
+//!
+//! The places before hello are shared by uid, and by process within a uid: when every place is
+//! taken, a newcomer from a uid (or, within the uid holding the most, a process) that holds
+//! fewer than the largest holder takes the place of that holder's oldest connection, which is
+//! closed. One local user's idle connections therefore cannot keep another user's shims out, nor
+//! one process's another's; and a connection that has waited past [`HELLO_IDLE_EVICTABLE`] (a
+//! shim says hello at once) gives its place to any newcomer.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
 
 /// Most connections one peer process may have open before hello.
 pub const MAX_PENDING_HELLO_PER_PEER: usize = 16;
 /// Most connections before hello on one socket, from all peers together.
 pub const MAX_PENDING_HELLO: usize = 256;
+/// A connection still silent after this long gives its place to a newcomer when the gate is
+/// full (a shim sends its hello as soon as it has connected).
+pub const HELLO_IDLE_EVICTABLE: Duration = Duration::from_secs(1);
 
-/// Counts connections that have not said hello yet, per peer process and in all.
+/// One connection waiting for its hello.
+struct Entry {
+    uid: u32,
+    pid: i32,
+    since: Instant,
+    evict: CancellationToken,
+}
+
+#[derive(Default)]
+struct State {
+    next: u64,
+    entries: HashMap<u64, Entry>,
+    per_uid: HashMap<u32, usize>,
+    per_pid: HashMap<i32, usize>,
+}
+
+impl State {
+    fn remove(&mut self, id: u64) -> Option<Entry> {
+        let e = self.entries.remove(&id)?;
+        decrement(&mut self.per_uid, e.uid);
+        decrement(&mut self.per_pid, e.pid);
+        Some(e)
+    }
+
+    /// The connection to close so that a newcomer from `uid`/`pid` gets a place in a full gate:
+    /// the oldest of the largest holder when the newcomer's uid (or, within that uid, its
+    /// process) holds at least two fewer, else the oldest connection of all when it has been
+    /// silent past [`HELLO_IDLE_EVICTABLE`].
+    fn victim(&self, uid: u32, pid: i32, now: Instant) -> Option<u64> {
+        let (top_uid, top_n) = self
+            .per_uid
+            .iter()
+            .max_by_key(|(u, n)| (**n, std::cmp::Reverse(**u)))
+            .map(|(u, n)| (*u, *n))?;
+        let oldest_of = |keep: &dyn Fn(&Entry) -> bool| {
+            self.entries
+                .iter()
+                .filter(|(_, e)| keep(e))
+                .min_by_key(|(id, e)| (e.since, **id))
+                .map(|(id, _)| *id)
+        };
+        if top_uid != uid && self.per_uid.get(&uid).copied().unwrap_or(0) + 1 < top_n {
+            // Another uid holds more: the largest of its processes gives up its oldest.
+            let pid_top = self.top_pid_of(top_uid)?;
+            return oldest_of(&|e| e.pid == pid_top);
+        }
+        if let Some(pid_top) = self.top_pid_of(uid) {
+            let held = self.per_pid.get(&pid_top).copied().unwrap_or(0);
+            let own = self.per_pid.get(&pid).copied().unwrap_or(0);
+            if pid_top != pid && own + 1 < held {
+                return oldest_of(&|e| e.pid == pid_top);
+            }
+        }
+        let oldest = oldest_of(&|_| true)?;
+        let idle = self
+            .entries
+            .get(&oldest)
+            .is_some_and(|e| now.duration_since(e.since) >= HELLO_IDLE_EVICTABLE);
+        idle.then_some(oldest)
+    }
+
+    /// The process of `uid` holding the most places.
+    fn top_pid_of(&self, uid: u32) -> Option<i32> {
+        let mut counts: HashMap<i32, usize> = HashMap::new();
+        for e in self.entries.values().filter(|e| e.uid == uid) {
+            *counts.entry(e.pid).or_default() += 1;
+        }
+        counts
+            .into_iter()
+            .max_by_key(|(p, n)| (*n, std::cmp::Reverse(*p)))
+            .map(|(p, _)| p)
+    }
+}
+
+fn decrement<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: K) {
+    if let Some(n) = map.get_mut(&key) {
+        *n -= 1;
+        if *n == 0 {
+            map.remove(&key);
+        }
+    }
+}
+
+/// Counts connections that have not said hello yet, per uid, per peer process and in all.
 #[derive(Default)]
 pub struct HelloGate {
-    state: std::sync::Mutex<(usize, std::collections::HashMap<i32, usize>)>,
+    state: std::sync::Mutex<State>,
 }
 
 impl HelloGate {
-    /// A place for one more connection from `pid`, or `None` over a bound.
-    pub fn admit(self: &Arc<Self>, pid: Option<i32>) -> Option<PendingHello> {
+    /// A place for one more connection from `uid`/`pid`, or `None` over a bound. A full gate
+    /// makes room by closing another connection when the newcomer's uid or process holds fewer
+    /// places than the largest holder (see the module's documentation).
+    pub fn admit(self: &Arc<Self>, uid: Option<u32>, pid: Option<i32>) -> Option<PendingHello> {
         let mut s = self
             .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let key = pid.unwrap_or(-1);
-        let per_peer = s.1.get(&key).copied().unwrap_or(0);
-        if s.0 >= MAX_PENDING_HELLO || per_peer >= MAX_PENDING_HELLO_PER_PEER {
+        // Unknown credentials share one key each (a socket pair always has them on Linux).
+        let (uid, pid) = (uid.unwrap_or(u32::MAX), pid.unwrap_or(-1));
+        if s.per_pid.get(&pid).copied().unwrap_or(0) >= MAX_PENDING_HELLO_PER_PEER {
             return None;
         }
-        s.0 += 1;
-        *s.1.entry(key).or_default() += 1;
+        if s.entries.len() >= MAX_PENDING_HELLO {
+            let victim = s.victim(uid, pid, Instant::now())?;
+            if let Some(e) = s.remove(victim) {
+                e.evict.cancel();
+            }
+        }
+        let id = s.next;
+        s.next += 1;
+        let evict = CancellationToken::new();
+        s.entries.insert(
+            id,
+            Entry {
+                uid,
+                pid,
+                since: Instant::now(),
+                evict: evict.clone(),
+            },
+        );
+        *s.per_uid.entry(uid).or_default() += 1;
+        *s.per_pid.entry(pid).or_default() += 1;
         Some(PendingHello {
             gate: self.clone(),
-            key,
+            id,
+            evict,
         })
     }
 }
 
 /// A connection's place at the [`HelloGate`]: given back when dropped (after hello, or when the
-/// connection ends first).
+/// connection ends first), or taken by a newcomer (then [`PendingHello::evicted`] ends and the
+/// connection is closed).
 pub struct PendingHello {
     gate: Arc<HelloGate>,
-    key: i32,
+    id: u64,
+    evict: CancellationToken,
+}
+
+impl PendingHello {
+    /// Ends when the place was given to a newcomer: the connection is to be closed.
+    pub async fn evicted(&self) {
+        self.evict.cancelled().await;
+    }
 }
 
 impl Drop for PendingHello {
@@ -50,13 +176,7 @@ impl Drop for PendingHello {
             .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        s.0 = s.0.saturating_sub(1);
-        if let Some(n) = s.1.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                s.1.remove(&self.key);
-            }
-        }
+        s.remove(self.id);
     }
 }
 

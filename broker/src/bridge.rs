@@ -58,6 +58,14 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             return;
         }
     };
+    // Watches for the shim closing its end, even with calls it sent still unread.
+    let hang_up = match stream.hang_up_watch() {
+        Ok(h) => Some(h),
+        Err(e) => {
+            tracing::warn!(error = %e, "bridge connection cannot be watched for its end: its unread calls are cancelled only once read");
+            None
+        }
+    };
     let (recv, mut send) = tokio::io::split(stream);
     let mut reader = FrameReader::with_limit(recv, HELLO_MAX_BYTES);
     if !broker.harness_allowed(uid) {
@@ -69,11 +77,13 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             );
         });
         // Read the hello first (bounded), so the refusal is not lost to a reset on close.
-        let _ = tokio::time::timeout(
-            std::time::Duration::from_secs(1),
-            reader.next::<BridgeRequest>(),
-        )
-        .await;
+        tokio::select! {
+            _ = tokio::time::timeout(
+                std::time::Duration::from_secs(1),
+                reader.next::<BridgeRequest>(),
+            ) => {}
+            () = pending.evicted() => return,
+        }
         let _ = write_frame(
             &mut send,
             &BridgeEvent::Refused {
@@ -84,7 +94,16 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
         .await;
         return;
     }
-    let hello = tokio::time::timeout(HELLO_TIMEOUT, reader.next::<BridgeRequest>()).await;
+    // A newcomer may take this connection's place while it is silent: it is then closed.
+    let hello = tokio::select! {
+        h = tokio::time::timeout(HELLO_TIMEOUT, reader.next::<BridgeRequest>()) => h,
+        () = pending.evicted() => {
+            refused_hello(|n| {
+                tracing::info!(?uid, ?pid, closed = n, "bridge connection silent before hello gave its place to another: closed");
+            });
+            return;
+        }
+    };
     let refuse = |code, message: &str| BridgeEvent::Refused {
         code,
         message: message.to_owned(),
@@ -200,7 +219,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
     if let Err(e) = broker.kernel.recorder.append_written(&connected) {
         tracing::error!(turn = %turn.id, error = %e, "bridge_connected not recorded");
     }
-    run_connection(broker.clone(), turn.clone(), reader, send).await;
+    run_connection(broker.clone(), turn.clone(), reader, send, hang_up).await;
     turn.bridges.fetch_sub(1, Ordering::Relaxed);
 }
 
@@ -293,11 +312,20 @@ fn cancel_inflight(inflight: &Mutex<HashMap<u64, CancellationToken>>, id: u64) {
     }
 }
 
+/// Ends when the shim has closed its end (never without a watch).
+async fn hung_up(watch: Option<&sharedos_ipc::HangUp>) {
+    match watch {
+        Some(w) => w.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn run_connection(
     broker: Arc<Broker>,
     turn: Arc<Turn>,
     mut reader: FrameReader<tokio::io::ReadHalf<Conn>>,
     send: tokio::io::WriteHalf<Conn>,
+    hang_up: Option<sharedos_ipc::HangUp>,
 ) {
     let out = Arc::new(tokio::sync::Mutex::new(Out {
         send,
@@ -310,7 +338,17 @@ async fn run_connection(
     enum Event {
         Frame(Result<BridgeRequest, IpcError>),
         TurnEnded,
+        ClientGone,
     }
+    // The shim closed its end: calls running are cancelled (`disconnected`), as a cancel from
+    // it would; calls it sent before closing that are read after are recorded as cancelled
+    // (`client_gone`) and never run.
+    let gone = || {
+        if !disconnected.swap(true, Ordering::Relaxed) {
+            tracing::info!(turn = %turn.id, "bridge client gone: its running calls are cancelled, its unread calls will not run");
+        }
+        conn.cancel();
+    };
     // A frame read while a call waited for its place, handled next.
     let mut held: Option<Result<BridgeRequest, IpcError>> = None;
     loop {
@@ -321,9 +359,11 @@ async fn run_connection(
                     Event::Frame(f.and_then(|r| r.or_else(salvage_call)))
                 }
                 _ = turn.cancel.cancelled() => Event::TurnEnded,
+                () = hung_up(hang_up.as_ref()), if !conn.is_cancelled() => Event::ClientGone,
             },
         };
         match event {
+            Event::ClientGone => gone(),
             Event::TurnEnded => {
                 let reason = turn.closed_reason().unwrap_or_else(|| "closed".into());
                 send_event(&out, BridgeEvent::TurnClosed { reason }).await;
@@ -345,6 +385,7 @@ async fn run_connection(
                     tokio::select! {
                         biased;
                         p = limit.clone().acquire_owned() => break p,
+                        () = hung_up(hang_up.as_ref()), if !conn.is_cancelled() => gone(),
                         f = reader.next_or_undecodable::<BridgeRequest>() => {
                             match f.and_then(|r| r.or_else(salvage_call)) {
                                 Ok(BridgeRequest::Cancel { id }) => cancel_inflight(&inflight, id),
@@ -363,6 +404,11 @@ async fn run_connection(
                 let Ok(permit) = permit else {
                     break;
                 };
+                // Checked again at the moment the call would start: a shim that has closed
+                // its end gets no call started after it closed.
+                if hang_up.as_ref().is_some_and(sharedos_ipc::HangUp::now) {
+                    gone();
+                }
                 let (broker, turn2, out, inflight, disc) = (
                     broker.clone(),
                     turn.clone(),

@@ -45,11 +45,13 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             "control connection from a uid that is not a host uid: refused"
         );
         // Read the hello first (bounded), so the refusal is not lost to a reset on close.
-        let _ = tokio::time::timeout(
-            std::time::Duration::from_secs(1),
-            reader.next::<ControlRequest>(),
-        )
-        .await;
+        tokio::select! {
+            _ = tokio::time::timeout(
+                std::time::Duration::from_secs(1),
+                reader.next::<ControlRequest>(),
+            ) => {}
+            () = pending.evicted() => return,
+        }
         let _ = write_frame(
             &mut send,
             &error("forbidden", "this uid may not use the control socket"),
@@ -57,7 +59,12 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
         .await;
         return;
     }
-    match tokio::time::timeout(Duration::from_secs(10), reader.next::<ControlRequest>()).await {
+    // A newcomer may take this connection's place while it is silent: it is then closed.
+    let hello = tokio::select! {
+        h = tokio::time::timeout(Duration::from_secs(10), reader.next::<ControlRequest>()) => h,
+        () = pending.evicted() => return,
+    };
+    match hello {
         Ok(Ok(ControlRequest::Hello { protocol })) if protocol == PROTOCOL_VERSION => {
             drop(pending);
             let welcome = ControlResponse::Welcome {

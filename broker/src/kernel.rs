@@ -624,6 +624,32 @@ impl Kernel {
             )
         };
         let mut verdict = check();
+        // Cancelled before it started (its client went away with the call unread, say): not
+        // run, not held for a person, no budget taken; recorded as cancelled.
+        let not_started = |what: &str| {
+            (
+                Outcome::Cancelled(cancel_cause().before_start()),
+                Some(format!(
+                    "cancelled: {what} — cancelled before it started; it was not run"
+                )),
+            )
+        };
+        if cancel.is_cancelled()
+            && let Verdict::Permitted {
+                resolved, policies, ..
+            } = &verdict
+        {
+            let what = format!("{} of {}", call.tool, resolved.resource.short());
+            let (outcome, message) = not_started(&what);
+            let ending = (
+                outcome,
+                message,
+                Some(requirement_of(resolved)),
+                policies.clone(),
+                None,
+            );
+            return self.finish(&site, &call, started, ending, None, None).await;
+        }
         // For the call's span: the approval it waited for, and how that ended.
         let mut approval: Option<(String, &'static str)> = None;
         if let Verdict::Permitted {
@@ -718,6 +744,10 @@ impl Kernel {
             } => 'run: {
                 let requirement = Some(requirement_of(&resolved));
                 let what = format!("{} of {}", call.tool, resolved.resource.short());
+                if cancel.is_cancelled() {
+                    let (outcome, message) = not_started(&what);
+                    break 'run (outcome, message, requirement, policies, None);
+                }
                 // Budgets, last before the call runs: a call refused before here uses none.
                 let mut taken = None;
                 if !self.budgets.is_empty()
@@ -774,9 +804,11 @@ impl Kernel {
                 );
                 // Dropping `job` on cancellation or timeout cancels it; for an upstream call that
                 // sends `notifications/cancelled` upstream.
+                // A cancellation that came first wins: the job is then never polled (not run).
                 let ran = tokio::select! {
-                    r = job => Some(r),
+                    biased;
                     _ = cancel.cancelled() => None,
+                    r = job => Some(r),
                     _ = tokio::time::sleep(timeout) => {
                         let secs = timeout.as_secs_f64();
                         Some(Err(Failure::new(FailCode::Timeout, format!("did not finish within {secs} s"))))

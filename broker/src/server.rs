@@ -332,14 +332,17 @@ async fn accept_loop(broker: Arc<Broker>, listener: Listener, kind: Kind) {
                 continue;
             }
         };
-        // Until it says hello, a connection is bounded per peer process (harness and attacker
-        // usually share a uid, so a per-uid bound would lock the harness out too) and in all:
-        // idle connections cannot keep anyone else out. Over a bound it is closed at once.
-        let pid = stream.peer_creds().ok().and_then(|c| c.pid());
-        let Some(pending) = gate.admit(pid) else {
+        // Until it says hello, a connection is bounded per peer process and in all, and the
+        // places are shared by uid and by process within a uid (see `admission`): idle
+        // connections cannot keep anyone else out. Over a bound it is closed at once.
+        let creds = stream.peer_creds().ok();
+        let pid = creds.as_ref().and_then(|c| c.pid());
+        let uid = creds.as_ref().and_then(|c| c.euid());
+        let Some(pending) = gate.admit(uid, pid) else {
             refusals.note(|n| {
                 tracing::warn!(
                     ?pid,
+                    ?uid,
                     refused = n,
                     "connections not yet past hello over the bound: closed at once"
                 );

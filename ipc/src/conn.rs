@@ -40,6 +40,53 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// A watch on this connection's peer going away, on a second descriptor of the socket: it
+    /// sees the peer close its end even while frames the peer sent before closing are unread.
+    pub fn hang_up_watch(&self) -> io::Result<HangUp> {
+        let dup = self.read.get_ref().try_clone()?;
+        Ok(HangUp(register(dup, Interest::PRIORITY)?))
+    }
+}
+
+/// See [`Conn::hang_up_watch`]. Registered for priority readiness only, which a local stream
+/// never has: it wakes only when the kernel reports the hang-up (`EPOLLHUP`, both directions
+/// shut: the peer closed its end) or an error. A peer that only shut its writing half is not
+/// gone (it can still read answers).
+pub struct HangUp(AsyncFd<UnixStream>);
+
+impl HangUp {
+    /// Ends once the peer has closed its end.
+    pub async fn wait(&self) {
+        loop {
+            match self.0.ready(Interest::PRIORITY).await {
+                Ok(mut guard) => {
+                    if self.now() {
+                        return;
+                    }
+                    guard.clear_ready();
+                }
+                // The registration is gone: nothing more can be learnt from it.
+                Err(_) => return std::future::pending().await,
+            }
+        }
+    }
+
+    /// Whether the peer has closed its end, at this moment (one `poll(2)` that does not wait).
+    pub fn now(&self) -> bool {
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let mut fds = [PollFd::new(self.0.get_ref(), PollFlags::empty())];
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        match rustix::event::poll(&mut fds, Some(&zero)) {
+            Ok(n) if n > 0 => fds[0].revents().intersects(PollFlags::HUP | PollFlags::ERR),
+            _ => false,
+        }
+    }
+}
+
 /// Registers a socket with the runtime for `interest` only.
 ///
 /// `AsyncFd::with_interest` is deprecated because an arbitrary `AsRawFd` type may close or

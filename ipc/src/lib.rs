@@ -24,7 +24,7 @@ pub mod conn;
 pub mod private_file;
 pub mod runtime;
 
-pub use conn::Conn;
+pub use conn::{Conn, HangUp};
 
 /// Bytes read from the socket at a time. The buffer grows only as bytes actually arrive, never
 /// to the length a header claims.

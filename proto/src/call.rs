@@ -147,6 +147,19 @@ pub enum CancelCode {
     TurnClosed,
     /// The bridge connection went away while the call ran.
     Disconnected,
+    /// The bridge connection had gone away before the call started: it was not run.
+    ClientGone,
+}
+
+impl CancelCode {
+    /// The code for a call cancelled before it started: the client going away is then
+    /// `client_gone` (the call was not run), any other cause stays as it is.
+    pub fn before_start(self) -> Self {
+        match self {
+            CancelCode::Disconnected => CancelCode::ClientGone,
+            other => other,
+        }
+    }
 }
 
 /// The kernel's outcome of one call. denied and failed are never merged.
