@@ -28,3 +28,4 @@ mod security;
 mod telemetry;
 mod turns;
 mod upstream;
+mod views;
