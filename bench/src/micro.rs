@@ -345,6 +345,7 @@ fn call_line(i: u64) -> Event {
         policies: Some(vec!["alice-public".into()]),
         duration_us: Some(41),
         message: None,
+        cut: None,
         system_identity: None,
         forwarded_arguments: None,
     })

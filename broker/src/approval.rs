@@ -27,6 +27,16 @@ use crate::lock;
 /// Decided ids remembered, so a second decision gets "already decided", not "no such id".
 const DECIDED_MAX: usize = 4096;
 
+/// Longest arguments (JSON text) an `approvals` entry shows; longer ones are listed as their
+/// size and SHA-256 (`argumentsDigest`), and `approvals show ID` prints them whole.
+pub const APPROVALS_MAX_ARGUMENT_BYTES: usize = 4096;
+/// Most bytes of entries one `approvals` answer carries (half the frame limit): the newest calls
+/// beyond it are counted (`notShown`), not listed.
+pub const APPROVALS_LIST_MAX_BYTES: usize = sharedos_proto::frame::MAX_FRAME_BYTES / 2;
+/// Most bytes of a call's arguments (JSON text) one `approvals show` answer carries: escaped
+/// in the answer, at most six times as many, which stays within a frame.
+pub const APPROVAL_ARGUMENTS_PART_BYTES: usize = 1024 * 1024;
+
 /// A person's answer, from `control.sock`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
@@ -172,6 +182,38 @@ impl Approvals {
         all
     }
 
+    /// The calls waiting now, oldest first, as `approvals` lists them: each entry's arguments
+    /// bounded (longer than [`APPROVALS_MAX_ARGUMENT_BYTES`]: `null`, with `argumentsDigest`),
+    /// and no more entries than fit in [`APPROVALS_LIST_MAX_BYTES`]. Returns the entries and how
+    /// many waiting calls were left out.
+    pub fn listed(&self) -> (Vec<PendingApproval>, usize) {
+        let mut all: Vec<PendingApproval> = lock(&self.waiting)
+            .values()
+            .map(|w| bounded(&w.info))
+            .collect();
+        all.sort_by(|a, b| a.requested_at.cmp(&b.requested_at).then(a.id.cmp(&b.id)));
+        let mut bytes = 0usize;
+        let mut shown = 0usize;
+        for entry in &all {
+            let size = serde_json::to_vec(entry).map_or(usize::MAX, |v| v.len());
+            if bytes.saturating_add(size) > APPROVALS_LIST_MAX_BYTES {
+                break;
+            }
+            bytes += size;
+            shown += 1;
+        }
+        let not_shown = all.len() - shown;
+        all.truncate(shown);
+        (all, not_shown)
+    }
+
+    /// A waiting call's arguments as JSON text, whole (`None`: no call waits for `id`).
+    pub fn arguments_text(&self, id: &str) -> Option<String> {
+        lock(&self.waiting)
+            .get(id)
+            .map(|w| w.info.arguments.to_string())
+    }
+
     fn remember(&self, id: &str) {
         let mut d = lock(&self.decided);
         if d.set.insert(id.to_owned()) {
@@ -183,6 +225,18 @@ impl Approvals {
             }
         }
     }
+}
+
+/// A waiting call as `approvals` lists it: its arguments whole when their JSON text is at most
+/// [`APPROVALS_MAX_ARGUMENT_BYTES`], else `null` with their size and SHA-256.
+fn bounded(info: &PendingApproval) -> PendingApproval {
+    let mut entry = info.clone();
+    let text = info.arguments.to_string();
+    if text.len() > APPROVALS_MAX_ARGUMENT_BYTES {
+        entry.arguments = Value::Null;
+        entry.arguments_digest = Some(sharedos_proto::record::Digest::of(text.as_bytes()));
+    }
+    entry
 }
 
 #[cfg(test)]
@@ -199,6 +253,7 @@ mod tests {
             tool: "files.read".into(),
             arguments: json!({}),
             requirement: None,
+            arguments_digest: None,
             requested_at: "a".into(),
             expires_at: "b".into(),
         }
@@ -259,6 +314,29 @@ mod tests {
             approvals.wait(info("x")).is_none(),
             "a decided id never waits again"
         );
+    }
+
+    #[test]
+    fn a_listing_bounds_each_entry_and_shows_the_rest_whole() {
+        let approvals = Approvals::new(Duration::from_secs(1));
+        let big = json!({"content": "x".repeat(APPROVALS_MAX_ARGUMENT_BYTES)});
+        let mut large = info("large");
+        large.arguments = big.clone();
+        let _t1 = approvals.wait(large).expect("waits");
+        let _t2 = approvals.wait(info("small")).expect("waits");
+        let (listed, not_shown) = approvals.listed();
+        assert_eq!((listed.len(), not_shown), (2, 0));
+        let large = listed.iter().find(|a| a.id == "large").expect("listed");
+        assert_eq!(large.arguments, Value::Null);
+        let digest = large.arguments_digest.as_ref().expect("digest");
+        assert_eq!(digest.bytes, big.to_string().len());
+        let small = listed.iter().find(|a| a.id == "small").expect("listed");
+        assert_eq!(
+            (&small.arguments, &small.arguments_digest),
+            (&json!({}), &None)
+        );
+        assert_eq!(approvals.arguments_text("large"), Some(big.to_string()));
+        assert_eq!(approvals.arguments_text("gone"), None);
     }
 
     #[test]

@@ -160,6 +160,7 @@ pub(crate) async fn close_out(
             policies: None,
             duration_us: None,
             message: Some("the broker stopped before this call's outcome was recorded; its effect may or may not have happened".into()),
+            cut: intent.cut.clone(),
             system_identity: None,
             forwarded_arguments: None,
         });

@@ -458,10 +458,21 @@ async fn run_connection(
             }
             Event::Frame(Ok(BridgeRequest::Cancel { id })) => cancel_inflight(&inflight, id),
             Event::Frame(Ok(BridgeRequest::ClientInfo {
-                name,
-                version,
-                protocol_version,
+                mut name,
+                mut version,
+                mut protocol_version,
             })) => {
+                // What the client calls itself is kept, in the record and the log, to a bound.
+                let max = record::RECORD_MAX_STRING_BYTES;
+                let mut cut = None;
+                record::bound(&mut name, max, "client.name", &mut cut);
+                record::bound(&mut version, max, "client.version", &mut cut);
+                record::bound_opt(
+                    &mut protocol_version,
+                    max,
+                    "client.protocolVersion",
+                    &mut cut,
+                );
                 tracing::info!(turn = %turn.id, %name, %version, ?protocol_version, "MCP client on bridge");
                 let line = record::Event::BridgeClient(record::BridgeClient {
                     turn: turn.id.clone(),
@@ -470,6 +481,7 @@ async fn run_connection(
                         version,
                         protocol_version,
                     },
+                    cut,
                     system_identity: turn.system_identity.clone(),
                 });
                 if let Err(e) = broker.kernel.recorder.append_written(&line) {

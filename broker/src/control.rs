@@ -20,13 +20,21 @@ use sharedos_proto::{DenyCode, Identifier, Outcome};
 
 use crate::config::MAX_TTL;
 use crate::kernel::{AccessContext, Verdict};
-use crate::record::read_records;
 use crate::record::rfc3339;
+use crate::record::{PageBounds, read_records_page};
 use crate::state::Broker;
 use crate::turn::{NewTurn, TokenFileTemplate, opened_record};
 
 /// Most record lines returned by one `records` request.
 pub const RECORDS_PAGE_MAX: u32 = 1000;
+/// Most bytes of record lines returned by one `records` request: half the frame limit, so a page
+/// always fits in its frame (a page stops before the line that would pass this; a longer line
+/// is carried as a stand-in with its size and SHA-256, `lineDigest`).
+pub const RECORDS_PAGE_MAX_BYTES: usize = sharedos_proto::frame::MAX_FRAME_BYTES / 2;
+/// Deepest nesting a record line is carried at as it is: deeper, it is carried as a stand-in
+/// (`lineDigest`), since its page must still decode in the reader (serde_json stops at 128). The
+/// broker writes no line deeper than `MAX_ARGUMENT_DEPTH` + 1; an older record may hold one.
+pub const RECORDS_LINE_MAX_DEPTH: usize = 100;
 
 fn error(code: &str, message: impl Into<String>) -> ControlResponse {
     ControlResponse::Error {
@@ -237,8 +245,13 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest, uid: Option<u32>) -> 
         } => {
             let limit = limit.unwrap_or(RECORDS_PAGE_MAX).clamp(1, RECORDS_PAGE_MAX) as usize;
             let path = broker.kernel.recorder.path().to_path_buf();
+            let bounds = PageBounds {
+                lines: limit,
+                bytes: RECORDS_PAGE_MAX_BYTES,
+                depth: RECORDS_LINE_MAX_DEPTH,
+            };
             let read = tokio::task::spawn_blocking(move || {
-                read_records(&path, turn.as_deref(), after_seq, limit)
+                read_records_page(&path, turn.as_deref(), after_seq, &bounds)
             })
             .await;
             match read {
@@ -326,9 +339,45 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest, uid: Option<u32>) -> 
             }
         }
         ControlRequest::Telemetry => ControlResponse::Telemetry(broker.kernel.telemetry.stats()),
-        ControlRequest::Approvals => ControlResponse::Approvals {
-            approvals: broker.kernel.approvals.list(),
-        },
+        ControlRequest::Approvals => {
+            let (approvals, not_shown) = broker.kernel.approvals.listed();
+            ControlResponse::Approvals {
+                approvals,
+                not_shown,
+            }
+        }
+        ControlRequest::ApprovalArguments { id, offset } => {
+            let shown = sharedos_proto::name::shown(&id);
+            let Some(text) = broker.kernel.approvals.arguments_text(&id) else {
+                return error(
+                    "no_such_approval",
+                    format!(
+                        "no call is waiting for approval `{shown}` (`sharedos-broker approvals` lists those that are)"
+                    ),
+                );
+            };
+            if offset > text.len() || !text.is_char_boundary(offset) {
+                return error(
+                    "bad_offset",
+                    format!(
+                        "offset {offset} is not where a part of approval `{shown}`'s arguments starts ({} bytes)",
+                        text.len()
+                    ),
+                );
+            }
+            let mut end = (offset + crate::approval::APPROVAL_ARGUMENTS_PART_BYTES).min(text.len());
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            ControlResponse::ApprovalArguments {
+                id,
+                offset,
+                text: text[offset..end].to_owned(),
+                bytes: text.len(),
+                sha256: sharedos_proto::catalog::sha256_hex(text.as_bytes()),
+                more: end < text.len(),
+            }
+        }
         ControlRequest::DecideApproval {
             id,
             approve,

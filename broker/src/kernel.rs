@@ -614,6 +614,18 @@ impl Kernel {
         let started = Instant::now();
         // A trace context past the W3C limits is dropped now, not held while the call runs.
         crate::telemetry::bound_trace_context(&mut call.traceparent, &mut call.tracestate);
+        // The nesting limit is the broker's own, whoever sent the call (a client that bypasses
+        // the shim too): deeper arguments are refused and recorded without them.
+        if let Some(args) = &call.arguments {
+            let depth = sharedos_proto::nesting::value_depth(args);
+            if depth > sharedos_proto::nesting::MAX_ARGUMENT_DEPTH {
+                call.arguments = None;
+                call.rejected_arguments = Some(format!(
+                    "the arguments are nested {depth} levels deep; tool arguments may be nested at most {} levels",
+                    sharedos_proto::nesting::MAX_ARGUMENT_DEPTH
+                ));
+            }
+        }
         let check = || {
             self.check_rejecting(
                 site.context,
@@ -894,6 +906,7 @@ impl Kernel {
             tool: call.tool.clone(),
             arguments: arguments.clone(),
             requirement: requirement.clone(),
+            arguments_digest: None,
             requested_at: crate::record::rfc3339(now),
             expires_at: crate::record::rfc3339(now + timeout),
         };
@@ -909,17 +922,19 @@ impl Kernel {
             ))),
         };
         // On record before anyone can see it waiting.
+        let (tool, request_id, cut) = recorded_strings(call);
         let requested = Event::ApprovalRequested(record::ApprovalRequested {
             turn: site.turn.to_owned(),
             call_id: site.call_id.clone(),
-            request_id: call.request_id.clone(),
+            request_id,
             approval: id.clone(),
             principal: principal.clone(),
-            tool: call.tool.clone(),
+            tool,
             arguments: Some(self.recorded(arguments)),
             requirement: requirement.clone(),
             policies: policies.clone(),
             expires_at: info.expires_at.clone(),
+            cut,
             system_identity: site.identity.cloned(),
         });
         if let Err(e) = self.recorder.append(&requested).await {
@@ -1133,13 +1148,15 @@ impl Kernel {
         call: &ToolCall,
         requirement: &Option<Requirement>,
     ) -> Event {
+        let (tool, request_id, cut) = recorded_strings(call);
         Event::Intent(record::Intent {
             turn: site.turn.to_owned(),
             call_id: site.call_id.clone(),
-            request_id: call.request_id.clone(),
-            tool: call.tool.clone(),
+            request_id,
+            tool,
             arguments: Some(self.recorded(call.arguments.clone().unwrap_or(Value::Null))),
             requirement: requirement.clone(),
+            cut,
             system_identity: site.identity.cloned(),
         })
     }
@@ -1154,18 +1171,24 @@ impl Kernel {
         duration: Duration,
         forwarded: Option<Map<String, Value>>,
     ) -> Event {
+        let (tool, request_id, mut cut) = recorded_strings(call);
+        let message = answer
+            .message
+            .as_deref()
+            .map(|m| record::bounded(m, record::RECORD_MAX_MESSAGE_BYTES, "message", &mut cut));
         Event::Call(record::Call {
             turn: site.turn.to_owned(),
             call_id: site.call_id.clone(),
-            request_id: call.request_id.clone(),
-            tool: call.tool.clone(),
+            request_id,
+            tool,
             arguments: Some(self.recorded(call.arguments.clone().unwrap_or(Value::Null))),
             requirement: answer.requirement.clone(),
             outcome: answer.outcome.word().to_owned(),
             code: answer.outcome.code(),
             policies: Some(answer.policies.clone()),
             duration_us: Some(duration.as_micros() as u64),
-            message: answer.message.clone(),
+            message,
+            cut,
             system_identity: site.identity.cloned(),
             forwarded_arguments: forwarded.map(|sent| self.recorded(Value::Object(sent)).into()),
         })
@@ -1192,6 +1215,20 @@ fn stale(
         ));
     }
     None
+}
+
+/// A call's tool string and request id as its record lines keep them: each cut to
+/// [`record::RECORD_MAX_STRING_BYTES`] when longer, and named with its whole size and SHA-256
+/// in the line's `cut`.
+fn recorded_strings(call: &ToolCall) -> (String, Option<String>, Option<record::Cuts>) {
+    let max = record::RECORD_MAX_STRING_BYTES;
+    let mut cut = None;
+    let tool = record::bounded(&call.tool, max, "tool", &mut cut);
+    let request_id = call
+        .request_id
+        .as_deref()
+        .map(|r| record::bounded(r, max, "requestId", &mut cut));
+    (tool, request_id, cut)
 }
 
 /// The requirement of a call, from the registration's resolver and the call's arguments.

@@ -311,6 +311,7 @@ fn open_intent(obj: Map<String, Value>) -> Intent {
         requirement: obj
             .get("requirement")
             .and_then(|r| serde_json::from_value(r.clone()).ok()),
+        cut: None,
         system_identity: None,
     };
     match serde_json::from_value::<RecordLine>(Value::Object(obj.clone())) {
@@ -1176,7 +1177,85 @@ pub fn read_records(
     after_seq: u64,
     limit: usize,
 ) -> Result<(Vec<Value>, bool), RecordError> {
+    let bounds = PageBounds {
+        lines: limit,
+        bytes: usize::MAX,
+        depth: usize::MAX,
+    };
+    read_records_page(path, turn, after_seq, &bounds)
+}
+
+/// How much one page of record lines may carry.
+#[derive(Debug, Clone, Copy)]
+pub struct PageBounds {
+    /// Lines.
+    pub lines: usize,
+    /// Bytes of line text, all lines together (a page always has at least one line).
+    pub bytes: usize,
+    /// Deepest nesting of `[` and `{` a line carried as it is may have.
+    pub depth: usize,
+}
+
+/// What a page carries for a line it cannot carry as it is (longer than the page's bytes,
+/// nested deeper than its depth, or not JSON that parses): the line's `seq`, `at`, `kind`,
+/// `turn` and `callId` when they can be read, and `lineDigest` {bytes, sha256, reason}, the
+/// SHA-256 of the line's bytes (what the next line's `prev` holds). `None` for a line without a
+/// readable `seq` (not a record line).
+fn stand_in(text: &str, reason: String) -> Option<Value> {
+    #[derive(Deserialize)]
+    struct Shallow {
+        seq: u64,
+        #[serde(default)]
+        at: Option<String>,
+        #[serde(default)]
+        kind: Option<String>,
+        #[serde(default)]
+        turn: Option<String>,
+        #[serde(default, rename = "callId")]
+        call_id: Option<String>,
+    }
+    // Every other field is skipped, at any depth (serde_json skips without recursion).
+    let shallow: Shallow = serde_json::from_str(text).ok()?;
+    let mut line = Map::new();
+    line.insert("seq".into(), shallow.seq.into());
+    let mut put = |k: &str, v: Option<String>| {
+        if let Some(mut v) = v {
+            sharedos_proto::name::clip(&mut v, sharedos_proto::record::RECORD_MAX_STRING_BYTES);
+            line.insert(k.into(), v.into());
+        }
+    };
+    put("at", shallow.at);
+    put("kind", shallow.kind);
+    put("callId", shallow.call_id);
+    line.insert(
+        "turn".into(),
+        shallow.turn.map_or(Value::Null, |mut t| {
+            sharedos_proto::name::clip(&mut t, sharedos_proto::record::RECORD_MAX_STRING_BYTES);
+            t.into()
+        }),
+    );
+    line.insert(
+        "lineDigest".into(),
+        serde_json::json!({
+            "bytes": text.len(),
+            "sha256": hex(&line_hash(text.as_bytes())),
+            "reason": reason,
+        }),
+    );
+    Some(Value::Object(line))
+}
+
+/// [`read_records`], bounded in bytes and nesting too: a page stops before the line that would
+/// take it past `bounds.bytes`, and a line no page could carry (see [`stand_in`]) is carried as
+/// its stand-in, so every line of any record can be read, page by page.
+pub fn read_records_page(
+    path: &Path,
+    turn: Option<&str>,
+    after_seq: u64,
+    bounds: &PageBounds,
+) -> Result<(Vec<Value>, bool), RecordError> {
     let mut out = Vec::new();
+    let mut bytes = 0usize;
     for file_path in record_files(path)? {
         let file = match File::open(&file_path) {
             Ok(f) => f,
@@ -1192,8 +1271,35 @@ pub fn read_records(
             if n == 0 || !line.ends_with('\n') {
                 break;
             }
-            let Ok(value) = serde_json::from_str::<Value>(&line) else {
-                continue;
+            let text = line.trim_end_matches('\n');
+            let depth = sharedos_proto::nesting::json_depth(text.as_bytes());
+            let parsed = if text.len() > bounds.bytes {
+                Err(format!(
+                    "the line is {} bytes, more than a page carries ({})",
+                    text.len(),
+                    bounds.bytes
+                ))
+            } else if depth > bounds.depth {
+                Err(format!(
+                    "the line is nested {depth} levels deep, deeper than a page carries ({})",
+                    bounds.depth
+                ))
+            } else {
+                serde_json::from_str::<Value>(text).map_err(|e| {
+                    let mut why = format!("the line does not parse: {e}");
+                    sharedos_proto::name::clip(&mut why, 200);
+                    why
+                })
+            };
+            let (value, size) = match parsed {
+                Ok(v) => (v, text.len()),
+                Err(why) => {
+                    let Some(v) = stand_in(text, why) else {
+                        continue;
+                    };
+                    let size = v.to_string().len();
+                    (v, size)
+                }
             };
             let seq = value.get("seq").and_then(Value::as_u64).unwrap_or(0);
             if seq <= after_seq {
@@ -1204,9 +1310,10 @@ pub fn read_records(
             {
                 continue;
             }
-            if out.len() == limit {
+            if out.len() == bounds.lines || (!out.is_empty() && bytes + size > bounds.bytes) {
                 return Ok((out, true));
             }
+            bytes += size;
             out.push(value);
         }
     }
@@ -1228,6 +1335,66 @@ mod tests {
             calls: None,
             system_identity: None,
         })
+    }
+
+    /// A page stops before the line that would take it past its bytes; a line too long or too
+    /// deep for any page (an older broker kept arguments nested 126 deep) comes as its stand-in,
+    /// with the SHA-256 the next line's `prev` holds, and the lines after it still come.
+    #[test]
+    fn pages_are_bounded_in_bytes_and_every_line_comes() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("rec.jsonl");
+        let deep = format!("{}{}", "[".repeat(126), "]".repeat(126));
+        let lines = [
+            r#"{"seq":1,"at":"A","kind":"turn_closed","turn":"t","reason":"a"}"#.to_owned(),
+            format!(
+                r#"{{"seq":2,"at":"A","kind":"call","turn":"t","callId":"t.1","tool":"x","arguments":{{"a":"{}"}}}}"#,
+                "x".repeat(600)
+            ),
+            format!(
+                r#"{{"seq":3,"at":"A","kind":"call","turn":"t","callId":"t.2","tool":"x","arguments":{{"a":"{}"}}}}"#,
+                "x".repeat(2000)
+            ),
+            format!(
+                r#"{{"seq":4,"at":"A","kind":"call","turn":"t","callId":"t.3","tool":"x","arguments":{deep}}}"#
+            ),
+            r#"{"seq":5,"at":"A","kind":"turn_closed","turn":"t","reason":"b"}"#.to_owned(),
+        ];
+        std::fs::write(&path, lines.join("\n") + "\n").expect("write");
+        let bounds = PageBounds {
+            lines: 100,
+            bytes: 1000,
+            depth: 100,
+        };
+        let (mut seen, mut after, mut pages) = (Vec::new(), 0, 0);
+        loop {
+            let (page, more) = read_records_page(&path, None, after, &bounds).expect("page");
+            pages += 1;
+            let bytes: usize = page.iter().map(|l| l.to_string().len()).sum();
+            assert!(bytes <= 1000 || page.len() == 1, "{bytes} bytes");
+            after = page.last().and_then(|l| l["seq"].as_u64()).expect("seq");
+            seen.extend(page);
+            if !more {
+                break;
+            }
+        }
+        let seqs: Vec<u64> = seen.iter().filter_map(|l| l["seq"].as_u64()).collect();
+        assert_eq!(seqs, [1, 2, 3, 4, 5]);
+        assert!(pages >= 2, "{pages} pages");
+        for (i, seq) in [(2usize, 3u64), (3, 4)] {
+            let line = &seen[i];
+            assert_eq!(line["seq"], seq);
+            assert_eq!(line["kind"], "call");
+            assert!(line.get("arguments").is_none(), "{line}");
+            let digest = &line["lineDigest"];
+            assert_eq!(digest["bytes"], lines[i].len());
+            assert_eq!(
+                digest["sha256"],
+                hex(&line_hash(lines[i].as_bytes())),
+                "the hash the next line's prev holds"
+            );
+        }
+        assert_eq!(seen[1]["arguments"]["a"].as_str().map(str::len), Some(600));
     }
 
     #[tokio::test]

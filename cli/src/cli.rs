@@ -133,7 +133,8 @@ pub enum Command {
         #[command(subcommand)]
         command: Option<ApprovalsCommand>,
         /// Print a JSON array of {id, turn, callId, principal, tool, arguments, requestedAt,
-        /// expiresAt} instead of a table.
+        /// expiresAt} instead of a table (arguments longer than 4096 bytes are `null`, with
+        /// `argumentsDigest` {bytes, sha256}; `approvals show ID` prints them).
         #[arg(long)]
         json: bool,
     },
@@ -160,6 +161,13 @@ pub enum ApprovalsCommand {
     /// Let the waiting call run (it is checked again under the policy in force now). Your uid
     /// is recorded as who decided. An id is used once: a decided or unknown id exits 1.
     Approve {
+        /// The approval id (64 hex digits), as `approvals` lists it.
+        #[arg(value_name = "ID")]
+        id: String,
+    },
+    /// Print a waiting call's arguments whole, as JSON (the listing shows long ones as their
+    /// size and SHA-256 only).
+    Show {
         /// The approval id (64 hex digits), as `approvals` lists it.
         #[arg(value_name = "ID")]
         id: String,
@@ -1075,21 +1083,31 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
             command: None,
             json,
         } => match client.call(&ControlRequest::Approvals).await? {
-            ControlResponse::Approvals { approvals } => {
+            ControlResponse::Approvals {
+                approvals,
+                not_shown,
+            } => {
                 if json {
                     print_json(&approvals)?;
-                } else if approvals.is_empty() {
+                } else if approvals.is_empty() && not_shown == 0 {
                     outln!("no calls are waiting for approval");
                 } else {
                     for a in &approvals {
                         outln!("{}", a.id);
+                        let arguments = match &a.arguments_digest {
+                            Some(d) => format!(
+                                "(arguments of {} bytes, sha256 {}: `approvals show {}` prints them)",
+                                d.bytes, d.sha256, a.id
+                            ),
+                            None => a.arguments.to_string(),
+                        };
                         outln!(
                             "  turn {} ({}) principal {}: {} {}",
                             a.turn,
                             a.call_id,
                             a.principal,
                             a.tool,
-                            a.arguments
+                            arguments
                         );
                         // What the policy decided on, which the approval covers: the file
                         // the arguments resolved to, not only the arguments.
@@ -1104,9 +1122,50 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                         outln!("  requested {}, expires {}", a.requested_at, a.expires_at);
                     }
                 }
+                if not_shown > 0 {
+                    eprintln!(
+                        "{not_shown} more calls are waiting for approval than one answer carries; decide some and list again"
+                    );
+                }
             }
             r => return Err(unexpected(r)),
         },
+        Command::Approvals {
+            command: Some(ApprovalsCommand::Show { id }),
+            ..
+        } => {
+            let mut text = String::new();
+            let (bytes, sha256) = loop {
+                let req = ControlRequest::ApprovalArguments {
+                    id: id.clone(),
+                    offset: text.len(),
+                };
+                match client.call(&req).await? {
+                    ControlResponse::ApprovalArguments {
+                        text: part,
+                        bytes,
+                        sha256,
+                        more,
+                        ..
+                    } => {
+                        text.push_str(&part);
+                        if !more || part.is_empty() {
+                            break (bytes, sha256);
+                        }
+                    }
+                    r => return Err(unexpected(r)),
+                }
+            };
+            if text.len() != bytes || sharedos_proto::catalog::sha256_hex(text.as_bytes()) != sha256
+            {
+                bail!(
+                    "the arguments of approval `{}` read back as {} bytes that do not match the broker's {bytes} bytes, sha256 {sha256}",
+                    sharedos_proto::name::shown(&id),
+                    text.len()
+                );
+            }
+            outln!("{text}");
+        }
         Command::Approvals {
             command: Some(decide),
             ..
@@ -1114,6 +1173,7 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
             let (id, approve, reason) = match decide {
                 ApprovalsCommand::Approve { id } => (id, true, None),
                 ApprovalsCommand::Deny { id, reason } => (id, false, reason),
+                ApprovalsCommand::Show { .. } => bail!("`approvals show` is answered above"),
             };
             match client
                 .call(&ControlRequest::DecideApproval {

@@ -432,6 +432,10 @@ pub struct BudgetLeft {
     pub refills_in_seconds: Option<f64>,
 }
 
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 /// A call waiting for a person's approval, as `approvals` lists it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -443,12 +447,16 @@ pub struct PendingApproval {
     pub call_id: String,
     pub principal: String,
     pub tool: String,
-    /// The call's arguments as given.
+    /// The call's arguments as given; `null` in an `approvals` listing when they are longer
+    /// than it shows (then `argumentsDigest` has their size and SHA-256, and
+    /// [`ControlRequest::ApprovalArguments`] returns them whole).
     pub arguments: Value,
     /// What the policy decided on: the resource the arguments resolved to (a file as its links
     /// led when the call was held). The call runs only on that very resource.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requirement: Option<Requirement>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments_digest: Option<crate::record::Digest>,
     pub requested_at: String,
     pub expires_at: String,
 }
@@ -496,6 +504,13 @@ pub enum ControlRequest {
     Telemetry,
     /// The calls waiting for a person's approval.
     Approvals,
+    /// A waiting call's arguments, whole, as JSON text: the part from byte `offset` on (an
+    /// answer carries a bounded part; ask again from `offset` + its length while `more`).
+    ApprovalArguments {
+        id: String,
+        #[serde(default)]
+        offset: usize,
+    },
     /// Approve (`approve: true`) or deny a waiting call by its approval id.
     DecideApproval {
         id: String,
@@ -576,6 +591,19 @@ pub enum ControlResponse {
     Telemetry(TelemetryStats),
     Approvals {
         approvals: Vec<PendingApproval>,
+        /// Calls waiting that the answer had no room for (the newest).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        not_shown: usize,
+    },
+    /// Part of a waiting call's arguments (JSON text), from byte `offset`; `bytes` and `sha256`
+    /// are the whole text's.
+    ApprovalArguments {
+        id: String,
+        offset: usize,
+        text: String,
+        bytes: usize,
+        sha256: String,
+        more: bool,
     },
     /// The decision reached the waiting call (`approved` or `denied`).
     ApprovalDecided {

@@ -44,9 +44,48 @@ pub fn json_depth(text: &[u8]) -> usize {
     deepest
 }
 
+/// The deepest nesting of arrays and objects in a value (`{}` and `[]` each count one level),
+/// without recursion.
+pub fn value_depth(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0usize)];
+    while let Some((v, depth)) = stack.pop() {
+        match v {
+            Value::Array(items) => {
+                deepest = deepest.max(depth + 1);
+                stack.extend(items.iter().map(|i| (i, depth + 1)));
+            }
+            Value::Object(map) => {
+                deepest = deepest.max(depth + 1);
+                stack.extend(map.values().map(|i| (i, depth + 1)));
+            }
+            _ => {}
+        }
+    }
+    deepest
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn value_depths_agree_with_the_text_scan() {
+        for text in [
+            "1",
+            "{}",
+            r#"{"a":[1,{"b":[]}]}"#,
+            r#"{"a":"[[[["}"#,
+            "[[],[[[]]],{}]",
+        ] {
+            let v: serde_json::Value = serde_json::from_str(text).expect("json");
+            assert_eq!(value_depth(&v), json_depth(text.as_bytes()), "{text}");
+        }
+        let deep = format!("{}{}", "[".repeat(125), "]".repeat(125));
+        let v: serde_json::Value = serde_json::from_str(&deep).expect("json");
+        assert_eq!(value_depth(&v), 125);
+    }
 
     #[test]
     fn depths() {

@@ -196,6 +196,9 @@ pub struct ClientInfo {
 pub struct BridgeClient {
     pub turn: String,
     pub client: ClientInfo,
+    /// The client's strings cut to [`RECORD_MAX_STRING_BYTES`] (`client.name`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut: Option<Cuts>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_identity: Option<SystemIdentity>,
 }
@@ -244,6 +247,67 @@ pub struct Digest {
     pub sha256: String,
 }
 
+impl Digest {
+    /// The size and SHA-256 of `bytes`.
+    pub fn of(bytes: &[u8]) -> Self {
+        Self {
+            bytes: bytes.len(),
+            sha256: crate::catalog::sha256_hex(bytes),
+        }
+    }
+}
+
+/// Longest string a caller chooses (a tool name, a request id, a client's name or version) that
+/// a record line keeps whole. A longer one is kept cut to this many bytes (ending in `…`), and the
+/// line's `cut` names it with the whole string's size and SHA-256: the record does not grow with
+/// what a caller sends.
+pub const RECORD_MAX_STRING_BYTES: usize = 256;
+
+/// Longest `message` a `call` line keeps whole (a refusal quotes the call; a failure may quote
+/// what an upstream said); longer, it is cut the same way.
+pub const RECORD_MAX_MESSAGE_BYTES: usize = 4096;
+
+/// The strings of one line that were cut: the field's name (`tool`, `requestId`, `message`,
+/// `client.name`, ...) → the whole string's size and SHA-256.
+pub type Cuts = BTreeMap<String, Digest>;
+
+/// Cuts `text` to `max` bytes (on a character boundary, ending in `…`) when it is longer, and
+/// notes the whole string's size and SHA-256 under `field` in `cuts`.
+pub fn bound(text: &mut String, max: usize, field: &str, cuts: &mut Option<Cuts>) {
+    if text.len() <= max {
+        return;
+    }
+    let whole = Digest::of(text.as_bytes());
+    crate::name::clip(text, max);
+    cuts.get_or_insert_with(Cuts::new)
+        .insert(field.to_owned(), whole);
+}
+
+/// `text` as a record line keeps it: whole, or its first `max` bytes (as [`bound`] cuts it, with
+/// the whole string's size and SHA-256 noted under `field`). Copies no more than it keeps.
+pub fn bounded(text: &str, max: usize, field: &str, cuts: &mut Option<Cuts>) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    cuts.get_or_insert_with(Cuts::new)
+        .insert(field.to_owned(), Digest::of(text.as_bytes()));
+    let mut kept = String::with_capacity(end + '…'.len_utf8());
+    kept.push_str(&text[..end]);
+    kept.push('…');
+    kept
+}
+
+/// [`bound`] for an optional string.
+pub fn bound_opt(text: &mut Option<String>, max: usize, field: &str, cuts: &mut Option<Cuts>) {
+    if let Some(t) = text.as_mut() {
+        bound(t, max, field, cuts);
+    }
+}
+
 impl Arguments {
     /// The record's form of arguments: redacted to a hash, or a digest when their JSON text is
     /// longer than `max_bytes`, else kept.
@@ -275,6 +339,9 @@ pub struct Intent {
     #[serde(flatten)]
     pub arguments: Option<Arguments>,
     pub requirement: Option<Requirement>,
+    /// The caller's strings this line keeps only the start of (`tool`, `requestId`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut: Option<Cuts>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_identity: Option<SystemIdentity>,
 }
@@ -299,6 +366,9 @@ pub struct ApprovalRequested {
     pub policies: Vec<String>,
     /// When it is refused `denied/approval_timeout` if nobody decided.
     pub expires_at: String,
+    /// The caller's strings this line keeps only the start of (`tool`, `requestId`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut: Option<Cuts>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_identity: Option<SystemIdentity>,
 }
@@ -345,6 +415,9 @@ pub struct Call {
     pub duration_us: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The strings this line keeps only the start of (`tool`, `requestId`, `message`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut: Option<Cuts>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_identity: Option<SystemIdentity>,
     #[serde(flatten)]
@@ -580,6 +653,37 @@ mod tests {
         );
         round_trip(
             r#"{"seq":8,"at":"A","kind":"approval_decided","turn":"t","callId":"t.1","approval":"ab","decision":"timeout","decidedBy":null}"#,
+        );
+    }
+
+    #[test]
+    fn long_strings_are_cut_and_named_with_size_and_hash() {
+        let mut cuts = None;
+        assert_eq!(bounded("files.read", 16, "tool", &mut cuts), "files.read");
+        assert_eq!(cuts, None);
+        let long = "é".repeat(1000);
+        let kept = bounded(&long, 16, "tool", &mut cuts);
+        assert!(kept.len() <= 16 && kept.ends_with('…'), "{kept}");
+        let mut owned = long.clone();
+        bound(&mut owned, 16, "requestId", &mut cuts);
+        assert_eq!(owned, kept);
+        let cuts = cuts.expect("cut");
+        assert_eq!(cuts["tool"], Digest::of(long.as_bytes()));
+        assert_eq!(cuts["requestId"].bytes, 2000);
+        let line = serde_json::to_string(&Event::BridgeClient(BridgeClient {
+            turn: "t".into(),
+            client: ClientInfo {
+                name: kept,
+                version: "1".into(),
+                protocol_version: None,
+            },
+            cut: Some(cuts),
+            system_identity: None,
+        }))
+        .expect("ser");
+        assert!(
+            line.contains(r#""cut":{"requestId":{"bytes":2000,"sha256":""#),
+            "{line}"
         );
     }
 

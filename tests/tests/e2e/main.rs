@@ -31,3 +31,4 @@ mod security;
 mod telemetry;
 mod turns;
 mod upstream;
+mod views;
