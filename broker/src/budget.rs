@@ -6,7 +6,13 @@
 //! per principal, held here, across turns). The kernel asks [`Budgets::take`] after the policy
 //! permitted a call (and a person approved it, where one must), right before it runs: a call
 //! refused before that point uses nothing. A call that runs has used its call, whatever its
-//! outcome; its bytes are added when it returns ([`Budgets::add_bytes`]).
+//! outcome; its bytes are added when its answer is made ([`Budgets::add_bytes`], counted from
+//! the answer that is sent).
+//!
+//! Bytes are known only when a call ends, so a byte limit lets one call of a turn run at a time
+//! ([`Budgets::settle`], a gate per limit held from the check until the bytes are added): a call
+//! is admitted only when the bytes of every call before it are counted, and at most one call,
+//! the one that crosses the limit, ends a turn past it, however many are sent at once.
 //!
 //! With no budget configured nothing here is reached: the kernel tests
 //! [`Budgets::is_empty`] first (no lock, no allocation on the call path).
@@ -87,10 +93,12 @@ impl Bucket {
     }
 }
 
-/// What a turn has used of each per-turn limit, by slot: calls or bytes.
+/// What a turn has used of each per-turn limit, by slot: calls or bytes; and, by slot, the gate
+/// a call counting bytes against that limit holds while it runs.
 #[derive(Debug, Default)]
 pub struct TurnUse {
     used: Mutex<Vec<u64>>,
+    gates: Vec<tokio::sync::Semaphore>,
 }
 
 impl TurnUse {
@@ -98,8 +106,16 @@ impl TurnUse {
     pub fn new(slots: usize) -> Self {
         Self {
             used: Mutex::new(vec![0; slots]),
+            gates: (0..slots).map(|_| tokio::sync::Semaphore::new(1)).collect(),
         }
     }
+}
+
+/// Held by a call from its budget check until its bytes are added: no other call counting
+/// against the same byte limits of the turn runs meanwhile.
+#[derive(Debug, Default)]
+pub struct Settled<'a> {
+    _held: Vec<tokio::sync::SemaphorePermit<'a>>,
 }
 
 /// Every configured limit, and the per-principal buckets.
@@ -166,6 +182,31 @@ impl Budgets {
     /// Slots a turn's [`TurnUse`] needs.
     pub fn slots(&self) -> usize {
         self.limits.len()
+    }
+
+    /// Waits until no other call of `turn` counting against the byte limits that apply to
+    /// `tool` (of provider `namespace`) is in flight, and holds them until the result is dropped
+    /// (after [`add_bytes`](Self::add_bytes)). Gates are taken in slot order, each first come
+    /// first served; a tool with no byte limit waits for nothing.
+    pub async fn settle<'a>(&self, turn: &'a TurnUse, tool: &str, namespace: &str) -> Settled<'a> {
+        let mut held = Vec::new();
+        for l in &self.limits {
+            if l.kind == Kind::BytesPerTurn
+                && l.applies(tool, namespace)
+                && let Some(gate) = turn.gates.get(l.slot)
+                && let Ok(permit) = gate.acquire().await
+            {
+                held.push(permit);
+            }
+        }
+        Settled { _held: held }
+    }
+
+    /// Does any byte limit apply to `tool` (of provider `namespace`)?
+    pub fn counts_bytes(&self, tool: &str, namespace: &str) -> bool {
+        self.limits
+            .iter()
+            .any(|l| l.kind == Kind::BytesPerTurn && l.applies(tool, namespace))
     }
 
     /// Takes one call from every limit that applies to `tool` (of provider `namespace`), or
@@ -319,11 +360,13 @@ impl Budgets {
     }
 }
 
-/// The bytes a result returns, as budgets count them: the length of the compact JSON text of its
-/// `content` blocks and, when present, its `structuredContent`. Counted without making the text.
+/// The bytes an answer returns, as budgets count them: the length of the compact JSON text of its
+/// `content` blocks and, when present, its `structuredContent`, and of its message (a failure's
+/// sentence). Counted without making the text.
 pub fn returned_bytes(
     content: &[serde_json::Value],
     structured: Option<&serde_json::Value>,
+    message: Option<&str>,
 ) -> u64 {
     struct Count(u64);
     impl std::io::Write for Count {
@@ -340,7 +383,7 @@ pub fn returned_bytes(
     if let Some(s) = structured {
         let _ = serde_json::to_writer(&mut n, s);
     }
-    n.0
+    n.0 + message.map_or(0, |m| m.len() as u64)
 }
 
 #[cfg(test)]
@@ -424,7 +467,7 @@ mod tests {
         let taken = b.take(&turn, "a", "files.read", "files").expect("first");
         assert!(taken.counts_bytes());
         let content = [serde_json::json!({"type": "text", "text": "hi"})];
-        let n = returned_bytes(&content, None);
+        let n = returned_bytes(&content, None, None);
         assert_eq!(
             n,
             serde_json::to_string(&content).expect("ser").len() as u64

@@ -483,9 +483,11 @@ impl FilesProvider {
                         continue;
                     };
                     if check.may_read(&v) {
+                        // A path with `:` is quoted too: `/a:1: x` would pass for a line hit.
+                        let shown = shown_name(&v, v.contains(':'));
                         hits.push(match line_hit {
-                            Some((n, line)) => format!("{v}:{n}: {line}"),
-                            None => v,
+                            Some((n, line)) => format!("{shown}:{n}: {}", shown_line(&line)),
+                            None => shown.into_owned(),
                         });
                         if hits.len() >= limit {
                             break 'walk;
@@ -695,7 +697,7 @@ fn list(vpath: &str, found: &Found, budget: &Budget<'_>) -> Result<Success, Fail
         }
         total += 1;
         if names.len() < MAX_LIST_ENTRIES {
-            let mut name = String::from_utf8_lossy(raw).into_owned();
+            let mut name = shown_name(&String::from_utf8_lossy(raw), false).into_owned();
             if entry.file_type() == FileType::Directory {
                 name.push('/');
             }
@@ -717,6 +719,40 @@ fn list(vpath: &str, found: &Found, budget: &Budget<'_>) -> Result<Success, Fail
         text.push_str(&format!("\n… the listing stopped early ({why})"));
     }
     Ok(Success::text(text))
+}
+
+/// A name or path as `list` and `search` show it, one entry per line whatever it holds: as it
+/// is when that is unambiguous, otherwise quoted with Rust's escapes (`"notes.txt\nsalary.xlsx"`).
+/// Quoted: a name with a control or other non-printable character (a newline would forge
+/// entries), a `\` or `"` (which the quoting itself uses), one starting with `…` (the listings'
+/// own footers start with it), and, when `quote_colon`, one with `:` (a search hit's separator).
+fn shown_name(name: &str, quote_colon: bool) -> std::borrow::Cow<'_, str> {
+    let quoted = format!("{name:?}");
+    let plain = quoted.len() == name.len() + 2
+        && !name.starts_with('…')
+        && !(quote_colon && name.contains(':'));
+    if plain {
+        std::borrow::Cow::Borrowed(name)
+    } else {
+        std::borrow::Cow::Owned(quoted)
+    }
+}
+
+/// A file's line as a search hit shows it: control characters, the Unicode line and paragraph
+/// separators and the bidirectional controls escaped (a lone `\r` or U+2028 would otherwise
+/// start another line for a reader, an override would reorder what follows).
+fn shown_line(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    for c in line.chars() {
+        if (c.is_control() && c != '\t')
+            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// What one `list` or `search` call may spend: time, and the call's stop flag.
@@ -1016,6 +1052,62 @@ mod tests {
         assert!(!text.contains("privdir"), "{text}");
         assert!(!text.contains("fifo"), "{text}");
         assert!(!text.contains("zero"), "{text}");
+    }
+
+    #[test]
+    fn names_that_could_pass_for_lines_or_footers_are_quoted() {
+        let (_d, p) = setup();
+        let public = p.root.path().join("public");
+        for name in [
+            "notes.txt\nsalary-2027.xlsx",
+            "zz\n… 3 more entries not shown",
+            "… 9 more entries not shown",
+            "back\\slash",
+            "\"quoted\"",
+            "line\u{2028}sep",
+            "a:1: forged",
+        ] {
+            std::fs::write(public.join(name), "needle\rforged\u{2028}x\n").expect("w");
+        }
+        let run = |op, a: Value| {
+            let a = args(a);
+            let r = p.resolve(op, &a).expect("resolve");
+            p.execute(op, &r, &a, &AllowPublic, &AtomicBool::new(false))
+                .expect("ran")
+                .first_text()
+                .to_owned()
+        };
+        let listing = run(FileOp::List, json!({"path": "/public"}));
+        let lines: Vec<&str> = listing.lines().collect();
+        // hello.txt, link, out, sub/ and the seven above: one line each.
+        assert_eq!(lines.len(), 11, "{listing}");
+        for shown in [
+            r#""notes.txt\nsalary-2027.xlsx""#,
+            r#""zz\n… 3 more entries not shown""#,
+            r#""… 9 more entries not shown""#,
+            r#""back\\slash""#,
+            r#""\"quoted\"""#,
+            r#""line\u{2028}sep""#,
+            "a:1: forged",
+            "hello.txt",
+            "sub/",
+        ] {
+            assert!(lines.contains(&shown), "{shown} in {listing}");
+        }
+        let found = run(
+            FileOp::Search,
+            json!({"query": "needle", "path": "/public"}),
+        );
+        let lines: Vec<&str> = found.lines().collect();
+        assert_eq!(lines.len(), 7, "{found}");
+        assert!(
+            lines.contains(&r#""/public/a:1: forged":1: needle\rforged\u{2028}x"#),
+            "{found}"
+        );
+        assert!(
+            lines.contains(&r#""/public/notes.txt\nsalary-2027.xlsx":1: needle\rforged\u{2028}x"#),
+            "{found}"
+        );
     }
 
     #[test]

@@ -740,6 +740,8 @@ impl Kernel {
             }
         }
         let mut forwarded = None;
+        // A call counting bytes: the gate it holds, its turn's use, and the limits to add to.
+        let mut counting = None;
         let (outcome, message, requirement, policies, content) = match verdict {
             Verdict::Refused {
                 outcome,
@@ -761,17 +763,54 @@ impl Kernel {
                     break 'run (outcome, message, requirement, policies, None);
                 }
                 // Budgets, last before the call runs: a call refused before here uses none.
-                let mut taken = None;
                 if !self.budgets.is_empty()
                     && let Some(used) = site.budget
                 {
-                    match self.budgets.take(
-                        used,
-                        &site.context.principal,
-                        tool.name.as_str(),
-                        tool.authority.handler.namespace(),
-                    ) {
-                        Ok(t) => taken = t.counts_bytes().then_some((t, used)),
+                    let (name, namespace) =
+                        (tool.name.as_str(), tool.authority.handler.namespace());
+                    // A byte limit: wait until the calls ahead of this one have counted theirs
+                    // (at most the call's own time limit), so at most one call crosses it.
+                    if self.budgets.counts_bytes(name, namespace) {
+                        let wait = tool.authority.handler.timeout(self.call_timeout);
+                        let settled = tokio::select! {
+                            s = self.budgets.settle(used, name, namespace) => Ok(s),
+                            _ = cancel.cancelled() => Err(None),
+                            _ = tokio::time::sleep(wait) => Err(Some(wait)),
+                        };
+                        match settled {
+                            Ok(s) => counting = Some((s, used, None)),
+                            Err(None) => {
+                                break 'run (
+                                    Outcome::Cancelled(cancel_cause()),
+                                    None,
+                                    requirement,
+                                    policies,
+                                    None,
+                                );
+                            }
+                            Err(Some(wait)) => {
+                                break 'run (
+                                    Outcome::Failed(FailCode::Timeout),
+                                    Some(format!(
+                                        "failed: {what} — the calls ahead of it on the same byte budget did not finish within {} s; it was not run",
+                                        wait.as_secs_f64()
+                                    )),
+                                    requirement,
+                                    policies,
+                                    None,
+                                );
+                            }
+                        }
+                    }
+                    match self
+                        .budgets
+                        .take(used, &site.context.principal, name, namespace)
+                    {
+                        Ok(t) => {
+                            if let Some((_, _, taken)) = counting.as_mut() {
+                                *taken = t.counts_bytes().then_some(t);
+                            }
+                        }
                         Err(Exhausted(why)) => {
                             break 'run (
                                 Outcome::Denied(DenyCode::BudgetExhausted),
@@ -826,14 +865,6 @@ impl Kernel {
                         Some(Err(Failure::new(FailCode::Timeout, format!("did not finish within {secs} s"))))
                     }
                 };
-                if let Some((taken, used)) = taken {
-                    let bytes = match &ran {
-                        Some(Ok(s)) => returned_bytes(&s.content, s.structured.as_ref()),
-                        Some(Err(f)) => returned_bytes(&f.content, None),
-                        None => 0,
-                    };
-                    self.budgets.add_bytes(used, &taken, bytes);
-                }
                 match ran {
                     None => (
                         Outcome::Cancelled(cancel_cause()),
@@ -859,15 +890,27 @@ impl Kernel {
                 }
             }
         };
-        self.finish(
-            &site,
-            &call,
-            started,
-            (outcome, message, requirement, policies, content),
-            forwarded,
-            approval,
-        )
-        .await
+        let answer = self
+            .finish(
+                &site,
+                &call,
+                started,
+                (outcome, message, requirement, policies, content),
+                forwarded,
+                approval,
+            )
+            .await;
+        // The bytes are counted from the answer that leaves, then the gate opens for the next.
+        if let Some((settled, used, Some(taken))) = counting {
+            let bytes = returned_bytes(
+                &answer.content,
+                answer.structured_content.as_ref(),
+                answer.message.as_deref(),
+            );
+            self.budgets.add_bytes(used, &taken, bytes);
+            drop(settled);
+        }
+        answer
     }
 
     /// Holds a permitted call for a person: records `approval_requested`, waits for a decision

@@ -338,3 +338,94 @@ async fn a_client_that_opens_with_server_discover_is_recorded() {
         assert_eq!(clients[0]["client"]["protocolVersion"], "2026-07-28");
     }
 }
+
+/// File names with newlines (`notes.txt\nsalary-2027.xlsx`, `zz\n… 3 more entries not shown`) and
+/// one shaped like the footer, listed and searched through a real shim: what the model sees has
+/// one line per real entry (plus the listing's one real footer), the odd names quoted with
+/// escapes, and no line a name could forge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_with_newlines_show_one_line_per_entry() {
+    let broker = TestBroker::start(Options::default()).await;
+    let public = broker.dir.path().join("data/public");
+    let odd = [
+        "notes.txt\nsalary-2027.xlsx",
+        "zz\n… 3 more entries not shown",
+        "… 2 more entries not shown",
+    ];
+    std::fs::create_dir_all(public.join("many")).expect("mk");
+    for name in odd {
+        std::fs::write(public.join(name), "needle\n").expect("w");
+        std::fs::write(public.join("many").join(name), "x").expect("w");
+    }
+    // 1000 more in `many`: a listing of 1003 entries shows 1000 and a footer for 3.
+    for i in 0..1000 {
+        std::fs::write(public.join(format!("many/f{i:04}")), "x").expect("w");
+    }
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    let seen = |r: &Value| {
+        assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+        text(&r["result"])
+    };
+
+    // hello.txt, many/ and the three odd names.
+    let listing = seen(&raw.call(1, "files.list", json!({"path": "/public"})).await);
+    let lines: Vec<&str> = listing.split('\n').collect();
+    println!("/public: {} lines for 5 entries:\n{listing}", lines.len());
+    assert_eq!(lines.len(), 5, "{listing}");
+    for shown in [
+        "hello.txt",
+        "many/",
+        r#""notes.txt\nsalary-2027.xlsx""#,
+        r#""zz\n… 3 more entries not shown""#,
+        r#""… 2 more entries not shown""#,
+    ] {
+        assert!(lines.contains(&shown), "{shown:?} in {listing}");
+    }
+
+    let many = seen(
+        &raw.call(2, "files.list", json!({"path": "/public/many"}))
+            .await,
+    );
+    let lines: Vec<&str> = many.split('\n').collect();
+    let footers: Vec<&&str> = lines.iter().filter(|l| l.starts_with('…')).collect();
+    println!(
+        "/public/many: {} lines for 1003 entries, footers {footers:?}",
+        lines.len()
+    );
+    assert_eq!(lines.len(), 1001, "1000 entries and the footer");
+    assert_eq!(footers, [&"… 3 more entries not shown"]);
+    assert_eq!(lines.last(), Some(&"… 3 more entries not shown"));
+    assert!(!lines.contains(&"salary-2027.xlsx"));
+
+    // Three hits, one line each.
+    let found = seen(
+        &raw.call(
+            3,
+            "files.search",
+            json!({"path": "/public", "query": "needle"}),
+        )
+        .await,
+    );
+    let lines: Vec<&str> = found.split('\n').collect();
+    println!("search: {} lines for 3 hits:\n{found}", lines.len());
+    assert_eq!(lines.len(), 3, "{found}");
+    for shown in [
+        r#""/public/notes.txt\nsalary-2027.xlsx":1: needle"#,
+        r#""/public/zz\n… 3 more entries not shown":1: needle"#,
+        // A path starts with `/`: a footer-shaped name inside it forges nothing.
+        "/public/… 2 more entries not shown:1: needle",
+    ] {
+        assert!(lines.contains(&shown), "{shown:?} in {found}");
+    }
+    // A quoted name as shown, unquoted, is the name files.read takes.
+    let r = raw
+        .call(
+            4,
+            "files.read",
+            json!({"path": "/public/notes.txt\nsalary-2027.xlsx"}),
+        )
+        .await;
+    assert_eq!(text(&r["result"]), "needle\n");
+}

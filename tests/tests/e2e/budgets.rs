@@ -285,3 +285,86 @@ async fn a_budget_naming_no_tool_stops_serve_with_its_index_and_key() {
         assert!(stderr.contains(says), "{stderr}");
     }
 }
+
+/// `bytes_per_turn = 2000` on `files`, 64 `files.list` sent at once on one token (one shim, all
+/// in flight together): at most one call ends the turn past the limit. A listing far over the
+/// limit: exactly one succeeds and 63 are `denied/budget_exhausted`; a listing of about a fifth
+/// of it: the calls that fit, plus the one that crosses, and no more. Every call is recorded.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_calls_pass_a_byte_budget_by_one_call_at_most() {
+    const LIMIT: usize = 2000;
+    const CALLS: i64 = 64;
+    let broker = broker_with(&format!(
+        "[[budgets]]\nnamespace = \"files\"\nbytes_per_turn = {LIMIT}\n"
+    ))
+    .await;
+    let public = broker.dir.path().join("data/public");
+    std::fs::create_dir_all(public.join("big")).expect("mk");
+    std::fs::create_dir_all(public.join("some")).expect("mk");
+    for i in 0..1000 {
+        std::fs::write(
+            public.join(format!("big/a-rather-long-file-name-{i:04}.txt")),
+            "x",
+        )
+        .expect("w");
+    }
+    for i in 0..20 {
+        std::fs::write(public.join(format!("some/file-{i:02}.txt")), "x").expect("w");
+    }
+    for (folder, over_alone) in [("/public/big", true), ("/public/some", false)] {
+        let turn = broker.open_turn("alice").await;
+        let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+        raw.initialize("2025-11-25").await;
+        for id in 1..=CALLS {
+            raw.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": "files.list", "arguments": {"path": folder}}}))
+                .await;
+        }
+        let mut answers = Vec::new();
+        while answers.len() < CALLS as usize {
+            let v = raw.recv().await;
+            if v.get("id").is_some() && v.get("method").is_none() {
+                answers.push(v);
+            }
+        }
+        let ok: Vec<&Value> = answers
+            .iter()
+            .filter(|a| outcome(a) == "succeeded/ok")
+            .collect();
+        let exhausted = answers
+            .iter()
+            .filter(|a| outcome(a) == "denied/budget_exhausted")
+            .count();
+        // The bytes one listing returns, as the broker counts them (its content blocks).
+        let per_call = serde_json::to_string(&ok[0]["result"]["content"])
+            .expect("json")
+            .len();
+        // The calls that start under the limit: 0, per_call, ... while below LIMIT.
+        let fit = LIMIT.div_ceil(per_call);
+        println!(
+            "{folder}: {} succeeded, {exhausted} denied/budget_exhausted, {per_call} bytes each, {} returned in all",
+            ok.len(),
+            ok.len() * per_call
+        );
+        assert_eq!(ok.len(), fit, "{folder}: one call past the limit at most");
+        assert_eq!(exhausted, CALLS as usize - fit, "{folder}");
+        assert!((fit - 1) * per_call < LIMIT && fit * per_call >= LIMIT);
+        if over_alone {
+            assert_eq!(fit, 1, "a listing over the limit by itself: {per_call}");
+        } else {
+            assert!(fit >= 3, "several listings fit: {per_call}");
+        }
+        let calls = broker.calls_of(&turn.turn);
+        let recorded = |o: &str, c: &str| {
+            calls
+                .iter()
+                .filter(|l| l["outcome"] == o && l["code"] == c)
+                .count()
+        };
+        assert_eq!(calls.len(), CALLS as usize, "every call recorded");
+        assert_eq!(recorded("succeeded", "ok"), fit);
+        assert_eq!(recorded("denied", "budget_exhausted"), CALLS as usize - fit);
+        let left = turn_budgets(&broker, &turn.turn).await;
+        assert_eq!(left[0]["left"].as_u64(), Some(0), "{left:?}");
+    }
+}

@@ -1031,4 +1031,111 @@ when { resource.name == "noisy.echo" };
     drop(raw.close_stdin().await);
     let _ = broker.start_kill();
     let _ = broker.wait().await;
+
+/// A two-argument template (`file = "{dir}/{name}"`, `file_root` set) in front of a real Python
+/// upstream that opens `os.path.join(dir, name)`: an absolute `name` (which the join takes alone)
+/// is refused even where the template's string names a decoy the agent made under `/public`,
+/// and so is `/etc/hostname`, a `/` in `name` and a `..`; each refusal is recorded
+/// `denied/unresolvable_requirement`, the upstream opens only what the policy decided on, and
+/// the secret is in no answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_argument_template_refuses_parts_a_join_would_read_otherwise() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = std::fs::canonicalize(dir.path())
+        .expect("canon")
+        .join("pydata");
+    let d = data.display().to_string();
+    std::fs::create_dir_all(data.join("public")).expect("mk");
+    std::fs::create_dir_all(data.join("private")).expect("mk");
+    std::fs::write(data.join("public/a.txt"), "hello public\n").expect("w");
+    std::fs::write(data.join("private/secret.txt"), "TOP-SECRET-42\n").expect("w");
+    // The decoy: `/public/<root>/private/secret.txt`, what the template's string names.
+    let decoy = data.join(format!("public{d}/private"));
+    std::fs::create_dir_all(&decoy).expect("mk");
+    std::fs::write(decoy.join("secret.txt"), "decoy\n").expect("w");
+    let log = dir.path().join("opened.log");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/joiner.py");
+    let broker = broker_with(&format!(
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"py\"\ncommand = \"python3\"\nargs = [{}]\nenv = {{ JOINER_LOG = {} }}\n\
+         [providers.tools.read_joined]\naction = \"read\"\nfile = \"{{dir}}/{{name}}\"\nfile_root = {}\n",
+        q(script),
+        q(&log.display().to_string()),
+        q(&d)
+    ))
+    .await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-06-18").await;
+    let public = format!("{d}/public");
+    let cases = [
+        (public.clone(), "a.txt".to_owned(), "succeeded/ok"),
+        (
+            public.clone(),
+            format!("{d}/private/secret.txt"),
+            "denied/unresolvable_requirement",
+        ),
+        (
+            public.clone(),
+            "/etc/hostname".to_owned(),
+            "denied/unresolvable_requirement",
+        ),
+        (
+            d.clone(),
+            "private/secret.txt".to_owned(),
+            "denied/unresolvable_requirement",
+        ),
+        (
+            public.clone(),
+            "../private/secret.txt".to_owned(),
+            "denied/unresolvable_requirement",
+        ),
+        (
+            format!("{d}/public/../private"),
+            "secret.txt".to_owned(),
+            "denied/unresolvable_requirement",
+        ),
+        (
+            public.clone(),
+            "..".to_owned(),
+            "denied/unresolvable_requirement",
+        ),
+    ];
+    for (i, (dir_arg, name, want)) in cases.iter().enumerate() {
+        let r = call(
+            &mut raw,
+            i as i64 + 1,
+            "py.read_joined",
+            json!({"dir": dir_arg, "name": name}),
+        )
+        .await;
+        let m = meta(&r);
+        assert_eq!(
+            format!(
+                "{}/{}",
+                m["outcome"].as_str().unwrap_or("?"),
+                m["code"].as_str().unwrap_or("?")
+            ),
+            *want,
+            "{dir_arg} + {name}: {r}"
+        );
+        assert!(!r.to_string().contains("TOP-SECRET"), "{r}");
+        if i == 0 {
+            assert_eq!(text(&r), "hello public\n");
+        }
+    }
+    let calls = broker.calls_of(&turn.turn);
+    let count = |o: &str, c: &str| {
+        calls
+            .iter()
+            .filter(|l| l["outcome"] == o && l["code"] == c)
+            .count()
+    };
+    assert_eq!(calls.len(), cases.len(), "every call recorded");
+    assert_eq!(count("succeeded", "ok"), 1);
+    assert_eq!(count("denied", "unresolvable_requirement"), cases.len() - 1);
+    let record = std::fs::read_to_string(broker.record_path()).expect("record");
+    assert!(!record.contains("TOP-SECRET"));
+    // The upstream was sent one call, and opened only the public file.
+    let opened = std::fs::read_to_string(&log).expect("log");
+    assert_eq!(opened, format!("{d}/public/a.txt\n"));
 }
