@@ -1031,6 +1031,7 @@ when { resource.name == "noisy.echo" };
     drop(raw.close_stdin().await);
     let _ = broker.start_kill();
     let _ = broker.wait().await;
+}
 
 /// A two-argument template (`file = "{dir}/{name}"`, `file_root` set) in front of a real Python
 /// upstream that opens `os.path.join(dir, name)`: an absolute `name` (which the join takes alone)
