@@ -488,3 +488,34 @@ pub fn installed(folder: &str, script: &str) -> Option<std::collections::BTreeMa
         }
     }
 }
+
+/// A connection straight to the bridge socket at `bridge` (no shim) that has said hello with
+/// `token` and read the broker's welcome.
+pub async fn raw_bridge(
+    bridge: &Path,
+    token: &str,
+) -> (
+    sharedos_ipc::FrameReader<impl tokio::io::AsyncRead + Unpin + Send + use<>>,
+    impl tokio::io::AsyncWrite + Unpin + Send + use<>,
+) {
+    use sharedos_proto::ipc::{BridgeEvent, BridgeRequest, PROTOCOL_VERSION, ShimInfo, TurnToken};
+    let stream = sharedos_ipc::connect(bridge).await.expect("connect");
+    let (r, mut w) = tokio::io::split(stream);
+    let mut reader = sharedos_ipc::FrameReader::new(r);
+    sharedos_ipc::write_frame(
+        &mut w,
+        &BridgeRequest::Hello {
+            protocol: PROTOCOL_VERSION,
+            token: TurnToken::new(token.to_owned()),
+            client: ShimInfo::default(),
+        },
+    )
+    .await
+    .expect("hello");
+    let welcome = reader.next::<BridgeEvent>().await.expect("welcome");
+    assert!(
+        matches!(welcome, BridgeEvent::Welcome { .. }),
+        "{welcome:?}"
+    );
+    (reader, w)
+}

@@ -262,30 +262,7 @@ impl Served {
         sharedos_ipc::FrameReader<impl tokio::io::AsyncRead + Unpin + Send + use<>>,
         impl tokio::io::AsyncWrite + Unpin + Send + use<>,
     ) {
-        use sharedos_proto::ipc::{
-            BridgeEvent, BridgeRequest, PROTOCOL_VERSION, ShimInfo, TurnToken,
-        };
-        let stream = sharedos_ipc::connect(&self.run_dir.join("bridge.sock"))
-            .await
-            .expect("connect");
-        let (r, mut w) = tokio::io::split(stream);
-        let mut reader = sharedos_ipc::FrameReader::new(r);
-        sharedos_ipc::write_frame(
-            &mut w,
-            &BridgeRequest::Hello {
-                protocol: PROTOCOL_VERSION,
-                token: TurnToken::new(token.to_owned()),
-                client: ShimInfo::default(),
-            },
-        )
-        .await
-        .expect("hello");
-        let welcome = reader.next::<BridgeEvent>().await.expect("welcome");
-        assert!(
-            matches!(welcome, BridgeEvent::Welcome { .. }),
-            "{welcome:?}"
-        );
-        (reader, w)
+        crate::kit::raw_bridge(&self.run_dir.join("bridge.sock"), token).await
     }
 
     /// A shim on a fresh turn of alice, initialized.

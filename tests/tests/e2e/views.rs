@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 use sharedos_ipc::{FrameReader, write_frame};
 use sharedos_proto::ToolCall;
-use sharedos_proto::ipc::{BridgeEvent, BridgeRequest, PROTOCOL_VERSION, ShimInfo, TurnToken};
+use sharedos_proto::ipc::{BridgeEvent, BridgeRequest};
 use sharedos_proto::record::RECORD_MAX_STRING_BYTES;
 
 use crate::kit::{Options, TestBroker, WAIT, eventually, run};
@@ -13,35 +13,6 @@ use crate::kit::{Options, TestBroker, WAIT, eventually, run};
 /// What one frame may add to the record (besides arguments, which have their own bound).
 const GROWTH_BOUND: u64 = 8 * 1024;
 const MIB: usize = 1024 * 1024;
-
-/// A connection straight to `bridge.sock` that said hello with `token` and read its welcome.
-async fn raw_bridge(
-    b: &TestBroker,
-    token: &TurnToken,
-) -> (
-    FrameReader<impl tokio::io::AsyncRead + Unpin + Send + use<>>,
-    impl tokio::io::AsyncWrite + Unpin + Send + use<>,
-) {
-    let stream = sharedos_ipc::connect(&b.bridge()).await.expect("connect");
-    let (r, mut w) = tokio::io::split(stream);
-    let mut reader = FrameReader::new(r);
-    write_frame(
-        &mut w,
-        &BridgeRequest::Hello {
-            protocol: PROTOCOL_VERSION,
-            token: token.clone(),
-            client: ShimInfo::default(),
-        },
-    )
-    .await
-    .expect("hello");
-    let welcome = reader.next::<BridgeEvent>().await.expect("welcome");
-    assert!(
-        matches!(welcome, BridgeEvent::Welcome { .. }),
-        "{welcome:?}"
-    );
-    (reader, w)
-}
 
 fn call(id: u64, tool: &str, arguments: Value, request_id: Option<String>) -> BridgeRequest {
     BridgeRequest::Call {
@@ -89,7 +60,7 @@ fn sha256(bytes: &[u8]) -> String {
 async fn what_a_token_holder_sends_grows_the_record_by_a_bound() {
     let b = TestBroker::start(Options::default()).await;
     let turn = b.open_turn("alice").await;
-    let (mut reader, mut w) = raw_bridge(&b, &turn.token).await;
+    let (mut reader, mut w) = crate::kit::raw_bridge(&b.bridge(), turn.token.expose()).await;
     let huge = "a".repeat(7 * MIB);
     let mut growth = Vec::new();
     for id in 1..=3u64 {
@@ -212,7 +183,7 @@ async fn a_token_holder_cannot_break_the_hosts_views() {
     })
     .await;
     let turn = b.open_turn("alice").await;
-    let (mut reader, mut w) = raw_bridge(&b, &turn.token).await;
+    let (mut reader, mut w) = crate::kit::raw_bridge(&b.bridge(), turn.token.expose()).await;
     // Nested 125 deep: the broker refuses it itself, and records it without its arguments.
     let deep: Value =
         serde_json::from_str(&format!("{}{}", "[".repeat(124), "]".repeat(124))).expect("deep");
