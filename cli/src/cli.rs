@@ -431,7 +431,7 @@ fn init_logging(
         EnvFilter::try_from_env("SHAREDOS_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     // The MCP client library logs what an upstream sends (every notification, with its payload,
     // at INFO; rejected requests and over-long lines at WARN and ERROR, once each): an upstream
-    // reaches the log only through the broker's own bounded lines (`upstream.rs`). Unless
+    // reaches the log only through the broker's own bounded lines (`upstream/log.rs`). Unless
     // SHAREDOS_LOG names the library's targets itself.
     if !asked.is_some_and(|a| a.contains(LIBRARY_TARGET)) {
         filter = filter.add_directive(format!("{LIBRARY_TARGET}=off").parse()?);

@@ -17,10 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
+use rmcp::ClientHandler;
 use rmcp::model::{CallToolRequestParams, CallToolResponse};
 use rmcp::service::{NotificationContext, Peer, RoleClient, RunningService};
-use rmcp::transport::TokioChildProcess;
-use rmcp::{ClientHandler, ServiceExt};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 use sharedos_proto::record::{self, Event, ProviderDetail};
@@ -37,6 +36,15 @@ use crate::provider::{
 use crate::record::Recorder;
 use crate::resource::{Object, Resource};
 use crate::vpath;
+
+mod log;
+mod stdio;
+mod template;
+
+pub use log::UpstreamLog;
+use log::upstream_text;
+use template::fill_template;
+pub use template::template_args;
 
 /// How long the broker waits at start for an upstream's first tool list.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -204,213 +212,11 @@ impl ClientHandler for Listener {
     }
 }
 
-/// What one upstream may put in the broker's log: [`UPSTREAM_LOG_LINES`] lines per
-/// [`UPSTREAM_LOG_WINDOW`], each carrying at most [`MAX_UPSTREAM_LOG_BYTES`] of its text; the
-/// rest is counted, and said.
-pub struct UpstreamLog {
-    provider: String,
-    window: Mutex<LogWindow>,
-}
-
-struct LogWindow {
-    started: std::time::Instant,
-    written: u32,
-    /// Lines not written since the last one that was.
-    held_back: u64,
-}
-
-impl UpstreamLog {
-    pub fn new(provider: &str) -> Self {
-        Self {
-            provider: provider.to_owned(),
-            window: Mutex::new(LogWindow {
-                started: std::time::Instant::now(),
-                written: 0,
-                held_back: 0,
-            }),
-        }
-    }
-
-    /// Writes a line with `write(provider, lines held back before it)` if the window has room;
-    /// else counts it: the first one past the window's room says so, and when the window ends
-    /// one line says how many were held back (unless a line written before then said it).
-    pub fn line(self: &Arc<Self>, write: impl FnOnce(&str, u64)) {
-        let admitted = {
-            let mut w = crate::lock(&self.window);
-            let now = std::time::Instant::now();
-            if now.duration_since(w.started) >= UPSTREAM_LOG_WINDOW {
-                w.started = now;
-                w.written = 0;
-            }
-            if w.written < UPSTREAM_LOG_LINES {
-                w.written += 1;
-                Ok(std::mem::take(&mut w.held_back))
-            } else {
-                w.held_back += 1;
-                Err((w.held_back == 1)
-                    .then(|| UPSTREAM_LOG_WINDOW.saturating_sub(now.duration_since(w.started))))
-            }
-        };
-        match admitted {
-            Ok(held_back) => write(&self.provider, held_back),
-            Err(Some(left)) => {
-                tracing::warn!(
-                    provider = %self.provider,
-                    "the upstream sends more than {UPSTREAM_LOG_LINES} log lines in {} s: the rest are counted, not written",
-                    UPSTREAM_LOG_WINDOW.as_secs()
-                );
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    let log = self.clone();
-                    rt.spawn(async move {
-                        tokio::time::sleep(left).await;
-                        log.say_held_back();
-                    });
-                }
-            }
-            Err(None) => {}
-        }
-    }
-
-    /// The count of lines held back and not yet said, in a line of its own.
-    fn say_held_back(&self) {
-        let held_back = std::mem::take(&mut crate::lock(&self.window).held_back);
-        if held_back > 0 {
-            tracing::warn!(provider = %self.provider, held_back, "upstream log lines held back (over {UPSTREAM_LOG_LINES} in {} s)", UPSTREAM_LOG_WINDOW.as_secs());
-        }
-    }
-}
-
-/// An upstream's text as one log line may carry it: control characters escaped (a newline in it
-/// cannot start a line of its own), cut to [`MAX_UPSTREAM_LOG_BYTES`].
-fn upstream_text(text: &str) -> String {
-    let mut out = String::with_capacity(text.len().min(MAX_UPSTREAM_LOG_BYTES + 8));
-    for c in text.chars() {
-        if out.len() > MAX_UPSTREAM_LOG_BYTES {
-            break;
-        }
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    sharedos_proto::name::clip(&mut out, MAX_UPSTREAM_LOG_BYTES);
-    out
-}
-
-/// Reads an upstream's stderr line by line, each into the log through `log` (at DEBUG), keeping at
-/// most [`MAX_UPSTREAM_LOG_BYTES`] of a line: a line without end is never buffered whole.
-async fn drain_stderr(stderr: impl tokio::io::AsyncRead + Unpin, log: Arc<UpstreamLog>) {
-    use tokio::io::AsyncBufReadExt;
-    let mut reader = tokio::io::BufReader::new(stderr);
-    let mut line = Vec::new();
-    loop {
-        let Ok(chunk) = reader.fill_buf().await else {
-            return;
-        };
-        if chunk.is_empty() {
-            break;
-        }
-        let (part, ends) = match chunk.iter().position(|&b| b == b'\n') {
-            Some(at) => (&chunk[..at], true),
-            None => (chunk, false),
-        };
-        let room = (MAX_UPSTREAM_LOG_BYTES + 4).saturating_sub(line.len());
-        line.extend_from_slice(&part[..part.len().min(room)]);
-        let used = part.len() + usize::from(ends);
-        reader.consume(used);
-        if ends {
-            stderr_line(&log, &line);
-            line.clear();
-        }
-    }
-    if !line.is_empty() {
-        stderr_line(&log, &line);
-    }
-}
-
-fn stderr_line(log: &Arc<UpstreamLog>, line: &[u8]) {
-    log.line(|provider, held_back| {
-        let text = upstream_text(&String::from_utf8_lossy(line));
-        tracing::debug!(%provider, held_back, "upstream stderr: {text}");
-    });
-}
-
 /// An upstream session, the tools it listed at start, and its list-changed announcements.
 struct Session {
     service: RunningService<RoleClient, Listener>,
     tools: Vec<Value>,
     changed: Arc<tokio::sync::Notify>,
-}
-
-/// `{arg}` names in a template.
-pub fn template_args(template: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut rest = template;
-    while let Some(start) = rest.find('{') {
-        let after = &rest[start + 1..];
-        let Some(end) = after.find('}') else { break };
-        out.push(after[..end].to_owned());
-        rest = &after[end + 1..];
-    }
-    out
-}
-
-/// A template's path with each `{arg}` replaced by that string argument, in one pass (an
-/// argument holding `{other}` stays as it is).
-///
-/// A template that is not exactly one `{arg}` joins its arguments with its own text, and an
-/// upstream may join them otherwise: Python's `os.path.join`, `pathlib` and Node's
-/// `path.resolve` drop what comes before an absolute part. So each argument of such a template
-/// is refused when it holds a NUL or a `..` component, when it is absolute and the template does
-/// not start with it, and, past the first argument, when it holds a `/` at all: the separators
-/// of the path are the template's own, and every way of joining the parts lands on the same path.
-fn fill_template(template: &str, args: &Map<String, Value>) -> Result<String, String> {
-    let bare = template_args(template)
-        .first()
-        .is_some_and(|a| template == format!("{{{a}}}"));
-    let mut path = String::with_capacity(template.len());
-    let mut rest = template;
-    let mut nth = 0;
-    while let Some(start) = rest.find('{') {
-        let after = &rest[start + 1..];
-        let Some(end) = after.find('}') else { break };
-        let arg = &after[..end];
-        let v = args
-            .get(arg)
-            .and_then(Value::as_str)
-            .ok_or_else(|| format!("the call has no string argument `{arg}`"))?;
-        if !bare {
-            let shown = || sharedos_proto::name::shown(v);
-            if v.contains('\0') {
-                return Err(format!("argument `{arg}` (`{}`) holds a NUL", shown()));
-            }
-            if v.split('/').any(|c| c == "..") {
-                return Err(format!(
-                    "argument `{arg}` (`{}`) holds a `..` component, which this tool's template does not allow",
-                    shown()
-                ));
-            }
-            if v.starts_with('/') && (start > 0 || !path.is_empty()) {
-                return Err(format!(
-                    "argument `{arg}` (`{}`) is absolute, and this tool's template puts it after other text (joined, it would stand alone)",
-                    shown()
-                ));
-            }
-            if nth > 0 && v.contains('/') {
-                return Err(format!(
-                    "argument `{arg}` (`{}`) holds a `/`, and in this tool's template only the first argument may",
-                    shown()
-                ));
-            }
-        }
-        path.push_str(&rest[..start]);
-        path.push_str(v);
-        rest = &after[end + 1..];
-        nth += 1;
-    }
-    path.push_str(rest);
-    Ok(path)
 }
 
 impl McpProvider {
@@ -539,49 +345,6 @@ impl McpProvider {
         if let Err(e) = self.recorder.append(&line).await {
             tracing::error!(provider = %self.config.namespace, error = %e, "cannot record provider state");
         }
-    }
-
-    fn command(&self) -> tokio::process::Command {
-        let command = if self.config.command.contains('/')
-            && !Path::new(&self.config.command).is_absolute()
-        {
-            self.base.join(&self.config.command).display().to_string()
-        } else {
-            self.config.command.clone()
-        };
-        let mut cmd = tokio::process::Command::new(command);
-        cmd.args(&self.config.args)
-            .envs(&self.config.env)
-            .kill_on_drop(true);
-        cmd
-    }
-
-    /// Spawns the upstream, initializes, lists its tools. The session is returned for supervision.
-    async fn connect(&self) -> Result<Session, String> {
-        let (transport, stderr) = TokioChildProcess::builder(self.command())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot start `{}`: {e}", self.config.command))?;
-        if let Some(stderr) = stderr {
-            // Drain the upstream's stderr into our log (a full pipe would block it), bounded.
-            tokio::spawn(drain_stderr(stderr, self.log.clone()));
-        }
-        let limit = self.startup_timeout();
-        let changed = Arc::new(tokio::sync::Notify::new());
-        let listener = Listener {
-            changed: changed.clone(),
-            log: self.log.clone(),
-        };
-        let service = tokio::time::timeout(limit, listener.serve(transport))
-            .await
-            .map_err(|_| "the upstream did not finish initialize in time".to_owned())?
-            .map_err(|e| format!("MCP initialize with the upstream failed: {e}"))?;
-        let tools = self.list(service.peer()).await?;
-        Ok(Session {
-            service,
-            tools,
-            changed,
-        })
     }
 
     /// The upstream's `tools/list` (every page), as raw JSON, bounded by the startup timeout.
@@ -1198,91 +961,6 @@ impl ToolHandler for McpHandler {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// An upstream's log lines: the window's room written, the rest counted and given to the
-    /// next line written; the upstream's text escaped and cut.
-    #[test]
-    fn an_upstream_log_is_bounded_and_counted() {
-        let log = Arc::new(UpstreamLog::new("noisy"));
-        let mut written = vec![];
-        for _ in 0..1000 {
-            log.line(|provider, held_back| written.push((provider.to_owned(), held_back)));
-        }
-        assert_eq!(written.len(), UPSTREAM_LOG_LINES as usize);
-        assert!(written.iter().all(|(p, n)| p == "noisy" && *n == 0));
-        // The next window: its first line counts what the last one held back.
-        crate::lock(&log.window).started -= UPSTREAM_LOG_WINDOW;
-        let mut next = None;
-        log.line(|_, held_back| next = Some(held_back));
-        assert_eq!(next, Some(1000 - u64::from(UPSTREAM_LOG_LINES)));
-        let text = upstream_text(&format!("a\nERROR forged\r\u{1b}[31m{}", "é".repeat(5000)));
-        assert!(text.starts_with("a\\nERROR forged\\r\\u{1b}[31m"), "{text}");
-        assert!(!text.chars().any(char::is_control), "{text}");
-        assert!(
-            text.len() <= MAX_UPSTREAM_LOG_BYTES && text.ends_with('…'),
-            "{}",
-            text.len()
-        );
-    }
-
-    #[test]
-    fn template_arguments() {
-        assert_eq!(template_args("{path}"), ["path"]);
-        assert_eq!(template_args("/repos/{owner}/{repo}"), ["owner", "repo"]);
-        assert!(template_args("/fixed").is_empty());
-    }
-
-    #[test]
-    fn template_parts_are_refused_where_a_join_would_read_them_otherwise() {
-        let args = |v: Value| v.as_object().cloned().expect("object");
-        let fill = |t: &str, v: Value| fill_template(t, &args(v));
-        let two = "{dir}/{name}";
-        assert_eq!(
-            fill(two, json!({"dir": "/srv/d/public", "name": "a.txt"})).as_deref(),
-            Ok("/srv/d/public/a.txt")
-        );
-        for (v, why) in [
-            (
-                json!({"dir": "/srv/d/public", "name": "/srv/d/private/s"}),
-                "is absolute",
-            ),
-            (
-                json!({"dir": "/srv/d/public", "name": "/etc/hostname"}),
-                "is absolute",
-            ),
-            (
-                json!({"dir": "/srv/d/public", "name": "sub/a"}),
-                "holds a `/`",
-            ),
-            (json!({"dir": "/srv/d/public", "name": ".."}), "`..`"),
-            (json!({"dir": "/srv/d/../private", "name": "s"}), "`..`"),
-            (json!({"dir": "/srv/d/public", "name": "a\u{0}b"}), "NUL"),
-            (
-                json!({"dir": "/srv", "name": 1}),
-                "no string argument `name`",
-            ),
-        ] {
-            let e = fill(two, v.clone()).expect_err("refused");
-            assert!(e.contains(why), "{v}: {e}");
-        }
-        // A prefixed single argument may hold folders, but not stand alone.
-        assert_eq!(
-            fill("/docs/{p}", json!({"p": "a/b.txt"})).as_deref(),
-            Ok("/docs/a/b.txt")
-        );
-        let e = fill("/docs/{p}", json!({"p": "/etc/passwd"})).expect_err("abs");
-        assert!(e.contains("is absolute"), "{e}");
-        // A bare argument is the whole path: a file_root check or canonicalization judges it.
-        assert_eq!(
-            fill("{path}", json!({"path": "/a/../b"})).as_deref(),
-            Ok("/a/../b")
-        );
-        // Substitution is one pass: an argument naming another stays as it is.
-        assert_eq!(
-            fill("/r/{a}-{b}", json!({"a": "{b}", "b": "x"})).as_deref(),
-            Ok("/r/{b}-x")
-        );
-    }
 
     #[test]
     fn scopes() {
