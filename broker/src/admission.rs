@@ -7,6 +7,12 @@
 //! closed. One local user's idle connections therefore cannot keep another user's shims out, nor
 //! one process's another's; and a connection that has waited past [`HELLO_IDLE_EVICTABLE`] (a
 //! shim says hello at once) gives its place to any newcomer.
+//!
+//! When the gate is full and no place can be taken that way (e.g. one uid's many processes each
+//! holding one place and renewing it before it is idle), a newcomer still gets a place in a small
+//! fast lane ([`MAX_FAST_HELLO`]) with a short time to say hello ([`FAST_HELLO_WITHIN`]): a shim
+//! sends its hello as soon as it has connected, so it is read and answered long before that, and
+//! the lane's places turn over quickly (a full lane gives its oldest place to the newcomer).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,6 +27,11 @@ pub const MAX_PENDING_HELLO: usize = 256;
 /// A connection still silent after this long gives its place to a newcomer when the gate is
 /// full (a shim sends its hello as soon as it has connected).
 pub const HELLO_IDLE_EVICTABLE: Duration = Duration::from_secs(1);
+/// Places beyond [`MAX_PENDING_HELLO`] for newcomers that find the gate full: each must say hello
+/// within [`FAST_HELLO_WITHIN`], and a full lane gives its oldest place to the next newcomer.
+pub const MAX_FAST_HELLO: usize = 64;
+/// The time a connection in the fast lane has to send its whole hello.
+pub const FAST_HELLO_WITHIN: Duration = Duration::from_millis(250);
 
 /// One connection waiting for its hello.
 struct Entry {
@@ -28,6 +39,8 @@ struct Entry {
     pid: i32,
     since: Instant,
     evict: CancellationToken,
+    /// In the fast lane: not counted in the gate's places nor shared by uid.
+    fast: bool,
 }
 
 #[derive(Default)]
@@ -36,13 +49,19 @@ struct State {
     entries: HashMap<u64, Entry>,
     per_uid: HashMap<u32, usize>,
     per_pid: HashMap<i32, usize>,
+    /// Entries in the fast lane.
+    fast: usize,
 }
 
 impl State {
     fn remove(&mut self, id: u64) -> Option<Entry> {
         let e = self.entries.remove(&id)?;
-        decrement(&mut self.per_uid, e.uid);
         decrement(&mut self.per_pid, e.pid);
+        if e.fast {
+            self.fast -= 1;
+        } else {
+            decrement(&mut self.per_uid, e.uid);
+        }
         Some(e)
     }
 
@@ -59,7 +78,7 @@ impl State {
         let oldest_of = |keep: &dyn Fn(&Entry) -> bool| {
             self.entries
                 .iter()
-                .filter(|(_, e)| keep(e))
+                .filter(|(_, e)| !e.fast && keep(e))
                 .min_by_key(|(id, e)| (e.since, **id))
                 .map(|(id, _)| *id)
         };
@@ -84,9 +103,18 @@ impl State {
     }
 
     /// The process of `uid` holding the most places.
+    /// The fast lane's oldest entry.
+    fn oldest_fast(&self) -> Option<u64> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| e.fast)
+            .min_by_key(|(id, e)| (e.since, **id))
+            .map(|(id, _)| *id)
+    }
+
     fn top_pid_of(&self, uid: u32) -> Option<i32> {
         let mut counts: HashMap<i32, usize> = HashMap::new();
-        for e in self.entries.values().filter(|e| e.uid == uid) {
+        for e in self.entries.values().filter(|e| !e.fast && e.uid == uid) {
             *counts.entry(e.pid).or_default() += 1;
         }
         counts
@@ -116,6 +144,15 @@ impl HelloGate {
     /// makes room by closing another connection when the newcomer's uid or process holds fewer
     /// places than the largest holder (see the module's documentation).
     pub fn admit(self: &Arc<Self>, uid: Option<u32>, pid: Option<i32>) -> Option<PendingHello> {
+        self.admit_at(uid, pid, Instant::now())
+    }
+
+    fn admit_at(
+        self: &Arc<Self>,
+        uid: Option<u32>,
+        pid: Option<i32>,
+        now: Instant,
+    ) -> Option<PendingHello> {
         let mut s = self
             .state
             .lock()
@@ -125,8 +162,20 @@ impl HelloGate {
         if s.per_pid.get(&pid).copied().unwrap_or(0) >= MAX_PENDING_HELLO_PER_PEER {
             return None;
         }
-        if s.entries.len() >= MAX_PENDING_HELLO {
-            let victim = s.victim(uid, pid, Instant::now())?;
+        let mut fast = false;
+        if s.entries.len() - s.fast >= MAX_PENDING_HELLO {
+            let victim = match s.victim(uid, pid, now) {
+                Some(v) => v,
+                None => {
+                    // The fast lane: a short time to say hello; when full, its oldest place.
+                    fast = true;
+                    if s.fast >= MAX_FAST_HELLO {
+                        s.oldest_fast()?
+                    } else {
+                        u64::MAX
+                    }
+                }
+            };
             if let Some(e) = s.remove(victim) {
                 e.evict.cancel();
             }
@@ -139,16 +188,22 @@ impl HelloGate {
             Entry {
                 uid,
                 pid,
-                since: Instant::now(),
+                since: now,
                 evict: evict.clone(),
+                fast,
             },
         );
-        *s.per_uid.entry(uid).or_default() += 1;
+        if fast {
+            s.fast += 1;
+        } else {
+            *s.per_uid.entry(uid).or_default() += 1;
+        }
         *s.per_pid.entry(pid).or_default() += 1;
         Some(PendingHello {
             gate: self.clone(),
             id,
             evict,
+            fast,
         })
     }
 }
@@ -160,9 +215,20 @@ pub struct PendingHello {
     gate: Arc<HelloGate>,
     id: u64,
     evict: CancellationToken,
+    fast: bool,
 }
 
 impl PendingHello {
+    /// The time this connection has to send its hello: the socket's `ordinary` time, or at most
+    /// [`FAST_HELLO_WITHIN`] for a place in the fast lane.
+    pub fn within(&self, ordinary: Duration) -> Duration {
+        if self.fast {
+            ordinary.min(FAST_HELLO_WITHIN)
+        } else {
+            ordinary
+        }
+    }
+
     /// Ends when the place was given to a newcomer: the connection is to be closed.
     pub async fn evicted(&self) {
         self.evict.cancelled().await;
@@ -207,5 +273,144 @@ impl RateLimitedLog {
             self.held = 0;
             self.last = Some(std::time::Instant::now());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fills the gate with `per` places for each of `holders` (uid, pid), all admitted at `at`.
+    fn fill(
+        gate: &Arc<HelloGate>,
+        holders: &[(u32, i32)],
+        per: usize,
+        at: Instant,
+    ) -> Vec<PendingHello> {
+        let mut out = Vec::new();
+        for &(uid, pid) in holders {
+            for _ in 0..per {
+                out.push(gate.admit_at(Some(uid), Some(pid), at).expect("a place"));
+            }
+        }
+        out
+    }
+
+    fn evicted(places: &[PendingHello]) -> usize {
+        places.iter().filter(|p| p.evict.is_cancelled()).count()
+    }
+
+    #[test]
+    fn one_process_holds_at_most_its_share() {
+        let gate = Arc::new(HelloGate::default());
+        let now = Instant::now();
+        let held = fill(&gate, &[(1000, 7)], MAX_PENDING_HELLO_PER_PEER, now);
+        assert!(gate.admit_at(Some(1000), Some(7), now).is_none());
+        assert_eq!(evicted(&held), 0);
+        assert!(gate.admit_at(Some(1000), Some(8), now).is_some());
+    }
+
+    #[test]
+    fn a_uid_holding_fewer_takes_the_oldest_place_of_the_largest_uid() {
+        let gate = Arc::new(HelloGate::default());
+        let t0 = Instant::now();
+        // 16 processes of uid 1000 fill the gate (16 x 16 = 256).
+        let holders: Vec<(u32, i32)> = (0..16).map(|p| (1000, 100 + p)).collect();
+        let held = fill(&gate, &holders, 16, t0);
+        assert_eq!(gate.state.lock().unwrap().entries.len(), MAX_PENDING_HELLO);
+        let later = t0 + Duration::from_millis(10);
+        let newcomer = gate
+            .admit_at(Some(2000), Some(500), later)
+            .expect("another uid gets in");
+        assert!(
+            !newcomer.fast,
+            "taken from the largest holder, not the fast lane"
+        );
+        assert_eq!(evicted(&held), 1);
+        // The place taken is one of the largest holder's (uid 1000, every process holds 16).
+        let s = gate.state.lock().unwrap();
+        assert_eq!(s.per_uid.get(&1000), Some(&(MAX_PENDING_HELLO - 1)));
+        assert_eq!(s.per_uid.get(&2000), Some(&1));
+    }
+
+    #[test]
+    fn within_a_uid_a_process_holding_fewer_takes_from_the_largest_process() {
+        let gate = Arc::new(HelloGate::default());
+        let t0 = Instant::now();
+        let holders: Vec<(u32, i32)> = (0..16).map(|p| (1000, 100 + p)).collect();
+        let held = fill(&gate, &holders, 16, t0);
+        let newcomer = gate
+            .admit_at(Some(1000), Some(999), t0 + Duration::from_millis(1))
+            .expect("a new process of the same uid gets in");
+        assert!(!newcomer.fast);
+        assert_eq!(evicted(&held), 1);
+        // The oldest place of the process with the most (pid 100, first in, ties by pid).
+        assert!(held[0].evict.is_cancelled());
+    }
+
+    #[test]
+    fn a_place_silent_past_the_idle_time_goes_to_any_newcomer() {
+        let gate = Arc::new(HelloGate::default());
+        let t0 = Instant::now();
+        // 256 processes of one uid with one place each: no holder holds two more than anyone.
+        let holders: Vec<(u32, i32)> = (0..256).map(|p| (1000, 100 + p)).collect();
+        let held = fill(&gate, &holders, 1, t0);
+        let idle = t0 + HELLO_IDLE_EVICTABLE;
+        let newcomer = gate
+            .admit_at(Some(1000), Some(9999), idle)
+            .expect("a place");
+        assert!(!newcomer.fast);
+        assert_eq!(evicted(&held), 1);
+        assert!(held[0].evict.is_cancelled(), "the oldest gave its place");
+    }
+
+    #[test]
+    fn a_full_gate_with_no_place_to_take_admits_to_the_fast_lane() {
+        let gate = Arc::new(HelloGate::default());
+        let t0 = Instant::now();
+        let holders: Vec<(u32, i32)> = (0..256).map(|p| (1000, 100 + p)).collect();
+        let held = fill(&gate, &holders, 1, t0);
+        let soon = t0 + Duration::from_millis(100);
+        let first = gate
+            .admit_at(Some(1000), Some(5000), soon)
+            .expect("the fast lane");
+        assert!(first.fast);
+        assert_eq!(first.within(Duration::from_secs(3)), FAST_HELLO_WITHIN);
+        assert_eq!(evicted(&held), 0, "no ordinary place was taken");
+        // The lane fills, then gives its oldest place to each newcomer.
+        let lane: Vec<PendingHello> = (1..MAX_FAST_HELLO as i32)
+            .map(|p| {
+                gate.admit_at(Some(1000), Some(5000 + p), soon)
+                    .expect("lane")
+            })
+            .collect();
+        assert!(!first.evict.is_cancelled());
+        let next = gate
+            .admit_at(Some(1000), Some(6000), soon)
+            .expect("the lane's oldest place");
+        assert!(next.fast);
+        assert!(
+            first.evict.is_cancelled(),
+            "the lane's oldest gave its place"
+        );
+        assert_eq!(evicted(&lane), 0);
+        assert_eq!(evicted(&held), 0);
+        let s = gate.state.lock().unwrap();
+        assert_eq!(s.fast, MAX_FAST_HELLO);
+        assert_eq!(s.entries.len(), MAX_PENDING_HELLO + MAX_FAST_HELLO);
+    }
+
+    #[test]
+    fn places_are_given_back_when_dropped() {
+        let gate = Arc::new(HelloGate::default());
+        let t0 = Instant::now();
+        let holders: Vec<(u32, i32)> = (0..256).map(|p| (1000, 100 + p)).collect();
+        let held = fill(&gate, &holders, 1, t0);
+        let fast = gate.admit_at(Some(1000), Some(5000), t0).expect("lane");
+        drop(fast);
+        drop(held);
+        let s = gate.state.lock().unwrap();
+        assert!(s.entries.is_empty() && s.per_uid.is_empty() && s.per_pid.is_empty());
+        assert_eq!(s.fast, 0);
     }
 }

@@ -79,7 +79,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
         // Read the hello first (bounded), so the refusal is not lost to a reset on close.
         tokio::select! {
             _ = tokio::time::timeout(
-                std::time::Duration::from_secs(1),
+                pending.within(std::time::Duration::from_secs(1)),
                 reader.next::<BridgeRequest>(),
             ) => {}
             () = pending.evicted() => return,
@@ -96,7 +96,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
     }
     // A newcomer may take this connection's place while it is silent: it is then closed.
     let hello = tokio::select! {
-        h = tokio::time::timeout(HELLO_TIMEOUT, reader.next::<BridgeRequest>()) => h,
+        h = tokio::time::timeout(pending.within(HELLO_TIMEOUT), reader.next::<BridgeRequest>()) => h,
         () = pending.evicted() => {
             refused_hello(|n| {
                 tracing::info!(?uid, ?pid, closed = n, "bridge connection silent before hello gave its place to another: closed");
@@ -165,7 +165,10 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
                 &mut send,
                 &refuse(
                     RefusalCode::NotHello,
-                    &format!("no hello within {} s", HELLO_TIMEOUT.as_secs()),
+                    &format!(
+                        "no hello within {} ms",
+                        pending.within(HELLO_TIMEOUT).as_millis()
+                    ),
                 ),
             )
             .await;

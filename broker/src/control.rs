@@ -55,7 +55,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
         // Read the hello first (bounded), so the refusal is not lost to a reset on close.
         tokio::select! {
             _ = tokio::time::timeout(
-                std::time::Duration::from_secs(1),
+                pending.within(std::time::Duration::from_secs(1)),
                 reader.next::<ControlRequest>(),
             ) => {}
             () = pending.evicted() => return,
@@ -69,7 +69,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
     }
     // A newcomer may take this connection's place while it is silent: it is then closed.
     let hello = tokio::select! {
-        h = tokio::time::timeout(Duration::from_secs(10), reader.next::<ControlRequest>()) => h,
+        h = tokio::time::timeout(pending.within(Duration::from_secs(10)), reader.next::<ControlRequest>()) => h,
         () = pending.evicted() => return,
     };
     match hello {
