@@ -65,9 +65,25 @@ fn every_import_points_down() {
             .get(module)
             .unwrap_or_else(|| panic!("`{module}` has no floor: add it to lib.rs and to FLOORS"));
         seen.push(module.to_owned());
-        let text = std::fs::read_to_string(&path).expect("read");
-        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
-        for used in crate_paths(code) {
+        let mut paths = Vec::new();
+        if path.is_dir() {
+            // A module that is a folder (`upstream/`): every file in it stands on its floor.
+            for file in std::fs::read_dir(&path).expect("module folder") {
+                paths.push(file.expect("entry").path());
+            }
+        } else {
+            paths.push(path.clone());
+        }
+        let mut code = String::new();
+        for file in paths
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        {
+            let text = std::fs::read_to_string(file).expect("read");
+            code.push_str(text.split("#[cfg(test)]").next().unwrap_or_default());
+            code.push('\n');
+        }
+        for used in crate_paths(&code) {
             let used = if used == "lock" {
                 "sync".to_owned()
             } else {
