@@ -285,8 +285,9 @@ pub struct OpenArgs {
     /// Present `.`-free tool names (refused if two tools would collide).
     #[arg(long)]
     portable_names: bool,
-    /// Write the MCP config for this turn (FORMAT: claude-code, codex, pi or cordis) to PATH,
-    /// mode 0600; an existing Claude Code, Codex or pi file keeps its other entries. `{turn}`
+    /// Write the MCP config for this turn (FORMAT: claude-code, codex, pi, cordis or qwen-code)
+    /// to PATH, mode 0600; an existing Claude Code, Codex, pi or Qwen Code file keeps its other
+    /// entries. `{turn}`
     /// in PATH becomes the turn's id. The folder must be this uid's (or root's) and
     /// writable by no other uid, unless sticky.
     #[arg(long, num_args = 2, value_names = ["FORMAT", "PATH"])]

@@ -237,7 +237,7 @@ impl OfferedTool {
 
     fn normalized(&self) -> String {
         let mut s = self.namespace.as_deref().map(normalize).unwrap_or_default();
-        s.push_str(&normalize(&self.name));
+        s.push_str(&normalize(strip_hash_suffix(&self.name)));
         s
     }
 }
@@ -250,8 +250,29 @@ pub fn normalize(name: &str) -> String {
         .collect()
 }
 
-/// The offered tool whose normalized (namespace and) name ends with the normalized canonical
-/// name; among several, the shortest (so an exact match wins), then the first offered.
+/// The length of the hash suffix Qwen Code adds to a name it had to rewrite (`_` + 7 base-36
+/// digits, `mcp__sharedos__files_read_1rtbejb`).
+const HASH_SUFFIX_DIGITS: usize = 7;
+
+/// `name` without a Qwen Code hash suffix (`_` + [`HASH_SUFFIX_DIGITS`] lowercase base-36 digits
+/// with at least one digit), else `name` unchanged.
+fn strip_hash_suffix(name: &str) -> &str {
+    let n = name.len();
+    if n <= HASH_SUFFIX_DIGITS + 1 || !name.is_ascii() {
+        return name;
+    }
+    let (head, tail) = name.split_at(n - HASH_SUFFIX_DIGITS - 1);
+    let digits = &tail[1..];
+    let is_hash = tail.starts_with('_')
+        && digits
+            .chars()
+            .all(|c| c.is_ascii_digit() || c.is_ascii_lowercase())
+        && digits.chars().any(|c| c.is_ascii_digit());
+    if is_hash { head } else { name }
+}
+
+/// The offered tool whose normalized (namespace and) name, less a Qwen Code hash suffix, ends
+/// with the normalized canonical name; among several, the shortest (so an exact match wins), then the first offered.
 pub fn match_tool<'a>(canonical: &str, offered: &'a [OfferedTool]) -> Option<&'a OfferedTool> {
     let want = normalize(canonical);
     if want.is_empty() {
@@ -1720,6 +1741,15 @@ mod tests {
         assert_eq!(match_tool("read", &offered).unwrap().name, "Read");
         assert!(match_tool("files.write", &offered).is_none());
         assert!(match_tool("..", &offered).is_none());
+        // Qwen Code's rewritten names carry a hash suffix.
+        let qwen = vec![flat("read_file"), flat("mcp__sharedos__files_read_1rtbejb")];
+        assert_eq!(
+            match_tool("files.read", &qwen).unwrap().name,
+            "mcp__sharedos__files_read_1rtbejb"
+        );
+        assert_eq!(strip_hash_suffix("files_readers"), "files_readers");
+        assert_eq!(strip_hash_suffix("a_bcdefgh"), "a_bcdefgh");
+        assert_eq!(strip_hash_suffix("a_1rtbejb"), "a");
         assert_eq!(
             normalize("mcp__SharedOS__files.read"),
             "mcpsharedosfilesread"

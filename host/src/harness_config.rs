@@ -15,7 +15,7 @@ pub use sharedos_ipc::private_file::{FileOwner, PrivateFileError, write_private}
 
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessConfigError {
-    #[error("unknown config format `{0}`: use claude-code, codex, pi or cordis")]
+    #[error("unknown config format `{0}`: use claude-code, codex, pi, cordis or qwen-code")]
     Format(String),
     #[error("existing `{path}` is not valid {format}: {detail}")]
     Existing {
@@ -137,6 +137,14 @@ pub fn render(
             existing,
             path,
             json!({"command": shim, "args": launch.args(), "env": launch.env_json(), "directTools": true}),
+        ),
+        // Qwen Code `.qwen/settings.json` (project) or `~/.qwen/settings.json`: `trust` skips its
+        // per-call confirmation for this server only (the boundary decides; a prompt in `-p`
+        // mode would refuse every call).
+        Harness::QwenCode => merge_json(
+            existing,
+            path,
+            json!({"command": shim, "args": launch.args(), "env": launch.env_json(), "trust": true}),
         ),
         Harness::Codex => {
             let mut doc = match existing {
@@ -310,6 +318,32 @@ mod tests {
                 .get("SHAREDOS_TURN_TOKEN")
                 .is_none()
         );
+    }
+
+    /// Qwen Code's settings.json keeps the user's other servers and settings.
+    #[test]
+    fn qwen_settings_merge_keeping_other_servers() {
+        let existing = r#"{"mcpServers": {"other": {"command": "x", "trust": false}}, "tools": {"toolSearch": {"enabled": false}}, "model": {"name": "m"}}"#;
+        let out = render(
+            Harness::QwenCode,
+            &launch(TokenSource::File("/run/t".into())),
+            Some(existing),
+            Path::new("settings.json"),
+        )
+        .expect("render");
+        let v: Value = serde_json::from_str(&out).expect("json");
+        assert_eq!(
+            v["mcpServers"]["other"],
+            json!({"command": "x", "trust": false})
+        );
+        assert_eq!(v["tools"]["toolSearch"]["enabled"], false);
+        assert_eq!(v["model"]["name"], "m");
+        let s = &v["mcpServers"]["sharedos"];
+        assert_eq!(s["trust"], true);
+        assert_eq!(s["command"], "/opt/sharedos/bin/sharedos-mcp-shim");
+        assert_eq!(s["args"], json!(["--turn-token-file", "/run/t"]));
+        assert_eq!(s["env"]["SHAREDOS_BROKER_UID"], "1042");
+        assert_eq!(v["mcpServers"].as_object().map(|o| o.len()), Some(2));
     }
 
     #[test]

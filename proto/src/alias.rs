@@ -14,6 +14,10 @@ use crate::name::ToolName;
 /// The longest tool name Claude Code, Codex and pi-mcp-adapter accept.
 pub const HARNESS_NAME_MAX: usize = 64;
 
+/// Qwen Code's longest provider tool name (`MAX_TOOL_NAME_LENGTH` in its
+/// `tool-name-utils.ts`, 0.24.4): a longer or unsafe name is cut and given a hash suffix.
+pub const QWEN_NAME_MAX: usize = 63;
+
 /// The MCP server name SharedOS uses in every harness config.
 pub const SERVER_NAME: &str = "sharedos";
 
@@ -26,23 +30,27 @@ pub enum Harness {
     Pi,
     /// DeepSeek's dsh (config `cordis.yml`). Its naming is not measured here: no alias.
     Cordis,
+    /// Qwen Code (`.qwen/settings.json`).
+    QwenCode,
 }
 
 impl Harness {
-    pub const ALL: [Harness; 4] = [
+    pub const ALL: [Harness; 5] = [
         Harness::ClaudeCode,
         Harness::Codex,
         Harness::Pi,
         Harness::Cordis,
+        Harness::QwenCode,
     ];
 
-    /// Parses `claude-code`, `codex`, `pi`, `cordis` (also `claude`, `dsh`).
+    /// Parses `claude-code`, `codex`, `pi`, `cordis`, `qwen-code` (also `claude`, `dsh`, `qwen`).
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "claude-code" | "claude" => Some(Harness::ClaudeCode),
             "codex" => Some(Harness::Codex),
             "pi" => Some(Harness::Pi),
             "cordis" | "dsh" => Some(Harness::Cordis),
+            "qwen-code" | "qwen" => Some(Harness::QwenCode),
             _ => None,
         }
     }
@@ -53,6 +61,7 @@ impl Harness {
             Harness::Codex => "codex",
             Harness::Pi => "pi",
             Harness::Cordis => "cordis",
+            Harness::QwenCode => "qwen-code",
         }
     }
 
@@ -76,6 +85,7 @@ impl Harness {
             Harness::Codex => Some(flat(tool)),
             Harness::Pi => Some(format!("{}_{}", flat(server), flat(tool))),
             Harness::Cordis => None,
+            Harness::QwenCode => Some(qwen_name(&format!("mcp__{server}__{tool}"))),
         }
     }
 
@@ -83,6 +93,58 @@ impl Harness {
     pub fn codex_namespace(server: &str) -> String {
         format!("mcp__{server}")
     }
+}
+
+/// Qwen Code 0.24.4's `normalizeToolNameForProvider`: a name of at most [`QWEN_NAME_MAX`]
+/// characters matching `^[A-Za-z][A-Za-z0-9_-]*$` is kept; any other has each character outside
+/// `[A-Za-z0-9_-]` replaced by `_` (and `tool_` put in front if it does not start with a letter),
+/// is cut to leave room, and ends in `_` + the base-36 FNV-1a hash of the original name (7
+/// digits at least). So `files.read` on server `sharedos` is `mcp__sharedos__files_read_<hash>`.
+pub fn qwen_name(name: &str) -> String {
+    let safe = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if safe && name.chars().count() <= QWEN_NAME_MAX {
+        return name.to_owned();
+    }
+    let mut sanitized: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if !sanitized.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        sanitized.insert_str(0, "tool_");
+    }
+    // FNV-1a over UTF-16 code units, as `charCodeAt` sees them.
+    let mut hash: u32 = 2_166_136_261;
+    for unit in name.encode_utf16() {
+        hash = (hash ^ u32::from(unit)).wrapping_mul(16_777_619);
+    }
+    let mut digits = Vec::new();
+    let mut h = hash;
+    loop {
+        let d = (h % 36) as u8;
+        digits.push(if d < 10 { b'0' + d } else { b'a' + d - 10 });
+        h /= 36;
+        if h == 0 {
+            break;
+        }
+    }
+    while digits.len() < 7 {
+        digits.push(b'0');
+    }
+    digits.reverse();
+    let suffix = format!("_{}", String::from_utf8_lossy(&digits));
+    let keep = QWEN_NAME_MAX.saturating_sub(suffix.len());
+    let mut out: String = sanitized.chars().take(keep).collect();
+    out.push_str(&suffix);
+    out
 }
 
 /// Aliases of a catalogue for one harness, and the names over the harness's limit.
@@ -116,9 +178,13 @@ pub fn aliases<'a>(
             Harness::Codex => alias.len().max(Harness::codex_namespace(server).len()),
             _ => alias.len(),
         };
-        if shown_len > HARNESS_NAME_MAX {
+        let limit = match harness {
+            Harness::QwenCode => QWEN_NAME_MAX,
+            _ => HARNESS_NAME_MAX,
+        };
+        if shown_len > limit {
             report.problems.push(format!(
-                "{}: `{tool}` is presented as `{alias}` ({} characters), over the {HARNESS_NAME_MAX}-character limit",
+                "{}: `{tool}` is presented as `{alias}` ({} characters), over the {limit}-character limit",
                 harness.as_str(),
                 alias.len()
             ));
@@ -217,6 +283,34 @@ mod tests {
             Some("sharedos_files_read")
         );
         assert_eq!(Harness::Cordis.alias("sharedos", "files.read"), None);
+    }
+
+    /// Expected values printed by Qwen Code 0.24.4's own `normalizeToolNameForProvider`
+    /// (chunks/chunk-WZAD4ZNJ.js) run under Node 22.
+    #[test]
+    fn qwen_names_match_the_cli() {
+        assert_eq!(
+            Harness::QwenCode.alias("sharedos", "files.read").as_deref(),
+            Some("mcp__sharedos__files_read_1rtbejb")
+        );
+        assert_eq!(
+            qwen_name("mcp__sharedos__files_read"),
+            "mcp__sharedos__files_read"
+        );
+        let long = qwen_name(&format!("mcp__sharedos__ns.{}", "x".repeat(60)));
+        assert_eq!(
+            long,
+            "mcp__sharedos__ns_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx_1vuqlbz"
+        );
+        assert_eq!(long.len(), QWEN_NAME_MAX);
+        assert_eq!(
+            qwen_name("mcp__sharedos__a.b"),
+            "mcp__sharedos__a_b_030gm4f"
+        );
+        // The hash keeps `a.b` and `a_b` apart: no collision report.
+        let r = aliases(Harness::QwenCode, SERVER_NAME, &names(&["a.b", "a_b"]));
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+        assert_eq!(Harness::parse("qwen"), Some(Harness::QwenCode));
     }
 
     #[test]

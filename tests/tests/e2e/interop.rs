@@ -331,3 +331,106 @@ content = '''{models}'''
         "pi-mcp-adapter@2.36.0"
     );
 }
+
+/// Qwen Code's own tools as offered in `-p --yolo` mode (measured from the scripted model's log).
+const QWEN_LOCAL: &str = r#"["agent", "cron_create", "cron_delete", "cron_list", "edit", "enter_worktree", "exit_worktree", "get_goal", "glob", "grep_search", "list_agents", "loop_wakeup", "monitor", "notebook_edit", "read_file", "read_mcp_resource", "record_artifact", "report_findings", "run_shell_command", "send_message", "skill", "task_stop", "update_goal", "web_fetch", "write_file", "zoom_image"]"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
+async fn qwen_code_column() {
+    let Some((manifest, log, broker)) = column(|port, h, dir| {
+        // The host's own settings, into which the column merges the `sharedos` server. Without
+        // `tools.toolSearch.enabled = false`, Qwen Code offers MCP tools only behind its
+        // tool_search/tool_call bridge (deferred), not by name.
+        let base = dir.join("qwen-base.json");
+        std::fs::write(
+            &base,
+            json!({
+                "tools": {"toolSearch": {"enabled": false}},
+                "privacy": {"usageStatisticsEnabled": false},
+                "telemetry": {"enabled": false},
+            })
+            .to_string(),
+        )
+        .expect("base");
+        format!(
+            r#"harness = "qwen-code"
+harness_version = "{version}"
+declared_model = "fake-model (sharedos scripted-model on 127.0.0.1)"
+mcp_support = "native"
+config_format = "qwen-code"
+config_path = "{{workdir}}/.qwen/settings.json"
+config_base = "{base}"
+command = "{node}"
+args = ["{bin}", "-p", "{{prompt}}", "--yolo", "--output-format", "json"]
+env_remove = ["OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_MODEL", "DASHSCOPE_API_KEY"]
+timeout_seconds = 120
+principal = "alice"
+harness_local = {local}
+
+[env]
+HOME = "{{workdir}}"
+OPENAI_BASE_URL = "http://127.0.0.1:{port}/v1"
+OPENAI_API_KEY = "dummy"
+OPENAI_MODEL = "fake-model"
+"#,
+            version = h["QWEN_VERSION"],
+            node = h["NODE22"],
+            bin = h["QWEN_BIN"],
+            base = base.display(),
+            local = QWEN_LOCAL,
+        )
+    })
+    .await
+    else {
+        return;
+    };
+    let sent = sharedos_proto::alias::Harness::QwenCode
+        .alias("sharedos", "files.read")
+        .expect("qwen alias");
+    assert_eq!(sent, "mcp__sharedos__files_read_1rtbejb");
+    // What Qwen Code offered its model on the first request: the boundary's three tools under
+    // their measured aliases, and exactly the declared harness-local tools besides.
+    let first = log
+        .iter()
+        .find(|l| l["kind"] == "request")
+        .expect("a model request");
+    let offered: std::collections::BTreeSet<&str> = first["offered"]
+        .as_array()
+        .expect("offered")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let boundary: std::collections::BTreeSet<&str> = offered
+        .iter()
+        .copied()
+        .filter(|t| t.starts_with("mcp__sharedos__"))
+        .collect();
+    let want: Vec<String> = ["files.list", "files.read", "files.search"]
+        .iter()
+        .map(|t| {
+            sharedos_proto::alias::Harness::QwenCode
+                .alias("sharedos", t)
+                .expect("alias")
+        })
+        .collect();
+    assert_eq!(
+        boundary,
+        want.iter().map(String::as_str).collect(),
+        "{offered:?}"
+    );
+    let local: Vec<String> = serde_json::from_str(QWEN_LOCAL).expect("local");
+    assert_eq!(
+        offered.difference(&boundary).copied().collect::<Vec<_>>(),
+        local.iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    assert_eq!(first["model"], "fake-model");
+    check(
+        &manifest,
+        &log,
+        &broker,
+        "qwen-code",
+        &sent,
+        &format!("\"files.read\":\"{sent}\""),
+    );
+}

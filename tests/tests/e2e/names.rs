@@ -274,7 +274,11 @@ async fn write_config_gives_a_harness_a_working_private_config() {
 fn committed_harness_configs_are_well_formed() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../harness-configs");
     let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).expect(f);
-    for f in ["claude-code.mcp.json", "pi.mcp.json"] {
+    for f in [
+        "claude-code.mcp.json",
+        "pi.mcp.json",
+        "qwen-code.settings.json",
+    ] {
         let v: Value = serde_json::from_str(&read(f)).expect(f);
         let s = &v["mcpServers"]["sharedos"];
         assert!(
@@ -286,6 +290,9 @@ fn committed_harness_configs_are_well_formed() {
         assert_eq!(s["args"][0], "--turn-token-file", "{f}");
         assert!(s["env"]["SHAREDOS_BROKER"].is_string(), "{f}");
     }
+    let qwen: Value = serde_json::from_str(&read("qwen-code.settings.json")).expect("qwen");
+    assert_eq!(qwen["mcpServers"]["sharedos"]["trust"], true);
+    assert_eq!(qwen["tools"]["toolSearch"]["enabled"], false);
     let codex: toml::Table = toml::from_str(&read("codex.config.toml")).expect("codex");
     let s = &codex["mcp_servers"]["sharedos"];
     assert_eq!(s["required"].as_bool(), Some(true));

@@ -13,7 +13,14 @@ use serde_json::Value;
 
 use crate::kit::bin;
 
-const NAMES: [&str; 5] = ["setup", "claude-code", "codex", "pi", "teardown"];
+const NAMES: [&str; 6] = [
+    "setup",
+    "claude-code",
+    "codex",
+    "pi",
+    "qwen-code",
+    "teardown",
+];
 
 /// The README's marked blocks by name.
 fn blocks() -> BTreeMap<String, String> {
@@ -173,4 +180,10 @@ async fn readme_codex_section_runs_as_written() {
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn readme_pi_section_runs_as_written() {
     run_section("pi").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
+async fn readme_qwen_code_section_runs_as_written() {
+    run_section("qwen-code").await;
 }
