@@ -592,7 +592,8 @@ when { context has agent && context.agent == SharedOS::Agent::"helper" };
 async fn catalogues_are_exact_in_the_turns_context() {
     let upstream = format!(
         "[[providers]]\ntype = \"files\"\nnamespace = \"files\"\nroot = \"data\"\n\n\
-         [[providers]]\ntype = \"mcp\"\nnamespace = \"open\"\ncommand = {:?}\n",
+         [[providers]]\ntype = \"mcp\"\nnamespace = \"open\"\ncommand = {:?}\n\
+         [providers.sandbox]\nread = [\"data\"]\n",
         bin("open-upstream").display().to_string()
     );
     let b = Deployed::start(CAROL_HELPER, "", &upstream).await;
