@@ -213,7 +213,7 @@ pub(crate) fn as_uid(uid: u32, gid: u32, program: &Path) -> tokio::process::Comm
 
 /// The workspace binaries copied into `dir/bin` (0755): the build tree may sit under folders
 /// other uids cannot search.
-fn public_bins(dir: &Path) -> (PathBuf, PathBuf) {
+pub(crate) fn public_bins(dir: &Path) -> (PathBuf, PathBuf) {
     let bins = dir.join("bin");
     std::fs::create_dir_all(&bins).expect("mkdir");
     let mut out = Vec::new();

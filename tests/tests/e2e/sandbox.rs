@@ -53,6 +53,8 @@ struct Served {
     run: PathBuf,
     child: tokio::process::Child,
     stderr: PathBuf,
+    /// The broker's uid when the test made it another one.
+    uid: Option<u32>,
 }
 
 fn write_config(dir: &Path, top: &str, providers: &str) -> PathBuf {
@@ -77,9 +79,24 @@ fn write_config(dir: &Path, top: &str, providers: &str) -> PathBuf {
 
 impl Served {
     fn spawn(dir: tempfile::TempDir, cfg: &Path) -> Self {
+        Self::spawn_as(dir, cfg, None)
+    }
+
+    /// `uid`: the broker runs under it (by `setpriv`, from a copy of its binary other uids can
+    /// reach), its folder that uid's.
+    fn spawn_as(dir: tempfile::TempDir, cfg: &Path, uid: Option<u32>) -> Self {
         let run = dir.path().join("run");
         let stderr = dir.path().join("broker.stderr");
-        let mut serve = tokio::process::Command::new(bin("sharedos-broker"));
+        let mut serve = match uid {
+            None => tokio::process::Command::new(bin("sharedos-broker")),
+            Some(uid) => {
+                let (_, broker) = crate::deploy::public_bins(dir.path());
+                let mut chown = std::process::Command::new("chown");
+                chown.arg("-R").arg(format!("{uid}:{uid}")).arg(dir.path());
+                assert!(chown.status().expect("chown").success());
+                crate::deploy::as_uid(uid, uid, &broker)
+            }
+        };
         serve
             .args(["serve", "--runtime-dir"])
             .arg(&run)
@@ -94,16 +111,21 @@ impl Served {
             run,
             child,
             stderr,
+            uid,
         }
     }
 
     async fn start(top: &str, providers: &str) -> Self {
+        Self::start_as(top, providers, None).await
+    }
+
+    async fn start_as(top: &str, providers: &str, uid: Option<u32>) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("sharedos-sandbox-")
             .tempdir()
             .expect("tmp");
         let cfg = write_config(dir.path(), top, providers);
-        let s = Self::spawn(dir, &cfg);
+        let s = Self::spawn_as(dir, &cfg, uid);
         let record = s.path("record.jsonl");
         let control = s.run.join("control.sock");
         eventually("the broker serves", || {
@@ -123,6 +145,9 @@ impl Served {
     fn cli(&self, args: &[&str]) -> std::process::Command {
         let mut c = std::process::Command::new(bin("sharedos-broker"));
         c.args(args).arg("--runtime-dir").arg(&self.run);
+        if let Some(uid) = self.uid {
+            c.env("SHAREDOS_BROKER_UID", uid.to_string());
+        }
         c
     }
 
@@ -138,6 +163,9 @@ impl Served {
         )
         .env("SHAREDOS_BROKER", self.run.join("bridge.sock"))
         .kill_on_drop(true);
+        if let Some(uid) = self.uid {
+            shim.env("SHAREDOS_BROKER_UID", uid.to_string());
+        }
         let mut raw = Raw::spawn(shim);
         raw.initialize("2025-06-18").await;
         raw
@@ -167,8 +195,9 @@ impl Served {
 
 /// The escape report of one call (its text result, parsed).
 async fn escape(raw: &mut Raw, id: i64, tool: &str, args: Value) -> Value {
-    let r = raw.call(id, tool, args).await["result"].clone();
-    assert_eq!(meta(&r)["outcome"], "succeeded", "{r}");
+    let whole = raw.call(id, tool, args).await;
+    let r = whole["result"].clone();
+    assert_eq!(meta(&r)["outcome"], "succeeded", "{whole}");
     serde_json::from_str(&text(&r)).expect("report")
 }
 
@@ -480,4 +509,74 @@ async fn as_root_the_upstream_has_a_uid_of_its_own() {
         .expect_err("refused")
         .to_string();
     assert!(err.contains("uid 64212 is in host_uids"), "{err}");
+}
+
+/// A broker that is not root (uid 64220, started by root for the test): no uid change and no
+/// network namespace, but Landlock, the TCP rules, the limits and the clean environment hold,
+/// and the sockets refuse the upstream although its uid is the broker's own and is listed in
+/// `host_uids` and `harness_uids`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root to start the broker under another uid (CI runs --include-ignored as root)"]
+async fn without_root_landlock_and_the_sockets_still_hold() {
+    if !crate::deploy::need_root("without_root_landlock_and_the_sockets_still_hold") {
+        return;
+    }
+    const UID: u32 = 64220;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let port = listener.local_addr().expect("addr").port();
+    let b = Served::start_as(
+        &format!("host_uids = [0, {UID}]\nharness_uids = [0, {UID}]\n"),
+        &hostile("up", ""),
+        Some(UID),
+    )
+    .await;
+    let dir = b.dir.path().display().to_string();
+    let mut raw = b.raw().await;
+    let r = escape(
+        &mut raw,
+        1,
+        "up.escape",
+        json!({
+            "read": [format!("{dir}/record.jsonl.key"), format!("{dir}/broker.toml"),
+                     format!("{dir}/data/private/secret.txt")],
+            "write": [dir.clone()],
+            "unix": [format!("{dir}/run/control.sock"), format!("{dir}/run/bridge.sock")],
+            "tcp": [["127.0.0.1", port]],
+        }),
+    )
+    .await;
+    assert_eq!(r["uid"], UID, "the broker's own uid: {r}");
+    for f in ["record.jsonl.key", "broker.toml", "data/private/secret.txt"] {
+        denied(&r, "read", &format!("{dir}/{f}"));
+    }
+    denied(&r, "write", &dir);
+    for sock in ["control.sock", "bridge.sock"] {
+        let got = r["unix"][format!("{dir}/run/{sock}")]
+            .as_str()
+            .unwrap_or("");
+        assert!(
+            got.starts_with("ok: "),
+            "same uid, ABI < 9: the connection is made ({got})"
+        );
+        refused_socket(&r, &format!("{dir}/run/{sock}"));
+    }
+    let tcp = r["tcp"][format!("127.0.0.1:{port}")].as_str().unwrap_or("");
+    assert!(
+        tcp.starts_with("error: PermissionError"),
+        "landlock's TCP rule: {tcp}"
+    );
+    let mut env: Vec<&str> = r["env"]
+        .as_object()
+        .expect("env")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    env.sort_unstable();
+    assert_eq!(env, ["DECLARED", "HOME", "LANG", "PATH"]);
+    let list = b.providers().await;
+    let up = list.iter().find(|p| p["namespace"] == "up").expect("up");
+    assert_eq!(up["sandbox"]["netns"], false, "{up}");
+    assert_eq!(up["sandbox"]["ownUid"], false);
+    assert_eq!(up["sandbox"]["uid"], UID);
+    drop(listener);
 }
