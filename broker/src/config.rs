@@ -211,6 +211,43 @@ pub fn parse_run_as(text: &str) -> Result<(u32, u32), String> {
     Ok((uid, gid))
 }
 
+/// Gives each sandboxed provider without `run_as` the next uid of `upstream_uids` that no
+/// provider's `run_as` names (uid = gid); every one is then checked like a `run_as`.
+fn allocate_uids([first, last]: [u32; 2], providers: &mut [ProviderConfig]) -> Result<(), String> {
+    if first == 0 || first > last {
+        return Err(format!(
+            "upstream_uids = [{first}, {last}]: give [first, last] with 0 < first <= last"
+        ));
+    }
+    let taken: Vec<u32> = providers
+        .iter()
+        .filter_map(|p| match p {
+            ProviderConfig::Mcp(m) => match &m.sandbox {
+                SandboxSetting::On(sb) => sb.run_as.as_deref().and_then(|r| parse_run_as(r).ok()),
+                SandboxSetting::Off(_) => None,
+            },
+            ProviderConfig::Files { .. } => None,
+        })
+        .map(|(uid, _)| uid)
+        .collect();
+    let mut next = (first..=last).filter(|u| !taken.contains(u));
+    for p in providers {
+        if let ProviderConfig::Mcp(m) = p
+            && let SandboxSetting::On(sb) = &mut m.sandbox
+            && sb.run_as.is_none()
+        {
+            let uid = next.next().ok_or_else(|| {
+                format!(
+                    "upstream_uids = [{first}, {last}]: too few uids for the sandboxed providers (`{}` gets none)",
+                    m.namespace
+                )
+            })?;
+            sb.run_as = Some(uid.to_string());
+        }
+    }
+    Ok(())
+}
+
 /// A provider's sandbox table, checked at load: a `run_as` that parses and is none of the uids
 /// the sockets admit (an upstream under a host's or a harness's uid would be one), nor root;
 /// network entries of the form `host:port`.
@@ -498,6 +535,10 @@ struct RawConfig {
     approval_timeout_seconds: Option<u64>,
     #[serde(default)]
     budgets: Vec<BudgetConfig>,
+    /// `[first, last]`: uids for sandboxed upstreams without `run_as`, one per provider in
+    /// config order (uid = gid), the broker being root.
+    #[serde(default)]
+    upstream_uids: Option<[u32; 2]>,
 }
 
 /// A resolved configuration (all paths absolute or relative to the working directory).
@@ -555,7 +596,7 @@ impl Config {
             path: shown.clone(),
             source,
         })?;
-        let raw: RawConfig = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        let mut raw: RawConfig = toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: shown.clone(),
             detail: e.to_string(),
         })?;
@@ -621,6 +662,12 @@ impl Config {
                 });
             }
             _ => {}
+        }
+        if let Some(range) = raw.upstream_uids {
+            allocate_uids(range, &mut raw.providers).map_err(|detail| ConfigError::Parse {
+                path: shown.clone(),
+                detail,
+            })?;
         }
         for p in &raw.providers {
             if let ProviderConfig::Mcp(m) = p {

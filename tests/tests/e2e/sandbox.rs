@@ -509,6 +509,33 @@ async fn as_root_the_upstream_has_a_uid_of_its_own() {
         .expect_err("refused")
         .to_string();
     assert!(err.contains("uid 64212 is in host_uids"), "{err}");
+    // The same when the uid comes from the range.
+    let cfg = write_config(
+        dir.path(),
+        "host_uids = [0, 64212]\nupstream_uids = [64212, 64212]\n",
+        &hostile("host", ""),
+    );
+    let err = sharedos_broker::Config::from_file(&cfg)
+        .expect_err("refused")
+        .to_string();
+    assert!(err.contains("uid 64212 is in host_uids"), "{err}");
+
+    // Uids from the range, in config order, skipping one a provider names itself.
+    let b = Served::start(
+        "upstream_uids = [64230, 64239]\n",
+        &format!(
+            "{}{}",
+            hostile("named", "run_as = \"64230\""),
+            hostile("ranged", "")
+        ),
+    )
+    .await;
+    let mut raw = b.raw().await;
+    let named = escape(&mut raw, 1, "named.escape", json!({})).await;
+    let ranged = escape(&mut raw, 2, "ranged.escape", json!({})).await;
+    assert_eq!(named["uid"], 64230);
+    assert_eq!(ranged["uid"], 64231, "{ranged}");
+    assert_eq!(ranged["gid"], 64231);
 }
 
 /// A broker that is not root (uid 64220, started by root for the test): no uid change and no
