@@ -23,7 +23,7 @@ fn main() -> std::process::ExitCode {
         && sub == sharedos_broker::upstream::sandbox::SUBCOMMAND
     {
         let e = sharedos_broker::upstream::sandbox::launch(&plan.to_string_lossy(), command, args);
-        eprintln!("sharedos-broker sandbox-exec: error: {e}");
+        eprintln!("{}{e}", sharedos_broker::upstream::sandbox::LAUNCHER_ERROR);
         return std::process::ExitCode::from(126);
     }
     let cli = cli::Cli::parse();

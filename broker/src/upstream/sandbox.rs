@@ -24,6 +24,10 @@ use crate::config::{NetworkSetting, SandboxConfig, parse_run_as};
 
 /// The hidden subcommand of `sharedos-broker` that is the launcher.
 pub const SUBCOMMAND: &str = "sandbox-exec";
+/// How the launcher's error line starts on the upstream's stderr.
+pub const LAUNCHER_ERROR: &str = "sharedos-broker sandbox-exec: error: ";
+/// How long a failed start waits for the launcher's error line.
+pub const LAUNCHER_ERROR_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 /// Where the launcher is when the broker is embedded in another program (tests, benches): the
 /// path of a `sharedos-broker` binary.
 pub const LAUNCHER_ENV: &str = "SHAREDOS_SANDBOX_LAUNCHER";

@@ -83,20 +83,28 @@ impl McpProvider {
         if let Some(pid) = group.0 {
             crate::lineage::add(pid);
         }
-        if let Some(stderr) = stderr {
-            // Drain the upstream's stderr into our log (a full pipe would block it), bounded.
-            tokio::spawn(drain_stderr(stderr, self.log.clone()));
-        }
+        // Drain the upstream's stderr into our log (a full pipe would block it), bounded.
+        let drained = stderr.map(|stderr| tokio::spawn(drain_stderr(stderr, self.log.clone())));
         let limit = self.startup_timeout();
         let changed = Arc::new(tokio::sync::Notify::new());
         let listener = Listener {
             changed: changed.clone(),
             log: self.log.clone(),
         };
-        let service = tokio::time::timeout(limit, listener.serve(transport))
-            .await
-            .map_err(|_| "the upstream did not finish initialize in time".to_owned())?
-            .map_err(|e| format!("MCP initialize with the upstream failed: {e}"))?;
+        let service = match tokio::time::timeout(limit, listener.serve(transport)).await {
+            Err(_) => return Err("the upstream did not finish initialize in time".to_owned()),
+            Ok(Ok(service)) => service,
+            Ok(Err(e)) => {
+                // A launcher that could not apply the sandbox says why on stderr, then exits.
+                if sandboxed && let Some(drained) = drained {
+                    let _ = tokio::time::timeout(sandbox::LAUNCHER_ERROR_WAIT, drained).await;
+                }
+                return Err(match self.log.take_launcher_error() {
+                    Some(why) => format!("the sandbox could not be applied: {why}"),
+                    None => format!("MCP initialize with the upstream failed: {e}"),
+                });
+            }
+        };
         let tools = self.list(service.peer()).await?;
         Ok(Session {
             service,
