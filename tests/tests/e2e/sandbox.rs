@@ -336,6 +336,7 @@ async fn a_hostile_upstream_stays_in_its_sandbox() {
     // Memory: an allocation past the limit fails, well below the host's memory.
     let r = escape(&mut raw, 3, "up.hog", json!({"mode": "memory_report"})).await;
     let mib = r["mib_before_memory_error"].as_u64().expect("mib");
+    eprintln!("memory: MemoryError after {mib} MiB (limit 256 MiB)");
     assert!(
         (16..256).contains(&mib),
         "{mib} MiB before the limit of 256"
@@ -485,6 +486,7 @@ async fn as_root_the_upstream_has_a_uid_of_its_own() {
     refused_socket(&r, &format!("{dir}/run/control.sock"));
     let r = escape(&mut raw, 2, "own.hog", json!({"mode": "fork"})).await;
     let forked = r["forked"].as_u64().expect("forked");
+    eprintln!("fork loop: {forked} children, then {}", r["error"]);
     assert!(forked < 20, "the process limit stops the fork loop: {r}");
     assert!(
         r["error"]
