@@ -68,7 +68,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
     };
     let (recv, mut send) = tokio::io::split(stream);
     let mut reader = FrameReader::with_limit(recv, HELLO_MAX_BYTES);
-    if !broker.harness_allowed(uid) {
+    if !broker.harness_allowed(uid, pid.map(|p| p as u32)) {
         refused_hello(|n| {
             tracing::warn!(
                 ?uid,

@@ -128,6 +128,177 @@ pub struct McpProviderConfig {
     /// How long to wait for initialize and the first tools/list (default 30 s).
     #[serde(default)]
     pub startup_timeout_seconds: Option<u64>,
+    /// The walls the upstream runs in (`[providers.sandbox]`), or `sandbox = "none"`.
+    #[serde(default)]
+    pub sandbox: SandboxSetting,
+}
+
+/// `sandbox = "none"` (the upstream runs with the broker's authority: shown by `providers` and
+/// recorded), or a `[providers.sandbox]` table (the default: every wall on).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum SandboxSetting {
+    Off(SandboxOff),
+    On(Box<SandboxConfig>),
+}
+
+impl Default for SandboxSetting {
+    fn default() -> Self {
+        SandboxSetting::On(Box::default())
+    }
+}
+
+/// The only word `sandbox = "..."` takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxOff {
+    None,
+}
+
+/// A brokered upstream's sandbox (`[providers.sandbox]`). Every key has a default: an empty
+/// table is the full sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxConfig {
+    /// Paths the upstream may read and execute beneath, besides the defaults (the system's
+    /// libraries and tools, the command's own folder).
+    #[serde(default)]
+    pub read: Vec<PathBuf>,
+    /// Paths the upstream may read, write, create and remove beneath.
+    #[serde(default)]
+    pub write: Vec<PathBuf>,
+    /// `false` (default): no TCP at all, and a network namespace of its own where the broker
+    /// can make one; `true`: the host's network; `["host:port", ...]`: TCP connects to these
+    /// ports only (Landlock filters ports, not hosts: the host part is not enforced).
+    #[serde(default)]
+    pub network: NetworkSetting,
+    /// `HOME` in the upstream's environment (default `/nonexistent`).
+    #[serde(default)]
+    pub home: Option<String>,
+    /// Largest data segment (RLIMIT_DATA, MiB).
+    #[serde(default)]
+    pub memory_mb: Option<u64>,
+    /// Most processes and threads of the upstream's uid (RLIMIT_NPROC).
+    #[serde(default)]
+    pub processes: Option<u64>,
+    /// Most open files (RLIMIT_NOFILE).
+    #[serde(default)]
+    pub open_files: Option<u64>,
+    /// CPU seconds over the upstream's life (RLIMIT_CPU; default unlimited).
+    #[serde(default)]
+    pub cpu_seconds: Option<u64>,
+    /// `uid` or `uid:gid` to run the upstream as (the broker must be root).
+    #[serde(default)]
+    pub run_as: Option<String>,
+    /// The lowest Landlock ABI this provider accepts (default: 3 for files, 4 when the network
+    /// is restricted). A kernel below it refuses the provider.
+    #[serde(default)]
+    pub min_landlock_abi: Option<u32>,
+}
+
+/// `run_as = "uid"` or `"uid:gid"` (gid defaults to the uid).
+pub fn parse_run_as(text: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("run_as = `{text}`: give a numeric `uid` or `uid:gid`");
+    let (u, g) = match text.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (text, None),
+    };
+    let uid: u32 = u.trim().parse().map_err(|_| bad())?;
+    let gid: u32 = match g {
+        Some(g) => g.trim().parse().map_err(|_| bad())?,
+        None => uid,
+    };
+    Ok((uid, gid))
+}
+
+/// Gives each sandboxed provider without `run_as` the next uid of `upstream_uids` that no
+/// provider's `run_as` names (uid = gid); every one is then checked like a `run_as`.
+fn allocate_uids([first, last]: [u32; 2], providers: &mut [ProviderConfig]) -> Result<(), String> {
+    if first == 0 || first > last {
+        return Err(format!(
+            "upstream_uids = [{first}, {last}]: give [first, last] with 0 < first <= last"
+        ));
+    }
+    let taken: Vec<u32> = providers
+        .iter()
+        .filter_map(|p| match p {
+            ProviderConfig::Mcp(m) => match &m.sandbox {
+                SandboxSetting::On(sb) => sb.run_as.as_deref().and_then(|r| parse_run_as(r).ok()),
+                SandboxSetting::Off(_) => None,
+            },
+            ProviderConfig::Files { .. } => None,
+        })
+        .map(|(uid, _)| uid)
+        .collect();
+    let mut next = (first..=last).filter(|u| !taken.contains(u));
+    for p in providers {
+        if let ProviderConfig::Mcp(m) = p
+            && let SandboxSetting::On(sb) = &mut m.sandbox
+            && sb.run_as.is_none()
+        {
+            let uid = next.next().ok_or_else(|| {
+                format!(
+                    "upstream_uids = [{first}, {last}]: too few uids for the sandboxed providers (`{}` gets none)",
+                    m.namespace
+                )
+            })?;
+            sb.run_as = Some(uid.to_string());
+        }
+    }
+    Ok(())
+}
+
+/// A provider's sandbox table, checked at load: a `run_as` that parses and is none of the uids
+/// the sockets admit (an upstream under a host's or a harness's uid would be one), nor root;
+/// network entries of the form `host:port`.
+fn check_sandbox(m: &McpProviderConfig, host: &[u32], harness: &[u32]) -> Result<(), String> {
+    let SandboxSetting::On(sb) = &m.sandbox else {
+        return Ok(());
+    };
+    let at = format!("provider `{}`: [providers.sandbox]", m.namespace);
+    if let Some(r) = &sb.run_as {
+        let (uid, gid) = parse_run_as(r).map_err(|e| format!("{at}: {e}"))?;
+        if uid == 0 || gid == 0 {
+            return Err(format!(
+                "{at}: run_as = `{r}`: an upstream never runs as root"
+            ));
+        }
+        if host.contains(&uid) {
+            return Err(format!(
+                "{at}: run_as = `{r}`: uid {uid} is in host_uids; an upstream under a host's uid could drive the control socket"
+            ));
+        }
+        if harness.contains(&uid) {
+            return Err(format!(
+                "{at}: run_as = `{r}`: uid {uid} is in harness_uids; an upstream under a harness's uid could reach the bridge socket"
+            ));
+        }
+    }
+    if let NetworkSetting::Allow(list) = &sb.network {
+        for e in list {
+            let port = e.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok());
+            if port.is_none() {
+                return Err(format!(
+                    "{at}: network entry `{e}` is not `host:port` (a port from 1 to 65535)"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `network = true | false | ["host:port", ...]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum NetworkSetting {
+    All(bool),
+    Allow(Vec<String>),
+}
+
+impl Default for NetworkSetting {
+    fn default() -> Self {
+        NetworkSetting::All(false)
+    }
 }
 
 /// A `[[budgets]]` table: a limit on the calls of one tool (`tool`) or of every tool of one
@@ -364,6 +535,10 @@ struct RawConfig {
     approval_timeout_seconds: Option<u64>,
     #[serde(default)]
     budgets: Vec<BudgetConfig>,
+    /// `[first, last]`: uids for sandboxed upstreams without `run_as`, one per provider in
+    /// config order (uid = gid), the broker being root.
+    #[serde(default)]
+    upstream_uids: Option<[u32; 2]>,
 }
 
 /// A resolved configuration (all paths absolute or relative to the working directory).
@@ -421,7 +596,7 @@ impl Config {
             path: shown.clone(),
             source,
         })?;
-        let raw: RawConfig = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        let mut raw: RawConfig = toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: shown.clone(),
             detail: e.to_string(),
         })?;
@@ -488,6 +663,22 @@ impl Config {
             }
             _ => {}
         }
+        if let Some(range) = raw.upstream_uids {
+            allocate_uids(range, &mut raw.providers).map_err(|detail| ConfigError::Parse {
+                path: shown.clone(),
+                detail,
+            })?;
+        }
+        for p in &raw.providers {
+            if let ProviderConfig::Mcp(m) = p {
+                check_sandbox(m, &raw.host_uids, &raw.harness_uids).map_err(|detail| {
+                    ConfigError::Parse {
+                        path: shown.clone(),
+                        detail,
+                    }
+                })?;
+            }
+        }
         let harness_group = group(raw.harness_group, "harness_group")?;
         let host_group = group(raw.host_group, "host_group")?;
         Ok(Config {
@@ -546,6 +737,11 @@ impl Config {
                     ProviderConfig::Mcp(mut m) => {
                         for t in m.tools.values_mut() {
                             t.file_root = t.file_root.as_deref().map(rel);
+                        }
+                        if let SandboxSetting::On(sb) = &mut m.sandbox {
+                            for p in sb.read.iter_mut().chain(sb.write.iter_mut()) {
+                                *p = rel(p);
+                            }
                         }
                         ProviderConfig::Mcp(m)
                     }

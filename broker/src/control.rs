@@ -44,13 +44,16 @@ fn error(code: &str, message: impl Into<String>) -> ControlResponse {
 }
 
 pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admission::PendingHello) {
-    let uid = stream.peer_creds().ok().and_then(|c| c.euid());
+    let creds = stream.peer_creds().ok();
+    let uid = creds.as_ref().and_then(|c| c.euid());
+    let pid = creds.as_ref().and_then(|c| c.pid());
     let (recv, mut send) = tokio::io::split(stream);
     let mut reader = FrameReader::new(recv);
-    if !broker.host_allowed(uid) {
+    if !broker.host_allowed(uid, pid.map(|p| p as u32)) {
         tracing::warn!(
             ?uid,
-            "control connection from a uid that is not a host uid: refused"
+            ?pid,
+            "control connection from a uid that is not a host uid, or from a brokered upstream: refused"
         );
         // Read the hello first (bounded), so the refusal is not lost to a reset on close.
         tokio::select! {
@@ -62,7 +65,10 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
         }
         let _ = write_frame(
             &mut send,
-            &error("forbidden", "this uid may not use the control socket"),
+            &error(
+                "forbidden",
+                "this uid may not use the control socket (or this process is a brokered upstream's)",
+            ),
         )
         .await;
         return;

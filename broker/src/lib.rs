@@ -48,6 +48,7 @@ pub mod control;
 pub mod error;
 pub mod files;
 pub mod kernel;
+pub mod lineage;
 pub mod pins;
 pub mod policy;
 pub mod provider;

@@ -24,12 +24,16 @@ pub struct Broker {
 }
 
 impl Broker {
-    pub fn host_allowed(&self, uid: Option<u32>) -> bool {
-        peer_allowed(uid, &self.config.host_uids, self.uid)
+    /// A host: a listed uid (or the broker's own), and not a brokered upstream's process or
+    /// its descendant, whatever its uid ([`crate::lineage`]).
+    pub fn host_allowed(&self, uid: Option<u32>, pid: Option<u32>) -> bool {
+        peer_allowed(uid, &self.config.host_uids, self.uid) && !crate::lineage::from_upstream(pid)
     }
 
-    pub fn harness_allowed(&self, uid: Option<u32>) -> bool {
+    /// A harness: the same rule, with `harness_uids`.
+    pub fn harness_allowed(&self, uid: Option<u32>, pid: Option<u32>) -> bool {
         peer_allowed(uid, &self.config.harness_uids, self.uid)
+            && !crate::lineage::from_upstream(pid)
     }
 
     /// Closes a turn: kills its token, cancels its tree, waits (bounded) for in-flight calls to

@@ -1075,6 +1075,46 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                         if let Some(e) = p["lastError"].as_str() {
                             outln!("  last error: {e}");
                         }
+                        let sb = &p["sandbox"];
+                        if sb == "none" {
+                            outln!(
+                                "  sandbox: none (runs with the broker's uid, environment, files and network)"
+                            );
+                        } else if let Some(e) = sb["unavailable"].as_str() {
+                            outln!("  sandbox: unavailable: {e}");
+                        } else if sb.is_object() {
+                            let list = |k: &str| {
+                                sb[k]
+                                    .as_array()
+                                    .into_iter()
+                                    .flatten()
+                                    .filter_map(Value::as_str)
+                                    .collect::<Vec<_>>()
+                                    .join(" ")
+                            };
+                            let uid = if sb["ownUid"] == true {
+                                format!("uid {} gid {}", sb["uid"], sb["gid"])
+                            } else {
+                                format!("uid {} (the broker's; no capabilities)", sb["uid"])
+                            };
+                            let net = match sb["network"].as_str() {
+                                Some("ports") => format!("tcp ports {}", sb["ports"]),
+                                Some("off") if sb["netns"] == true => "off (own namespace)".into(),
+                                n => n.unwrap_or("").to_owned(),
+                            };
+                            outln!(
+                                "  sandbox: {uid}, network {net}, memory {} MiB, processes {}, open files {}, cpu {}, landlock abi {}",
+                                sb["memoryBytes"].as_u64().unwrap_or(0) / (1024 * 1024),
+                                sb["processes"],
+                                sb["openFiles"],
+                                sb["cpuSeconds"]
+                                    .as_u64()
+                                    .map_or("unlimited".to_owned(), |s| format!("{s} s")),
+                                sb["landlockAbi"],
+                            );
+                            outln!("    read: {}", list("read"));
+                            outln!("    write: {}", list("write"));
+                        }
                     }
                 }
             }

@@ -15,6 +15,17 @@ mod replay;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> std::process::ExitCode {
+    // The sandbox launcher (hidden: the broker runs it to start a brokered upstream). Handled
+    // before anything else so that the process is still single-threaded when it drops its
+    // privileges and execs.
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let [_, sub, plan, command, args @ ..] = argv.as_slice()
+        && sub == sharedos_broker::upstream::sandbox::SUBCOMMAND
+    {
+        let e = sharedos_broker::upstream::sandbox::launch(&plan.to_string_lossy(), command, args);
+        eprintln!("{}{e}", sharedos_broker::upstream::sandbox::LAUNCHER_ERROR);
+        return std::process::ExitCode::from(126);
+    }
     let cli = cli::Cli::parse();
     match cli::main(cli) {
         Ok(code) => code,

@@ -477,6 +477,11 @@ pub struct ProviderState {
     pub provider: String,
     /// `starting`, `ready`, `restarting`, `drifted` or `failed`.
     pub state: String,
+    /// The sandbox its upstream runs in: `"none"`, or {uid, gid, ownUid, read, write, network,
+    /// ports, netns, memoryBytes, processes, openFiles, cpuSeconds, landlockAbi}; absent on lines
+    /// written before sandboxes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<serde_json::Value>,
     #[serde(flatten)]
     pub detail: ProviderDetail,
     /// Always `null`.

@@ -11,6 +11,9 @@ use super::{MAX_UPSTREAM_LOG_BYTES, UPSTREAM_LOG_LINES, UPSTREAM_LOG_WINDOW};
 pub struct UpstreamLog {
     provider: String,
     window: Mutex<LogWindow>,
+    /// The sandbox launcher's last error line on the upstream's stderr (escaped, bounded): the
+    /// reason a start failed before the upstream ran.
+    launcher_error: Mutex<Option<String>>,
 }
 
 struct LogWindow {
@@ -29,7 +32,16 @@ impl UpstreamLog {
                 written: 0,
                 held_back: 0,
             }),
+            launcher_error: Mutex::new(None),
         }
+    }
+
+    /// What the sandbox launcher said when it gave up, taken (once).
+    pub(super) fn take_launcher_error(&self) -> Option<String> {
+        self.launcher_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 
     /// Writes a line with `write(provider, lines held back before it)` if the window has room;
@@ -131,6 +143,12 @@ pub(super) async fn drain_stderr(stderr: impl tokio::io::AsyncRead + Unpin, log:
 }
 
 fn stderr_line(log: &Arc<UpstreamLog>, line: &[u8]) {
+    let text = String::from_utf8_lossy(line);
+    if let Some(e) = text.strip_prefix(super::sandbox::LAUNCHER_ERROR) {
+        *log.launcher_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(upstream_text(e));
+    }
     log.line(|provider, held_back| {
         let text = upstream_text(&String::from_utf8_lossy(line));
         tracing::debug!(%provider, held_back, "upstream stderr: {text}");

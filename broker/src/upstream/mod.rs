@@ -38,6 +38,7 @@ use crate::resource::{Object, Resource};
 use crate::vpath;
 
 mod log;
+pub mod sandbox;
 mod stdio;
 mod template;
 
@@ -127,6 +128,8 @@ pub struct Status {
     pub restarts: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// The sandbox its upstream runs in (`"none"`, or the plan), as recorded.
+    pub sandbox: Value,
 }
 
 pub use crate::provider::Registered;
@@ -161,6 +164,9 @@ pub struct McpProvider {
     relisting: tokio::sync::Mutex<()>,
     /// The log lines this upstream can cause, bounded.
     log: Arc<UpstreamLog>,
+    /// The sandbox planned at start (`None`: `sandbox = "none"`; `Err`: it cannot be applied,
+    /// and the upstream is not started).
+    sandbox: Option<Result<sandbox::Plan, String>>,
 }
 
 /// The broker's side of one upstream session: it hears the upstream's
@@ -217,6 +223,8 @@ struct Session {
     service: RunningService<RoleClient, Listener>,
     tools: Vec<Value>,
     changed: Arc<tokio::sync::Notify>,
+    /// The upstream's process group, killed whole when the session is let go.
+    group: stdio::Group,
 }
 
 impl McpProvider {
@@ -235,8 +243,36 @@ impl McpProvider {
         shutdown: CancellationToken,
     ) -> Arc<Self> {
         let log = Arc::new(UpstreamLog::new(&config.namespace));
+        let sandbox = match &config.sandbox {
+            crate::config::SandboxSetting::Off(_) => None,
+            crate::config::SandboxSetting::On(sb) => {
+                let roots: Vec<(PathBuf, bool)> = config
+                    .tools
+                    .values()
+                    .filter_map(|t| {
+                        let root = t.file_root.as_ref()?;
+                        let root = if root.is_absolute() {
+                            root.clone()
+                        } else {
+                            base.join(root)
+                        };
+                        Some((root, t.action == "write"))
+                    })
+                    .collect();
+                Some(sandbox::plan(
+                    &config.namespace,
+                    sb,
+                    &config.command,
+                    &base,
+                    config.env.get("PATH").map(String::as_str),
+                    &roots,
+                    sandbox::kernel_abi(),
+                ))
+            }
+        };
         Arc::new(Self {
             log,
+            sandbox,
             config,
             base,
             inner: RwLock::new(Inner {
@@ -305,6 +341,16 @@ impl McpProvider {
             pinned_hash: self.pins.get(&self.config.namespace),
             restarts: self.restarts.load(Ordering::Relaxed),
             last_error: inner.last_error.clone(),
+            sandbox: self.sandbox_shown(),
+        }
+    }
+
+    /// The sandbox as `providers` shows it and `provider_state` lines record it.
+    pub fn sandbox_shown(&self) -> Value {
+        match &self.sandbox {
+            None => json!("none"),
+            Some(Ok(plan)) => plan.shown(),
+            Some(Err(e)) => json!({ "unavailable": e }),
         }
     }
 
@@ -339,6 +385,7 @@ impl McpProvider {
         let line = Event::ProviderState(record::ProviderState {
             provider: self.config.namespace.clone(),
             state: state.as_str().to_owned(),
+            sandbox: Some(self.sandbox_shown()),
             detail,
             turn: None,
         });
@@ -485,6 +532,7 @@ impl McpProvider {
                     service,
                     tools,
                     changed,
+                    group: _group,
                 }) => {
                     if let Err(e) = self.check_templates(&tools) {
                         self.set_failed(&e).await;

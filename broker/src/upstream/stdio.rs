@@ -1,5 +1,7 @@
 //! The stdio transport: the upstream as a child process of the broker, its stdin/stdout the MCP
-//! session, its stderr drained into the bounded log.
+//! session, its stderr drained into the bounded log. A sandboxed upstream is started through
+//! the launcher (`sharedos-broker sandbox-exec PLAN COMMAND ARGS...`, see [`super::sandbox`]),
+//! with a clean environment and `/` as its working folder.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,10 +10,27 @@ use rmcp::ServiceExt;
 use rmcp::transport::TokioChildProcess;
 
 use super::log::drain_stderr;
+use super::sandbox;
 use super::{Listener, McpProvider, Session};
 
+/// A sandboxed upstream's process group (the launcher made its pid the group's id): killed
+/// whole, and forgotten by [`crate::lineage`], when dropped.
+pub(super) struct Group(Option<u32>);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+                // Gone already (ESRCH) is fine.
+                let _ = rustix::process::kill_process_group(p, rustix::process::Signal::KILL);
+            }
+            crate::lineage::remove(pid);
+        }
+    }
+}
+
 impl McpProvider {
-    fn command(&self) -> tokio::process::Command {
+    fn command(&self) -> Result<tokio::process::Command, String> {
         let command = if self.config.command.contains('/')
             && !Path::new(&self.config.command).is_absolute()
         {
@@ -19,38 +38,79 @@ impl McpProvider {
         } else {
             self.config.command.clone()
         };
-        let mut cmd = tokio::process::Command::new(command);
-        cmd.args(&self.config.args)
-            .envs(&self.config.env)
-            .kill_on_drop(true);
-        cmd
+        let mut cmd = match &self.sandbox {
+            None => {
+                let mut cmd = tokio::process::Command::new(command);
+                cmd.args(&self.config.args);
+                cmd
+            }
+            Some(Err(e)) => return Err(e.clone()),
+            Some(Ok(plan)) => {
+                let plan_json = serde_json::to_string(plan)
+                    .map_err(|e| format!("cannot write the sandbox plan: {e}"))?;
+                let mut cmd = tokio::process::Command::new(sandbox::launcher()?);
+                cmd.arg(sandbox::SUBCOMMAND)
+                    .arg(plan_json)
+                    .arg(command)
+                    .args(&self.config.args)
+                    .env_clear()
+                    .env("PATH", sandbox::SANDBOX_PATH)
+                    .env("LANG", sandbox::SANDBOX_LANG)
+                    .env(
+                        "HOME",
+                        match &self.config.sandbox {
+                            crate::config::SandboxSetting::On(sb) => sb.home.as_deref(),
+                            crate::config::SandboxSetting::Off(_) => None,
+                        }
+                        .unwrap_or(sandbox::DEFAULT_HOME),
+                    )
+                    .current_dir("/");
+                cmd
+            }
+        };
+        cmd.envs(&self.config.env).kill_on_drop(true);
+        Ok(cmd)
     }
 
     /// Spawns the upstream, initializes, lists its tools. The session is returned for supervision.
     pub(super) async fn connect(&self) -> Result<Session, String> {
-        let (transport, stderr) = TokioChildProcess::builder(self.command())
+        let (transport, stderr) = TokioChildProcess::builder(self.command()?)
             .stderr(std::process::Stdio::piped())
             .spawn()
             .map_err(|e| format!("cannot start `{}`: {e}", self.config.command))?;
-        if let Some(stderr) = stderr {
-            // Drain the upstream's stderr into our log (a full pipe would block it), bounded.
-            tokio::spawn(drain_stderr(stderr, self.log.clone()));
+        let sandboxed = matches!(self.sandbox, Some(Ok(_)));
+        let group = Group(transport.id().filter(|_| sandboxed));
+        if let Some(pid) = group.0 {
+            crate::lineage::add(pid);
         }
+        // Drain the upstream's stderr into our log (a full pipe would block it), bounded.
+        let drained = stderr.map(|stderr| tokio::spawn(drain_stderr(stderr, self.log.clone())));
         let limit = self.startup_timeout();
         let changed = Arc::new(tokio::sync::Notify::new());
         let listener = Listener {
             changed: changed.clone(),
             log: self.log.clone(),
         };
-        let service = tokio::time::timeout(limit, listener.serve(transport))
-            .await
-            .map_err(|_| "the upstream did not finish initialize in time".to_owned())?
-            .map_err(|e| format!("MCP initialize with the upstream failed: {e}"))?;
+        let service = match tokio::time::timeout(limit, listener.serve(transport)).await {
+            Err(_) => return Err("the upstream did not finish initialize in time".to_owned()),
+            Ok(Ok(service)) => service,
+            Ok(Err(e)) => {
+                // A launcher that could not apply the sandbox says why on stderr, then exits.
+                if sandboxed && let Some(drained) = drained {
+                    let _ = tokio::time::timeout(sandbox::LAUNCHER_ERROR_WAIT, drained).await;
+                }
+                return Err(match self.log.take_launcher_error() {
+                    Some(why) => format!("the sandbox could not be applied: {why}"),
+                    None => format!("MCP initialize with the upstream failed: {e}"),
+                });
+            }
+        };
         let tools = self.list(service.peer()).await?;
         Ok(Session {
             service,
             tools,
             changed,
+            group,
         })
     }
 }

@@ -213,7 +213,7 @@ pub(crate) fn as_uid(uid: u32, gid: u32, program: &Path) -> tokio::process::Comm
 
 /// The workspace binaries copied into `dir/bin` (0755): the build tree may sit under folders
 /// other uids cannot search.
-fn public_bins(dir: &Path) -> (PathBuf, PathBuf) {
+pub(crate) fn public_bins(dir: &Path) -> (PathBuf, PathBuf) {
     let bins = dir.join("bin");
     std::fs::create_dir_all(&bins).expect("mkdir");
     let mut out = Vec::new();
@@ -592,7 +592,8 @@ when { context has agent && context.agent == SharedOS::Agent::"helper" };
 async fn catalogues_are_exact_in_the_turns_context() {
     let upstream = format!(
         "[[providers]]\ntype = \"files\"\nnamespace = \"files\"\nroot = \"data\"\n\n\
-         [[providers]]\ntype = \"mcp\"\nnamespace = \"open\"\ncommand = {:?}\n",
+         [[providers]]\ntype = \"mcp\"\nnamespace = \"open\"\ncommand = {:?}\n\
+         [providers.sandbox]\nread = [\"data\"]\n",
         bin("open-upstream").display().to_string()
     );
     let b = Deployed::start(CAROL_HELPER, "", &upstream).await;

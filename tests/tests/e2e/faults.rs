@@ -385,8 +385,10 @@ async fn hostile_upstreams_stop_serve_with_an_error_naming_the_provider() {
     for (ns, script) in [("garbage", &garbage), ("hang", &hang)] {
         let cfg = std::fs::read_to_string(&p.cfg).expect("cfg");
         let extra = format!(
-            "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"{ns}\"\ncommand = \"python3\"\nargs = [{}]\nstartup_timeout_seconds = 2\n",
-            serde_json::to_string(&script.display().to_string()).expect("q")
+            "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"{ns}\"\ncommand = \"python3\"\nargs = [{}]\nstartup_timeout_seconds = 2\n\
+             [providers.sandbox]\nread = [{}]\n",
+            serde_json::to_string(&script.display().to_string()).expect("q"),
+            serde_json::to_string(&p.dir.path().display().to_string()).expect("q")
         );
         let path = p.dir.path().join(format!("{ns}.toml"));
         std::fs::write(&path, format!("{cfg}{extra}")).expect("w");

@@ -19,12 +19,32 @@ fn q(s: &str) -> String {
     serde_json::to_string(s).expect("quote")
 }
 
+/// A `[providers.sandbox]` table (issue 32): what the upstream may read and write besides the
+/// defaults (the system, the command's own folder, its templates' `file_root`s).
+fn sandboxed(read: &[&str], write: &[&str]) -> String {
+    let list = |l: &[&str]| l.iter().map(|p| q(p)).collect::<Vec<_>>().join(", ");
+    format!(
+        "[providers.sandbox]\nread = [{}]\nwrite = [{}]\n",
+        list(read),
+        list(write)
+    )
+}
+
+/// An npm server's package folder (its `node_modules` and everything it loads), from the path
+/// of its entry file.
+fn package(entry: &str) -> &str {
+    entry.split("/node_modules/").next().unwrap_or(entry)
+}
+
+const PYTHON_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/python");
+
 fn everything(s: &BTreeMap<String, String>, ns: &str) -> String {
     format!(
-        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"{ns}\"\ncommand = {}\nargs = [{}, {}]\ncall_timeout_seconds = 3\n",
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"{ns}\"\ncommand = {}\nargs = [{}, {}]\ncall_timeout_seconds = 3\n{}",
         q(&s["EVERYTHING_CMD"]),
         q(&s["EVERYTHING_ARGS"]),
-        q(&s["EVERYTHING_ARG2"])
+        q(&s["EVERYTHING_ARG2"]),
+        sandboxed(&[package(&s["EVERYTHING_ARGS"])], &[])
     )
 }
 
@@ -37,6 +57,7 @@ fn time(s: &BTreeMap<String, String>, ns: &str, scope: Option<&str>) -> String {
     if let Some(p) = scope {
         t.push_str(&format!("scope = {{ principal = \"{p}\" }}\n"));
     }
+    // Its virtualenv is the command's folder's parent: readable by default.
     t
 }
 
@@ -44,10 +65,11 @@ fn filesystem(s: &BTreeMap<String, String>, data: &str) -> String {
     format!(
         "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"fs\"\ncommand = {cmd}\nargs = [{args}, {data}]\n\
          [providers.tools.read_text_file]\naction = \"read\"\nfile = \"{{path}}\"\nfile_root = {data}\n\
-         [providers.tools.list_directory]\naction = \"list\"\nfile = \"{{path}}\"\nfile_root = {data}\n",
+         [providers.tools.list_directory]\naction = \"list\"\nfile = \"{{path}}\"\nfile_root = {data}\n{sb}",
         cmd = q(&s["FILESYSTEM_CMD"]),
         args = q(&s["FILESYSTEM_ARGS"]),
         data = q(data),
+        sb = sandboxed(&[package(&s["FILESYSTEM_ARGS"])], &[]),
     )
 }
 
@@ -261,12 +283,16 @@ async fn cancellation_reaches_the_upstream_as_notifications_cancelled() {
     let tap_log = dir.path().join("tap.jsonl");
     let tap = concat!(env!("CARGO_MANIFEST_DIR"), "/python/tap.py");
     let extra = format!(
-        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"everything\"\ncommand = \"python3\"\nargs = [{}, {}, {}, {}]\nenv = {{ TAP_LOG = {} }}\n",
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"everything\"\ncommand = \"python3\"\nargs = [{}, {}, {}, {}]\nenv = {{ TAP_LOG = {} }}\n{}",
         q(tap),
         q(&s["EVERYTHING_CMD"]),
         q(&s["EVERYTHING_ARGS"]),
         q(&s["EVERYTHING_ARG2"]),
-        q(&tap_log.display().to_string())
+        q(&tap_log.display().to_string()),
+        sandboxed(
+            &[PYTHON_DIR, package(&s["EVERYTHING_ARGS"])],
+            &[&dir.path().display().to_string()]
+        )
     );
     let broker = broker_with(&extra).await;
     let turn = broker.open_turn("alice").await;
@@ -410,10 +436,17 @@ async fn a_template_naming_a_missing_argument_stops_the_broker_at_start() {
     let dir = tempfile::tempdir().expect("tmp");
     let cfg = crate::kit::write_config(dir.path(), &Options::default());
     let extra = format!(
-        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"fs\"\ncommand = {}\nargs = [{}, {}]\n[providers.tools.read_text_file]\naction = \"read\"\nfile = \"{{nope}}\"\n",
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"fs\"\ncommand = {}\nargs = [{}, {}]\n[providers.tools.read_text_file]\naction = \"read\"\nfile = \"{{nope}}\"\n{}",
         q(&s["FILESYSTEM_CMD"]),
         q(&s["FILESYSTEM_ARGS"]),
-        q(&dir.path().display().to_string())
+        q(&dir.path().display().to_string()),
+        sandboxed(
+            &[
+                package(&s["FILESYSTEM_ARGS"]),
+                &dir.path().display().to_string()
+            ],
+            &[]
+        )
     );
     let text = std::fs::read_to_string(&cfg).expect("cfg");
     std::fs::write(&cfg, format!("{text}{extra}")).expect("w");
@@ -879,8 +912,9 @@ when { resource.name == "noisy.echo" };
     std::fs::write(
         &cfg,
         format!(
-            "{base}\n[[providers]]\ntype = \"mcp\"\nnamespace = \"noisy\"\ncommand = \"python3\"\nargs = [{}]\n",
-            q(noisy)
+            "{base}\n[[providers]]\ntype = \"mcp\"\nnamespace = \"noisy\"\ncommand = \"python3\"\nargs = [{}]\n{}",
+            q(noisy),
+            sandboxed(&[PYTHON_DIR], &[])
         ),
     )
     .expect("cfg");
@@ -1058,10 +1092,11 @@ async fn a_two_argument_template_refuses_parts_a_join_would_read_otherwise() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/joiner.py");
     let broker = broker_with(&format!(
         "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"py\"\ncommand = \"python3\"\nargs = [{}]\nenv = {{ JOINER_LOG = {} }}\n\
-         [providers.tools.read_joined]\naction = \"read\"\nfile = \"{{dir}}/{{name}}\"\nfile_root = {}\n",
+         [providers.tools.read_joined]\naction = \"read\"\nfile = \"{{dir}}/{{name}}\"\nfile_root = {}\n{}",
         q(script),
         q(&log.display().to_string()),
-        q(&d)
+        q(&d),
+        sandboxed(&[PYTHON_DIR], &[&dir.path().display().to_string()])
     ))
     .await;
     let turn = broker.open_turn("alice").await;

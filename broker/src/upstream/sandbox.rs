@@ -1,0 +1,492 @@
+//! The sandbox of a brokered upstream: what it may read and write (Landlock), which TCP it may
+//! open (Landlock, and a network namespace of its own when the broker is root), its environment
+//! (only what the provider declares, plus `PATH`/`HOME`/`LANG`), its limits (rlimits), its uid
+//! (`run_as`, the broker being root), no new privileges, death with the broker, and its own
+//! process group, killed whole when its session ends.
+//!
+//! The broker plans it ([`plan`], at spawn: fail closed, naming what is missing) and shows it;
+//! the launcher applies it ([`launch`]): the broker's own executable, run as
+//! `sharedos-broker sandbox-exec PLAN COMMAND ARGS...`, single-threaded, applies every wall to
+//! itself and then `exec`s the upstream, which inherits them all. (`pre_exec` would do it in
+//! the forked child, but it is `unsafe`, which this workspace forbids.)
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
+    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope as LandlockScope,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::config::{NetworkSetting, SandboxConfig, parse_run_as};
+
+/// The hidden subcommand of `sharedos-broker` that is the launcher.
+pub const SUBCOMMAND: &str = "sandbox-exec";
+/// How the launcher's error line starts on the upstream's stderr.
+pub const LAUNCHER_ERROR: &str = "sharedos-broker sandbox-exec: error: ";
+/// How long a failed start waits for the launcher's error line.
+pub const LAUNCHER_ERROR_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+/// Where the launcher is when the broker is embedded in another program (tests, benches): the
+/// path of a `sharedos-broker` binary.
+pub const LAUNCHER_ENV: &str = "SHAREDOS_SANDBOX_LAUNCHER";
+/// The environment every sandboxed upstream gets, before its declared `env` (which may replace
+/// them).
+pub const SANDBOX_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+pub const SANDBOX_LANG: &str = "C.UTF-8";
+pub const DEFAULT_HOME: &str = "/nonexistent";
+/// Default limits (each configurable in `[providers.sandbox]`).
+pub const DEFAULT_MEMORY_MB: u64 = 2048;
+pub const DEFAULT_PROCESSES: u64 = 512;
+pub const DEFAULT_OPEN_FILES: u64 = 1024;
+/// Read-only by default (those that exist): the system's programs and libraries, and from
+/// `/etc` only what a program needs to load libraries, resolve names and check certificates.
+/// Not `/etc` as a whole (`/etc/shadow`), not `/proc` (the broker's `environ`), not `/home`,
+/// `/root`, `/tmp` or `/run`.
+pub const DEFAULT_READ: &[&str] = &[
+    "/usr",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/bin",
+    "/sbin",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/pki",
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/host.conf",
+    "/etc/gai.conf",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/alternatives",
+    "/dev/urandom",
+    "/dev/random",
+    "/dev/zero",
+];
+/// Read-write by default.
+pub const DEFAULT_WRITE: &[&str] = &["/dev/null"];
+/// The Landlock ABI the filesystem rules need (truncate is ABI 3), and the TCP rules (ABI 4).
+pub const LANDLOCK_FS_ABI: u32 = 3;
+pub const LANDLOCK_NET_ABI: u32 = 4;
+/// The highest ABI [`kernel_abi`] tells apart (ABI 7 and 8 add no access right to probe).
+const PROBED_ABI: u32 = 6;
+
+/// What the launcher applies, and what `providers` shows and `provider_state` records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    /// The uid and gid the upstream runs as.
+    pub uid: u32,
+    pub gid: u32,
+    /// Whether the launcher changes its uid (`run_as`), or keeps the broker's (root's
+    /// capabilities are then dropped).
+    pub own_uid: bool,
+    /// Read-only (and execute) beneath these; read-write beneath `write`.
+    pub read: Vec<String>,
+    pub write: Vec<String>,
+    /// `off`, `all`, or `ports`.
+    pub network: String,
+    /// TCP ports it may connect to (`network = "ports"`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<u16>,
+    /// A network namespace of its own (only loopback, down).
+    pub netns: bool,
+    pub memory_bytes: u64,
+    pub processes: u64,
+    pub open_files: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<u64>,
+    /// The Landlock ABI the rules need (the kernel has at least this).
+    pub landlock_abi: u32,
+    /// The broker's pid: the launcher exits if its parent is already another.
+    pub parent: u32,
+}
+
+impl Plan {
+    /// The plan as shown and recorded (the broker's pid left out).
+    pub fn shown(&self) -> Value {
+        let mut v = json!(self);
+        if let Some(o) = v.as_object_mut() {
+            o.remove("parent");
+        }
+        v
+    }
+}
+
+/// The kernel's Landlock ABI as far as this broker uses it (0: Landlock unavailable), found by
+/// asking for each ABI's rights as a hard requirement, highest first.
+pub fn kernel_abi() -> u32 {
+    for n in (1..=PROBED_ABI).rev() {
+        let abi = ABI::from(n as i32);
+        let made = (|| {
+            let mut r = Ruleset::default()
+                .set_compatibility(CompatLevel::HardRequirement)
+                .handle_access(AccessFs::from_all(abi))?;
+            if n >= LANDLOCK_NET_ABI {
+                r = r.handle_access(AccessNet::from_all(abi))?;
+            }
+            if n >= 6 {
+                r = r.scope(LandlockScope::from_all(abi))?;
+            }
+            r.create()
+        })();
+        if made.is_ok() {
+            return n;
+        }
+    }
+    0
+}
+
+/// The upstream's command as the launcher will find it: a path with `/` relative to the config's
+/// folder, else looked up in the `PATH` the upstream gets (its declared one, or
+/// [`SANDBOX_PATH`]), not the broker's.
+fn command_path(command: &str, base: &Path, path: Option<&str>) -> Option<PathBuf> {
+    if command.contains('/') {
+        let p = Path::new(command);
+        return Some(if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            base.join(p)
+        });
+    }
+    std::env::split_paths(path.unwrap_or(SANDBOX_PATH))
+        .map(|d| d.join(command))
+        .find(|p| p.is_file())
+}
+
+/// The folders a program needs to run, readable by default: its own folder, the prefix of a
+/// `bin` folder (a virtualenv's or a package's libraries beside it), the same for the file it
+/// links to, and, for a script, the same for its `#!` interpreter (a virtualenv's `python` leads
+/// to the Python it was made from).
+fn program_dirs(program: &Path) -> Vec<String> {
+    fn dirs_of(p: &Path, out: &mut Vec<String>) {
+        let Some(dir) = p.parent() else { return };
+        out.push(dir.display().to_string());
+        if dir.file_name().is_some_and(|n| n == "bin")
+            && let Some(prefix) = dir.parent()
+            && prefix != Path::new("/")
+            && prefix != Path::new("/usr")
+        {
+            out.push(prefix.display().to_string());
+        }
+    }
+    let mut out = Vec::new();
+    let mut programs = vec![program.to_path_buf()];
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(program)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+        .unwrap_or(0);
+    if let Some(line) = head[..n].strip_prefix(b"#!")
+        && let Some(line) = line.split(|b| *b == b'\n').next()
+        && let Ok(line) = std::str::from_utf8(line)
+        && let Some(interpreter) = line.split_whitespace().next()
+    {
+        programs.push(PathBuf::from(interpreter));
+    }
+    for p in programs {
+        dirs_of(&p, &mut out);
+        if let Ok(real) = std::fs::canonicalize(&p) {
+            dirs_of(&real, &mut out);
+        }
+    }
+    out
+}
+
+/// Plans a provider's sandbox (`roots`: its templates' `file_root` folders, and whether a
+/// template writes there): fails (naming what is missing) where it cannot be applied.
+pub fn plan(
+    namespace: &str,
+    config: &SandboxConfig,
+    command: &str,
+    base: &Path,
+    path: Option<&str>,
+    roots: &[(PathBuf, bool)],
+    kernel_abi: u32,
+) -> Result<Plan, String> {
+    let at = format!("provider `{namespace}`: the sandbox cannot be applied");
+    let restricted = !matches!(config.network, NetworkSetting::All(true));
+    let need = LANDLOCK_FS_ABI
+        .max(if restricted { LANDLOCK_NET_ABI } else { 0 })
+        .max(config.min_landlock_abi.unwrap_or(0));
+    if kernel_abi == 0 {
+        return Err(format!(
+            "{at}: Landlock is not available in this kernel (not built in, or not enabled at boot: add `lsm=...,landlock` to the kernel command line); set `sandbox = \"none\"` to run it without one"
+        ));
+    }
+    if kernel_abi < need {
+        return Err(format!(
+            "{at}: it needs Landlock ABI {need} (filesystem rules {LANDLOCK_FS_ABI}, TCP rules {LANDLOCK_NET_ABI}{}), this kernel offers ABI {kernel_abi}; set `sandbox = \"none\"` to run it without one",
+            config
+                .min_landlock_abi
+                .map(|m| format!(", min_landlock_abi {m}"))
+                .unwrap_or_default()
+        ));
+    }
+    let me = rustix::process::geteuid().as_raw();
+    let my_gid = rustix::process::getegid().as_raw();
+    let (uid, gid, own_uid) = match &config.run_as {
+        Some(r) => {
+            let (uid, gid) = parse_run_as(r).map_err(|e| format!("{at}: {e}"))?;
+            if me != 0 {
+                return Err(format!(
+                    "{at}: run_as = `{r}` needs the broker to run as root (it runs as uid {me})"
+                ));
+            }
+            if uid == me {
+                return Err(format!("{at}: run_as = `{r}` is the broker's own uid"));
+            }
+            (uid, gid, true)
+        }
+        None => (me, my_gid, false),
+    };
+    let mut read: Vec<String> = DEFAULT_READ
+        .iter()
+        .filter(|p| Path::new(p).exists())
+        .map(|p| (*p).to_owned())
+        .collect();
+    if let Some(cmd) = command_path(command, base, path) {
+        read.extend(program_dirs(&cmd));
+    }
+    // The folders its templates name as `file_root`: the broker sends it host paths there.
+    for (root, writes) in roots {
+        if !*writes && root.exists() {
+            read.push(root.display().to_string());
+        }
+    }
+    for p in &config.read {
+        if !p.exists() {
+            return Err(format!("{at}: read path `{}` does not exist", p.display()));
+        }
+        read.push(p.display().to_string());
+    }
+    let mut write: Vec<String> = DEFAULT_WRITE
+        .iter()
+        .filter(|p| Path::new(p).exists())
+        .map(|p| (*p).to_owned())
+        .collect();
+    for (root, writes) in roots {
+        if *writes && root.exists() {
+            write.push(root.display().to_string());
+        }
+    }
+    for p in &config.write {
+        if !p.exists() {
+            return Err(format!("{at}: write path `{}` does not exist", p.display()));
+        }
+        write.push(p.display().to_string());
+    }
+    let mut seen = std::collections::HashSet::new();
+    read.retain(|p| seen.insert(p.clone()));
+    let (network, ports) = match &config.network {
+        NetworkSetting::All(true) => ("all", vec![]),
+        NetworkSetting::All(false) => ("off", vec![]),
+        NetworkSetting::Allow(list) => {
+            let mut ports: Vec<u16> = list
+                .iter()
+                .filter_map(|e| e.rsplit_once(':').and_then(|(_, p)| p.parse().ok()))
+                .collect();
+            ports.sort_unstable();
+            ports.dedup();
+            ("ports", ports)
+        }
+    };
+    Ok(Plan {
+        uid,
+        gid,
+        own_uid,
+        read,
+        write,
+        network: network.to_owned(),
+        ports,
+        // Only root can make one without a user namespace.
+        netns: network == "off" && me == 0,
+        memory_bytes: config.memory_mb.unwrap_or(DEFAULT_MEMORY_MB) * 1024 * 1024,
+        processes: config.processes.unwrap_or(DEFAULT_PROCESSES),
+        open_files: config.open_files.unwrap_or(DEFAULT_OPEN_FILES),
+        cpu_seconds: config.cpu_seconds.filter(|s| *s > 0),
+        landlock_abi: need,
+        parent: std::process::id(),
+    })
+}
+
+/// The launcher: the path of a `sharedos-broker` binary (this program if it is one; else
+/// [`LAUNCHER_ENV`]; else one beside this program or in its parent folder, as in Cargo's
+/// `target/debug` for tests).
+pub fn launcher() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os(LAUNCHER_ENV) {
+        return Ok(PathBuf::from(p));
+    }
+    let me = std::env::current_exe()
+        .map_err(|e| format!("cannot find the sandbox launcher (this program's path: {e})"))?;
+    if me.file_name().is_some_and(|n| n == "sharedos-broker") {
+        return Ok(me);
+    }
+    let dir = me.parent().unwrap_or(Path::new("/"));
+    [dir.join("sharedos-broker"), dir.join("../sharedos-broker")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            format!(
+                "cannot find the sandbox launcher: no `sharedos-broker` beside `{}`; set {LAUNCHER_ENV}",
+                me.display()
+            )
+        })
+}
+
+/// The launcher's work: applies `plan` (JSON) to this process and becomes `command args`.
+/// Returns only on failure.
+pub fn launch(plan: &str, command: &OsString, args: &[OsString]) -> String {
+    match apply(plan) {
+        Ok(()) => {
+            use std::os::unix::process::CommandExt;
+            let e = std::process::Command::new(command).args(args).exec();
+            format!("cannot run `{}`: {e}", command.to_string_lossy())
+        }
+        Err(e) => e,
+    }
+}
+
+fn apply(plan: &str) -> Result<(), String> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let plan: Plan =
+        serde_json::from_str(plan).map_err(|e| format!("the sandbox plan is not valid: {e}"))?;
+    // Credentials, limits and Landlock are per thread in the kernel: they hold for the program
+    // only if this is its only thread.
+    let threads = std::fs::read_dir("/proc/self/task")
+        .map_err(|e| format!("cannot count the launcher's threads: {e}"))?
+        .count();
+    if threads != 1 {
+        return Err(format!(
+            "the launcher has {threads} threads; it must have one"
+        ));
+    }
+    rustix::process::setsid().map_err(|e| format!("setsid: {e}"))?;
+    let mut limits = vec![
+        (Resource::Data, plan.memory_bytes, "memory"),
+        (Resource::Nproc, plan.processes, "processes"),
+        (Resource::Nofile, plan.open_files, "open files"),
+    ];
+    if let Some(cpu) = plan.cpu_seconds {
+        limits.push((Resource::Cpu, cpu, "cpu seconds"));
+    }
+    for (resource, value, name) in limits {
+        let hard = getrlimit(resource).maximum;
+        let v = hard.map_or(value, |h| h.min(value));
+        setrlimit(
+            resource,
+            Rlimit {
+                current: Some(v),
+                maximum: Some(v),
+            },
+        )
+        .map_err(|e| format!("cannot limit {name} to {v}: {e}"))?;
+    }
+    if plan.netns {
+        // Only NEWNET, in a single-threaded process: the hazard `unshare_unsafe` warns of
+        // (FILES splitting the descriptor table between threads) cannot arise.
+        #[expect(
+            deprecated,
+            reason = "NEWNET only, one thread: the FILES hazard behind the deprecation does not apply"
+        )]
+        rustix::thread::unshare(rustix::thread::UnshareFlags::NEWNET)
+            .map_err(|e| format!("cannot make a network namespace: {e}"))?;
+    }
+    // The rules' folders are opened now, before the uid changes (a path the new uid cannot
+    // reach still gets its rule; the file modes keep holding too).
+    let ruleset = ruleset(&plan)?;
+    let me = rustix::process::geteuid().as_raw();
+    if plan.own_uid {
+        use rustix::process::{Gid, Uid};
+        let (uid, gid) = (Uid::from_raw(plan.uid), Gid::from_raw(plan.gid));
+        rustix::thread::set_thread_groups(&[gid])
+            .map_err(|e| format!("cannot drop supplementary groups: {e}"))?;
+        rustix::thread::set_thread_res_gid(gid, gid, gid)
+            .map_err(|e| format!("cannot set gid {}: {e}", plan.gid))?;
+        rustix::thread::set_thread_res_uid(uid, uid, uid)
+            .map_err(|e| format!("cannot set uid {}: {e}", plan.uid))?;
+        if rustix::process::getuid() != uid
+            || rustix::process::geteuid() != uid
+            || rustix::process::getgid() != gid
+        {
+            return Err(format!("the uid did not change to {}", plan.uid));
+        }
+    } else if me == 0 {
+        // Root keeps its uid: it keeps no capability (and with no_new_privs, exec gives none
+        // back).
+        use rustix::thread::{CapabilitySet, CapabilitySets};
+        rustix::thread::set_capabilities(
+            None,
+            CapabilitySets {
+                effective: CapabilitySet::empty(),
+                permitted: CapabilitySet::empty(),
+                inheritable: CapabilitySet::empty(),
+            },
+        )
+        .map_err(|e| format!("cannot drop root's capabilities: {e}"))?;
+    }
+    // After the uid change (a change of credentials clears it).
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+        .map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
+    if rustix::process::getppid().map(|p| p.as_raw_pid() as u32) != Some(plan.parent) {
+        return Err("the broker is gone".into());
+    }
+    let status = ruleset
+        .restrict_self()
+        .map_err(|e| format!("landlock: {e}"))?;
+    if status.ruleset == RulesetStatus::NotEnforced || !status.no_new_privs {
+        return Err(format!("landlock was not enforced ({status:?})"));
+    }
+    Ok(())
+}
+
+fn ruleset(plan: &Plan) -> Result<landlock::RulesetCreated, String> {
+    let err = |e: landlock::RulesetError| format!("landlock: {e}");
+    let fs = ABI::from(LANDLOCK_FS_ABI as i32);
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(AccessFs::from_all(fs))
+        .map_err(err)?;
+    if plan.network != "all" {
+        ruleset = ruleset
+            .handle_access(AccessNet::from_all(ABI::from(LANDLOCK_NET_ABI as i32)))
+            .map_err(err)?;
+    }
+    // Abstract Unix sockets and signals outside the sandbox: where the kernel has it (ABI 6).
+    let mut created = ruleset
+        .set_compatibility(CompatLevel::BestEffort)
+        .scope(LandlockScope::from_all(ABI::V6))
+        .map_err(err)?
+        .create()
+        .map_err(err)?
+        .set_compatibility(CompatLevel::HardRequirement);
+    let rules = plan
+        .read
+        .iter()
+        .map(|p| (p, AccessFs::from_read(fs)))
+        .chain(plan.write.iter().map(|p| (p, AccessFs::from_all(fs))));
+    for (path, access) in rules {
+        let fd = PathFd::new(path).map_err(|e| format!("landlock: `{path}`: {e}"))?;
+        let access = if Path::new(path).is_dir() {
+            access
+        } else {
+            access & AccessFs::from_file(fs)
+        };
+        created = created
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(err)?;
+    }
+    for port in &plan.ports {
+        created = created
+            .add_rule(NetPort::new(*port, AccessNet::ConnectTcp))
+            .map_err(err)?;
+    }
+    Ok(created)
+}

@@ -1,0 +1,611 @@
+//! Issue 32: brokered upstreams run sandboxed. A real broker (`sharedos-broker serve`, with a
+//! canary variable in its own environment) starts `tests/python/hostile_upstream.py`, whose
+//! tools try every escape and report what happened; each wall is asserted from that report, the
+//! record and `providers`.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::kit::{Raw, bin, eventually, meta, run, text};
+
+const CANARY: &str = "SHAREDOS_TEST_CANARY";
+
+const POLICY: &str = r#"
+@id("alice-tools")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call",
+       resource is SharedOS::Tool);
+"#;
+
+fn q(s: &str) -> String {
+    serde_json::to_string(s).expect("quote")
+}
+
+fn script() -> &'static str {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/python/hostile_upstream.py")
+}
+
+fn python_dir() -> &'static str {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/python")
+}
+
+/// A hostile provider entry; `sandbox` is the rest of its `[providers.sandbox]` table (or a
+/// `sandbox = "none"` line when it starts with `sandbox`).
+fn hostile(ns: &str, sandbox: &str) -> String {
+    let head = format!(
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"{ns}\"\ncommand = \"python3\"\nargs = [{}]\nenv = {{ DECLARED = \"yes\" }}\ncall_timeout_seconds = 20\n",
+        q(script())
+    );
+    if sandbox.starts_with("sandbox") {
+        format!("{head}{sandbox}\n")
+    } else {
+        format!(
+            "{head}[providers.sandbox]\nread = [{}]\n{sandbox}\n",
+            q(python_dir())
+        )
+    }
+}
+
+/// A broker served from its own binary, on a config in a temp dir, with a canary variable in
+/// its environment.
+struct Served {
+    dir: tempfile::TempDir,
+    run: PathBuf,
+    child: tokio::process::Child,
+    stderr: PathBuf,
+    /// The broker's uid when the test made it another one.
+    uid: Option<u32>,
+}
+
+fn write_config(dir: &Path, top: &str, providers: &str) -> PathBuf {
+    let data = dir.join("data");
+    std::fs::create_dir_all(data.join("private")).expect("mkdir");
+    std::fs::create_dir_all(data.join("public")).expect("mkdir");
+    std::fs::create_dir_all(dir.join("rw")).expect("mkdir");
+    std::fs::write(data.join("private/secret.txt"), "the secret\n").expect("w");
+    std::fs::write(data.join("public/hello.txt"), "hello\n").expect("w");
+    std::fs::write(dir.join("policy.cedar"), POLICY).expect("w");
+    let cfg = dir.join("broker.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "record = \"record.jsonl\"\nrecord_sync = \"always\"\npolicy = \"policy.cedar\"\n{top}\
+             [[providers]]\ntype = \"files\"\nnamespace = \"files\"\nroot = \"data\"\n{providers}"
+        ),
+    )
+    .expect("w");
+    cfg
+}
+
+impl Served {
+    fn spawn(dir: tempfile::TempDir, cfg: &Path) -> Self {
+        Self::spawn_as(dir, cfg, None)
+    }
+
+    /// `uid`: the broker runs under it (by `setpriv`, from a copy of its binary other uids can
+    /// reach), its folder that uid's.
+    fn spawn_as(dir: tempfile::TempDir, cfg: &Path, uid: Option<u32>) -> Self {
+        let run = dir.path().join("run");
+        let stderr = dir.path().join("broker.stderr");
+        let mut serve = match uid {
+            None => tokio::process::Command::new(bin("sharedos-broker")),
+            Some(uid) => {
+                let (_, broker) = crate::deploy::public_bins(dir.path());
+                let mut chown = std::process::Command::new("chown");
+                chown.arg("-R").arg(format!("{uid}:{uid}")).arg(dir.path());
+                assert!(chown.status().expect("chown").success());
+                crate::deploy::as_uid(uid, uid, &broker)
+            }
+        };
+        serve
+            .args(["serve", "--runtime-dir"])
+            .arg(&run)
+            .arg("--config")
+            .arg(cfg)
+            .env(CANARY, "the-broker-only-canary")
+            .kill_on_drop(true)
+            .stderr(std::fs::File::create(&stderr).expect("stderr"));
+        let child = serve.spawn().expect("serve");
+        Self {
+            dir,
+            run,
+            child,
+            stderr,
+            uid,
+        }
+    }
+
+    async fn start(top: &str, providers: &str) -> Self {
+        Self::start_as(top, providers, None).await
+    }
+
+    async fn start_as(top: &str, providers: &str, uid: Option<u32>) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("sharedos-sandbox-")
+            .tempdir()
+            .expect("tmp");
+        let cfg = write_config(dir.path(), top, providers);
+        let s = Self::spawn_as(dir, &cfg, uid);
+        let record = s.path("record.jsonl");
+        let control = s.run.join("control.sock");
+        eventually("the broker serves", || {
+            control.exists()
+                && std::fs::read_to_string(&record)
+                    .unwrap_or_default()
+                    .contains("\"kind\":\"broker_started\"")
+        })
+        .await;
+        s
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    fn cli(&self, args: &[&str]) -> std::process::Command {
+        let mut c = std::process::Command::new(bin("sharedos-broker"));
+        c.args(args).arg("--runtime-dir").arg(&self.run);
+        if let Some(uid) = self.uid {
+            c.env("SHAREDOS_BROKER_UID", uid.to_string());
+        }
+        c
+    }
+
+    async fn raw(&self) -> Raw {
+        let (code, out, err) =
+            run(self.cli(&["turn", "open", "--principal", "alice", "--json"])).await;
+        assert_eq!(code, 0, "turn open: {err}");
+        let opened: Value = serde_json::from_str(&out).expect("json");
+        let mut shim = tokio::process::Command::new(bin("sharedos-mcp-shim"));
+        shim.env(
+            "SHAREDOS_TURN_TOKEN",
+            opened["token"].as_str().expect("token"),
+        )
+        .env("SHAREDOS_BROKER", self.run.join("bridge.sock"))
+        .kill_on_drop(true);
+        if let Some(uid) = self.uid {
+            shim.env("SHAREDOS_BROKER_UID", uid.to_string());
+        }
+        let mut raw = Raw::spawn(shim);
+        raw.initialize("2025-06-18").await;
+        raw
+    }
+
+    async fn providers(&self) -> Vec<Value> {
+        let (code, out, err) = run(self.cli(&["providers", "--json"])).await;
+        assert_eq!(code, 0, "providers: {err}");
+        serde_json::from_str(&out).expect("json")
+    }
+
+    fn records(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.path("record.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    fn provider_states(&self, ns: &str) -> Vec<Value> {
+        self.records()
+            .into_iter()
+            .filter(|r| r["kind"] == "provider_state" && r["provider"] == ns)
+            .collect()
+    }
+}
+
+/// The escape report of one call (its text result, parsed).
+async fn escape(raw: &mut Raw, id: i64, tool: &str, args: Value) -> Value {
+    let whole = raw.call(id, tool, args).await;
+    let r = whole["result"].clone();
+    assert_eq!(meta(&r)["outcome"], "succeeded", "{whole}");
+    serde_json::from_str(&text(&r)).expect("report")
+}
+
+fn denied(report: &Value, kind: &str, key: &str) {
+    let got = report[kind][key].as_str().unwrap_or("(missing)");
+    assert!(
+        got.starts_with("error: PermissionError"),
+        "{kind} {key} must be refused by the sandbox, got: {got}"
+    );
+}
+
+fn allowed(report: &Value, kind: &str, key: &str) {
+    let got = report[kind][key].as_str().unwrap_or("(missing)");
+    assert!(
+        got.starts_with("ok: "),
+        "{kind} {key} must work, got: {got}"
+    );
+}
+
+/// A Unix socket of the broker: unreachable, or the broker refuses this peer at its first word.
+fn refused_socket(report: &Value, sock: &str) {
+    let got = report["unix"][sock].as_str().unwrap_or("(missing)");
+    if got.starts_with("error: ") {
+        return;
+    }
+    let frames: Vec<String> = serde_json::from_str(got.trim_start_matches("ok: ")).expect("frames");
+    assert!(
+        frames[0].contains("forbidden") || frames[0].contains("may not") || frames[0] == "(closed)",
+        "{sock}: the broker must refuse an upstream, it answered: {frames:?}"
+    );
+    assert!(
+        !frames[1].contains("\"turns\""),
+        "{sock}: the broker listed its turns to an upstream: {frames:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_upstream_stays_in_its_sandbox() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let port = listener.local_addr().expect("addr").port();
+    let other = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let other_port = other.local_addr().expect("addr").port();
+    let providers = format!(
+        "{}{}",
+        hostile("up", "memory_mb = 256\nwrite = [\"rw\"]"),
+        hostile("net", &format!("network = [\"127.0.0.1:{port}\"]")),
+    );
+    let b = Served::start("", &providers).await;
+    let dir = b.dir.path().display().to_string();
+    let mut raw = b.raw().await;
+    let broker_pid = b.child.id().expect("pid");
+    let r = escape(
+        &mut raw,
+        1,
+        "up.escape",
+        json!({
+            "read": [
+                format!("{dir}/record.jsonl"), format!("{dir}/record.jsonl.key"),
+                format!("{dir}/policy.cedar"), format!("{dir}/broker.toml"),
+                format!("{dir}/data/private/secret.txt"), format!("{dir}/data/public/hello.txt"),
+                "/etc/shadow", format!("/proc/{broker_pid}/environ"), script(),
+            ],
+            "write": [format!("{dir}/rw"), dir.clone(), "/tmp".to_owned()],
+            "unix": [format!("{dir}/run/control.sock"), format!("{dir}/run/bridge.sock")],
+            "tcp": [["127.0.0.1", port]],
+            "signal": [broker_pid],
+        }),
+    )
+    .await;
+    eprintln!(
+        "escape report: unix {} tcp {} signal {} limits {}",
+        r["unix"], r["tcp"], r["signal"], r["limits"]
+    );
+    for f in [
+        "record.jsonl",
+        "record.jsonl.key",
+        "policy.cedar",
+        "broker.toml",
+        "data/private/secret.txt",
+        "data/public/hello.txt",
+    ] {
+        denied(&r, "read", &format!("{dir}/{f}"));
+    }
+    denied(&r, "read", "/etc/shadow");
+    denied(&r, "read", &format!("/proc/{broker_pid}/environ"));
+    allowed(&r, "read", script());
+    allowed(&r, "write", &format!("{dir}/rw"));
+    assert_eq!(
+        std::fs::read_dir(b.path("rw")).expect("rw").count(),
+        1,
+        "its one file, in its rw folder"
+    );
+    denied(&r, "write", &dir);
+    denied(&r, "write", "/tmp");
+    refused_socket(&r, &format!("{dir}/run/control.sock"));
+    refused_socket(&r, &format!("{dir}/run/bridge.sock"));
+    let tcp = r["tcp"][format!("127.0.0.1:{port}")].as_str().unwrap_or("");
+    assert!(tcp.starts_with("error: "), "network off: {tcp}");
+    let sig = r["signal"][broker_pid.to_string()].as_str().unwrap_or("");
+    assert!(sig.starts_with("error: "), "signals the broker: {sig}");
+    // Exactly the declared variable and the minimal three: nothing of the broker's.
+    let mut env: Vec<&str> = r["env"]
+        .as_object()
+        .expect("env")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    env.sort_unstable();
+    assert_eq!(env, ["DECLARED", "HOME", "LANG", "PATH"], "{}", r["env"]);
+    assert!(!r["env"].to_string().contains("canary"));
+    assert_eq!(r["limits"]["RLIMIT_DATA"], json!([268435456, 268435456]));
+    assert_eq!(r["limits"]["RLIMIT_NOFILE"], json!([1024, 1024]));
+    // Its own process group and session.
+    let first_pid = r["pid"].clone();
+    assert_eq!(r["pgid"], r["pid"]);
+    assert_eq!(r["sid"], r["pid"]);
+
+    // The port allowlist: that port, not another.
+    let r = escape(
+        &mut raw,
+        2,
+        "net.escape",
+        json!({"tcp": [["127.0.0.1", port], ["127.0.0.1", other_port]]}),
+    )
+    .await;
+    assert_eq!(
+        r["tcp"][format!("127.0.0.1:{port}")],
+        "ok: connected",
+        "{r}"
+    );
+    let o = r["tcp"][format!("127.0.0.1:{other_port}")]
+        .as_str()
+        .unwrap_or("");
+    assert!(o.starts_with("error: PermissionError"), "{o}");
+
+    // Memory: an allocation past the limit fails, well below the host's memory.
+    let r = escape(&mut raw, 3, "up.hog", json!({"mode": "memory_report"})).await;
+    let mib = r["mib_before_memory_error"].as_u64().expect("mib");
+    eprintln!("memory: MemoryError after {mib} MiB (limit 256 MiB)");
+    assert!(
+        (16..256).contains(&mib),
+        "{mib} MiB before the limit of 256"
+    );
+    // A server that does not catch it dies of it: the call fails upstream_unavailable, the
+    // broker lives on and restarts it.
+    let r = raw.call(4, "up.hog", json!({"mode": "memory"})).await["result"].clone();
+    assert_eq!(meta(&r)["outcome"], "failed", "{r}");
+    assert_eq!(meta(&r)["code"], "upstream_unavailable", "{r}");
+    let recorded = b.records().into_iter().any(|l| {
+        l["kind"] == "call" && l["outcome"] == "failed" && l["code"] == "upstream_unavailable"
+    });
+    assert!(recorded, "the failed call is recorded upstream_unavailable");
+    eventually("the upstream is restarted", || {
+        b.provider_states("up")
+            .iter()
+            .any(|l| l["state"] == "restarting")
+    })
+    .await;
+    let mut back = false;
+    for _ in 0..80 {
+        let list = b.providers().await;
+        let up = list.iter().find(|p| p["namespace"] == "up").expect("up");
+        if up["state"] == "ready" && up["restarts"].as_u64() >= Some(1) {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    assert!(back, "the broker lives on and restarts the upstream");
+    let mut raw = b.raw().await;
+    let r = escape(&mut raw, 10, "up.escape", json!({})).await;
+    assert_ne!(r["pid"], first_pid, "a new process");
+    // Shown and recorded.
+    let list = b.providers().await;
+    let up = list.iter().find(|p| p["namespace"] == "up").expect("up");
+    assert_eq!(up["sandbox"]["network"], "off", "{up}");
+    assert_eq!(up["sandbox"]["memoryBytes"], 268435456);
+    assert!(
+        up["sandbox"]["write"]
+            .as_array()
+            .expect("write")
+            .iter()
+            .any(|w| w.as_str().is_some_and(|w| w.ends_with("/rw")))
+    );
+    let states = b.provider_states("up");
+    assert!(states.len() >= 3, "ready, restarting, ready: {states:?}");
+    for s in &states {
+        assert_eq!(s["sandbox"]["memoryBytes"], 268435456, "{s}");
+    }
+    let (code, out, _) = run(b.cli(&["providers"])).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("sandbox: uid"), "{out}");
+    assert!(out.contains("memory 256 MiB"), "{out}");
+    drop(listener);
+    drop(other);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_none_is_shown_and_recorded_and_really_is_none() {
+    let b = Served::start("", &hostile("bare", "sandbox = \"none\"")).await;
+    let list = b.providers().await;
+    let p = list
+        .iter()
+        .find(|p| p["namespace"] == "bare")
+        .expect("bare");
+    assert_eq!(p["sandbox"], "none");
+    let states = b.provider_states("bare");
+    assert!(!states.is_empty());
+    assert!(states.iter().all(|s| s["sandbox"] == "none"), "{states:?}");
+    let (code, out, _) = run(b.cli(&["providers"])).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("sandbox: none"), "{out}");
+    // Without a sandbox it has the broker's environment: the canary shows the difference.
+    let mut raw = b.raw().await;
+    let r = escape(&mut raw, 1, "bare.escape", json!({})).await;
+    assert_eq!(r["env"][CANARY], "the-broker-only-canary");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_the_kernel_cannot_give_refuses_the_provider() {
+    let dir = tempfile::Builder::new()
+        .prefix("sharedos-sandbox-")
+        .tempdir()
+        .expect("tmp");
+    let cfg = write_config(dir.path(), "", &hostile("old", "min_landlock_abi = 99"));
+    let mut s = Served::spawn(dir, &cfg);
+    let status = tokio::time::timeout(crate::kit::WAIT, s.child.wait())
+        .await
+        .expect("the broker stops")
+        .expect("wait");
+    assert!(!status.success());
+    let err = std::fs::read_to_string(&s.stderr).expect("stderr");
+    assert!(
+        err.contains("provider `old`: the sandbox cannot be applied: it needs Landlock ABI 99"),
+        "{err}"
+    );
+    assert!(
+        err.contains("sandbox = \\\"none\\\"") || err.contains("sandbox = \"none\""),
+        "{err}"
+    );
+    let states = s.provider_states("old");
+    assert_eq!(states.len(), 1, "{states:?}");
+    assert_eq!(states[0]["state"], "failed");
+    assert!(
+        states[0]["sandbox"]["unavailable"]
+            .as_str()
+            .is_some_and(|e| e.contains("Landlock ABI 99")),
+        "{states:?}"
+    );
+}
+
+/// As root: the upstream runs under its own uid and gid (no other group), a process limit
+/// stops its fork loop, and a `run_as` inside `host_uids` is refused at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root (CI runs --include-ignored as root): the upstream gets a uid of its own"]
+async fn as_root_the_upstream_has_a_uid_of_its_own() {
+    if !crate::deploy::need_root("as_root_the_upstream_has_a_uid_of_its_own") {
+        return;
+    }
+    let b = Served::start(
+        "",
+        &hostile(
+            "own",
+            "run_as = \"64210:64211\"\nprocesses = 20\nwrite = [\"rw\"]",
+        ),
+    )
+    .await;
+    let dir = b.dir.path().display().to_string();
+    let mut raw = b.raw().await;
+    let r = escape(
+        &mut raw,
+        1,
+        "own.escape",
+        json!({
+            "read": ["/etc/shadow", format!("{dir}/record.jsonl.key")],
+            "unix": [format!("{dir}/run/control.sock")],
+        }),
+    )
+    .await;
+    assert_eq!(r["uid"], 64210, "{r}");
+    assert_eq!(r["euid"], 64210);
+    assert_eq!(r["gid"], 64211);
+    assert_eq!(r["groups"], json!([64211]));
+    denied(&r, "read", "/etc/shadow");
+    denied(&r, "read", &format!("{dir}/record.jsonl.key"));
+    refused_socket(&r, &format!("{dir}/run/control.sock"));
+    let r = escape(&mut raw, 2, "own.hog", json!({"mode": "fork"})).await;
+    let forked = r["forked"].as_u64().expect("forked");
+    eprintln!("fork loop: {forked} children, then {}", r["error"]);
+    assert!(forked < 20, "the process limit stops the fork loop: {r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("BlockingIOError")),
+        "{r}"
+    );
+    let list = b.providers().await;
+    let p = list.iter().find(|p| p["namespace"] == "own").expect("own");
+    assert_eq!(p["sandbox"]["uid"], 64210);
+    assert_eq!(p["sandbox"]["ownUid"], true);
+    assert_eq!(p["sandbox"]["processes"], 20);
+
+    // A uid the control socket admits is never an upstream's.
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = write_config(
+        dir.path(),
+        "host_uids = [0, 64212]\n",
+        &hostile("host", "run_as = \"64212\""),
+    );
+    let err = sharedos_broker::Config::from_file(&cfg)
+        .expect_err("refused")
+        .to_string();
+    assert!(err.contains("uid 64212 is in host_uids"), "{err}");
+    // The same when the uid comes from the range.
+    let cfg = write_config(
+        dir.path(),
+        "host_uids = [0, 64212]\nupstream_uids = [64212, 64212]\n",
+        &hostile("host", ""),
+    );
+    let err = sharedos_broker::Config::from_file(&cfg)
+        .expect_err("refused")
+        .to_string();
+    assert!(err.contains("uid 64212 is in host_uids"), "{err}");
+
+    // Uids from the range, in config order, skipping one a provider names itself.
+    let b = Served::start(
+        "upstream_uids = [64230, 64239]\n",
+        &format!(
+            "{}{}",
+            hostile("named", "run_as = \"64230\""),
+            hostile("ranged", "")
+        ),
+    )
+    .await;
+    let mut raw = b.raw().await;
+    let named = escape(&mut raw, 1, "named.escape", json!({})).await;
+    let ranged = escape(&mut raw, 2, "ranged.escape", json!({})).await;
+    assert_eq!(named["uid"], 64230);
+    assert_eq!(ranged["uid"], 64231, "{ranged}");
+    assert_eq!(ranged["gid"], 64231);
+}
+
+/// A broker that is not root (uid 64220, started by root for the test): no uid change and no
+/// network namespace, but Landlock, the TCP rules, the limits and the clean environment hold,
+/// and the sockets refuse the upstream although its uid is the broker's own and is listed in
+/// `host_uids` and `harness_uids`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root to start the broker under another uid (CI runs --include-ignored as root)"]
+async fn without_root_landlock_and_the_sockets_still_hold() {
+    if !crate::deploy::need_root("without_root_landlock_and_the_sockets_still_hold") {
+        return;
+    }
+    const UID: u32 = 64220;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let port = listener.local_addr().expect("addr").port();
+    let b = Served::start_as(
+        &format!("host_uids = [0, {UID}]\nharness_uids = [0, {UID}]\n"),
+        &hostile("up", ""),
+        Some(UID),
+    )
+    .await;
+    let dir = b.dir.path().display().to_string();
+    let mut raw = b.raw().await;
+    let r = escape(
+        &mut raw,
+        1,
+        "up.escape",
+        json!({
+            "read": [format!("{dir}/record.jsonl.key"), format!("{dir}/broker.toml"),
+                     format!("{dir}/data/private/secret.txt")],
+            "write": [dir.clone()],
+            "unix": [format!("{dir}/run/control.sock"), format!("{dir}/run/bridge.sock")],
+            "tcp": [["127.0.0.1", port]],
+        }),
+    )
+    .await;
+    assert_eq!(r["uid"], UID, "the broker's own uid: {r}");
+    for f in ["record.jsonl.key", "broker.toml", "data/private/secret.txt"] {
+        denied(&r, "read", &format!("{dir}/{f}"));
+    }
+    denied(&r, "write", &dir);
+    for sock in ["control.sock", "bridge.sock"] {
+        let got = r["unix"][format!("{dir}/run/{sock}")]
+            .as_str()
+            .unwrap_or("");
+        assert!(
+            got.starts_with("ok: "),
+            "same uid, ABI < 9: the connection is made ({got})"
+        );
+        refused_socket(&r, &format!("{dir}/run/{sock}"));
+    }
+    let tcp = r["tcp"][format!("127.0.0.1:{port}")].as_str().unwrap_or("");
+    assert!(
+        tcp.starts_with("error: PermissionError"),
+        "landlock's TCP rule: {tcp}"
+    );
+    let mut env: Vec<&str> = r["env"]
+        .as_object()
+        .expect("env")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    env.sort_unstable();
+    assert_eq!(env, ["DECLARED", "HOME", "LANG", "PATH"]);
+    let list = b.providers().await;
+    let up = list.iter().find(|p| p["namespace"] == "up").expect("up");
+    assert_eq!(up["sandbox"]["netns"], false, "{up}");
+    assert_eq!(up["sandbox"]["ownUid"], false);
+    assert_eq!(up["sandbox"]["uid"], UID);
+    drop(listener);
+}
