@@ -44,6 +44,14 @@ pub(crate) async fn build(
             rotate_age: config.record_rotate_age,
         },
     )?;
+    recorder.witness_checkpoints(
+        crate::witness::Witness::start(config.witness_file.clone(), config.witness_command.clone())
+            .map_err(|source| StartError::Io {
+                what: "cannot start the witness thread for",
+                path: config.record.display().to_string(),
+                source,
+            })?,
+    );
     if recovery.torn_bytes > 0 {
         tracing::warn!(
             record = %config.record.display(),

@@ -338,7 +338,22 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest, uid: Option<u32>) -> 
                 },
             }
         }
-        ControlRequest::Telemetry => ControlResponse::Telemetry(broker.kernel.telemetry.stats()),
+        ControlRequest::Telemetry => {
+            let mut stats = broker.kernel.telemetry.stats();
+            if let Some(w) = broker.kernel.recorder.witness()
+                && w.enabled()
+            {
+                let (queued, witnessed, failed, dropped) = w.counts();
+                stats.witness = sharedos_proto::ipc::WitnessCounts {
+                    enabled: true,
+                    queued,
+                    witnessed,
+                    failed,
+                    dropped,
+                };
+            }
+            ControlResponse::Telemetry(stats)
+        }
         ControlRequest::Approvals => {
             let (approvals, not_shown) = broker.kernel.approvals.listed();
             ControlResponse::Approvals {

@@ -477,6 +477,8 @@ impl Telemetry {
                 exported: 0,
                 dropped_queue_full: 0,
                 dropped_export_failed: 0,
+                logs: Default::default(),
+                witness: Default::default(),
             },
             Some(i) => TelemetryStats {
                 enabled: true,
@@ -485,6 +487,8 @@ impl Telemetry {
                 exported: i.stats.exported.load(Ordering::Relaxed),
                 dropped_queue_full: i.stats.dropped_queue_full.load(Ordering::Relaxed),
                 dropped_export_failed: i.stats.dropped_export_failed.load(Ordering::Relaxed),
+                logs: Default::default(),
+                witness: Default::default(),
             },
         }
     }

@@ -33,6 +33,7 @@ const FLOORS: &[(&str, f32)] = &[
     ("telemetry", 9.0),
     ("sync", 9.5),
     ("trusted", 9.5),
+    ("witness", 9.5),
 ];
 
 /// The module names after `crate::` in `code`.
