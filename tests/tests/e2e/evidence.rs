@@ -311,3 +311,90 @@ async fn with_a_witness_deleting_the_newest_rotated_files_is_broken() {
         "{out}"
     );
 }
+
+/// The witness stats of a running broker (`telemetry`).
+async fn witness_counts(broker: &TestBroker) -> sharedos_proto::ipc::WitnessCounts {
+    use sharedos_proto::ipc::{ControlRequest, ControlResponse};
+    match broker.host().await.call(&ControlRequest::Telemetry).await {
+        Ok(ControlResponse::Telemetry(s)) => s.witness,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// The mean latency of `n` reads through one shim, after a first call.
+async fn mean_call_latency(broker: &TestBroker, n: i64) -> std::time::Duration {
+    let alice = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(alice.token.expose()));
+    raw.initialize("2025-06-18").await;
+    raw.call(1, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    let start = std::time::Instant::now();
+    for id in 2..2 + n {
+        let r = raw
+            .call(id, "files.read", json!({"path": "/public/hello.txt"}))
+            .await;
+        assert!(r["result"].is_object(), "{r}");
+    }
+    let mean = start.elapsed() / n as u32;
+    drop(raw.close_stdin().await);
+    broker.close_turn(&alice.turn).await;
+    mean
+}
+
+#[tokio::test]
+async fn a_witness_command_that_fails_or_hangs_does_not_slow_calls_and_is_counted() {
+    // Rotation every ~1.5 KiB: a checkpoint (and a witness run) every few calls.
+    let rotate = "record_rotate_bytes = 1500\n";
+    let plain = TestBroker::start(Options {
+        top: rotate.into(),
+        ..Options::default()
+    })
+    .await;
+    let hanging = TestBroker::start(Options {
+        top: format!("{rotate}witness_command = [\"/bin/sh\", \"-c\", \"sleep 60\"]\n"),
+        ..Options::default()
+    })
+    .await;
+    let failing = TestBroker::start(Options {
+        top: format!(
+            "{rotate}witness_command = [\"/bin/sh\", \"-c\", \"cat >/dev/null; exit 1\"]\n"
+        ),
+        ..Options::default()
+    })
+    .await;
+    let n = 40;
+    let without = mean_call_latency(&plain, n).await;
+    let with_hang = mean_call_latency(&hanging, n).await;
+    let with_fail = mean_call_latency(&failing, n).await;
+    eprintln!(
+        "mean call latency: no witness {without:?}, hanging witness_command {with_hang:?}, failing {with_fail:?}"
+    );
+    let hung = witness_counts(&hanging).await;
+    assert!(
+        hung.enabled && hung.queued >= 2,
+        "checkpoints were handed on: {hung:?}"
+    );
+    assert_eq!(hung.witnessed, 0, "{hung:?}");
+    // Calls answered while the command hung: no slower than without a witness (with room
+    // for a loaded machine), and far from the command's 10 s timeout.
+    for (what, d) in [("hanging", with_hang), ("failing", with_fail)] {
+        assert!(
+            d < without * 3 + std::time::Duration::from_millis(20),
+            "{what} witness_command slowed calls: {d:?} vs {without:?}"
+        );
+    }
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let f = witness_counts(&failing).await;
+        let h = witness_counts(&hanging).await;
+        if f.failed >= f.queued && f.queued >= 2 && h.failed >= 1 {
+            assert_eq!(f.witnessed, 0, "{f:?}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "failures not counted: failing {f:?}, hanging {h:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
