@@ -44,10 +44,15 @@ fn error(code: &str, message: impl Into<String>) -> ControlResponse {
 }
 
 pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admission::PendingHello) {
-    let uid = stream.peer_creds().ok().and_then(|c| c.euid());
+    let creds = stream.peer_creds().ok();
+    let uid = creds.as_ref().and_then(|c| c.euid());
+    let pid = creds.as_ref().and_then(|c| c.pid());
     let (recv, mut send) = tokio::io::split(stream);
     let mut reader = FrameReader::new(recv);
+    let gate = pending.gate();
+    let refused = |reason: &'static str| gate.refused(reason, uid, pid);
     if !broker.host_allowed(uid) {
+        refused("uid_not_listed");
         tracing::warn!(
             ?uid,
             "control connection from a uid that is not a host uid: refused"
@@ -70,7 +75,10 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
     // A newcomer may take this connection's place while it is silent: it is then closed.
     let hello = tokio::select! {
         h = tokio::time::timeout(Duration::from_secs(10), reader.next::<ControlRequest>()) => h,
-        () = pending.evicted() => return,
+        () = pending.evicted() => {
+            refused("cap_reached");
+            return;
+        }
     };
     match hello {
         Ok(Ok(ControlRequest::Hello { protocol })) if protocol == PROTOCOL_VERSION => {
@@ -84,6 +92,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             }
         }
         Ok(Ok(ControlRequest::Hello { protocol })) => {
+            refused("protocol_version");
             let msg = format!(
                 "protocol version {protocol} is not supported; this broker speaks {PROTOCOL_VERSION}"
             );
@@ -91,6 +100,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             return;
         }
         Ok(Ok(_)) => {
+            refused("not_hello");
             let _ = write_frame(
                 &mut send,
                 &error("not_hello", "the first frame must be hello"),
@@ -98,11 +108,18 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             .await;
             return;
         }
+        Ok(Err(IpcError::Closed)) => return,
         Ok(Err(e)) => {
+            if let Some(reason) = crate::admission::hello_error_reason(&e) {
+                refused(reason);
+            }
             let _ = write_frame(&mut send, &error("bad_frame", e.to_string())).await;
             return;
         }
-        Err(_) => return,
+        Err(_) => {
+            refused("hello_too_slow");
+            return;
+        }
     }
     loop {
         let response = match reader.next::<ControlRequest>().await {

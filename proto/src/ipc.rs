@@ -79,6 +79,13 @@ pub enum BridgeRequest {
         #[serde(default)]
         protocol_version: Option<String>,
     },
+    /// Lines on the shim's stdin that were not JSON at all since the last report (the shim
+    /// reports at most once a second): the last one's size and SHA-256, and how many.
+    MalformedFrame {
+        bytes: u64,
+        sha256: String,
+        count: u64,
+    },
 }
 
 /// Why the broker refused a bridge connection.

@@ -398,3 +398,99 @@ async fn a_witness_command_that_fails_or_hangs_does_not_slow_calls_and_is_counte
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }
+
+#[tokio::test]
+async fn ten_thousand_bad_tokens_leave_a_few_counted_lines() {
+    use sharedos_proto::ipc::{BridgeEvent, BridgeRequest, PROTOCOL_VERSION, ShimInfo, TurnToken};
+    let mut broker = TestBroker::start(Options::default()).await;
+    let record = broker.record_path();
+    let before = std::fs::metadata(&record).expect("record").len();
+    let n = 10_000u64;
+    let start = std::time::Instant::now();
+    for _ in 0..n {
+        let stream = sharedos_ipc::connect(&broker.bridge())
+            .await
+            .expect("connect");
+        let (r, mut w) = tokio::io::split(stream);
+        let mut reader = sharedos_ipc::FrameReader::new(r);
+        sharedos_ipc::write_frame(
+            &mut w,
+            &BridgeRequest::Hello {
+                protocol: PROTOCOL_VERSION,
+                token: TurnToken::new("not-a-token".to_owned()),
+                client: ShimInfo::default(),
+            },
+        )
+        .await
+        .expect("hello");
+        let answer = reader.next::<BridgeEvent>().await.expect("answer");
+        assert!(matches!(answer, BridgeEvent::Refused { .. }), "{answer:?}");
+    }
+    let elapsed = start.elapsed();
+    broker.stop().await;
+    let grown = std::fs::metadata(&record).expect("record").len() - before;
+    let refused: Vec<Value> = broker
+        .records()
+        .into_iter()
+        .filter(|l| l["kind"] == "bridge_refused")
+        .collect();
+    eprintln!(
+        "{n} bad-token connections in {elapsed:?}: {} bridge_refused lines, record grew {grown} bytes",
+        refused.len()
+    );
+    let total: u64 = refused
+        .iter()
+        .map(|l| l["count"].as_u64().expect("count"))
+        .sum();
+    assert_eq!(total, n, "{refused:?}");
+    for l in &refused {
+        assert_eq!(l["reason"], "bad_token", "{l}");
+        assert_eq!(l["pid"], std::process::id(), "{l}");
+        assert_eq!(l["uid"], rustix::process::geteuid().as_raw(), "{l}");
+    }
+    // One at the first refusal, then at most one per interval, and the rest at shutdown.
+    let interval = sharedos_broker::admission::REFUSAL_RECORD_INTERVAL;
+    let most = 2 + (elapsed.as_secs_f64() / interval.as_secs_f64()).ceil() as usize;
+    assert!(
+        refused.len() <= most,
+        "{} lines, at most {most}",
+        refused.len()
+    );
+    assert!(grown < 10 * 1024, "the record grew {grown} bytes");
+}
+
+#[tokio::test]
+async fn a_line_on_the_shims_stdin_that_is_not_json_is_on_record() {
+    let broker = TestBroker::start(Options::default()).await;
+    let alice = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(alice.token.expose()));
+    raw.initialize("2025-06-18").await;
+    let junk = b"this is { not json";
+    raw.send_raw(junk).await;
+    let answer = raw.recv().await;
+    assert_eq!(answer["error"]["code"], -32700, "{answer}");
+    // A call after it: the shim still serves, and the report went before it on the bridge.
+    let r = raw
+        .call(1, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    assert!(r["result"].is_object(), "{r}");
+    crate::kit::eventually("a malformed_frame line", || {
+        broker
+            .records()
+            .iter()
+            .any(|l| l["kind"] == "malformed_frame")
+    })
+    .await;
+    drop(raw.close_stdin().await);
+    broker.close_turn(&alice.turn).await;
+    let lines: Vec<Value> = broker
+        .records()
+        .into_iter()
+        .filter(|l| l["kind"] == "malformed_frame")
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["turn"], alice.turn.as_str());
+    assert_eq!(lines[0]["bytes"], junk.len());
+    assert_eq!(lines[0]["sha256"], hex(&Sha256::digest(junk)));
+    assert_eq!(lines[0]["count"], 1);
+}
