@@ -175,8 +175,9 @@ impl Witness {
     /// Reads a witness file: one JSON object per line, either a checkpoint's record line itself
     /// (what the broker appends to `witness_file`, hands to `witness_command` and exports as an
     /// OpenTelemetry log body, and what `records checkpoint --json` prints), or an exported log
-    /// record whose `body` (a string, or `{"stringValue": ...}`) is that line. Blank lines are
-    /// passed over; anything else is an error naming the line.
+    /// record whose `body` (a string, or `{"stringValue": ...}`) is that line (exported lines of
+    /// other kinds are passed over). Blank lines are passed over; anything else is an error
+    /// naming the line.
     pub fn read(path: &Path) -> Result<Self, RecordError> {
         let text = std::fs::read(path).map_err(|source| RecordError::Io {
             path: path.display().to_string(),
@@ -205,6 +206,7 @@ impl Witness {
                 Some(Value::Object(o)) => o.get("stringValue").and_then(Value::as_str),
                 _ => None,
             };
+            let exported = body.is_some();
             let (line, obj): (&[u8], Map<String, Value>) = match body {
                 Some(b) => (
                     b.as_bytes(),
@@ -214,6 +216,10 @@ impl Witness {
                 None => (raw, obj),
             };
             if obj.get("kind").and_then(Value::as_str) != Some("checkpoint") {
+                // An export of every record line holds the checkpoints among the rest.
+                if exported {
+                    continue;
+                }
                 return Err(corrupt("not a `checkpoint` line".into()));
             }
             let seq = obj
