@@ -627,6 +627,11 @@ pub struct Overheads {
     pub export_thread_per_span: Duration,
     pub spans_exported: u64,
     pub spans_dropped: u64,
+    /// `[otel] logs = true`: a record line handed to the same queue, on the call path (under
+    /// the record's lock, as the recorder does), and the export thread's CPU per line exported.
+    pub logs_hot: Samples,
+    pub export_thread_per_line: Duration,
+    pub lines_exported: u64,
 }
 
 /// A stand-in OTLP receiver: answers every HTTP request 200 with an empty body, so the export
@@ -729,6 +734,7 @@ pub async fn overheads(budget: Budget, spans: usize) -> anyhow::Result<Overheads
     let port = otlp_sink()?;
     let settings = OtelSettings {
         endpoint: Some(format!("http://127.0.0.1:{port}")),
+        logs: true,
         ..OtelSettings::default()
     };
     let telemetry = tokio::task::spawn_blocking(move || Telemetry::start(&settings)).await??;
@@ -780,6 +786,38 @@ pub async fn overheads(budget: Budget, spans: usize) -> anyhow::Result<Overheads
     let cpu = threads_cpu(&threads).saturating_sub(before);
     let stats = telemetry.stats();
     let exported = stats.exported - exported_before;
+    // Record lines as log records, through the same queue.
+    let export = telemetry
+        .line_export()
+        .ok_or_else(|| anyhow::anyhow!("export is on, but has no line export"))?;
+    let lines_settled = |t: &Telemetry, n: u64| {
+        let s = t.stats().logs;
+        s.exported + s.dropped_export_failed + s.dropped_queue_full >= n
+    };
+    export.line(&bytes, false);
+    let deadline = Instant::now() + WAIT;
+    while !lines_settled(&telemetry, 1) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let before_lines = threads_cpu(&threads);
+    let lines_before = telemetry.stats().logs.exported;
+    let mut logs_hot = Samples::with_capacity(spans);
+    let mut sent_lines = 1u64;
+    for _ in 0..spans.div_ceil(1000) {
+        for _ in 0..1000 {
+            let t = Instant::now();
+            export.line(black_box(&bytes), false);
+            logs_hot.push(t.elapsed());
+        }
+        sent_lines += 1000;
+        let deadline = Instant::now() + WAIT;
+        while !lines_settled(&telemetry, sent_lines) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    let cpu_lines = threads_cpu(&threads).saturating_sub(before_lines);
+    let lines_exported = telemetry.stats().logs.exported - lines_before;
+    drop(export);
     tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
     Ok(Overheads {
         line_bytes: bytes.len(),
@@ -788,5 +826,9 @@ pub async fn overheads(budget: Budget, spans: usize) -> anyhow::Result<Overheads
         export_thread_per_span: cpu / u32::try_from(exported.max(1)).unwrap_or(u32::MAX),
         spans_exported: exported,
         spans_dropped: stats.dropped_export_failed + stats.dropped_queue_full,
+        logs_hot,
+        export_thread_per_line: cpu_lines
+            / u32::try_from(lines_exported.max(1)).unwrap_or(u32::MAX),
+        lines_exported,
     })
 }

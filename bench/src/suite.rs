@@ -1226,6 +1226,7 @@ async fn record(plan: &Plan, report: &mut Report, shared: &mut Shared) -> anyhow
     ));
     let chain = o.chain.summary();
     let hot = o.export_hot.summary();
+    let logs = o.logs_hot.summary();
     let rows = [
         (
             "hash chain, per line",
@@ -1243,6 +1244,18 @@ async fn record(plan: &Plan, report: &mut Report, shared: &mut Shared) -> anyhow
             "export on, the export thread, per span",
             o.spans_exported as usize,
             o.export_thread_per_span,
+            "—".to_owned(),
+        ),
+        (
+            "record line as a log (`logs = true`), on the call path",
+            logs.n,
+            logs.median,
+            dur(logs.p99),
+        ),
+        (
+            "record line as a log, the export thread, per line",
+            o.lines_exported as usize,
+            o.export_thread_per_line,
             "—".to_owned(),
         ),
     ];

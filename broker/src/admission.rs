@@ -133,13 +133,157 @@ fn decrement<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: K) {
     }
 }
 
-/// Counts connections that have not said hello yet, per uid, per peer process and in all.
+/// A refused connection is written to the record at most once per peer (uid and pid) and
+/// reason per this interval: the line carries how many refusals it stands for, so a flood of
+/// refused connections costs the record a few lines, not one per connection.
+pub const REFUSAL_RECORD_INTERVAL: Duration = Duration::from_secs(10);
+/// Most (peer, reason) pairs whose refusals are held back for their next line; past it, the
+/// refusals of new peers are counted under one pair with no pid and no uid.
+pub const MAX_REFUSAL_PEERS: usize = 1024;
+
+/// The `reason` of a hello that could not be read: too large, or not a hello; `None` for a
+/// connection that ended before it sent one (nothing was refused).
+pub fn hello_error_reason(e: &sharedos_ipc::IpcError) -> Option<&'static str> {
+    match e {
+        sharedos_ipc::IpcError::Closed => None,
+        sharedos_ipc::IpcError::Frame(sharedos_proto::frame::FrameError::Oversized { .. }) => {
+            Some("hello_too_large")
+        }
+        _ => Some("not_hello"),
+    }
+}
+
+/// Which socket's refusals: `bridge_refused` or `control_refused` lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Socket {
+    Bridge,
+    Control,
+}
+
+type PeerReason = (&'static str, Option<u32>, Option<i32>);
+
+/// Refusals held back since their peer's last line.
+#[derive(Default)]
+struct Tally {
+    held: u64,
+    last: Option<Instant>,
+}
+
+/// The refused connections of one socket, on record: aggregated per peer and reason, at most
+/// one line per [`REFUSAL_RECORD_INTERVAL`] (the first refusal at once, the rest held and
+/// written by the next refusal after the interval, by [`HelloGate::flush_refusals`], or when the
+/// gate goes at shutdown).
+struct Refusals {
+    recorder: crate::record::Recorder,
+    socket: Socket,
+    tallies: std::sync::Mutex<HashMap<PeerReason, Tally>>,
+}
+
+impl Refusals {
+    fn note(&self, reason: &'static str, uid: Option<u32>, pid: Option<i32>) {
+        let mut t = self
+            .tallies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut key = (reason, uid, pid);
+        if !t.contains_key(&key) && t.len() >= MAX_REFUSAL_PEERS {
+            key = (reason, None, None);
+        }
+        let tally = t.entry(key).or_default();
+        tally.held += 1;
+        if tally
+            .last
+            .is_none_or(|l| l.elapsed() >= REFUSAL_RECORD_INTERVAL)
+        {
+            let n = std::mem::take(&mut tally.held);
+            tally.last = Some(Instant::now());
+            self.write(key, n);
+        }
+    }
+
+    /// Writes the held refusals whose interval is over (all of them with `all`), and forgets
+    /// peers with nothing held whose interval is over.
+    fn flush(&self, all: bool) {
+        let mut t = self
+            .tallies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let due = |l: Option<Instant>| l.is_none_or(|l| l.elapsed() >= REFUSAL_RECORD_INTERVAL);
+        let mut written = Vec::new();
+        for (key, tally) in t.iter_mut() {
+            if tally.held > 0 && (all || due(tally.last)) {
+                written.push((*key, std::mem::take(&mut tally.held)));
+                tally.last = Some(Instant::now());
+            }
+        }
+        t.retain(|_, tally| tally.held > 0 || !due(tally.last));
+        for (key, n) in written {
+            self.write(key, n);
+        }
+    }
+
+    fn write(&self, (reason, uid, pid): PeerReason, count: u64) {
+        use sharedos_proto::record::{ConnectionRefused, Event};
+        let line = ConnectionRefused {
+            reason: reason.to_owned(),
+            pid,
+            uid,
+            count,
+            turn: None,
+        };
+        let event = match self.socket {
+            Socket::Bridge => Event::BridgeRefused(line),
+            Socket::Control => Event::ControlRefused(line),
+        };
+        if let Err(e) = self.recorder.append_written(&event) {
+            tracing::error!(error = %e, reason, count, "a refused connection could not be recorded");
+        }
+    }
+}
+
+/// Counts connections that have not said hello yet, per uid, per peer process and in all; and,
+/// with a record, puts the refused ones on it.
 #[derive(Default)]
 pub struct HelloGate {
     state: std::sync::Mutex<State>,
+    refusals: Option<Refusals>,
+}
+
+impl Drop for HelloGate {
+    fn drop(&mut self) {
+        if let Some(r) = &self.refusals {
+            r.flush(true);
+        }
+    }
 }
 
 impl HelloGate {
+    /// A gate whose refusals go on record as `bridge_refused` / `control_refused` lines.
+    pub fn recorded(recorder: crate::record::Recorder, socket: Socket) -> Self {
+        Self {
+            state: std::sync::Mutex::default(),
+            refusals: Some(Refusals {
+                recorder,
+                socket,
+                tallies: std::sync::Mutex::default(),
+            }),
+        }
+    }
+
+    /// One refused connection of `uid`/`pid`, for `reason` (see [`Refusals`]).
+    pub fn refused(&self, reason: &'static str, uid: Option<u32>, pid: Option<i32>) {
+        if let Some(r) = &self.refusals {
+            r.note(reason, uid, pid);
+        }
+    }
+
+    /// Writes the refusals held back whose interval is over (all of them with `all`).
+    pub fn flush_refusals(&self, all: bool) {
+        if let Some(r) = &self.refusals {
+            r.flush(all);
+        }
+    }
+
     /// A place for one more connection from `uid`/`pid`, or `None` over a bound. A full gate
     /// makes room by closing another connection when the newcomer's uid or process holds fewer
     /// places than the largest holder (see the module's documentation).
@@ -229,6 +373,11 @@ impl PendingHello {
         }
     }
 
+    /// The gate this place is at (its refusals go on record there).
+    pub fn gate(&self) -> Arc<HelloGate> {
+        self.gate.clone()
+    }
+
     /// Ends when the place was given to a newcomer: the connection is to be closed.
     pub async fn evicted(&self) {
         self.evict.cancelled().await;
@@ -273,6 +422,16 @@ impl RateLimitedLog {
             self.held = 0;
             self.last = Some(std::time::Instant::now());
         }
+    }
+}
+
+/// Why a peer refused at a socket's door was refused, as its `*_refused` record line says it: a
+/// brokered upstream (or a process of its lineage), or a uid the socket does not list.
+pub fn refusal_reason(pid: Option<i32>) -> &'static str {
+    if crate::lineage::from_upstream(pid.and_then(|p| u32::try_from(p).ok())) {
+        "upstream_lineage"
+    } else {
+        "uid_not_listed"
     }
 }
 

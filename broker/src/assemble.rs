@@ -44,6 +44,14 @@ pub(crate) async fn build(
             rotate_age: config.record_rotate_age,
         },
     )?;
+    recorder.witness_checkpoints(
+        crate::witness::Witness::start(config.witness_file.clone(), config.witness_command.clone())
+            .map_err(|source| StartError::Io {
+                what: "cannot start the witness thread for",
+                path: config.record.display().to_string(),
+                source,
+            })?,
+    );
     if recovery.torn_bytes > 0 {
         tracing::warn!(
             record = %config.record.display(),
@@ -134,6 +142,14 @@ pub(crate) async fn build(
     kernel.record_max_argument_bytes = config.record_max_argument_bytes;
     if let Some(otel) = crate::telemetry::effective(config.otel.as_ref()) {
         kernel.telemetry = crate::telemetry::Telemetry::start(&otel)?;
+        // Checkpoints (and every line with `logs = true`) go out as log records, queued.
+        if let Some(export) = kernel.telemetry.line_export() {
+            kernel
+                .recorder
+                .export_lines_to(Box::new(move |line, checkpoint| {
+                    export.line(line, checkpoint)
+                }));
+        }
     }
     kernel.budgets = crate::budget::Budgets::new(&config.budgets);
     kernel.approvals = crate::approval::Approvals::new(config.approval_timeout);

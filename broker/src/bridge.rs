@@ -47,6 +47,50 @@ fn refused_hello(log: impl FnOnce(u64)) {
         .note(log);
 }
 
+/// A bridge's unparsable stdin lines not yet on record (see `MalformedFrame`).
+#[derive(Default)]
+struct Malformed {
+    held: u64,
+    bytes: u64,
+    sha256: String,
+    last: Option<std::time::Instant>,
+}
+
+impl Malformed {
+    fn note(&mut self, broker: &Broker, turn: &str, bytes: u64, sha256: String, count: u64) {
+        self.held = self.held.saturating_add(count.max(1));
+        self.bytes = bytes;
+        // What the shim says is kept to the shape of a SHA-256.
+        self.sha256 = if sha256.len() == 64 && sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            sha256
+        } else {
+            String::new()
+        };
+        if self
+            .last
+            .is_none_or(|l| l.elapsed() >= crate::admission::REFUSAL_RECORD_INTERVAL)
+        {
+            self.write(broker, turn);
+        }
+    }
+
+    fn write(&mut self, broker: &Broker, turn: &str) {
+        if self.held == 0 {
+            return;
+        }
+        let line = record::Event::MalformedFrame(record::MalformedFrame {
+            turn: turn.to_owned(),
+            bytes: self.bytes,
+            sha256: std::mem::take(&mut self.sha256),
+            count: std::mem::take(&mut self.held),
+        });
+        self.last = Some(std::time::Instant::now());
+        if let Err(e) = broker.kernel.recorder.append_written(&line) {
+            tracing::error!(%turn, error = %e, "malformed_frame not recorded");
+        }
+    }
+}
+
 pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admission::PendingHello) {
     let creds = stream.peer_creds().ok();
     let uid = creds.as_ref().and_then(|c| c.euid());
@@ -68,7 +112,10 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
     };
     let (recv, mut send) = tokio::io::split(stream);
     let mut reader = FrameReader::with_limit(recv, HELLO_MAX_BYTES);
+    let gate = pending.gate();
+    let refused = |reason: &'static str| gate.refused(reason, uid, pid);
     if !broker.harness_allowed(uid, pid.map(|p| p as u32)) {
+        refused(crate::admission::refusal_reason(pid));
         refused_hello(|n| {
             tracing::warn!(
                 ?uid,
@@ -98,6 +145,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
     let hello = tokio::select! {
         h = tokio::time::timeout(pending.within(HELLO_TIMEOUT), reader.next::<BridgeRequest>()) => h,
         () = pending.evicted() => {
+            refused("cap_reached");
             refused_hello(|n| {
                 tracing::info!(?uid, ?pid, closed = n, "bridge connection silent before hello gave its place to another: closed");
             });
@@ -115,6 +163,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             client,
         })) => {
             if protocol != PROTOCOL_VERSION {
+                refused("protocol_version");
                 let msg = format!(
                     "protocol version {protocol} is not supported; this broker speaks {PROTOCOL_VERSION}"
                 );
@@ -124,6 +173,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             match broker.turns.by_token(token.expose()) {
                 Some(turn) => (turn, client),
                 None => {
+                    refused("bad_token");
                     let _ = write_frame(
                         &mut send,
                         &refuse(
@@ -144,6 +194,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             }
         }
         Ok(Ok(_)) => {
+            refused("not_hello");
             let _ = write_frame(
                 &mut send,
                 &refuse(RefusalCode::NotHello, "the first frame must be hello"),
@@ -152,6 +203,9 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             return;
         }
         Ok(Err(e)) => {
+            if let Some(reason) = crate::admission::hello_error_reason(&e) {
+                refused(reason);
+            }
             tracing::info!(error = %e, "bridge connection ended before hello");
             let _ = write_frame(
                 &mut send,
@@ -161,6 +215,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             return;
         }
         Err(_) => {
+            refused("hello_too_slow");
             let _ = write_frame(
                 &mut send,
                 &refuse(
@@ -183,6 +238,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
     let max = broker.config.max_bridges_per_turn;
     if turn.bridges.fetch_add(1, Ordering::Relaxed) >= max {
         turn.bridges.fetch_sub(1, Ordering::Relaxed);
+        refused("cap_reached");
         let _ = write_frame(
             &mut send,
             &refuse(
@@ -354,6 +410,9 @@ async fn run_connection(
     };
     // A frame read while a call waited for its place, handled next.
     let mut held: Option<Result<BridgeRequest, IpcError>> = None;
+    // Unparsable stdin lines the shim reported: on record at most once per
+    // `REFUSAL_RECORD_INTERVAL` (the rest counted into the next line, or the last at the end).
+    let mut malformed = Malformed::default();
     loop {
         let event = match held.take() {
             Some(f) => Event::Frame(f),
@@ -491,6 +550,11 @@ async fn run_connection(
                     tracing::error!(turn = %turn.id, error = %e, "bridge_client not recorded");
                 }
             }
+            Event::Frame(Ok(BridgeRequest::MalformedFrame {
+                bytes,
+                sha256,
+                count,
+            })) => malformed.note(&broker, &turn.id, bytes, sha256, count),
             Event::Frame(Ok(BridgeRequest::Hello { .. })) => {
                 tracing::warn!(turn = %turn.id, "second hello on a bridge connection: closing it");
                 break;
@@ -502,6 +566,7 @@ async fn run_connection(
             }
         }
     }
+    malformed.write(&broker, &turn.id);
     // The shim is gone (or the turn closed): in-flight calls end as cancelled, and are recorded.
     disconnected.store(true, Ordering::Relaxed);
     conn.cancel();

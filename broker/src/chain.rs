@@ -9,6 +9,13 @@
 //! or foreign signature. Lines after the last checkpoint are chained but unsigned: the report
 //! counts them (a broker killed before its next checkpoint leaves some; the next checkpoint of
 //! the next broker covers them).
+//!
+//! What the chain and the signatures cannot show is a clean cut at the end: lines removed after
+//! the last checkpoint (or with the last checkpoints) leave a record that verifies. A witness
+//! closes that: checkpoints the broker handed out as it signed them (a witness file, a witness
+//! command, the OpenTelemetry log export), kept where the broker's uid cannot rewrite them.
+//! [`verify_witnessed`] checks that every witnessed checkpoint is in the record with the same
+//! bytes (the same SHA-256), and that the record does not end before the newest of them.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -65,6 +72,10 @@ pub struct Report {
     pub key: Option<String>,
     pub key_source: KeySource,
     pub broken: Option<Broken>,
+    /// With a witness: its checkpoints found in the record with the same hash.
+    pub witnessed: u64,
+    /// With a witness: the newest checkpoint it holds (its seq).
+    pub witness_newest: Option<u64>,
 }
 
 impl Report {
@@ -148,6 +159,93 @@ impl Lines {
 /// Checks the record at `path` (its rotated files first): chain, seqs and signatures, with
 /// `key` if given, else with the key its chain recorded.
 pub fn verify(path: &Path, key: Option<(&VerifyingKey, String)>) -> Result<Report, RecordError> {
+    verify_witnessed(path, key, None)
+}
+
+/// Most bytes of one witness line (a checkpoint line is about 400).
+pub const MAX_WITNESS_LINE: usize = 64 * 1024;
+
+/// Checkpoints as a witness holds them: seq to the SHA-256 of the checkpoint's record line.
+#[derive(Debug, Clone, Default)]
+pub struct Witness {
+    pub checkpoints: std::collections::BTreeMap<u64, [u8; 32]>,
+}
+
+impl Witness {
+    /// Reads a witness file: one JSON object per line, either a checkpoint's record line itself
+    /// (what the broker appends to `witness_file`, hands to `witness_command` and exports as an
+    /// OpenTelemetry log body, and what `records checkpoint --json` prints), or an exported log
+    /// record whose `body` (a string, or `{"stringValue": ...}`) is that line (exported lines of
+    /// other kinds are passed over). Blank lines are passed over; anything else is an error
+    /// naming the line.
+    pub fn read(path: &Path) -> Result<Self, RecordError> {
+        let text = std::fs::read(path).map_err(|source| RecordError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let mut out = Self::default();
+        for (i, raw) in text.split(|b| *b == b'\n').enumerate() {
+            let corrupt = |detail: String| RecordError::Corrupt {
+                path: path.display().to_string(),
+                line: i + 1,
+                detail,
+            };
+            let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+            if raw.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            if raw.len() > MAX_WITNESS_LINE {
+                return Err(corrupt(format!(
+                    "longer than {MAX_WITNESS_LINE} bytes: not a witnessed checkpoint"
+                )));
+            }
+            let obj: Map<String, Value> =
+                serde_json::from_slice(raw).map_err(|e| corrupt(format!("not JSON: {e}")))?;
+            let body = match obj.get("body") {
+                Some(Value::String(s)) => Some(s.as_str()),
+                Some(Value::Object(o)) => o.get("stringValue").and_then(Value::as_str),
+                _ => None,
+            };
+            let exported = body.is_some();
+            let (line, obj): (&[u8], Map<String, Value>) = match body {
+                Some(b) => (
+                    b.as_bytes(),
+                    serde_json::from_str(b)
+                        .map_err(|e| corrupt(format!("its `body` is not a JSON object: {e}")))?,
+                ),
+                None => (raw, obj),
+            };
+            if obj.get("kind").and_then(Value::as_str) != Some("checkpoint") {
+                // An export of every record line holds the checkpoints among the rest.
+                if exported {
+                    continue;
+                }
+                return Err(corrupt("not a `checkpoint` line".into()));
+            }
+            let seq = obj
+                .get("seq")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| corrupt("no numeric `seq`".into()))?;
+            let hash = line_hash(line);
+            if let Some(other) = out.checkpoints.insert(seq, hash)
+                && other != hash
+            {
+                return Err(corrupt(format!(
+                    "two different checkpoints at seq {seq}: the witness itself disagrees"
+                )));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// [`verify`], and with a witness: every witnessed checkpoint must be in the record with the
+/// same hash, and the record must reach the newest one.
+pub fn verify_witnessed(
+    path: &Path,
+    key: Option<(&VerifyingKey, String)>,
+    witness: Option<&Witness>,
+) -> Result<Report, RecordError> {
     let files = record_files(path)?;
     if files.is_empty() {
         return Err(RecordError::Io {
@@ -155,13 +253,30 @@ pub fn verify(path: &Path, key: Option<(&VerifyingKey, String)>) -> Result<Repor
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no record here"),
         });
     }
-    verify_files(files, key)
+    let mut report = verify_files(files, key, witness)?;
+    if let Some(w) = witness
+        && report.broken.is_none()
+        && let Some((&newest, _)) = w.checkpoints.last_key_value()
+        && report.last_seq.is_none_or(|last| last < newest)
+    {
+        let last = report.last_seq.unwrap_or(0);
+        report.broken = Some(Broken {
+            seq: newest,
+            file: report.files.last().cloned().unwrap_or_default(),
+            line: 0,
+            reason: format!(
+                "the record ends at seq {last}, before the witnessed checkpoint at seq {newest}: lines after seq {last} were cut"
+            ),
+        });
+    }
+    Ok(report)
 }
 
 /// [`verify`] over the given files, in order.
 pub fn verify_files(
     files: Vec<PathBuf>,
     key: Option<(&VerifyingKey, String)>,
+    witness: Option<&Witness>,
 ) -> Result<Report, RecordError> {
     let mut report = Report {
         files: files.clone(),
@@ -180,6 +295,8 @@ pub fn verify_files(
             None => KeySource::None,
         },
         broken: None,
+        witnessed: 0,
+        witness_newest: witness.and_then(|w| w.checkpoints.keys().next_back().copied()),
     };
     let given = key.map(|(k, _)| *k);
     let mut recorded: Option<VerifyingKey> = None;
@@ -255,6 +372,18 @@ pub fn verify_files(
         let kind = text("kind").unwrap_or("");
         let line_prev = text("prev");
         let hash = line_hash(&line.bytes);
+        if let Some(want) = witness.and_then(|w| w.checkpoints.get(&seq)) {
+            if *want != hash {
+                report.broken = Some(broken(
+                    seq,
+                    format!(
+                        "seq {seq} differs from the witnessed checkpoint at seq {seq}: the record was rewritten up to here (and re-signed, if its signatures verify)"
+                    ),
+                ));
+                break;
+            }
+            report.witnessed += 1;
+        }
         if report.chain_start.is_none() {
             if kind == "chain_started" {
                 let want = prev.map(|(h, _)| hex(&h));
@@ -385,6 +514,31 @@ pub fn verify_files(
         prev = Some((hash, seq));
     }
     Ok(report)
+}
+
+/// The newest `checkpoint` line of the record at `path` (its rotated files too), as written:
+/// what `records checkpoint --json` prints, for anchoring by hand. `None`: no checkpoint.
+pub fn newest_checkpoint(path: &Path) -> Result<Option<String>, RecordError> {
+    for file in record_files(path)?.iter().rev() {
+        let bytes = std::fs::read(file).map_err(|source| RecordError::Io {
+            path: file.display().to_string(),
+            source,
+        })?;
+        // Only whole lines: a torn tail is not a checkpoint.
+        let whole = match bytes.iter().rposition(|b| *b == b'\n') {
+            Some(end) => &bytes[..end],
+            None => continue,
+        };
+        for line in whole.split(|b| *b == b'\n').rev() {
+            let Ok(obj) = serde_json::from_slice::<Map<String, Value>>(line) else {
+                continue;
+            };
+            if obj.get("kind").and_then(Value::as_str) == Some("checkpoint") {
+                return Ok(Some(String::from_utf8_lossy(line).into_owned()));
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// 128 hex digits as 64 bytes (a signature).

@@ -508,6 +508,12 @@ struct RawConfig {
     /// Rotate the record when it is this many seconds old.
     #[serde(default)]
     record_rotate_seconds: Option<u64>,
+    /// Each signed checkpoint is appended here (see `crate::witness`).
+    #[serde(default)]
+    witness_file: Option<PathBuf>,
+    /// Each signed checkpoint is handed to this program on stdin (argv, no shell).
+    #[serde(default)]
+    witness_command: Vec<String>,
     #[serde(default)]
     max_bridges_per_turn: Option<usize>,
     #[serde(default)]
@@ -562,6 +568,10 @@ pub struct Config {
     /// Rotate the record at this size (bytes), or this age; `None`: never.
     pub record_rotate_bytes: Option<u64>,
     pub record_rotate_age: Option<Duration>,
+    /// Where each signed checkpoint is also appended, for `records verify --witness`.
+    pub witness_file: Option<PathBuf>,
+    /// A program each signed checkpoint is handed to (its stdin), off the call path.
+    pub witness_command: Vec<String>,
     /// Most bridges (shim connections) one turn may have open at once.
     pub max_bridges_per_turn: usize,
     /// Uids allowed on the control socket (empty: the broker's own uid).
@@ -696,6 +706,8 @@ impl Config {
                 .record_rotate_seconds
                 .filter(|s| *s > 0)
                 .map(Duration::from_secs),
+            witness_file: raw.witness_file.as_deref().map(rel),
+            witness_command: raw.witness_command,
             record: rel(&raw.record),
             record_sync: raw.record_sync,
             policy: rel(&raw.policy),
@@ -798,6 +810,8 @@ impl Config {
             record_checkpoint_interval: Duration::from_secs(DEFAULT_CHECKPOINT_SECONDS),
             record_rotate_bytes: None,
             record_rotate_age: None,
+            witness_file: None,
+            witness_command: Vec::new(),
             record_sync: RecordSync::Always,
             policy: dir.join("policy.cedar"),
             schema: None,

@@ -49,7 +49,10 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
     let pid = creds.as_ref().and_then(|c| c.pid());
     let (recv, mut send) = tokio::io::split(stream);
     let mut reader = FrameReader::new(recv);
+    let gate = pending.gate();
+    let refused = |reason: &'static str| gate.refused(reason, uid, pid);
     if !broker.host_allowed(uid, pid.map(|p| p as u32)) {
+        refused(crate::admission::refusal_reason(pid));
         tracing::warn!(
             ?uid,
             ?pid,
@@ -76,7 +79,10 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
     // A newcomer may take this connection's place while it is silent: it is then closed.
     let hello = tokio::select! {
         h = tokio::time::timeout(pending.within(Duration::from_secs(10)), reader.next::<ControlRequest>()) => h,
-        () = pending.evicted() => return,
+        () = pending.evicted() => {
+            refused("cap_reached");
+            return;
+        }
     };
     match hello {
         Ok(Ok(ControlRequest::Hello { protocol })) if protocol == PROTOCOL_VERSION => {
@@ -90,6 +96,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             }
         }
         Ok(Ok(ControlRequest::Hello { protocol })) => {
+            refused("protocol_version");
             let msg = format!(
                 "protocol version {protocol} is not supported; this broker speaks {PROTOCOL_VERSION}"
             );
@@ -97,6 +104,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             return;
         }
         Ok(Ok(_)) => {
+            refused("not_hello");
             let _ = write_frame(
                 &mut send,
                 &error("not_hello", "the first frame must be hello"),
@@ -104,11 +112,18 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             .await;
             return;
         }
+        Ok(Err(IpcError::Closed)) => return,
         Ok(Err(e)) => {
+            if let Some(reason) = crate::admission::hello_error_reason(&e) {
+                refused(reason);
+            }
             let _ = write_frame(&mut send, &error("bad_frame", e.to_string())).await;
             return;
         }
-        Err(_) => return,
+        Err(_) => {
+            refused("hello_too_slow");
+            return;
+        }
     }
     loop {
         let response = match reader.next::<ControlRequest>().await {
@@ -344,7 +359,22 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest, uid: Option<u32>) -> 
                 },
             }
         }
-        ControlRequest::Telemetry => ControlResponse::Telemetry(broker.kernel.telemetry.stats()),
+        ControlRequest::Telemetry => {
+            let mut stats = broker.kernel.telemetry.stats();
+            if let Some(w) = broker.kernel.recorder.witness()
+                && w.enabled()
+            {
+                let (queued, witnessed, failed, dropped) = w.counts();
+                stats.witness = sharedos_proto::ipc::WitnessCounts {
+                    enabled: true,
+                    queued,
+                    witnessed,
+                    failed,
+                    dropped,
+                };
+            }
+            ControlResponse::Telemetry(stats)
+        }
         ControlRequest::Approvals => {
             let (approvals, not_shown) = broker.kernel.approvals.listed();
             ControlResponse::Approvals {

@@ -31,7 +31,8 @@
 //! 9. Leaves: [`record`] (the durable JSON Lines record of `sharedos_proto::record::Event`s,
 //!    group commit), [`resource`] (what a call touches), [`telemetry`] (OpenTelemetry export
 //!    off the call path), [`trusted`] (the folders and files the broker writes, checked and
-//!    opened without following links) and the lock helper.
+//!    opened without following links) and the lock helper; below the record, [`witness`]
+//!    (each signed checkpoint handed to a witness file or command, off the call path).
 //!
 //! `tests/layout.rs` checks this order: every `crate::` path in a module's code names a module
 //! on a lower floor.
@@ -60,6 +61,7 @@ pub mod state;
 mod sync;
 pub mod telemetry;
 pub mod trusted;
+pub mod witness;
 pub(crate) use sync::lock;
 pub mod turn;
 pub mod upstream;

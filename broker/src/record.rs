@@ -169,7 +169,16 @@ struct Shared {
     synced_tx: watch::Sender<u64>,
     /// `batch`: wakes the syncer when the first unsynced line is written.
     dirty: Arc<Notify>,
+    /// Where each checkpoint line also goes (set once, at start).
+    witness: std::sync::OnceLock<crate::witness::Witness>,
+    /// Where every line also goes, and whether it is a checkpoint (the OpenTelemetry log
+    /// export; set once, at start). Called under the record's lock, in file order: it must only
+    /// hand the line on, never wait.
+    export: std::sync::OnceLock<LineExport>,
 }
+
+/// A hook every written line is handed to (see [`Recorder::export_lines_to`]).
+pub type LineExport = Box<dyn Fn(&[u8], bool) + Send + Sync>;
 
 /// A handle to the record. Cheap to clone.
 #[derive(Clone)]
@@ -776,6 +785,8 @@ impl Recorder {
             }),
             synced_tx,
             dirty: Arc::new(Notify::new()),
+            witness: std::sync::OnceLock::new(),
+            export: std::sync::OnceLock::new(),
         });
         let recorder = Self { shared };
         if !recovery.chained {
@@ -822,6 +833,23 @@ impl Recorder {
     /// The public key checkpoints are signed with (hex), if any.
     pub fn public_key(&self) -> Option<&str> {
         self.shared.signer.as_ref().map(|(_, p)| p.as_str())
+    }
+
+    /// Hands every checkpoint written from now on to `witness` (set once; later calls are
+    /// ignored).
+    pub fn witness_checkpoints(&self, witness: crate::witness::Witness) {
+        let _ = self.shared.witness.set(witness);
+    }
+
+    /// The witness checkpoints go to, if one was set.
+    pub fn witness(&self) -> Option<&crate::witness::Witness> {
+        self.shared.witness.get()
+    }
+
+    /// Hands every line written from now on (without its newline) to `export`, with whether it
+    /// is a checkpoint. `export` runs under the record's lock: it must not wait (set once).
+    pub fn export_lines_to(&self, export: LineExport) {
+        let _ = self.shared.export.set(export);
     }
 
     /// Releases the record's lock at shutdown (exiting releases it too).
@@ -966,6 +994,13 @@ impl Recorder {
         st.next_seq += 1;
         st.prev = Some(hash);
         st.unsigned = if is_checkpoint { 0 } else { st.unsigned + 1 };
+        let written = &line[..line.len() - 1];
+        if is_checkpoint && let Some(w) = shared.witness.get() {
+            w.checkpoint(written);
+        }
+        if let Some(export) = shared.export.get() {
+            export(written, is_checkpoint);
+        }
         if shared.sync == RecordSync::Batch && !st.dirty {
             st.dirty = true;
             shared.dirty.notify_one();

@@ -94,6 +94,10 @@ pub struct Recorded {
     pub code: String,
     /// The deciding policies, as recorded (absent on an `unknown` line).
     pub policies: Option<Vec<String>>,
+    /// It was held for a person's approval (an `approval_requested` line of its callId). Left out
+    /// when not.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
 }
 
 /// A call's decision under the other set.
@@ -105,6 +109,10 @@ pub struct Redecided {
     pub policies: Vec<String>,
     /// Evaluation errors (a policy that errs cannot permit; the call is denied).
     pub errors: Vec<String>,
+    /// Allowed, and a deciding permit asks `@approval("required")`: it would wait for a person.
+    /// Left out when not.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
 }
 
 impl Redecided {
@@ -112,6 +120,9 @@ impl Redecided {
     pub fn deciding(&self) -> String {
         let ids = self.policies.join(", ");
         match (self.allowed, ids.is_empty(), self.errors.is_empty()) {
+            (true, _, _) if self.held => {
+                format!("permitted by {ids}, held for approval (@approval(\"required\"))")
+            }
             (true, _, _) => format!("permitted by {ids}"),
             (false, false, _) => format!("forbidden by {ids}"),
             (false, true, true) => "default deny (no policy permits it)".to_owned(),
@@ -155,6 +166,10 @@ pub struct Report {
     pub unchanged: u64,
     pub allowed_to_denied: u64,
     pub denied_to_allowed: u64,
+    /// Allowed before and now, but now held for approval where it was not.
+    pub now_held: u64,
+    /// Allowed before and now, held for approval before and no longer.
+    pub no_longer_held: u64,
     /// A last line cut off mid-write (a record being written): skipped.
     pub torn_lines: u64,
     /// In record order.
@@ -218,6 +233,8 @@ pub struct Replay<'a> {
     turns: HashMap<String, Option<Arc<AccessContext>>>,
     /// The distinct contexts (most turns share one): each is held once.
     contexts: HashSet<Arc<AccessContext>>,
+    /// The callIds of `approval_requested` lines not yet matched by their `call` line.
+    held: HashSet<String>,
     report: Report,
 }
 
@@ -230,6 +247,7 @@ impl<'a> Replay<'a> {
             since,
             turns: HashMap::new(),
             contexts: HashSet::new(),
+            held: HashSet::new(),
             report: Report::default(),
         }
     }
@@ -293,6 +311,11 @@ impl<'a> Replay<'a> {
                     .map(|c| self.intern(c));
                 self.turns.insert(t.turn, context);
             }
+            Some("approval_requested") => {
+                if let Some(id) = line.get("callId").and_then(Value::as_str) {
+                    self.held.insert(id.to_owned());
+                }
+            }
             Some("call") => {
                 let seq = line
                     .get("seq")
@@ -329,6 +352,9 @@ impl<'a> Replay<'a> {
 
     fn call(&mut self, seq: u64, at: String, call: CallView) {
         self.report.calls += 1;
+        // Held only when the record says a person was asked (`approval_requested`): a code alone
+        // (`approval_stale`, ...) does not say the set asked for it.
+        let held = self.held.remove(&call.call_id);
         // Only a call the policy decided has a requirement: every refusal before the decision
         // is recorded without one.
         let Some(requirement) = call.requirement else {
@@ -369,14 +395,16 @@ impl<'a> Replay<'a> {
         let decision = self
             .engine
             .decide(&self.pv, &context, &requirement.action, &resource);
-        if decision.allowed == allowed {
+        let now_held = decision.allowed && decision.approval;
+        if decision.allowed == allowed && (!allowed || now_held == held) {
             self.report.unchanged += 1;
             return;
         }
-        if allowed {
-            self.report.allowed_to_denied += 1;
-        } else {
-            self.report.denied_to_allowed += 1;
+        match (allowed, decision.allowed) {
+            (true, false) => self.report.allowed_to_denied += 1,
+            (false, true) => self.report.denied_to_allowed += 1,
+            _ if now_held => self.report.now_held += 1,
+            _ => self.report.no_longer_held += 1,
         }
         self.report.changes.push(Change {
             seq,
@@ -393,11 +421,13 @@ impl<'a> Replay<'a> {
                 outcome: call.outcome,
                 code: call.code,
                 policies: call.policies,
+                held,
             },
             new: Redecided {
                 allowed: decision.allowed,
                 policies: decision.policies,
                 errors: decision.errors,
+                held: now_held,
             },
         });
     }
@@ -563,6 +593,7 @@ when { resource.path like "/public/*" };
                 outcome: "succeeded".into(),
                 code: "ok".into(),
                 policies: Some(vec!["alice-public".into()]),
+                held: false,
             }
         );
         assert_eq!(
@@ -571,6 +602,7 @@ when { resource.path like "/public/*" };
                 allowed: false,
                 policies: vec!["no-a".into()],
                 errors: vec![],
+                held: false,
             }
         );
         assert_eq!(c.new.deciding(), "forbidden by no-a");

@@ -253,6 +253,11 @@ pub async fn start(
             tracing::error!(error = %e, "could not sign the record at shutdown");
         }
         b.root.cancel();
+        // The witness gets the last checkpoint before the process exits.
+        if let Some(witness) = b.kernel.recorder.witness().cloned() {
+            let within = crate::witness::WITNESS_COMMAND_TIMEOUT + Duration::from_secs(1);
+            let _ = tokio::task::spawn_blocking(move || witness.drain(within)).await;
+        }
         // Telemetry last: every call's span is queued by now; the thread exports what is left.
         let kernel = b.kernel.clone();
         let _ = tokio::task::spawn_blocking(move || kernel.telemetry.shutdown()).await;
@@ -299,7 +304,25 @@ enum Kind {
 
 async fn accept_loop(broker: Arc<Broker>, listener: Listener, kind: Kind) {
     let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let gate = Arc::new(HelloGate::default());
+    let gate = Arc::new(HelloGate::recorded(
+        broker.kernel.recorder.clone(),
+        match kind {
+            Kind::Control => crate::admission::Socket::Control,
+            Kind::Bridge => crate::admission::Socket::Bridge,
+        },
+    ));
+    // Refusals held back are written once their interval is over, while the loop lives (and
+    // the rest when the gate goes).
+    let weak = Arc::downgrade(&gate);
+    tokio::spawn(async move {
+        let every = crate::admission::REFUSAL_RECORD_INTERVAL;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            tick.tick().await;
+            let Some(gate) = weak.upgrade() else { return };
+            gate.flush_refusals(false);
+        }
+    });
     let mut refusals = RateLimitedLog::default();
     let mut failures = RateLimitedLog::default();
     // The host's reserve: descriptors held back so that control.sock can still take the host
@@ -339,6 +362,7 @@ async fn accept_loop(broker: Arc<Broker>, listener: Listener, kind: Kind) {
         let pid = creds.as_ref().and_then(|c| c.pid());
         let uid = creds.as_ref().and_then(|c| c.euid());
         let Some(pending) = gate.admit(uid, pid) else {
+            gate.refused("cap_reached", uid, pid);
             refusals.note(|n| {
                 tracing::warn!(
                     ?pid,

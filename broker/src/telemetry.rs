@@ -46,6 +46,9 @@ use sharedos_proto::ipc::TelemetryStats;
 pub const DEFAULT_QUEUE: usize = 4096;
 /// The smallest `queue_bytes`: room for a few spans of the largest size.
 const MIN_QUEUE_BYTES: usize = 64 * 1024;
+/// Most open turns whose principal the log export remembers (for `sharedos.principal` on their
+/// lines); a turn opened past it gets its lines exported without the principal.
+pub const MAX_LOG_TURNS: usize = 4096;
 /// Most spans in one export request.
 const MAX_BATCH: usize = 512;
 /// How long the export thread waits for more spans after the first of a batch: a span reaches
@@ -108,6 +111,10 @@ pub struct OtelSettings {
     /// Seconds between metric exports (default `OTEL_METRIC_EXPORT_INTERVAL`, then 60).
     #[serde(default)]
     pub metrics_interval_seconds: Option<u64>,
+    /// Export every record line as an OTLP log record too (signed checkpoints are exported
+    /// whenever export is on: they are the witness a collector keeps).
+    #[serde(default)]
+    pub logs: bool,
 }
 
 fn yes() -> bool {
@@ -127,6 +134,7 @@ impl Default for OtelSettings {
             queue_bytes: None,
             timeout_seconds: None,
             metrics_interval_seconds: None,
+            logs: false,
         }
     }
 }
@@ -306,13 +314,78 @@ fn valid_tracestate_value(value: &str) -> bool {
             .all(|b| (0x20..=0x7e).contains(&b) && b != b',' && b != b'=')
 }
 
-/// What happened to the spans handed to the exporter.
+/// What happened to the spans handed to the exporter (and, `logs_*`, to the record lines).
 #[derive(Debug, Default)]
 pub struct Stats {
     pub queued: AtomicU64,
     pub exported: AtomicU64,
     pub dropped_queue_full: AtomicU64,
     pub dropped_export_failed: AtomicU64,
+    pub logs_queued: AtomicU64,
+    pub logs_exported: AtomicU64,
+    pub logs_dropped_queue_full: AtomicU64,
+    pub logs_dropped_export_failed: AtomicU64,
+}
+
+/// What the export queue carries: a finished call's span, or a record line (its bytes) to go
+/// out as a log record.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a span is the common item: boxing it would cost every call an allocation"
+)]
+enum Item {
+    Span(CallSpan),
+    Line(Vec<u8>),
+}
+
+impl Item {
+    fn weight(&self) -> usize {
+        match self {
+            Item::Span(s) => s.weight(),
+            Item::Line(l) => std::mem::size_of::<Self>() + l.len(),
+        }
+    }
+}
+
+/// Hands record lines to the export queue (see [`Telemetry::line_export`]); cheap to clone.
+#[derive(Clone)]
+pub struct LineExport {
+    tx: SyncSender<Item>,
+    stats: Arc<Stats>,
+    bytes: Arc<AtomicUsize>,
+    max_bytes: usize,
+    /// Every line (`[otel] logs = true`), else checkpoints only.
+    all: bool,
+}
+
+impl LineExport {
+    /// Queues one record line (without its newline) for export as a log record: every line
+    /// with `logs = true`, else only checkpoints. Never waits; a full queue drops it (counted).
+    pub fn line(&self, line: &[u8], checkpoint: bool) {
+        if !(self.all || checkpoint) {
+            return;
+        }
+        let item = Item::Line(line.to_vec());
+        let weight = item.weight();
+        let dropped = || {
+            self.stats
+                .logs_dropped_queue_full
+                .fetch_add(1, Ordering::Relaxed);
+        };
+        if self.bytes.fetch_add(weight, Ordering::Relaxed) + weight > self.max_bytes {
+            self.bytes.fetch_sub(weight, Ordering::Relaxed);
+            return dropped();
+        }
+        match self.tx.try_send(item) {
+            Ok(()) => {
+                self.stats.logs_queued.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.bytes.fetch_sub(weight, Ordering::Relaxed);
+                dropped();
+            }
+        }
+    }
 }
 
 type TurnCount = Box<dyn Fn() -> u64 + Send + Sync>;
@@ -324,7 +397,8 @@ pub struct Telemetry {
 }
 
 struct Inner {
-    tx: SyncSender<CallSpan>,
+    tx: SyncSender<Item>,
+    logs: bool,
     stats: Arc<Stats>,
     /// Bytes the queue (and the batch being sent) holds now, and the most it may.
     bytes: Arc<AtomicUsize>,
@@ -413,6 +487,7 @@ impl Telemetry {
         Ok(Self {
             inner: Some(Inner {
                 tx,
+                logs: settings.logs,
                 stats,
                 bytes,
                 max_bytes,
@@ -450,7 +525,7 @@ impl Telemetry {
             inner.bytes.fetch_sub(weight, Ordering::Relaxed);
             return dropped();
         }
-        match inner.tx.try_send(span) {
+        match inner.tx.try_send(Item::Span(span)) {
             Ok(()) => {
                 inner.stats.queued.fetch_add(1, Ordering::Relaxed);
             }
@@ -459,6 +534,19 @@ impl Telemetry {
                 dropped();
             }
         }
+    }
+
+    /// What the record hands its lines to (checkpoints always, every line with `logs = true`);
+    /// `None` when export is off.
+    pub fn line_export(&self) -> Option<LineExport> {
+        let inner = self.inner.as_ref()?;
+        Some(LineExport {
+            tx: inner.tx.clone(),
+            stats: inner.stats.clone(),
+            bytes: inner.bytes.clone(),
+            max_bytes: inner.max_bytes,
+            all: inner.logs,
+        })
     }
 
     /// Where `sharedos.turns.open` reads the number of open turns (set once, by the server).
@@ -477,6 +565,8 @@ impl Telemetry {
                 exported: 0,
                 dropped_queue_full: 0,
                 dropped_export_failed: 0,
+                logs: Default::default(),
+                witness: Default::default(),
             },
             Some(i) => TelemetryStats {
                 enabled: true,
@@ -485,6 +575,16 @@ impl Telemetry {
                 exported: i.stats.exported.load(Ordering::Relaxed),
                 dropped_queue_full: i.stats.dropped_queue_full.load(Ordering::Relaxed),
                 dropped_export_failed: i.stats.dropped_export_failed.load(Ordering::Relaxed),
+                logs: sharedos_proto::ipc::LogStats {
+                    queued: i.stats.logs_queued.load(Ordering::Relaxed),
+                    exported: i.stats.logs_exported.load(Ordering::Relaxed),
+                    dropped_queue_full: i.stats.logs_dropped_queue_full.load(Ordering::Relaxed),
+                    dropped_export_failed: i
+                        .stats
+                        .logs_dropped_export_failed
+                        .load(Ordering::Relaxed),
+                },
+                witness: Default::default(),
             },
         }
     }
@@ -529,7 +629,7 @@ fn check_protocol() -> Result<(), TelemetryError> {
 }
 
 struct Worker {
-    rx: Receiver<CallSpan>,
+    rx: Receiver<Item>,
     settings: OtelSettings,
     stats: Arc<Stats>,
     bytes: Arc<AtomicUsize>,
@@ -545,7 +645,7 @@ struct Instruments {
 
 impl Worker {
     fn run(self, ready: std::sync::mpsc::Sender<Result<(), String>>) {
-        let (exporter, instruments) = match self.build() {
+        let (exporter, log_exporter, instruments) = match self.build() {
             Ok(built) => built,
             Err(e) => {
                 let _ = ready.send(Err(e));
@@ -558,6 +658,13 @@ impl Worker {
             .with_version(env!("CARGO_PKG_VERSION"))
             .build();
         let mut failing = false;
+        let mut logs_failing = false;
+        // Makes the log records (the SDK's only way to); it has no processor: they go to
+        // `log_exporter` here, counted.
+        let log_provider = opentelemetry_sdk::logs::SdkLoggerProvider::builder().build();
+        let logger = opentelemetry::logs::LoggerProvider::logger(&log_provider, "sharedos-broker");
+        // Each open turn's principal, from its `turn_opened` line, for the lines of the turn.
+        let mut principals: HashMap<String, String> = HashMap::new();
         loop {
             let first = match self.rx.recv_timeout(STOP_POLL) {
                 Ok(s) => s,
@@ -589,18 +696,62 @@ impl Worker {
                     Err(()) => break,
                 }
             }
-            let n = batch.len() as u64;
             // Counted against the queue's bytes until the export is over.
-            let weight: usize = batch.iter().map(CallSpan::weight).sum();
-            let spans: Vec<SpanData> = batch
-                .into_iter()
-                .map(|s| {
-                    if let Some(m) = &instruments {
-                        m.record(&s);
+            let weight: usize = batch.iter().map(Item::weight).sum();
+            let mut spans: Vec<SpanData> = Vec::new();
+            let mut lines: Vec<Vec<u8>> = Vec::new();
+            for item in batch {
+                match item {
+                    Item::Span(s) => {
+                        if let Some(m) = &instruments {
+                            m.record(&s);
+                        }
+                        spans.push(span_data(s, &ids, &scope));
                     }
-                    span_data(s, &ids, &scope)
-                })
-                .collect();
+                    Item::Line(l) => lines.push(l),
+                }
+            }
+            if !lines.is_empty() {
+                let n = lines.len() as u64;
+                let records: Vec<opentelemetry_sdk::logs::SdkLogRecord> = lines
+                    .iter()
+                    .map(|l| {
+                        log_record(
+                            &logger,
+                            l,
+                            self.settings.principal.then_some(&mut principals),
+                        )
+                    })
+                    .collect();
+                let pairs: Vec<(
+                    &opentelemetry_sdk::logs::SdkLogRecord,
+                    &InstrumentationScope,
+                )> = records.iter().map(|r| (r, &scope)).collect();
+                let batch = opentelemetry_sdk::logs::LogBatch::new(&pairs);
+                match futures_executor::block_on(opentelemetry_sdk::logs::LogExporter::export(
+                    &log_exporter,
+                    batch,
+                )) {
+                    Ok(()) => {
+                        self.stats.logs_exported.fetch_add(n, Ordering::Relaxed);
+                        logs_failing = false;
+                    }
+                    Err(e) => {
+                        self.stats
+                            .logs_dropped_export_failed
+                            .fetch_add(n, Ordering::Relaxed);
+                        if !logs_failing {
+                            tracing::warn!(error = %e, "OpenTelemetry log export failed: record lines are not exported (counted) until it works again; the record is unaffected");
+                            logs_failing = true;
+                        }
+                    }
+                }
+            }
+            if spans.is_empty() {
+                self.bytes.fetch_sub(weight, Ordering::Relaxed);
+                continue;
+            }
+            let n = spans.len() as u64;
             let exported = futures_executor::block_on(exporter.export(spans));
             self.bytes.fetch_sub(weight, Ordering::Relaxed);
             match exported {
@@ -623,12 +774,26 @@ impl Worker {
             }
         }
         let _ = exporter.shutdown();
+        let _ = opentelemetry_sdk::logs::LogExporter::shutdown(&log_exporter);
         if let Some(m) = instruments {
             let _ = m.provider.shutdown();
         }
     }
 
-    fn build(&self) -> Result<(opentelemetry_otlp::SpanExporter, Option<Instruments>), String> {
+    #[allow(
+        clippy::type_complexity,
+        reason = "the three exporters, built together"
+    )]
+    fn build(
+        &self,
+    ) -> Result<
+        (
+            opentelemetry_otlp::SpanExporter,
+            opentelemetry_otlp::LogExporter,
+            Option<Instruments>,
+        ),
+        String,
+    > {
         let s = &self.settings;
         let base = s.endpoint.as_deref();
         let timeout = Duration::from_secs(s.timeout_seconds.unwrap_or(5).max(1));
@@ -655,6 +820,17 @@ impl Worker {
             .build()
             .map_err(|e| format!("cannot build the span exporter: {e}"))?;
         exporter.set_resource(&resource);
+        let mut logs = opentelemetry_otlp::LogExporter::builder()
+            .with_http()
+            .with_timeout(timeout)
+            .with_headers(headers.clone());
+        if let Some(b) = base {
+            logs = logs.with_endpoint(format!("{b}/v1/logs"));
+        }
+        let mut log_exporter = logs
+            .build()
+            .map_err(|e| format!("cannot build the log exporter: {e}"))?;
+        opentelemetry_sdk::logs::LogExporter::set_resource(&mut log_exporter, &resource);
         let instruments = if s.metrics {
             let mut metrics = opentelemetry_otlp::MetricExporter::builder()
                 .with_http()
@@ -714,8 +890,62 @@ impl Worker {
         } else {
             None
         };
-        Ok((exporter, instruments))
+        Ok((exporter, log_exporter, instruments))
     }
+}
+
+/// A record line as an OTLP log record: the line is the body; its `kind`, `turn`, `seq`,
+/// `outcome`, `code` and (with `principal = true`) `principal` are attributes
+/// (`sharedos.kind`, ...); its `at` is the timestamp.
+fn log_record(
+    logger: &opentelemetry_sdk::logs::SdkLogger,
+    line: &[u8],
+    principals: Option<&mut HashMap<String, String>>,
+) -> opentelemetry_sdk::logs::SdkLogRecord {
+    use opentelemetry::logs::{AnyValue, LogRecord as _, Logger as _, Severity};
+    let mut r = logger.create_log_record();
+    let text = String::from_utf8_lossy(line).into_owned();
+    r.set_observed_timestamp(SystemTime::now());
+    r.set_event_name("sharedos.record");
+    r.set_severity_number(Severity::Info);
+    if let Ok(v) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(line) {
+        let at = v.get("at").and_then(|a| a.as_str()).and_then(|a| {
+            time::OffsetDateTime::parse(a, &time::format_description::well_known::Rfc3339).ok()
+        });
+        r.set_timestamp(at.map_or_else(SystemTime::now, SystemTime::from));
+        for key in ["kind", "turn", "outcome", "code"] {
+            if let Some(t) = v.get(key).and_then(|t| t.as_str()) {
+                r.add_attribute(format!("sharedos.{key}"), bounded(t));
+            }
+        }
+        if let Some(seq) = v.get("seq").and_then(|s| s.as_u64()) {
+            r.add_attribute("sharedos.seq", i64::try_from(seq).unwrap_or(i64::MAX));
+        }
+        if let Some(principals) = principals
+            && let Some(turn) = v.get("turn").and_then(|t| t.as_str())
+        {
+            let kind = v.get("kind").and_then(|k| k.as_str()).unwrap_or("");
+            if kind == "turn_opened"
+                && let Some(p) = v
+                    .get("accessContext")
+                    .and_then(|c| c.get("principal"))
+                    .and_then(|p| p.as_str())
+                && principals.len() < MAX_LOG_TURNS
+            {
+                principals.insert(turn.to_owned(), bounded(p));
+            }
+            let known = if kind == "turn_closed" {
+                principals.remove(turn)
+            } else {
+                principals.get(turn).cloned()
+            };
+            if let Some(p) = known {
+                r.add_attribute("sharedos.principal", p);
+            }
+        }
+    }
+    r.set_body(AnyValue::from(text));
+    r
 }
 
 impl Instruments {

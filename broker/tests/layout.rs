@@ -34,6 +34,7 @@ const FLOORS: &[(&str, f32)] = &[
     ("sync", 9.5),
     ("trusted", 9.5),
     ("lineage", 9.5),
+    ("witness", 9.5),
 ];
 
 /// The module names after `crate::` in `code`.

@@ -201,7 +201,29 @@ pub enum RecordsCommand {
         /// chain names (which shows the record is whole, not whose it is).
         #[arg(long, value_name = "FILE")]
         public_key: Option<PathBuf>,
+        /// Check the record against a witness: a file of checkpoints the broker handed out as
+        /// it signed them (its `witness_file`, what `witness_command` or the OpenTelemetry log
+        /// export received, or `records checkpoint --json` output), one JSON object per line.
+        /// Every witnessed checkpoint must be in the record with the same hash, and the record
+        /// must reach the newest of them: a cut at the end or a rewrite re-signed with a stolen
+        /// key is reported as broken, naming the seq.
+        #[arg(long, value_name = "FILE")]
+        witness: Option<PathBuf>,
         /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the record's newest signed checkpoint (read from the files; no broker needs to
+    /// run), to anchor it by hand somewhere the broker cannot write. Exit 1 when there is none.
+    Checkpoint {
+        /// The record. Default: the config's `record`, else the embedded default's record.
+        #[arg(long, value_name = "FILE")]
+        record: Option<PathBuf>,
+        /// The config whose record to read.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Print the checkpoint's record line as it is (one JSON object: the shape a witness
+        /// file holds) instead of its seq, time and SHA-256.
         #[arg(long)]
         json: bool,
     },
@@ -487,6 +509,7 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
                 record,
                 config,
                 public_key,
+                witness,
                 json,
             }),
         ..
@@ -497,8 +520,21 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
             record.as_deref(),
             config.as_deref(),
             public_key.as_deref(),
+            witness.as_deref(),
             *json,
         );
+    }
+    if let Command::Records {
+        command:
+            Some(RecordsCommand::Checkpoint {
+                record,
+                config,
+                json,
+            }),
+        ..
+    } = &cli.command
+    {
+        return records_checkpoint(&runtime_dir, record.as_deref(), config.as_deref(), *json);
     }
     let log_file = match &cli.command {
         Command::Serve { log_file, .. } => log_file.clone(),
@@ -1027,6 +1063,28 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                         stats.dropped_queue_full,
                         stats.dropped_export_failed
                     );
+                    let l = &stats.logs;
+                    outln!(
+                        "record lines as logs: {} queued, {} exported, {} dropped (queue full), {} dropped (export failed)",
+                        l.queued,
+                        l.exported,
+                        l.dropped_queue_full,
+                        l.dropped_export_failed
+                    );
+                }
+                if !json {
+                    let w = &stats.witness;
+                    if w.enabled {
+                        outln!(
+                            "witness: {} checkpoints queued, {} witnessed, {} failed, {} dropped (queue full)",
+                            w.queued,
+                            w.witnessed,
+                            w.failed,
+                            w.dropped
+                        );
+                    } else {
+                        outln!("witness: off (no witness_file or witness_command)");
+                    }
                 }
             }
             r => return Err(unexpected(r)),
@@ -1247,21 +1305,73 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
     Ok(ExitCode::SUCCESS)
 }
 
+/// The record a `records` command reads: `--record`, else the config's, else the default's.
+fn record_of(runtime_dir: &Path, record: Option<&Path>, config: Option<&Config>) -> PathBuf {
+    match (record, config) {
+        (Some(r), _) => r.to_path_buf(),
+        (None, Some(c)) => c.record.clone(),
+        (None, None) => runtime_dir.join("default").join("record.jsonl"),
+    }
+}
+
+/// `records checkpoint`: the newest signed checkpoint, from the files.
+fn records_checkpoint(
+    runtime_dir: &Path,
+    record: Option<&Path>,
+    config: Option<&Path>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let config = config.map(Config::from_file).transpose()?;
+    let record = record_of(runtime_dir, record, config.as_ref());
+    let newest = sharedos_broker::chain::newest_checkpoint(&record)
+        .with_context(|| format!("cannot read record `{}`", record.display()))?;
+    let Some(line) = newest else {
+        eprintln!(
+            "record `{}` has no checkpoint (no signing key, or nothing signed yet)",
+            record.display()
+        );
+        return Ok(ExitCode::from(1));
+    };
+    if json {
+        outln!("{line}");
+    } else {
+        let v: Value = serde_json::from_str(&line).context("the checkpoint line is not JSON")?;
+        outln!(
+            "seq {}  at {}  sha256 {}  key {}",
+            v["seq"],
+            v["at"].as_str().unwrap_or(""),
+            sharedos_proto::catalog::hex(&sharedos_broker::record::line_hash(line.as_bytes())),
+            v["publicKey"].as_str().unwrap_or("")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Whether `file` lies in `record`'s folder (or below it): a key there can be replaced by
+/// whoever can rewrite the record.
+fn in_record_folder(file: &Path, record: &Path) -> bool {
+    let folder = record
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    match (file.canonicalize(), folder.canonicalize()) {
+        (Ok(f), Ok(d)) => f.starts_with(d),
+        _ => false,
+    }
+}
+
 /// `records verify`: the record's chain and signatures, checked from the files.
 fn records_verify(
     runtime_dir: &Path,
     record: Option<&Path>,
     config: Option<&Path>,
     public_key: Option<&Path>,
+    witness: Option<&Path>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     use sharedos_broker::chain;
     let config = config.map(Config::from_file).transpose()?;
-    let record = match (record, &config) {
-        (Some(r), _) => r.to_path_buf(),
-        (None, Some(c)) => c.record.clone(),
-        (None, None) => runtime_dir.join("default").join("record.jsonl"),
-    };
+    let record = record_of(runtime_dir, record, config.as_ref());
     let signing_key = config.as_ref().map_or_else(
         || sharedos_broker::config::default_signing_key(&record),
         |c| c.record_signing_key.clone(),
@@ -1275,9 +1385,54 @@ fn records_verify(
         .as_deref()
         .map(|p| chain::read_public_key(p).map(|k| (k, p.display().to_string())))
         .transpose()?;
-    let report = chain::verify(&record, key.as_ref().map(|(k, from)| (k, from.clone())))
-        .with_context(|| format!("cannot verify record `{}`", record.display()))?;
-    let ok = report.ok();
+    let witness = witness
+        .map(|w| {
+            chain::Witness::read(w)
+                .with_context(|| format!("cannot read witness `{}`", w.display()))
+                .map(|read| (w, read))
+        })
+        .transpose()?;
+    let report = chain::verify_witnessed(
+        &record,
+        key.as_ref().map(|(k, from)| (k, from.clone())),
+        witness.as_ref().map(|(_, w)| w),
+    )
+    .with_context(|| format!("cannot verify record `{}`", record.display()))?;
+    let key_in_folder = key_file
+        .as_deref()
+        .is_some_and(|k| in_record_folder(k, &record));
+    let mut warnings = Vec::new();
+    if key_in_folder && let Some(k) = &key_file {
+        warnings.push(format!(
+            "the key `{}` lies in the record's own folder: whoever can rewrite the record can replace the key (and its `.pub`) too, so this check shows the record is whole under that key, not that it is yours; pass --public-key with a copy kept elsewhere, and --witness",
+            k.display()
+        ));
+    }
+    if report.key_source == chain::KeySource::Recorded {
+        warnings.push(
+            "the key was named by the record itself: this shows the record is whole under that key, not whose key it is; pass --public-key with a copy kept elsewhere".to_owned(),
+        );
+    }
+    // A key given but nothing signed: nothing was checked against it.
+    let unsigned_with_key = public_key.is_some() && report.checkpoints == 0;
+    let ok = report.ok() && !unsigned_with_key;
+    let chained = report.lines.saturating_sub(report.unchained);
+    let cut_note = match (report.last_checkpoint, witness.is_some()) {
+        (_, true) => None,
+        (None, false) => Some(format!(
+            "no checkpoint: none of the {chained} chained lines is signed; lines cut from the end, or a record made up from nothing, cannot be detected"
+        )),
+        (Some(last), false) if report.unsigned_tail > 0 => Some(format!(
+            "{} lines after the last checkpoint (seq {last}) are not signed: a cut after seq {last} (or of the last checkpoints with it) cannot be detected without a witness (--witness)",
+            report.unsigned_tail
+        )),
+        (Some(last), false) => Some(format!(
+            "0 lines after the last checkpoint (seq {last}) are unsigned; a cut of the last checkpoints with the lines before them cannot be detected without a witness (--witness)"
+        )),
+    };
+    for w in &warnings {
+        eprintln!("warning: {w}");
+    }
     if json {
         let broken = report.broken.as_ref().map(|b| {
             serde_json::json!({
@@ -1304,6 +1459,13 @@ fn records_verify(
                     chain::KeySource::Recorded => "record".into(),
                     chain::KeySource::None => "none".into(),
                 },
+                "keyInRecordFolder": key_in_folder || report.key_source == chain::KeySource::Recorded,
+                "noCheckpointWithKey": unsigned_with_key,
+                "witness": witness.as_ref().map(|(p, _)| p),
+                "witnessed": report.witnessed,
+                "witnessNewest": report.witness_newest,
+                "cutUndetectable": cut_note,
+                "warnings": warnings,
                 "broken": broken,
             })
         );
@@ -1339,6 +1501,17 @@ fn records_verify(
                 report.torn_cuts
             );
         }
+        if let Some((path, w)) = &witness {
+            outln!(
+                "witness `{}`: {} of its {} checkpoints found in the record with the same hash; the newest it holds is seq {}",
+                path.display(),
+                report.witnessed,
+                w.checkpoints.len(),
+                report
+                    .witness_newest
+                    .map_or("-".to_owned(), |s| s.to_string())
+            );
+        }
         match &report.broken {
             Some(b) => outln!(
                 "BROKEN at seq {}: {} ({} line {})",
@@ -1350,6 +1523,9 @@ fn records_verify(
             None if report.chain_start.is_none() => {
                 outln!("BROKEN: the record has no chain (no `chain_started` line)")
             }
+            None if unsigned_with_key => outln!(
+                "NOT VERIFIED: --public-key was given, but the record has no checkpoint: none of its {chained} chained lines is signed, so nothing ties it to that key (a record made up from nothing looks the same)"
+            ),
             None => {
                 outln!(
                     "verified: chain from seq {} whole; {} signed checkpoints, the last at seq {}",
@@ -1359,13 +1535,12 @@ fn records_verify(
                         .last_checkpoint
                         .map_or("-".to_owned(), |s| s.to_string())
                 );
-                if report.unsigned_tail > 0 {
-                    outln!(
-                        "{} lines after the last checkpoint are chained but not yet signed (the next checkpoint covers them)",
-                        report.unsigned_tail
-                    );
-                }
             }
+        }
+        if report.broken.is_none()
+            && let Some(note) = &cut_note
+        {
+            outln!("{note}");
         }
     }
     Ok(if ok {

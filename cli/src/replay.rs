@@ -109,8 +109,16 @@ fn print(
         outln!("no call would change");
         return Ok(());
     }
+    let held = if report.now_held + report.no_longer_held > 0 {
+        format!(
+            ", {} would now be held for approval, {} no longer held for approval",
+            report.now_held, report.no_longer_held
+        )
+    } else {
+        String::new()
+    };
     outln!(
-        "would change: {} ({} allowed → denied, {} denied → allowed)",
+        "would change: {} ({} allowed → denied, {} denied → allowed{held})",
         report.changes.len(),
         report.allowed_to_denied,
         report.denied_to_allowed
@@ -137,7 +145,11 @@ fn row(c: &Change) -> String {
         Some(agent) => format!("{} via {agent}", c.principal),
         None => c.principal.clone(),
     };
-    let word = |allowed: bool| if allowed { "allowed" } else { "denied" };
+    let word = |allowed: bool, held: bool| match (allowed, held) {
+        (true, true) => "allowed, held for approval",
+        (true, false) => "allowed",
+        (false, _) => "denied",
+    };
     let old_policies = match c.old.policies.as_deref() {
         Some(p) if !p.is_empty() => format!(" by {}", p.join(", ")),
         _ => String::new(),
@@ -148,9 +160,9 @@ fn row(c: &Change) -> String {
         c.turn,
         c.action,
         c.resource,
-        word(c.old.allowed),
+        word(c.old.allowed, c.old.held),
         c.old.outcome,
         c.old.code,
-        word(c.new.allowed)
+        word(c.new.allowed, c.new.held)
     )
 }

@@ -79,6 +79,13 @@ pub enum BridgeRequest {
         #[serde(default)]
         protocol_version: Option<String>,
     },
+    /// Lines on the shim's stdin that were not JSON at all since the last report (the shim
+    /// reports at most once a second): the last one's size and SHA-256, and how many.
+    MalformedFrame {
+        bytes: u64,
+        sha256: String,
+        count: u64,
+    },
 }
 
 /// Why the broker refused a bridge connection.
@@ -535,6 +542,38 @@ pub struct TelemetryStats {
     pub dropped_queue_full: u64,
     /// Spans dropped because their export failed (backend down, refused, timed out).
     pub dropped_export_failed: u64,
+    /// Record lines exported as OpenTelemetry log records (`[otel] logs = true`; checkpoints
+    /// are exported whenever export is on), through the same bounded queue as spans.
+    #[serde(default)]
+    pub logs: LogStats,
+    /// Checkpoints handed to `witness_file` / `witness_command`.
+    #[serde(default)]
+    pub witness: WitnessCounts,
+}
+
+/// Record lines handed to the OpenTelemetry log export.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogStats {
+    pub queued: u64,
+    pub exported: u64,
+    pub dropped_queue_full: u64,
+    pub dropped_export_failed: u64,
+}
+
+/// Checkpoints handed to the witness (`witness_file`, `witness_command`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WitnessCounts {
+    /// Whether a witness file or command is configured.
+    pub enabled: bool,
+    pub queued: u64,
+    /// Taken by every configured route.
+    pub witnessed: u64,
+    /// Appends or command runs that failed or timed out.
+    pub failed: u64,
+    /// Dropped because the witness queue was full.
+    pub dropped: u64,
 }
 
 /// Broker → host.

@@ -73,6 +73,13 @@ pub enum Event {
     ApprovalRequested(ApprovalRequested),
     /// The wait of an `approval_requested` call ended: approved, denied, timeout or cancelled.
     ApprovalDecided(ApprovalDecided),
+    /// Connections to `bridge.sock` refused before they reached a turn, per peer and reason,
+    /// aggregated (at most one line per peer and reason per interval, with the count).
+    BridgeRefused(ConnectionRefused),
+    /// Connections to `control.sock` refused, aggregated as `bridge_refused`.
+    ControlRefused(ConnectionRefused),
+    /// Lines on a shim's stdin that were not JSON at all, aggregated per bridge.
+    MalformedFrame(MalformedFrame),
 }
 
 impl Event {
@@ -94,6 +101,9 @@ impl Event {
             Event::TornTailCut(_) => "torn_tail_cut",
             Event::ApprovalRequested(_) => "approval_requested",
             Event::ApprovalDecided(_) => "approval_decided",
+            Event::BridgeRefused(_) => "bridge_refused",
+            Event::ControlRefused(_) => "control_refused",
+            Event::MalformedFrame(_) => "malformed_frame",
         }
     }
 
@@ -115,6 +125,8 @@ impl Event {
             Event::TornTailCut(e) => e.turn.as_deref(),
             Event::ApprovalRequested(e) => Some(&e.turn),
             Event::ApprovalDecided(e) => Some(&e.turn),
+            Event::BridgeRefused(e) | Event::ControlRefused(e) => e.turn.as_deref(),
+            Event::MalformedFrame(e) => Some(&e.turn),
         }
     }
 }
@@ -541,6 +553,34 @@ pub struct Checkpoint {
 /// signature itself, so a checkpoint that is the record's last line is whole or detected.
 pub fn checkpoint_message(seq: u64, prev: &str, at: &str, reason: &str) -> Vec<u8> {
     format!("sharedos-record-checkpoint-v1\n{seq}\n{prev}\n{at}\n{reason}\n").into_bytes()
+}
+
+/// Connections refused before hello was through: one line stands for `count` refusals of the
+/// same peer for the same reason since the last such line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConnectionRefused {
+    /// `bad_token`, `uid_not_listed`, `upstream_lineage`, `cap_reached`, `hello_too_large`,
+    /// `hello_too_slow`, `not_hello`, `protocol_version`.
+    pub reason: String,
+    /// The peer process, as the kernel reported it for the connection (`SO_PEERCRED`).
+    pub pid: Option<i32>,
+    pub uid: Option<u32>,
+    /// Refusals this line stands for.
+    pub count: u64,
+    /// Always `null`.
+    pub turn: Option<String>,
+}
+
+/// Lines on a shim's stdin it could not parse at all (not JSON): the last one's size and
+/// SHA-256, and how many this line stands for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MalformedFrame {
+    pub turn: String,
+    pub bytes: u64,
+    pub sha256: String,
+    pub count: u64,
 }
 
 /// A torn tail that opening the record cut off (and saved aside).

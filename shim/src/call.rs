@@ -53,6 +53,11 @@ impl Caller {
         }
     }
 
+    /// Reports unparsable stdin lines to the broker (recorded as `malformed_frame`).
+    pub async fn malformed(&self, bytes: u64, sha256: String, count: u64) {
+        self.link.malformed(bytes, sha256, count).await;
+    }
+
     /// Where progress notifications go (the session's stdout queue).
     pub fn set_notes(&mut self, notes: &tokio::sync::mpsc::Sender<Vec<u8>>) {
         self.notes = Some(notes.downgrade());

@@ -338,6 +338,17 @@ impl Link {
         }
     }
 
+    /// Tells the broker of stdin lines that were not JSON at all (it records them).
+    pub async fn malformed(&self, bytes: u64, sha256: String, count: u64) {
+        let _ = self
+            .send(&BridgeRequest::MalformedFrame {
+                bytes,
+                sha256,
+                count,
+            })
+            .await;
+    }
+
     /// Tells the broker which MCP client is on the other side (diagnostics only).
     pub async fn client_info(
         &self,

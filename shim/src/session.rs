@@ -62,7 +62,15 @@ pub trait Calls: Send + 'static {
     /// Where the calls may put notifications for the client (whole lines, newline included):
     /// the session's stdout queue, given once before the first call.
     fn notify_to(&mut self, _out: &tokio::sync::mpsc::Sender<Vec<u8>>) {}
+
+    /// Tells the broker of stdin lines that were not JSON at all (the last one's size and
+    /// SHA-256, and how many since the last report), to be recorded; never waits.
+    fn malformed(&self, _bytes: u64, _sha256: String, _count: u64) {}
 }
+
+/// Lines on stdin that are not JSON at all are reported to the broker at most once per this
+/// interval (the ones between are counted into the next report).
+pub const MALFORMED_REPORT_INTERVAL: Duration = Duration::from_secs(1);
 
 impl<F, A> Calls for F
 where
@@ -88,6 +96,11 @@ struct Forward {
 impl Calls for Forward {
     fn notify_to(&mut self, out: &tokio::sync::mpsc::Sender<Vec<u8>>) {
         self.caller.set_notes(out);
+    }
+
+    fn malformed(&self, bytes: u64, sha256: String, count: u64) {
+        let caller = self.caller.clone();
+        tokio::spawn(async move { caller.malformed(bytes, sha256, count).await });
     }
 
     fn answer(
@@ -247,6 +260,9 @@ where
     // serial so that a finished call does not remove a later one that reused its id.
     let mut in_flight: HashMap<String, (u64, CancellationToken)> = HashMap::new();
     let mut serial = 0u64;
+    // Unparsable lines not yet reported, the last one's size and SHA-256, the last report.
+    let mut malformed: (u64, u64, String) = (0, 0, String::new());
+    let mut malformed_last: Option<std::time::Instant> = None;
     let mut tasks = JoinSet::new();
     let mut reading = true;
     let mut link_open = true;
@@ -288,6 +304,22 @@ where
                     }
                     Verdict::Answer(v) => {
                         tracing::info!(answer = %v, "malformed input answered by the shim");
+                        if v["error"]["code"] == guard::PARSE_ERROR {
+                            use sha2::Digest as _;
+                            let line = lines.line();
+                            malformed = (
+                                malformed.0 + 1,
+                                line.len() as u64,
+                                sharedos_proto::catalog::hex(&sha2::Sha256::digest(line)),
+                            );
+                            if malformed_last
+                                .is_none_or(|l| l.elapsed() >= MALFORMED_REPORT_INTERVAL)
+                            {
+                                let (n, bytes, sha) = std::mem::take(&mut malformed);
+                                calls.malformed(bytes, sha, n);
+                                malformed_last = Some(std::time::Instant::now());
+                            }
+                        }
                         let mut bytes = v.to_string().into_bytes();
                         bytes.push(b'\n');
                         out.send(bytes).await.is_ok()

@@ -302,3 +302,60 @@ async fn replay_finds_its_record_and_names_what_it_cannot_read() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_reports_the_calls_a_policy_would_now_hold_for_approval() {
+    let (broker, calls) = recorded_run().await;
+    // The same set, with alice's public permit now asking for a person's approval.
+    let held = DEFAULT_POLICY.replacen(
+        "@id(\"alice-public\")",
+        "@id(\"alice-public\")\n@approval(\"required\")",
+        1,
+    );
+    assert_ne!(held, DEFAULT_POLICY);
+    let mut cmd = replay(&broker, "held.cedar", &held);
+    cmd.arg("--json");
+    let (code, out, err) = run(cmd).await;
+    assert_eq!(code, 3, "{out}{err}");
+    let r = json_of(&out);
+    let changes = changed(&r);
+    assert!(changes.contains(&calls["1"]), "{r:#}");
+    assert!(
+        !changes.contains(&calls["2"]),
+        "the denied read stays denied: {r:#}"
+    );
+    assert_eq!(r["nowHeld"], changes.len() as u64, "{r:#}");
+    assert_eq!(
+        (
+            &r["allowedToDenied"],
+            &r["deniedToAllowed"],
+            &r["noLongerHeld"]
+        ),
+        (&json!(0), &json!(0), &json!(0))
+    );
+    let c = r["changes"]
+        .as_array()
+        .expect("changes")
+        .iter()
+        .find(|c| c["callId"] == calls["1"].1.as_str())
+        .expect("call 1");
+    assert_eq!(c["old"]["allowed"], true);
+    assert!(c["old"].get("held").is_none(), "{c}");
+    assert_eq!(c["new"]["allowed"], true);
+    assert_eq!(c["new"]["held"], true);
+    // For people: said in the summary and on the row.
+    let (code, out, _) = run(replay(&broker, "held.cedar", &held)).await;
+    assert_eq!(code, 3, "{out}");
+    assert!(
+        out.contains(&format!(
+            "{} would now be held for approval, 0 no longer held for approval",
+            changes.len()
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("held for approval (@approval(\"required\"))")
+            && out.contains("→ allowed, held for approval"),
+        "{out}"
+    );
+}

@@ -779,3 +779,191 @@ async fn a_stalled_collector_and_huge_trace_contexts_cost_bounded_memory() {
         "the warm-up's two calls, another turn's one and the flood's"
     );
 }
+
+/// The body of an OtelTap line if it is a log record (OTLP JSON: `body.stringValue`).
+fn log_body(line: &Value) -> Option<String> {
+    line["body"]["stringValue"]
+        .as_str()
+        .or_else(|| line["body"].as_str())
+        .map(str::to_owned)
+}
+
+/// A log record's attribute `key`, as a string (string or integer value).
+fn log_attr(line: &Value, key: &str) -> Option<String> {
+    line["attributes"].as_array()?.iter().find_map(|kv| {
+        (kv["key"] == key).then(|| {
+            let v = &kv["value"];
+            v["stringValue"]
+                .as_str()
+                .map(str::to_owned)
+                .unwrap_or_else(|| int(&v["intValue"]).to_string())
+        })
+    })
+}
+
+#[tokio::test]
+#[ignore = "needs OtelTap from .ci/install-oteltap: bash .ci/run installs it and runs this"]
+async fn record_lines_reach_a_real_receiver_as_logs_once_each() {
+    let Some(env) = installed("oteltap", ".ci/install-oteltap") else {
+        return;
+    };
+    let mut tap = OtelTap::start(Path::new(&env["OTELTAP"])).await;
+    let mut broker = TestBroker::start(Options {
+        policy: POLICY,
+        tables: format!(
+            "[otel]\nendpoint = \"http://127.0.0.1:{}\"\nmetrics = false\nlogs = true\ntimeout_seconds = 2\n",
+            tap.port
+        ),
+        ..Options::default()
+    })
+    .await;
+    let alice = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(alice.token.expose()));
+    raw.initialize("2025-06-18").await;
+    raw.call(1, "files.read", json!({"path": "/public/hello.txt"}))
+        .await;
+    raw.call(2, "files.read", json!({"path": "/private/secret.txt"}))
+        .await;
+    drop(raw.close_stdin().await);
+    broker.close_turn(&alice.turn).await;
+    broker.stop().await;
+    // Every line from broker_started on (the export starts after the chain's first line).
+    let record: Vec<String> = std::fs::read_to_string(broker.record_path())
+        .expect("record")
+        .lines()
+        .skip_while(|l| !l.contains("\"kind\":\"broker_started\""))
+        .map(str::to_owned)
+        .collect();
+    assert!(record.len() >= 8, "{record:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let received = loop {
+        let logs: Vec<Value> = tap
+            .lines
+            .lock()
+            .expect("lines")
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| log_body(v).is_some())
+            .collect();
+        if logs.len() >= record.len() {
+            break logs;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {} lines arrived; received:\n{}",
+            logs.len(),
+            record.len(),
+            tap.lines.lock().expect("lines").join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(received.len(), record.len(), "each line once");
+    for (line, log) in record.iter().zip(&received) {
+        assert_eq!(log_body(log).as_deref(), Some(line.as_str()));
+        let v: Value = serde_json::from_str(line).expect("json");
+        assert_eq!(
+            log_attr(log, "sharedos.kind").as_deref(),
+            v["kind"].as_str()
+        );
+        assert_eq!(
+            log_attr(log, "sharedos.seq"),
+            Some(v["seq"].as_u64().expect("seq").to_string())
+        );
+        if v["kind"] == "call" {
+            assert_eq!(
+                log_attr(log, "sharedos.turn").as_deref(),
+                Some(alice.turn.as_str())
+            );
+            assert_eq!(
+                log_attr(log, "sharedos.outcome").as_deref(),
+                v["outcome"].as_str()
+            );
+            assert_eq!(
+                log_attr(log, "sharedos.code").as_deref(),
+                v["code"].as_str()
+            );
+            assert_eq!(
+                log_attr(log, "sharedos.principal").as_deref(),
+                Some("alice")
+            );
+        }
+    }
+    assert!(
+        received
+            .iter()
+            .any(|l| log_attr(l, "sharedos.kind").as_deref() == Some("checkpoint")),
+        "the shutdown checkpoint is exported"
+    );
+    // What the collector received is a witness: the record verifies against it, and not
+    // once its last line (the shutdown checkpoint) is cut.
+    let witness = tempfile::NamedTempFile::new()
+        .expect("tmp")
+        .into_temp_path();
+    std::fs::write(
+        &witness,
+        received
+            .iter()
+            .map(|v| v.to_string() + "\n")
+            .collect::<String>(),
+    )
+    .expect("write witness");
+    let verify = |extra: &[&str]| {
+        let mut cmd = std::process::Command::new(bin("sharedos-broker"));
+        cmd.args(["records", "verify", "--record"])
+            .arg(broker.record_path())
+            .arg("--witness")
+            .arg(&witness)
+            .args(extra);
+        cmd
+    };
+    let (code, out, err) = run(verify(&[])).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("1 of its 1 checkpoints found"), "{out}");
+    let whole = std::fs::read_to_string(broker.record_path()).expect("record");
+    let mut lines: Vec<&str> = whole.lines().collect();
+    lines.pop();
+    std::fs::write(broker.record_path(), lines.join("\n") + "\n").expect("cut");
+    let (code, out, _) = run(verify(&[])).await;
+    assert_eq!(code, 3, "{out}");
+    std::fs::write(broker.record_path(), &whole).expect("restore");
+    // The receiver down: calls still answer, and what could not go out is counted.
+    tap.child.kill().await.expect("kill oteltap");
+    let _ = tap.child.wait().await;
+    broker.restart().await;
+    let alice = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(alice.token.expose()));
+    raw.initialize("2025-06-18").await;
+    let started = std::time::Instant::now();
+    for id in 1..=5 {
+        let r = raw
+            .call(id, "files.read", json!({"path": "/public/hello.txt"}))
+            .await;
+        assert!(r["result"].is_object(), "{r}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let mut host = broker.host().await;
+    let mut last = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = match host
+            .call(&sharedos_proto::ipc::ControlRequest::Telemetry)
+            .await
+            .expect("telemetry")
+        {
+            sharedos_proto::ipc::ControlResponse::Telemetry(s) => s,
+            other => panic!("{other:?}"),
+        };
+        if stats.logs.dropped_export_failed >= 5 {
+            assert!(stats.logs.queued >= 5, "{stats:?}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{last:?}");
+        last = Some(stats);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(raw.close_stdin().await);
+}
