@@ -27,6 +27,7 @@ use sharedos_proto::{CatalogHash, FailCode, ToolDefinition, ToolMetadata, ToolNa
 use tokio_util::sync::CancellationToken;
 
 use crate::beneath::{Root, Strategy};
+use crate::config::{ConfigValue, Instances};
 pub use crate::config::{McpProviderConfig, Scope, TemplateConfig};
 use crate::pins::Pins;
 use crate::policy::AccessContext;
@@ -35,8 +36,10 @@ use crate::provider::{
 };
 use crate::record::Recorder;
 use crate::resource::{Object, Resource};
+use crate::secrets::{Known, SHARED, Secret, SecretError, SecretStore};
 use crate::vpath;
 
+mod instances;
 mod log;
 mod stdio;
 mod template;
@@ -86,6 +89,31 @@ impl State {
     }
 }
 
+/// Where a provider's secret references are read, and where the values given are remembered for
+/// redaction.
+#[derive(Clone)]
+pub struct Secrets {
+    pub store: Arc<dyn SecretStore>,
+    pub known: Arc<Known>,
+}
+
+impl Secrets {
+    /// A folder store at `dir` (tests, and providers without secrets).
+    pub fn folder(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            store: Arc::new(crate::secrets::FolderStore::new(dir)),
+            known: Arc::new(Known::default()),
+        }
+    }
+}
+
+/// One instance's command line and environment, secret references resolved. Never logged (no
+/// `Debug`).
+pub struct Launch {
+    pub args: Vec<String>,
+    pub env: Vec<(String, Secret)>,
+}
+
 /// One upstream tool this provider could not register, and why (a record type).
 pub use sharedos_proto::record::Rejected;
 
@@ -127,6 +155,9 @@ pub struct Status {
     pub restarts: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// A `per_principal` provider's running instances.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instances: Option<Vec<instances::InstanceStatus>>,
 }
 
 pub use crate::provider::Registered;
@@ -161,6 +192,10 @@ pub struct McpProvider {
     relisting: tokio::sync::Mutex<()>,
     /// The log lines this upstream can cause, bounded.
     log: Arc<UpstreamLog>,
+    /// Where secret references are resolved.
+    secrets: Secrets,
+    /// A `per_principal` provider's instances (its supervised upstream only lists the tools).
+    instances: Option<instances::Pool>,
 }
 
 /// The broker's side of one upstream session: it hears the upstream's
@@ -233,9 +268,14 @@ impl McpProvider {
         recorder: Recorder,
         default_timeout: Duration,
         shutdown: CancellationToken,
+        secrets: Secrets,
     ) -> Arc<Self> {
         let log = Arc::new(UpstreamLog::new(&config.namespace));
+        let instances =
+            (config.instances == Instances::PerPrincipal).then(|| instances::Pool::new(&config));
         Arc::new(Self {
+            secrets,
+            instances,
             log,
             config,
             base,
@@ -305,7 +345,43 @@ impl McpProvider {
             pinned_hash: self.pins.get(&self.config.namespace),
             restarts: self.restarts.load(Ordering::Relaxed),
             last_error: inner.last_error.clone(),
+            instances: self.instances.as_ref().map(instances::Pool::status),
         }
+    }
+
+    /// The instance's arguments and environment with secret references resolved: for
+    /// `principal`'s instance, its per-principal secrets and the shared ones; for the provider's
+    /// own upstream (`None`), the shared ones and, for a `per_principal` provider, those of
+    /// `list_as` (or the empty string). Each value read is remembered for redaction.
+    pub async fn launch(&self, principal: Option<&str>) -> Result<Launch, SecretError> {
+        let owner = principal.or(self.config.list_as.as_deref());
+        let mut cache: HashMap<(bool, String), Secret> = HashMap::new();
+        let mut resolve = async |v: &ConfigValue| -> Result<Secret, SecretError> {
+            let r = match v {
+                ConfigValue::Plain(s) => return Ok(Secret::new(s.clone())),
+                ConfigValue::Secret(r) => r,
+            };
+            if let Some(v) = cache.get(&(r.shared, r.secret.clone())) {
+                return Ok(v.clone());
+            }
+            let whose = if r.shared { Some(SHARED) } else { owner };
+            let Some(whose) = whose else {
+                return Ok(Secret::new(String::new()));
+            };
+            let value = self.secrets.store.get(whose, &r.secret).await?;
+            self.secrets.known.add(whose, &r.secret, &value);
+            cache.insert((r.shared, r.secret.clone()), value.clone());
+            Ok(value)
+        };
+        let mut args = Vec::with_capacity(self.config.args.len());
+        for a in &self.config.args {
+            args.push(resolve(a).await?.expose().to_owned());
+        }
+        let mut env = Vec::with_capacity(self.config.env.len());
+        for (k, v) in &self.config.env {
+            env.push((k.clone(), resolve(v).await?));
+        }
+        Ok(Launch { args, env })
     }
 
     pub fn pins(&self) -> &Pins {
@@ -336,11 +412,17 @@ impl McpProvider {
     }
 
     async fn record(&self, state: State, detail: ProviderDetail) {
+        self.record_as(state.as_str(), None, detail).await;
+    }
+
+    /// A `provider_state` line (`principal`: for one principal's instance).
+    async fn record_as(&self, state: &str, principal: Option<&str>, detail: ProviderDetail) {
         let line = Event::ProviderState(record::ProviderState {
             provider: self.config.namespace.clone(),
-            state: state.as_str().to_owned(),
+            state: state.to_owned(),
             detail,
             turn: None,
+            principal: principal.map(str::to_owned),
         });
         if let Err(e) = self.recorder.append(&line).await {
             tracing::error!(provider = %self.config.namespace, error = %e, "cannot record provider state");
@@ -480,7 +562,11 @@ impl McpProvider {
             if self.shutdown.is_cancelled() {
                 return;
             }
-            match self.connect().await {
+            let connected = match self.launch(None).await {
+                Ok(launch) => self.connect(&launch).await,
+                Err(e) => Err(e.to_string()),
+            };
+            match connected {
                 Ok(Session {
                     service,
                     tools,
@@ -601,13 +687,21 @@ impl McpProvider {
     /// Forwards one call upstream under the upstream's own name. Dropping this future (the
     /// kernel does, on cancellation and timeout) sends `notifications/cancelled` upstream.
     pub async fn call(
-        &self,
+        self: &Arc<Self>,
+        principal: &str,
         upstream: &str,
         arguments: &Map<String, Value>,
     ) -> Result<Success, Failure> {
         // Checked again here: the upstream may have drifted since the kernel's check.
         if let Some(why) = self.drift() {
             return Err(Failure::new(FailCode::ProviderDrifted, why));
+        }
+        if let Some(pool) = &self.instances {
+            let instance = pool.get(self, principal).await?;
+            let peer = instance.peer.clone();
+            let result = self.call_on(&peer, upstream, arguments).await;
+            instance.done(result.is_err());
+            return result;
         }
         let peer = self.read().peer.clone().ok_or_else(|| {
             Failure::new(
@@ -618,6 +712,16 @@ impl McpProvider {
                 ),
             )
         })?;
+        self.call_on(&peer, upstream, arguments).await
+    }
+
+    /// One call on one upstream session.
+    async fn call_on(
+        &self,
+        peer: &Peer<RoleClient>,
+        upstream: &str,
+        arguments: &Map<String, Value>,
+    ) -> Result<Success, Failure> {
         let params =
             CallToolRequestParams::new(upstream.to_owned()).with_arguments(arguments.clone());
         let response = peer.call_tool_once(params).await.map_err(|e| Failure::new(FailCode::UpstreamUnavailable, format!("the upstream server of `{}` went away during the call ({e}); it is being restarted", self.config.namespace)))?;
@@ -936,13 +1040,13 @@ impl ToolHandler for McpHandler {
         })
     }
 
-    fn execute(&self, resolution: Resolution, arguments: Map<String, Value>, _env: CallEnv) -> Job {
+    fn execute(&self, resolution: Resolution, arguments: Map<String, Value>, env: CallEnv) -> Job {
         let provider = self.provider.upgrade();
         let upstream = self.upstream.clone();
         let arguments = resolution.forwarded.unwrap_or(arguments);
         Box::pin(async move {
             match provider {
-                Some(p) => p.call(&upstream, &arguments).await,
+                Some(p) => p.call(&env.principal, &upstream, &arguments).await,
                 None => Err(Failure::new(
                     FailCode::UpstreamUnavailable,
                     "the provider is gone",
@@ -994,6 +1098,7 @@ mod tests {
             recorder,
             Duration::from_secs(1),
             CancellationToken::new(),
+            Secrets::folder(dir.join("secrets")),
         )
     }
 

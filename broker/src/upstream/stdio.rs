@@ -8,10 +8,12 @@ use rmcp::ServiceExt;
 use rmcp::transport::TokioChildProcess;
 
 use super::log::drain_stderr;
-use super::{Listener, McpProvider, Session};
+use super::{Launch, Listener, McpProvider, Session};
 
 impl McpProvider {
-    fn command(&self) -> tokio::process::Command {
+    /// The upstream's command, with its arguments and environment as resolved for one instance
+    /// (secret references filled in).
+    fn command(&self, launch: &Launch) -> tokio::process::Command {
         let command = if self.config.command.contains('/')
             && !Path::new(&self.config.command).is_absolute()
         {
@@ -20,15 +22,15 @@ impl McpProvider {
             self.config.command.clone()
         };
         let mut cmd = tokio::process::Command::new(command);
-        cmd.args(&self.config.args)
-            .envs(&self.config.env)
+        cmd.args(&launch.args)
+            .envs(launch.env.iter().map(|(k, v)| (k, v.expose())))
             .kill_on_drop(true);
         cmd
     }
 
     /// Spawns the upstream, initializes, lists its tools. The session is returned for supervision.
-    pub(super) async fn connect(&self) -> Result<Session, String> {
-        let (transport, stderr) = TokioChildProcess::builder(self.command())
+    pub(super) async fn connect(&self, launch: &Launch) -> Result<Session, String> {
+        let (transport, stderr) = TokioChildProcess::builder(self.command(launch))
             .stderr(std::process::Stdio::piped())
             .spawn()
             .map_err(|e| format!("cannot start `{}`: {e}", self.config.command))?;

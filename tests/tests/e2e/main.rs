@@ -27,6 +27,7 @@ mod races;
 mod readme;
 mod replay;
 mod robustness;
+mod secrets;
 mod security;
 mod telemetry;
 mod turns;
