@@ -465,7 +465,8 @@ impl Known {
     }
 }
 
-fn redact_with(known: &[(String, Secret)], text: &mut String, names: &mut BTreeSet<String>) {
+/// Replaces each of `known`'s values in `text` by `[redacted: NAME]`, adding the names replaced.
+pub fn redact_with(known: &[(String, Secret)], text: &mut String, names: &mut BTreeSet<String>) {
     for (name, value) in known {
         if !value.0.is_empty() && text.contains(value.0.as_str()) {
             *text = text.replace(value.0.as_str(), &format!("[redacted: {name}]"));

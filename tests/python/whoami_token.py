@@ -8,6 +8,7 @@ and tells which one, never the token itself:
   broker must redact it), in text and in structured content;
 - `echo`: returns its `text` argument.
 
+At start it writes its token to stderr (the broker's log must show `[redacted: token]`).
 A token starting `drift-` lists one more tool (`extra`): an instance whose listing differs.
 """
 
@@ -54,4 +55,7 @@ if TOKEN.startswith("drift-"):
 
 
 if __name__ == "__main__":
+    # A careless server that logs its credential: the broker's log must get the name only.
+    if TOKEN:
+        print("starting with token " + TOKEN, file=sys.stderr, flush=True)
     server.run("stdio")

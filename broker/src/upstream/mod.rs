@@ -112,6 +112,8 @@ impl Secrets {
 pub struct Launch {
     pub args: Vec<String>,
     pub env: Vec<(String, Secret)>,
+    /// The secrets given (name, value): redacted from what the instance writes to the log.
+    pub given: Arc<[(String, Secret)]>,
 }
 
 /// One upstream tool this provider could not register, and why (a record type).
@@ -205,6 +207,8 @@ pub struct McpProvider {
 struct Listener {
     changed: Arc<tokio::sync::Notify>,
     log: Arc<UpstreamLog>,
+    /// The secrets given to this instance, redacted from its log messages.
+    secrets: Arc<[(String, Secret)]>,
 }
 
 impl ClientHandler for Listener {
@@ -225,7 +229,9 @@ impl ClientHandler for Listener {
     ) {
         use rmcp::model::LoggingLevel as L;
         self.log.line(|provider, held_back| {
-            let data = upstream_text(&params.data.to_string());
+            let mut data = params.data.to_string();
+            crate::secrets::redact_with(&self.secrets, &mut data, &mut Default::default());
+            let data = upstream_text(&data);
             let logger = params
                 .logger
                 .as_deref()
@@ -381,7 +387,12 @@ impl McpProvider {
         for (k, v) in &self.config.env {
             env.push((k.clone(), resolve(v).await?));
         }
-        Ok(Launch { args, env })
+        let given = cache
+            .into_iter()
+            .filter(|(_, v)| !v.expose().is_empty())
+            .map(|((_, name), v)| (name, v))
+            .collect();
+        Ok(Launch { args, env, given })
     }
 
     pub fn pins(&self) -> &Pins {

@@ -36,13 +36,14 @@ impl McpProvider {
             .map_err(|e| format!("cannot start `{}`: {e}", self.config.command))?;
         if let Some(stderr) = stderr {
             // Drain the upstream's stderr into our log (a full pipe would block it), bounded.
-            tokio::spawn(drain_stderr(stderr, self.log.clone()));
+            tokio::spawn(drain_stderr(stderr, self.log.clone(), launch.given.clone()));
         }
         let limit = self.startup_timeout();
         let changed = Arc::new(tokio::sync::Notify::new());
         let listener = Listener {
             changed: changed.clone(),
             log: self.log.clone(),
+            secrets: launch.given.clone(),
         };
         let service = tokio::time::timeout(limit, listener.serve(transport))
             .await

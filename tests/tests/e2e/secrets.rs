@@ -368,6 +368,11 @@ async fn each_principal_gets_their_own_instance_and_token_and_no_token_leaks() {
         log_text.contains("per-principal instance started") && log_text.contains("broker ready"),
         "{log_text}"
     );
+    // The upstream's own stderr line with its token: the name only.
+    assert!(
+        log_text.contains("upstream stderr: starting with token [redacted: token]"),
+        "{log_text}"
+    );
     let mut files = vec![];
     files_under(b.dir.path(), &b.dir.path().join("secrets"), &mut files);
     assert!(files.iter().any(|(p, _)| p.ends_with("record.jsonl")));
