@@ -142,7 +142,16 @@ impl FolderStore {
     /// The principal's folder, opened and checked; `None` when it does not exist.
     fn principal_dir(&self, principal: &str, create: bool) -> Result<Option<TrustedDir>, String> {
         check_name("principal", principal)?;
-        let base = TrustedDir::open(&self.dir, create).map_err(|e| e.to_string())?;
+        let base = match TrustedDir::open(&self.dir, create) {
+            Ok(b) => b,
+            // No store yet: no secret in it.
+            Err(TrustError::Io { source, .. })
+                if !create && source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(e.to_string()),
+        };
         if !create {
             match rustix::fs::statat(base.as_fd(), principal, AtFlags::SYMLINK_NOFOLLOW) {
                 Err(rustix::io::Errno::NOENT) => return Ok(None),
