@@ -716,3 +716,70 @@ async fn per_principal_first_call_and_steady_state_cost() {
     }
     assert_eq!((per_principal.len(), shared.len()), (300, 300));
 }
+
+/// Telemetry spans (to a real Arize Phoenix, as the telemetry tests do) of calls that got a
+/// token, leaked it, pasted it, or missed it: no span holds the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Arize Phoenix from .ci/install-phoenix and PyPI mcp 2.3.0: bash .ci/run installs them"]
+async fn no_token_reaches_a_telemetry_span() {
+    let Some(py) = python() else { return };
+    let Some(env) = crate::kit::installed("phoenix", ".ci/install-phoenix") else {
+        return;
+    };
+    let mut phoenix = crate::telemetry::Phoenix::start(Path::new(&env["PHOENIX"])).await;
+    let mut b = TestBroker::start(Options {
+        policy: POLICY,
+        tables: format!(
+            "{}\n[otel]\nendpoint = \"http://127.0.0.1:{}\"\nmetrics = false\nprincipal = true\ntimeout_seconds = 2\n",
+            provider(&py, ""),
+            phoenix.port
+        ),
+        ..Options::default()
+    })
+    .await;
+    let ta = token("alice");
+    set_secret(&b.config_path, "alice", "token", &ta);
+    b.restart().await;
+    let (mut alice, _) = shim(&b, "alice").await;
+    let (mut carol, _) = shim(&b, "carol").await;
+    assert_eq!(
+        code(&alice.call(1, "who.whoami", json!({})).await),
+        "succeeded/ok"
+    );
+    assert_eq!(
+        code(&alice.call(2, "who.echo_token", json!({})).await),
+        "succeeded/ok"
+    );
+    let r = alice.call(3, "who.echo", json!({"text": ta.clone()})).await;
+    assert_eq!(text(&r), "[redacted: token]", "{r}");
+    assert_eq!(
+        code(&carol.call(1, "who.whoami", json!({})).await),
+        "failed/missing_credential"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let spans = loop {
+        let spans = phoenix.spans().await;
+        if spans.len() >= 4 {
+            break spans;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} spans: {spans:?}",
+            spans.len()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(spans.len(), 4, "{spans:#?}");
+    let all = serde_json::to_string(&spans).expect("json");
+    assert!(
+        all.contains("who.echo_token") && all.contains("missing_credential"),
+        "{all}"
+    );
+    assert!(!all.contains(&ta), "a span holds the token: {all}");
+    eprintln!(
+        "{} spans ({} bytes of JSON from Phoenix): no token",
+        spans.len(),
+        all.len()
+    );
+    phoenix.child.kill().await.expect("kill phoenix");
+}
