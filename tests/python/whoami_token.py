@@ -6,7 +6,8 @@ and tells which one, never the token itself:
   (argv[1]'s SHA-256 too when WHOAMI_HASH_ARG is set, for a secret given in `args`);
 - `echo_token`: returns the token's literal value (an upstream that leaks its credential: the
   broker must redact it), in text and in structured content;
-- `echo`: returns its `text` argument.
+- `echo`: returns its `text` argument;
+- `slow`: sleeps `seconds`, then answers.
 
 At start it writes its token to stderr (the broker's log must show `[redacted: token]`).
 A token starting `drift-` lists one more tool (`extra`): an instance whose listing differs.
@@ -15,6 +16,7 @@ A token starting `drift-` lists one more tool (`extra`): an instance whose listi
 import hashlib
 import os
 import sys
+import time
 
 from mcp.server.mcpserver import MCPServer
 
@@ -37,6 +39,13 @@ def whoami() -> dict:
 def echo_token() -> dict:
     """Returns the token itself (a leaking upstream)."""
     return {"token": TOKEN, "said": "my token is " + TOKEN}
+
+
+@server.tool()
+def slow(seconds: float) -> str:
+    """Sleeps, then answers (a call that outlives its time limit)."""
+    time.sleep(seconds)
+    return "slept"
 
 
 @server.tool()

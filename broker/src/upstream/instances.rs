@@ -57,11 +57,34 @@ impl Instance {
     fn last_used(&self) -> Instant {
         *crate::lock(&self.last_used)
     }
+}
 
-    /// A call on it ended (`failed`: the session may be gone; its end is seen by its task).
-    pub(super) fn done(&self, _failed: bool) {
-        *crate::lock(&self.last_used) = Instant::now();
-        self.busy.fetch_sub(1, Ordering::AcqRel);
+/// A call's hold on an instance: counted busy until dropped (the call ended, or its future was
+/// dropped on cancellation or timeout), then the instance's idle time starts again.
+pub(super) struct InUse(pub(super) Arc<Instance>);
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        *crate::lock(&self.0.last_used) = Instant::now();
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A place under the cap, given back when dropped unless the instance it was taken for runs
+/// (a spawn cancelled midway, failed or drifted gives it back).
+struct Place(Option<Arc<AtomicUsize>>);
+
+impl Place {
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if let Some(running) = self.0.take() {
+            running.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -109,7 +132,7 @@ impl Pool {
         &self,
         provider: &Arc<McpProvider>,
         principal: &str,
-    ) -> Result<Arc<Instance>, Failure> {
+    ) -> Result<InUse, Failure> {
         let ns = provider.config.namespace.clone();
         let slot = self.slot(principal);
         let mut held = slot.lock().await;
@@ -117,7 +140,7 @@ impl Pool {
             && i.alive.load(Ordering::Acquire)
         {
             i.busy.fetch_add(1, Ordering::AcqRel);
-            return Ok(i.clone());
+            return Ok(InUse(i.clone()));
         }
         *held = None;
         // The secrets first: a principal without them gets a refusal, and nothing is spawned.
@@ -129,8 +152,9 @@ impl Pool {
                 ),
             )
         })?;
+        let place = Place(Some(self.running.clone()));
         if self.running.fetch_add(1, Ordering::AcqRel) >= self.max {
-            self.running.fetch_sub(1, Ordering::AcqRel);
+            drop(place);
             return Err(Failure::new(
                 FailCode::UpstreamUnavailable,
                 format!(
@@ -143,7 +167,7 @@ impl Pool {
         let session = match provider.connect(&launch).await {
             Ok(s) => s,
             Err(e) => {
-                self.running.fetch_sub(1, Ordering::AcqRel);
+                drop(place);
                 let why = format!("principal `{principal}`'s instance could not start: {e}");
                 provider
                     .record_as(
@@ -169,7 +193,7 @@ impl Pool {
         let expected = provider.pins.get(&ns).or_else(|| provider.upstream_hash());
         if hash.is_none() || hash != expected {
             let _ = service.cancel().await;
-            self.running.fetch_sub(1, Ordering::AcqRel);
+            drop(place);
             let why = format!(
                 "principal `{principal}`'s instance of `{ns}` lists other tools (catalogHash {}) than the provider's pinned listing ({}); it was stopped and its calls are refused",
                 hash.as_deref().unwrap_or("(none)"),
@@ -209,6 +233,8 @@ impl Pool {
         tracing::info!(provider = %ns, principal, "per-principal instance started");
         *held = Some(instance.clone());
         drop(held);
+        // From here the keeper gives the place back when the instance ends.
+        place.keep();
         // Its keeper: stops it when idle or at shutdown, and forgets it when it ends.
         let (stop, shutdown) = (service.cancellation_token(), provider.shutdown.clone());
         let mut waiter = tokio::spawn(async move { service.waiting().await });
@@ -265,6 +291,6 @@ impl Pool {
                 )
                 .await;
         });
-        Ok(instance)
+        Ok(InUse(instance))
     }
 }

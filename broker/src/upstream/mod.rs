@@ -709,10 +709,9 @@ impl McpProvider {
         }
         if let Some(pool) = &self.instances {
             let instance = pool.get(self, principal).await?;
-            let peer = instance.peer.clone();
-            let result = self.call_on(&peer, upstream, arguments).await;
-            instance.done(result.is_err());
-            return result;
+            let peer = instance.0.peer.clone();
+            // `instance` is held (busy) until the call ends or is dropped.
+            return self.call_on(&peer, upstream, arguments).await;
         }
         let peer = self.read().peer.clone().ok_or_else(|| {
             Failure::new(

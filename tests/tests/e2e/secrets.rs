@@ -434,6 +434,11 @@ async fn instances_stop_when_idle_restart_when_killed_and_are_capped() {
     // Idle: stopped after 2 s unused.
     eventually("the idle instance stops", || gone(p2)).await;
     let idle = last_call.elapsed();
+    // Its place under the cap is given back (and recorded) right after.
+    eventually("the idle stop is recorded", || {
+        instance_lines(&b, "instance_stopped", "alice").len() == 2
+    })
+    .await;
     assert!(
         idle >= Duration::from_millis(1900) && idle < Duration::from_secs(5),
         "stopped after {idle:?}"
@@ -451,6 +456,39 @@ async fn instances_stop_when_idle_restart_when_killed_and_are_capped() {
     // With alice's stopped, bob fits under the cap.
     let r = bob.call(2, "who.whoami", json!({})).await;
     assert_eq!(code(&r), "succeeded/ok", "{r}");
+}
+
+/// A call that times out (its future dropped) gives its instance back: the instance still stops
+/// when idle, and its place under the cap is free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 (SHAREDOS_PYTHON or its .ci venv): bash .ci/run installs it"]
+async fn a_timed_out_call_does_not_keep_its_instance_busy() {
+    let Some(py) = python() else { return };
+    let mut b = broker(
+        &py,
+        "",
+        // Long enough for bob's instance to start within his call's limit.
+        "instance_idle_seconds = 1\nmax_instances = 1\ncall_timeout_seconds = 4\n",
+    )
+    .await;
+    set_secret(&b.config_path, "alice", "token", &token("alice"));
+    set_secret(&b.config_path, "bob", "token", &token("bob"));
+    b.restart().await;
+    let (mut alice, _) = shim(&b, "alice").await;
+    let (mut bob, _) = shim(&b, "bob").await;
+    let (pa, _, _) = whoami(&alice.call(1, "who.whoami", json!({})).await);
+    let r = alice.call(2, "who.slow", json!({"seconds": 8})).await;
+    assert_eq!(code(&r), "failed/timeout", "{r}");
+    eventually("alice's instance stops once idle", || {
+        gone(pa) && !instance_lines(&b, "instance_stopped", "alice").is_empty()
+    })
+    .await;
+    let r = bob.call(1, "who.whoami", json!({})).await;
+    assert_eq!(
+        code(&r),
+        "succeeded/ok",
+        "the cap's place was not given back: {r}"
+    );
 }
 
 /// An instance whose own listing differs from the provider's is held back for that principal.
