@@ -181,6 +181,7 @@ pub enum SecretsCommand {
     Delete {
         #[command(flatten)]
         at: SecretsAt,
+        /// The secret's name.
         #[arg(value_name = "NAME")]
         name: String,
     },
