@@ -348,6 +348,7 @@ fn call_line(i: u64) -> Event {
         cut: None,
         system_identity: None,
         forwarded_arguments: None,
+        redacted: None,
     })
 }
 

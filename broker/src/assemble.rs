@@ -15,7 +15,8 @@ use crate::kernel::{Kernel, Registry};
 use crate::pins::Pins;
 use crate::policy::PolicyEngine;
 use crate::record::Recorder;
-use crate::upstream::McpProvider;
+use crate::secrets::{CommandStore, FolderStore, Known};
+use crate::upstream::{McpProvider, Secrets};
 
 /// Builds the kernel: policy (validated), record, built-in providers (names validated at
 /// registration), then brokered providers (started and listed before this returns; a failed
@@ -71,6 +72,16 @@ pub(crate) async fn build(
         );
     }
     let pins = Arc::new(Pins::load(config.pins.clone())?);
+    let secrets = Secrets {
+        store: match &config.secret_command {
+            Some(command) => Arc::new(CommandStore {
+                command: command.clone(),
+                timeout: config.secret_command_timeout,
+            }),
+            None => Arc::new(FolderStore::new(config.secrets_dir.clone())),
+        },
+        known: Arc::new(Known::default()),
+    };
     for provider in &config.providers {
         match provider {
             ProviderConfig::Files {
@@ -92,7 +103,7 @@ pub(crate) async fn build(
             continue;
         };
         let p = McpProvider::new(
-            cfg.clone(),
+            (**cfg).clone(),
             config.base.clone(),
             registry.names.clone(),
             pins.clone(),
@@ -100,6 +111,7 @@ pub(crate) async fn build(
             recorder.clone(),
             config.call_timeout,
             root.child_token(),
+            secrets.clone(),
         );
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(p.clone().supervise(tx));
@@ -140,6 +152,7 @@ pub(crate) async fn build(
         config.call_timeout,
     );
     kernel.record_max_argument_bytes = config.record_max_argument_bytes;
+    kernel.known_secrets = secrets.known.clone();
     if let Some(otel) = crate::telemetry::effective(config.otel.as_ref()) {
         kernel.telemetry = crate::telemetry::Telemetry::start(&otel)?;
         // Checkpoints (and every line with `logs = true`) go out as log records, queued.
@@ -179,6 +192,7 @@ pub(crate) async fn close_out(
             cut: intent.cut.clone(),
             system_identity: None,
             forwarded_arguments: None,
+            redacted: None,
         });
         recorder.append(&line).await?;
     }

@@ -72,7 +72,7 @@ pub enum ProviderConfig {
         latency_ms: Option<u64>,
     },
     /// An existing stdio MCP server the broker spawns and keeps (see `upstream`).
-    Mcp(McpProviderConfig),
+    Mcp(Box<McpProviderConfig>),
 }
 
 /// Which contexts a per-context provider exists in.
@@ -112,10 +112,28 @@ pub struct TemplateConfig {
 pub struct McpProviderConfig {
     pub namespace: String,
     pub command: String,
+    /// Arguments; each a string or a secret reference `{ secret = "name" }`.
     #[serde(default)]
-    pub args: Vec<String>,
+    pub args: Vec<ConfigValue>,
+    /// Environment; each value a string or a secret reference `{ secret = "name" }`.
     #[serde(default)]
-    pub env: BTreeMap<String, String>,
+    pub env: BTreeMap<String, ConfigValue>,
+    /// `shared` (default): one upstream process for everyone; `per_principal`: one per
+    /// principal, spawned at their first call (required when a per-principal secret is used).
+    #[serde(default)]
+    pub instances: Instances,
+    /// Most per-principal instances running at once (default [`DEFAULT_MAX_INSTANCES`]).
+    #[serde(default)]
+    pub max_instances: Option<usize>,
+    /// A per-principal instance unused this long is stopped (default
+    /// [`DEFAULT_INSTANCE_IDLE_SECONDS`]).
+    #[serde(default)]
+    pub instance_idle_seconds: Option<u64>,
+    /// A per-principal provider lists its tools (the catalogue everyone sees, and the pin) on an
+    /// instance of its own spawned at start: with this principal's secrets, or, unset, with each
+    /// per-principal reference given as the empty string.
+    #[serde(default)]
+    pub list_as: Option<String>,
     /// A per-context provider: its tools exist only in turns whose context matches.
     #[serde(default)]
     pub scope: Option<Scope>,
@@ -298,6 +316,80 @@ pub enum NetworkSetting {
 impl Default for NetworkSetting {
     fn default() -> Self {
         NetworkSetting::All(false)
+    }
+}
+
+/// Most per-principal instances of one provider running at once, unless it says.
+pub const DEFAULT_MAX_INSTANCES: usize = 64;
+/// Seconds a per-principal instance may sit unused before it is stopped, unless it says.
+pub const DEFAULT_INSTANCE_IDLE_SECONDS: u64 = 300;
+
+/// How many upstream processes a brokered provider runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Instances {
+    #[default]
+    Shared,
+    PerPrincipal,
+}
+
+/// A value in a provider's `args` or `env`: a string, or a secret reference resolved at spawn
+/// time (`{ secret = "github_token" }` per principal; `shared = true` for the one value of
+/// `_shared`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum ConfigValue {
+    Plain(String),
+    Secret(SecretRef),
+}
+
+/// `{ secret = "name" }` or `{ secret = "name", shared = true }`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretRef {
+    pub secret: String,
+    #[serde(default)]
+    pub shared: bool,
+}
+
+impl McpProviderConfig {
+    /// The secret references of `args` and `env`.
+    pub fn secret_refs(&self) -> impl Iterator<Item = &SecretRef> {
+        self.args
+            .iter()
+            .chain(self.env.values())
+            .filter_map(|v| match v {
+                ConfigValue::Secret(r) => Some(r),
+                ConfigValue::Plain(_) => None,
+            })
+    }
+
+    /// Checks the secret references and the instance settings against each other.
+    fn check_secrets(&self) -> Result<(), String> {
+        let ns = &self.namespace;
+        for r in self.secret_refs() {
+            crate::secrets::check_name("secret", &r.secret)
+                .map_err(|e| format!("provider `{ns}`: {e}"))?;
+            if !r.shared && self.instances == Instances::Shared {
+                return Err(format!(
+                    "provider `{ns}`: secret `{}` is per principal, so the provider must have `instances = \"per_principal\"` (or make the reference `{{ secret = \"{}\", shared = true }}`)",
+                    r.secret, r.secret
+                ));
+            }
+        }
+        if self.max_instances == Some(0) {
+            return Err(format!("provider `{ns}`: max_instances = 0: at least 1"));
+        }
+        if self.instance_idle_seconds == Some(0) {
+            return Err(format!(
+                "provider `{ns}`: instance_idle_seconds = 0: at least 1"
+            ));
+        }
+        if let Some(p) = &self.list_as {
+            crate::secrets::check_name("principal", p)
+                .map_err(|e| format!("provider `{ns}`: list_as: {e}"))?;
+        }
+        Ok(())
     }
 }
 
@@ -545,6 +637,15 @@ struct RawConfig {
     /// config order (uid = gid), the broker being root.
     #[serde(default)]
     upstream_uids: Option<[u32; 2]>,
+    /// The folder store of secrets (default `secrets` beside the config).
+    #[serde(default)]
+    secrets_dir: Option<PathBuf>,
+    /// A helper command secrets are read from instead of the folder store.
+    #[serde(default)]
+    secret_command: Option<Vec<String>>,
+    /// How long the helper may run for one secret (default 10 s).
+    #[serde(default)]
+    secret_command_timeout_seconds: Option<u64>,
 }
 
 /// A resolved configuration (all paths absolute or relative to the working directory).
@@ -596,6 +697,12 @@ pub struct Config {
     pub budgets: Vec<BudgetConfig>,
     /// The folder relative paths in provider entries resolve against.
     pub base: PathBuf,
+    /// The folder store of secrets (`secrets_dir`; default `<config folder>/secrets`).
+    pub secrets_dir: PathBuf,
+    /// `secret_command`: secrets come from this helper instead of the folder.
+    pub secret_command: Option<Vec<String>>,
+    /// How long `secret_command` may run for one secret.
+    pub secret_command_timeout: Duration,
 }
 
 impl Config {
@@ -632,6 +739,20 @@ impl Config {
                     ),
                 });
             }
+        }
+        for p in &raw.providers {
+            if let ProviderConfig::Mcp(m) = p {
+                m.check_secrets().map_err(|detail| ConfigError::Parse {
+                    path: shown.clone(),
+                    detail,
+                })?;
+            }
+        }
+        if raw.secret_command.as_ref().is_some_and(Vec::is_empty) {
+            return Err(ConfigError::Parse {
+                path: shown,
+                detail: "secret_command = []: give the helper's program and its arguments".into(),
+            });
         }
         if raw.providers.is_empty() {
             return Err(ConfigError::Parse {
@@ -765,6 +886,15 @@ impl Config {
                 .approval_timeout_seconds
                 .map_or(DEFAULT_APPROVAL_TIMEOUT, Duration::from_secs),
             budgets: raw.budgets,
+            secrets_dir: raw
+                .secrets_dir
+                .as_deref()
+                .map_or_else(|| crate::secrets::default_dir(base), rel),
+            secret_command: raw.secret_command,
+            secret_command_timeout: raw
+                .secret_command_timeout_seconds
+                .filter(|s| *s > 0)
+                .map_or(crate::secrets::SECRET_COMMAND_TIMEOUT, Duration::from_secs),
             base: base.to_path_buf(),
         })
     }
@@ -834,6 +964,9 @@ impl Config {
             otel: None,
             approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
             budgets: Vec::new(),
+            secrets_dir: crate::secrets::default_dir(dir),
+            secret_command: None,
+            secret_command_timeout: crate::secrets::SECRET_COMMAND_TIMEOUT,
             base: dir.to_path_buf(),
         })
     }

@@ -7,7 +7,7 @@
 //! provider. Authority (requirement resolution, handlers) lives only in the registrations held
 //! here; what leaves is a [`CallAnswer`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -219,6 +219,9 @@ pub struct Kernel {
     pub budgets: Budgets,
     /// The calls waiting for a person's approval, and how long they wait.
     pub approvals: Approvals,
+    /// The secret values given to upstream instances, by principal: replaced by
+    /// `[redacted: NAME]` in what a call returns and in what the record keeps of its arguments.
+    pub known_secrets: Arc<crate::secrets::Known>,
 }
 
 fn requirement_of(resolved: &Resolved) -> Requirement {
@@ -279,6 +282,7 @@ impl Kernel {
             telemetry: Telemetry::off(),
             budgets: Budgets::default(),
             approvals: Approvals::new(crate::config::DEFAULT_APPROVAL_TIMEOUT),
+            known_secrets: Arc::new(crate::secrets::Known::default()),
         }
     }
 
@@ -973,7 +977,11 @@ impl Kernel {
             approval: id.clone(),
             principal: principal.clone(),
             tool,
-            arguments: Some(self.recorded(arguments)),
+            arguments: Some(self.recorded(self.without_secrets(
+                principal,
+                arguments,
+                &mut BTreeSet::new(),
+            ))),
             requirement: requirement.clone(),
             policies: policies.clone(),
             expires_at: info.expires_at.clone(),
@@ -1104,7 +1112,22 @@ impl Kernel {
             Some(Err(content)) => answer.content = content,
             None => {}
         }
-        let line = self.call_record(site, call, &answer, duration, forwarded);
+        // A secret given to this principal's upstream never leaves in a result or a message.
+        let mut redacted = BTreeSet::new();
+        if !self.known_secrets.is_empty() {
+            let principal = &site.context.principal;
+            for block in &mut answer.content {
+                self.known_secrets
+                    .redact_value(principal, block, &mut redacted);
+            }
+            if let Some(s) = answer.structured_content.as_mut() {
+                self.known_secrets.redact_value(principal, s, &mut redacted);
+            }
+            if let Some(m) = answer.message.as_mut() {
+                self.known_secrets.redact_text(principal, m, &mut redacted);
+            }
+        }
+        let line = self.call_record(site, call, &answer, duration, forwarded, redacted);
         if let Err(e) = self.recorder.append(&line).await {
             // The answer must not leave unrecorded: report the call as failed instead.
             tracing::error!(error = %e, call_id = %answer.call_id, "record write failed");
@@ -1165,6 +1188,7 @@ impl Kernel {
     ) -> (Job, Duration) {
         let handler = &tool.authority.handler;
         let env = CallEnv {
+            principal: context.principal.clone(),
             read_check: Box::new(KernelReadCheck {
                 kernel: self.clone(),
                 context,
@@ -1184,6 +1208,18 @@ impl Kernel {
         Arguments::recorded(args, self.redact_arguments, self.record_max_argument_bytes)
     }
 
+    /// `args` with every secret value known for `principal` replaced by `[redacted: NAME]` (a
+    /// model that pastes a token into a call does not put it in the record).
+    fn without_secrets(
+        &self,
+        principal: &str,
+        mut args: Value,
+        names: &mut BTreeSet<String>,
+    ) -> Value {
+        self.known_secrets.redact_value(principal, &mut args, names);
+        args
+    }
+
     /// The write-ahead line of a call that can change state.
     fn intent_record(
         &self,
@@ -1197,7 +1233,11 @@ impl Kernel {
             call_id: site.call_id.clone(),
             request_id,
             tool,
-            arguments: Some(self.recorded(call.arguments.clone().unwrap_or(Value::Null))),
+            arguments: Some(self.recorded(self.without_secrets(
+                &site.context.principal,
+                call.arguments.clone().unwrap_or(Value::Null),
+                &mut BTreeSet::new(),
+            ))),
             requirement: requirement.clone(),
             cut,
             system_identity: site.identity.cloned(),
@@ -1213,8 +1253,17 @@ impl Kernel {
         answer: &CallAnswer,
         duration: Duration,
         forwarded: Option<Map<String, Value>>,
+        mut redacted: BTreeSet<String>,
     ) -> Event {
         let (tool, request_id, mut cut) = recorded_strings(call);
+        let principal = &site.context.principal;
+        let arguments = self.without_secrets(
+            principal,
+            call.arguments.clone().unwrap_or(Value::Null),
+            &mut redacted,
+        );
+        let forwarded = forwarded
+            .map(|sent| self.without_secrets(principal, Value::Object(sent), &mut redacted));
         let message = answer
             .message
             .as_deref()
@@ -1224,7 +1273,7 @@ impl Kernel {
             call_id: site.call_id.clone(),
             request_id,
             tool,
-            arguments: Some(self.recorded(call.arguments.clone().unwrap_or(Value::Null))),
+            arguments: Some(self.recorded(arguments)),
             requirement: answer.requirement.clone(),
             outcome: answer.outcome.word().to_owned(),
             code: answer.outcome.code(),
@@ -1233,7 +1282,8 @@ impl Kernel {
             message,
             cut,
             system_identity: site.identity.cloned(),
-            forwarded_arguments: forwarded.map(|sent| self.recorded(Value::Object(sent)).into()),
+            forwarded_arguments: forwarded.map(|sent| self.recorded(sent).into()),
+            redacted: (!redacted.is_empty()).then(|| redacted.into_iter().collect()),
         })
     }
 }

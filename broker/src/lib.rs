@@ -29,7 +29,8 @@
 //!    and [`config`] (the TOML config and the embedded default); half a floor below them,
 //!    [`chain`]: checking the record's hash chain and signed checkpoints (`records verify`).
 //! 9. Leaves: [`record`] (the durable JSON Lines record of `sharedos_proto::record::Event`s,
-//!    group commit), [`resource`] (what a call touches), [`telemetry`] (OpenTelemetry export
+//!    group commit), [`secrets`] (the secret stores a provider's `{ secret = "name" }` values are
+//!    read from, and the redaction of those values), [`resource`] (what a call touches), [`telemetry`] (OpenTelemetry export
 //!    off the call path), [`trusted`] (the folders and files the broker writes, checked and
 //!    opened without following links) and the lock helper; below the record, [`witness`]
 //!    (each signed checkpoint handed to a witness file or command, off the call path).
@@ -56,6 +57,7 @@ pub mod provider;
 pub mod record;
 pub mod replay;
 pub mod resource;
+pub mod secrets;
 pub mod server;
 pub mod state;
 mod sync;

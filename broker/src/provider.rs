@@ -97,6 +97,8 @@ pub struct Resolution {
 
 /// What the kernel lends a call it runs.
 pub struct CallEnv {
+    /// The principal the call runs for (a per-principal upstream instance is theirs).
+    pub principal: String,
     /// The kernel's read decision in this call's context (`search` asks it for each hit).
     pub read_check: Box<dyn ReadCheck>,
     /// The turn's places for blocking work, if it has a bound.

@@ -31,6 +31,7 @@ const FLOORS: &[(&str, f32)] = &[
     ("record", 9.0),
     ("resource", 9.0),
     ("telemetry", 9.0),
+    ("secrets", 9.0),
     ("sync", 9.5),
     ("trusted", 9.5),
     ("lineage", 9.5),

@@ -141,6 +141,11 @@ pub enum Command {
     /// The MCP conformance column: run a real harness CLI against one turn and grade it.
     #[command(subcommand)]
     Column(ColumnCommand),
+    /// The folder store of secrets (`secrets_dir`): `secrets set` reads the value from stdin
+    /// (never from the command line), `secrets list` prints names only, `secrets delete` removes
+    /// one. Run it as the broker's uid: a secret file must be the broker's, mode 0600.
+    #[command(subcommand)]
+    Secrets(SecretsCommand),
     /// Serve a scripted model (Anthropic Messages, OpenAI Responses, Chat Completions) on loopback,
     /// so real harness CLIs run offline. Prints `listening on http://ADDR` first.
     ScriptedModel {
@@ -154,6 +159,107 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         log: Option<PathBuf>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SecretsCommand {
+    /// Store (or replace) a secret; its value is read from stdin (one trailing newline is not
+    /// part of it), written 0600 in `<secrets_dir>/<principal>/<name>`.
+    Set {
+        #[command(flatten)]
+        at: SecretsAt,
+        /// The secret's name, as `{ secret = "NAME" }` references it.
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
+    /// The names of a principal's secrets (never their values).
+    List {
+        #[command(flatten)]
+        at: SecretsAt,
+    },
+    /// Remove a secret.
+    Delete {
+        #[command(flatten)]
+        at: SecretsAt,
+        /// The secret's name.
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SecretsAt {
+    /// Whose secret: a principal, or `_shared` for the one value every principal's instance gets.
+    #[arg(long, value_name = "P")]
+    principal: String,
+    /// The broker config whose `secrets_dir` to use (default: `secrets` beside it).
+    #[arg(long, value_name = "FILE", conflicts_with = "dir")]
+    config: Option<PathBuf>,
+    /// The folder store itself.
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+}
+
+/// `secrets set|list|delete`: the folder store, read and written here, without a broker.
+fn secrets_command(command: &SecretsCommand) -> anyhow::Result<ExitCode> {
+    use sharedos_broker::secrets::FolderStore;
+    let at = match command {
+        SecretsCommand::Set { at, .. }
+        | SecretsCommand::List { at }
+        | SecretsCommand::Delete { at, .. } => at,
+    };
+    let dir = match (&at.dir, &at.config) {
+        (Some(d), _) => d.clone(),
+        (None, Some(c)) => Config::from_file(c)?.secrets_dir,
+        (None, None) => {
+            bail!("give the folder store: --config FILE (its `secrets_dir`) or --dir DIR")
+        }
+    };
+    let store = FolderStore::new(dir);
+    match command {
+        SecretsCommand::Set { name, .. } => {
+            use std::io::Read as _;
+            let mut value = Vec::new();
+            std::io::stdin()
+                .take(sharedos_broker::secrets::MAX_SECRET_BYTES as u64 + 2)
+                .read_to_end(&mut value)
+                .context("cannot read the secret's value from stdin")?;
+            if value.ends_with(b"\n") {
+                value.pop();
+                if value.ends_with(b"\r") {
+                    value.pop();
+                }
+            }
+            if value.is_empty() {
+                bail!(
+                    "no value on stdin: give the secret's value on stdin, e.g. `sharedos-broker secrets set --principal P NAME < file`"
+                );
+            }
+            let path = store
+                .set(&at.principal, name, &value)
+                .map_err(|e| anyhow::anyhow!(e))?;
+            outln!(
+                "secret `{name}` of `{}` written to {} (0600)",
+                at.principal,
+                path.display()
+            );
+        }
+        SecretsCommand::List { .. } => {
+            for n in store.list(&at.principal).map_err(|e| anyhow::anyhow!(e))? {
+                outln!("{n}");
+            }
+        }
+        SecretsCommand::Delete { name, .. } => {
+            if !store
+                .delete(&at.principal, name)
+                .map_err(|e| anyhow::anyhow!(e))?
+            {
+                bail!("no secret `{name}` for principal `{}`", at.principal);
+            }
+            outln!("secret `{name}` of `{}` removed", at.principal);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Debug, Subcommand)]
@@ -535,6 +641,9 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
     } = &cli.command
     {
         return records_checkpoint(&runtime_dir, record.as_deref(), config.as_deref(), *json);
+    }
+    if let Command::Secrets(command) = &cli.command {
+        return secrets_command(command);
     }
     let log_file = match &cli.command {
         Command::Serve { log_file, .. } => log_file.clone(),
@@ -1298,6 +1407,7 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
         | Command::Demo
         | Command::ScriptedModel { .. }
         | Command::Column(_)
+        | Command::Secrets(_)
         | Command::Policy(PolicyCommand::Replay(_)) => {
             bail!("not a host command")
         }

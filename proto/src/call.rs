@@ -130,6 +130,9 @@ pub enum FailCode {
     /// The upstream MCP server's tools no longer match its pin: its calls are refused until
     /// `sharedos-broker providers pin` accepts the new list.
     ProviderDrifted,
+    /// The upstream needs a secret the principal does not have (or whose store refused it):
+    /// nothing was spawned or sent.
+    MissingCredential,
     /// The call ran past its time limit.
     Timeout,
     /// The broker could not process the call (it went away, an internal error).

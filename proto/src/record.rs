@@ -434,6 +434,10 @@ pub struct Call {
     pub system_identity: Option<SystemIdentity>,
     #[serde(flatten)]
     pub forwarded_arguments: Option<ForwardedArguments>,
+    /// The names of the secrets whose values were replaced by `[redacted: NAME]` in the result,
+    /// the message or the recorded arguments (never the values).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redacted: Option<Vec<String>>,
 }
 
 impl Call {
@@ -487,7 +491,8 @@ pub struct ProvidersPinned {
 pub struct ProviderState {
     /// The provider's namespace.
     pub provider: String,
-    /// `starting`, `ready`, `restarting`, `drifted` or `failed`.
+    /// `starting`, `ready`, `restarting`, `drifted` or `failed`; for one principal's instance of a
+    /// `per_principal` provider, `instance_started`, `instance_stopped` or `drifted`.
     pub state: String,
     /// The sandbox its upstream runs in: `"none"`, or {uid, gid, ownUid, read, write, network,
     /// ports, netns, memoryBytes, processes, openFiles, cpuSeconds, landlockAbi}; absent on lines
@@ -498,6 +503,10 @@ pub struct ProviderState {
     pub detail: ProviderDetail,
     /// Always `null`.
     pub turn: Option<String>,
+    /// The principal whose instance this is (a `per_principal` provider's `instance_started`,
+    /// `instance_stopped` and `drifted` lines); absent for the provider itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
 }
 
 /// What a provider state line says besides the state.

@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use super::{MAX_UPSTREAM_LOG_BYTES, UPSTREAM_LOG_LINES, UPSTREAM_LOG_WINDOW};
+use crate::secrets::{Secret, redact_with};
 
 /// What one upstream may put in the broker's log: [`UPSTREAM_LOG_LINES`] lines per
 /// [`UPSTREAM_LOG_WINDOW`], each carrying at most [`MAX_UPSTREAM_LOG_BYTES`] of its text; the
@@ -113,7 +114,12 @@ pub(super) fn upstream_text(text: &str) -> String {
 
 /// Reads an upstream's stderr line by line, each into the log through `log` (at DEBUG), keeping at
 /// most [`MAX_UPSTREAM_LOG_BYTES`] of a line: a line without end is never buffered whole.
-pub(super) async fn drain_stderr(stderr: impl tokio::io::AsyncRead + Unpin, log: Arc<UpstreamLog>) {
+/// The secret values given to the instance are replaced by their names first.
+pub(super) async fn drain_stderr(
+    stderr: impl tokio::io::AsyncRead + Unpin,
+    log: Arc<UpstreamLog>,
+    secrets: Arc<[(String, Secret)]>,
+) {
     use tokio::io::AsyncBufReadExt;
     let mut reader = tokio::io::BufReader::new(stderr);
     let mut line = Vec::new();
@@ -133,16 +139,16 @@ pub(super) async fn drain_stderr(stderr: impl tokio::io::AsyncRead + Unpin, log:
         let used = part.len() + usize::from(ends);
         reader.consume(used);
         if ends {
-            stderr_line(&log, &line);
+            stderr_line(&log, &line, &secrets);
             line.clear();
         }
     }
     if !line.is_empty() {
-        stderr_line(&log, &line);
+        stderr_line(&log, &line, &secrets);
     }
 }
 
-fn stderr_line(log: &Arc<UpstreamLog>, line: &[u8]) {
+fn stderr_line(log: &Arc<UpstreamLog>, line: &[u8], secrets: &[(String, Secret)]) {
     let text = String::from_utf8_lossy(line);
     if let Some(e) = text.strip_prefix(super::sandbox::LAUNCHER_ERROR) {
         *log.launcher_error
@@ -150,7 +156,9 @@ fn stderr_line(log: &Arc<UpstreamLog>, line: &[u8]) {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(upstream_text(e));
     }
     log.line(|provider, held_back| {
-        let text = upstream_text(&String::from_utf8_lossy(line));
+        let mut raw = String::from_utf8_lossy(line).into_owned();
+        redact_with(secrets, &mut raw, &mut Default::default());
+        let text = upstream_text(&raw);
         tracing::debug!(%provider, held_back, "upstream stderr: {text}");
     });
 }

@@ -27,6 +27,7 @@ use sharedos_proto::{CatalogHash, FailCode, ToolDefinition, ToolMetadata, ToolNa
 use tokio_util::sync::CancellationToken;
 
 use crate::beneath::{Root, Strategy};
+use crate::config::{ConfigValue, Instances};
 pub use crate::config::{McpProviderConfig, Scope, TemplateConfig};
 use crate::pins::Pins;
 use crate::policy::AccessContext;
@@ -35,8 +36,10 @@ use crate::provider::{
 };
 use crate::record::Recorder;
 use crate::resource::{Object, Resource};
+use crate::secrets::{Known, SHARED, Secret, SecretError, SecretStore};
 use crate::vpath;
 
+mod instances;
 mod log;
 pub mod sandbox;
 mod stdio;
@@ -87,6 +90,33 @@ impl State {
     }
 }
 
+/// Where a provider's secret references are read, and where the values given are remembered for
+/// redaction.
+#[derive(Clone)]
+pub struct Secrets {
+    pub store: Arc<dyn SecretStore>,
+    pub known: Arc<Known>,
+}
+
+impl Secrets {
+    /// A folder store at `dir` (tests, and providers without secrets).
+    pub fn folder(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            store: Arc::new(crate::secrets::FolderStore::new(dir)),
+            known: Arc::new(Known::default()),
+        }
+    }
+}
+
+/// One instance's command line and environment, secret references resolved. Never logged (no
+/// `Debug`).
+pub struct Launch {
+    pub args: Vec<String>,
+    pub env: Vec<(String, Secret)>,
+    /// The secrets given (name, value): redacted from what the instance writes to the log.
+    pub given: Arc<[(String, Secret)]>,
+}
+
 /// One upstream tool this provider could not register, and why (a record type).
 pub use sharedos_proto::record::Rejected;
 
@@ -130,6 +160,9 @@ pub struct Status {
     pub last_error: Option<String>,
     /// The sandbox its upstream runs in (`"none"`, or the plan), as recorded.
     pub sandbox: Value,
+    /// A `per_principal` provider's running instances.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instances: Option<Vec<instances::InstanceStatus>>,
 }
 
 pub use crate::provider::Registered;
@@ -167,6 +200,10 @@ pub struct McpProvider {
     /// The sandbox planned at start (`None`: `sandbox = "none"`; `Err`: it cannot be applied,
     /// and the upstream is not started).
     sandbox: Option<Result<sandbox::Plan, String>>,
+    /// Where secret references are resolved.
+    secrets: Secrets,
+    /// A `per_principal` provider's instances (its supervised upstream only lists the tools).
+    instances: Option<instances::Pool>,
 }
 
 /// The broker's side of one upstream session: it hears the upstream's
@@ -176,6 +213,8 @@ pub struct McpProvider {
 struct Listener {
     changed: Arc<tokio::sync::Notify>,
     log: Arc<UpstreamLog>,
+    /// The secrets given to this instance, redacted from its log messages.
+    secrets: Arc<[(String, Secret)]>,
 }
 
 impl ClientHandler for Listener {
@@ -196,7 +235,9 @@ impl ClientHandler for Listener {
     ) {
         use rmcp::model::LoggingLevel as L;
         self.log.line(|provider, held_back| {
-            let data = upstream_text(&params.data.to_string());
+            let mut data = params.data.to_string();
+            crate::secrets::redact_with(&self.secrets, &mut data, &mut Default::default());
+            let data = upstream_text(&data);
             let logger = params
                 .logger
                 .as_deref()
@@ -241,6 +282,7 @@ impl McpProvider {
         recorder: Recorder,
         default_timeout: Duration,
         shutdown: CancellationToken,
+        secrets: Secrets,
     ) -> Arc<Self> {
         let log = Arc::new(UpstreamLog::new(&config.namespace));
         let sandbox = match &config.sandbox {
@@ -264,13 +306,20 @@ impl McpProvider {
                     sb,
                     &config.command,
                     &base,
-                    config.env.get("PATH").map(String::as_str),
+                    match config.env.get("PATH") {
+                        Some(ConfigValue::Plain(path)) => Some(path.as_str()),
+                        _ => None,
+                    },
                     &roots,
                     sandbox::kernel_abi(),
                 ))
             }
         };
+        let instances =
+            (config.instances == Instances::PerPrincipal).then(|| instances::Pool::new(&config));
         Arc::new(Self {
+            secrets,
+            instances,
             log,
             sandbox,
             config,
@@ -342,6 +391,7 @@ impl McpProvider {
             restarts: self.restarts.load(Ordering::Relaxed),
             last_error: inner.last_error.clone(),
             sandbox: self.sandbox_shown(),
+            instances: self.instances.as_ref().map(instances::Pool::status),
         }
     }
 
@@ -352,6 +402,46 @@ impl McpProvider {
             Some(Ok(plan)) => plan.shown(),
             Some(Err(e)) => json!({ "unavailable": e }),
         }
+    }
+
+    /// The instance's arguments and environment with secret references resolved: for
+    /// `principal`'s instance, its per-principal secrets and the shared ones; for the provider's
+    /// own upstream (`None`), the shared ones and, for a `per_principal` provider, those of
+    /// `list_as` (or the empty string). Each value read is remembered for redaction.
+    pub async fn launch(&self, principal: Option<&str>) -> Result<Launch, SecretError> {
+        let owner = principal.or(self.config.list_as.as_deref());
+        let mut cache: HashMap<(bool, String), Secret> = HashMap::new();
+        let mut resolve = async |v: &ConfigValue| -> Result<Secret, SecretError> {
+            let r = match v {
+                ConfigValue::Plain(s) => return Ok(Secret::new(s.clone())),
+                ConfigValue::Secret(r) => r,
+            };
+            if let Some(v) = cache.get(&(r.shared, r.secret.clone())) {
+                return Ok(v.clone());
+            }
+            let whose = if r.shared { Some(SHARED) } else { owner };
+            let Some(whose) = whose else {
+                return Ok(Secret::new(String::new()));
+            };
+            let value = self.secrets.store.get(whose, &r.secret).await?;
+            self.secrets.known.add(whose, &r.secret, &value);
+            cache.insert((r.shared, r.secret.clone()), value.clone());
+            Ok(value)
+        };
+        let mut args = Vec::with_capacity(self.config.args.len());
+        for a in &self.config.args {
+            args.push(resolve(a).await?.expose().to_owned());
+        }
+        let mut env = Vec::with_capacity(self.config.env.len());
+        for (k, v) in &self.config.env {
+            env.push((k.clone(), resolve(v).await?));
+        }
+        let given = cache
+            .into_iter()
+            .filter(|(_, v)| !v.expose().is_empty())
+            .map(|((_, name), v)| (name, v))
+            .collect();
+        Ok(Launch { args, env, given })
     }
 
     pub fn pins(&self) -> &Pins {
@@ -382,12 +472,18 @@ impl McpProvider {
     }
 
     async fn record(&self, state: State, detail: ProviderDetail) {
+        self.record_as(state.as_str(), None, detail).await;
+    }
+
+    /// A `provider_state` line (`principal`: for one principal's instance).
+    async fn record_as(&self, state: &str, principal: Option<&str>, detail: ProviderDetail) {
         let line = Event::ProviderState(record::ProviderState {
             provider: self.config.namespace.clone(),
-            state: state.as_str().to_owned(),
+            state: state.to_owned(),
             sandbox: Some(self.sandbox_shown()),
             detail,
             turn: None,
+            principal: principal.map(str::to_owned),
         });
         if let Err(e) = self.recorder.append(&line).await {
             tracing::error!(provider = %self.config.namespace, error = %e, "cannot record provider state");
@@ -527,7 +623,11 @@ impl McpProvider {
             if self.shutdown.is_cancelled() {
                 return;
             }
-            match self.connect().await {
+            let connected = match self.launch(None).await {
+                Ok(launch) => self.connect(&launch).await,
+                Err(e) => Err(e.to_string()),
+            };
+            match connected {
                 Ok(Session {
                     service,
                     tools,
@@ -649,13 +749,20 @@ impl McpProvider {
     /// Forwards one call upstream under the upstream's own name. Dropping this future (the
     /// kernel does, on cancellation and timeout) sends `notifications/cancelled` upstream.
     pub async fn call(
-        &self,
+        self: &Arc<Self>,
+        principal: &str,
         upstream: &str,
         arguments: &Map<String, Value>,
     ) -> Result<Success, Failure> {
         // Checked again here: the upstream may have drifted since the kernel's check.
         if let Some(why) = self.drift() {
             return Err(Failure::new(FailCode::ProviderDrifted, why));
+        }
+        if let Some(pool) = &self.instances {
+            let instance = pool.get(self, principal).await?;
+            let peer = instance.0.peer.clone();
+            // `instance` is held (busy) until the call ends or is dropped.
+            return self.call_on(&peer, upstream, arguments).await;
         }
         let peer = self.read().peer.clone().ok_or_else(|| {
             Failure::new(
@@ -666,6 +773,16 @@ impl McpProvider {
                 ),
             )
         })?;
+        self.call_on(&peer, upstream, arguments).await
+    }
+
+    /// One call on one upstream session.
+    async fn call_on(
+        &self,
+        peer: &Peer<RoleClient>,
+        upstream: &str,
+        arguments: &Map<String, Value>,
+    ) -> Result<Success, Failure> {
         let params =
             CallToolRequestParams::new(upstream.to_owned()).with_arguments(arguments.clone());
         let response = peer.call_tool_once(params).await.map_err(|e| Failure::new(FailCode::UpstreamUnavailable, format!("the upstream server of `{}` went away during the call ({e}); it is being restarted", self.config.namespace)))?;
@@ -984,13 +1101,13 @@ impl ToolHandler for McpHandler {
         })
     }
 
-    fn execute(&self, resolution: Resolution, arguments: Map<String, Value>, _env: CallEnv) -> Job {
+    fn execute(&self, resolution: Resolution, arguments: Map<String, Value>, env: CallEnv) -> Job {
         let provider = self.provider.upgrade();
         let upstream = self.upstream.clone();
         let arguments = resolution.forwarded.unwrap_or(arguments);
         Box::pin(async move {
             match provider {
-                Some(p) => p.call(&upstream, &arguments).await,
+                Some(p) => p.call(&env.principal, &upstream, &arguments).await,
                 None => Err(Failure::new(
                     FailCode::UpstreamUnavailable,
                     "the provider is gone",
@@ -1042,6 +1159,7 @@ mod tests {
             recorder,
             Duration::from_secs(1),
             CancellationToken::new(),
+            Secrets::folder(dir.join("secrets")),
         )
     }
 

@@ -11,7 +11,7 @@ use rmcp::transport::TokioChildProcess;
 
 use super::log::drain_stderr;
 use super::sandbox;
-use super::{Listener, McpProvider, Session};
+use super::{Launch, Listener, McpProvider, Session};
 
 /// A sandboxed upstream's process group (the launcher made its pid the group's id): killed
 /// whole, and forgotten by [`crate::lineage`], when dropped.
@@ -30,7 +30,9 @@ impl Drop for Group {
 }
 
 impl McpProvider {
-    fn command(&self) -> Result<tokio::process::Command, String> {
+    /// The upstream's command, with its arguments and environment as resolved for one instance
+    /// (secret references filled in), run through the sandbox launcher unless `sandbox = "none"`.
+    fn command(&self, launch: &Launch) -> Result<tokio::process::Command, String> {
         let command = if self.config.command.contains('/')
             && !Path::new(&self.config.command).is_absolute()
         {
@@ -39,11 +41,7 @@ impl McpProvider {
             self.config.command.clone()
         };
         let mut cmd = match &self.sandbox {
-            None => {
-                let mut cmd = tokio::process::Command::new(command);
-                cmd.args(&self.config.args);
-                cmd
-            }
+            None => tokio::process::Command::new(command),
             Some(Err(e)) => return Err(e.clone()),
             Some(Ok(plan)) => {
                 let plan_json = serde_json::to_string(plan)
@@ -52,7 +50,6 @@ impl McpProvider {
                 cmd.arg(sandbox::SUBCOMMAND)
                     .arg(plan_json)
                     .arg(command)
-                    .args(&self.config.args)
                     .env_clear()
                     .env("PATH", sandbox::SANDBOX_PATH)
                     .env("LANG", sandbox::SANDBOX_LANG)
@@ -68,13 +65,15 @@ impl McpProvider {
                 cmd
             }
         };
-        cmd.envs(&self.config.env).kill_on_drop(true);
+        cmd.args(&launch.args)
+            .envs(launch.env.iter().map(|(k, v)| (k, v.expose())))
+            .kill_on_drop(true);
         Ok(cmd)
     }
 
     /// Spawns the upstream, initializes, lists its tools. The session is returned for supervision.
-    pub(super) async fn connect(&self) -> Result<Session, String> {
-        let (transport, stderr) = TokioChildProcess::builder(self.command()?)
+    pub(super) async fn connect(&self, launch: &Launch) -> Result<Session, String> {
+        let (transport, stderr) = TokioChildProcess::builder(self.command(launch)?)
             .stderr(std::process::Stdio::piped())
             .spawn()
             .map_err(|e| format!("cannot start `{}`: {e}", self.config.command))?;
@@ -84,12 +83,15 @@ impl McpProvider {
             crate::lineage::add(pid);
         }
         // Drain the upstream's stderr into our log (a full pipe would block it), bounded.
-        let drained = stderr.map(|stderr| tokio::spawn(drain_stderr(stderr, self.log.clone())));
+        let drained = stderr.map(|stderr| {
+            tokio::spawn(drain_stderr(stderr, self.log.clone(), launch.given.clone()))
+        });
         let limit = self.startup_timeout();
         let changed = Arc::new(tokio::sync::Notify::new());
         let listener = Listener {
             changed: changed.clone(),
             log: self.log.clone(),
+            secrets: launch.given.clone(),
         };
         let service = match tokio::time::timeout(limit, listener.serve(transport)).await {
             Err(_) => return Err("the upstream did not finish initialize in time".to_owned()),

@@ -29,6 +29,7 @@ mod readme;
 mod replay;
 mod robustness;
 mod sandbox;
+mod secrets;
 mod security;
 mod telemetry;
 mod turns;

@@ -62,14 +62,14 @@ async fn get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body.to_owned()))
 }
 
-struct Phoenix {
-    child: tokio::process::Child,
-    port: u16,
+pub(crate) struct Phoenix {
+    pub(crate) child: tokio::process::Child,
+    pub(crate) port: u16,
     _dir: tempfile::TempDir,
 }
 
 impl Phoenix {
-    async fn start(script: &Path) -> Self {
+    pub(crate) async fn start(script: &Path) -> Self {
         let dir = tempfile::tempdir().expect("tmp");
         let port = free_port();
         let child = Command::new(script)
@@ -106,7 +106,7 @@ impl Phoenix {
     }
 
     /// Every span of the default project.
-    async fn spans(&self) -> Vec<Value> {
+    pub(crate) async fn spans(&self) -> Vec<Value> {
         let mut all = vec![];
         let mut cursor: Option<String> = None;
         loop {

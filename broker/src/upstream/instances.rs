@@ -1,0 +1,296 @@
+//! Per-principal instances of a `per_principal` provider: one upstream process per principal,
+//! with that principal's secrets, spawned at their first call (not at turn open: a turn that
+//! never calls the provider costs no process), reused across their turns, stopped after
+//! `instance_idle_seconds` unused, at most `max_instances` at once. The catalogue stays the
+//! provider's own listing (its supervised upstream, checked against the pin): an instance whose
+//! own listing differs is stopped and its call refused `failed/provider_drifted`, recorded with
+//! the principal. An instance that dies is forgotten; the principal's next call spawns another.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rmcp::service::{Peer, RoleClient};
+use serde::Serialize;
+use sharedos_proto::record::ProviderDetail;
+use sharedos_proto::{CatalogHash, FailCode};
+
+use super::{McpProvider, Session};
+use crate::config::{DEFAULT_INSTANCE_IDLE_SECONDS, DEFAULT_MAX_INSTANCES, McpProviderConfig};
+use crate::provider::Failure;
+
+/// One principal's place: its running instance, if any. Held while the instance is spawned, so
+/// concurrent first calls of one principal spawn one process.
+type Slot = Arc<tokio::sync::Mutex<Option<Arc<Instance>>>>;
+
+pub(super) struct Pool {
+    slots: Mutex<HashMap<String, Slot>>,
+    /// Instances running or being spawned (the cap counts both).
+    running: Arc<AtomicUsize>,
+    max: usize,
+    idle: Duration,
+}
+
+/// One principal's running upstream.
+pub(super) struct Instance {
+    principal: String,
+    pub(super) peer: Peer<RoleClient>,
+    /// Calls in flight on it (an instance is stopped for idleness only at zero).
+    busy: AtomicUsize,
+    last_used: Mutex<Instant>,
+    started: Instant,
+    alive: AtomicBool,
+}
+
+/// What `providers` shows of one instance.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceStatus {
+    pub principal: String,
+    pub calls_in_flight: usize,
+    pub idle_seconds: u64,
+    pub up_seconds: u64,
+}
+
+impl Instance {
+    fn last_used(&self) -> Instant {
+        *crate::lock(&self.last_used)
+    }
+}
+
+/// A call's hold on an instance: counted busy until dropped (the call ended, or its future was
+/// dropped on cancellation or timeout), then the instance's idle time starts again.
+pub(super) struct InUse(pub(super) Arc<Instance>);
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        *crate::lock(&self.0.last_used) = Instant::now();
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A place under the cap, given back when dropped unless the instance it was taken for runs
+/// (a spawn cancelled midway, failed or drifted gives it back).
+struct Place(Option<Arc<AtomicUsize>>);
+
+impl Place {
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if let Some(running) = self.0.take() {
+            running.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Pool {
+    pub(super) fn new(config: &McpProviderConfig) -> Self {
+        Self {
+            slots: Mutex::new(HashMap::new()),
+            running: Arc::new(AtomicUsize::new(0)),
+            max: config.max_instances.unwrap_or(DEFAULT_MAX_INSTANCES),
+            idle: Duration::from_secs(
+                config
+                    .instance_idle_seconds
+                    .unwrap_or(DEFAULT_INSTANCE_IDLE_SECONDS),
+            ),
+        }
+    }
+
+    fn slot(&self, principal: &str) -> Slot {
+        crate::lock(&self.slots)
+            .entry(principal.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    pub(super) fn status(&self) -> Vec<InstanceStatus> {
+        let slots: Vec<Slot> = crate::lock(&self.slots).values().cloned().collect();
+        let mut out: Vec<InstanceStatus> = slots
+            .iter()
+            .filter_map(|s| s.try_lock().ok().and_then(|g| g.clone()))
+            .filter(|i| i.alive.load(Ordering::Acquire))
+            .map(|i| InstanceStatus {
+                principal: i.principal.clone(),
+                calls_in_flight: i.busy.load(Ordering::Acquire),
+                idle_seconds: i.last_used().elapsed().as_secs(),
+                up_seconds: i.started.elapsed().as_secs(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.principal.cmp(&b.principal));
+        out
+    }
+
+    /// The principal's instance, spawned if it has none running, counted busy until
+    /// [`Instance::done`].
+    pub(super) async fn get(
+        &self,
+        provider: &Arc<McpProvider>,
+        principal: &str,
+    ) -> Result<InUse, Failure> {
+        let ns = provider.config.namespace.clone();
+        let slot = self.slot(principal);
+        let mut held = slot.lock().await;
+        if let Some(i) = held.as_ref()
+            && i.alive.load(Ordering::Acquire)
+        {
+            i.busy.fetch_add(1, Ordering::AcqRel);
+            return Ok(InUse(i.clone()));
+        }
+        *held = None;
+        // The secrets first: a principal without them gets a refusal, and nothing is spawned.
+        let launch = provider.launch(Some(principal)).await.map_err(|e| {
+            Failure::new(
+                FailCode::MissingCredential,
+                format!(
+                    "the upstream server of `{ns}` cannot be started for principal `{principal}`: {e}; nothing was started"
+                ),
+            )
+        })?;
+        let place = Place(Some(self.running.clone()));
+        if self.running.fetch_add(1, Ordering::AcqRel) >= self.max {
+            drop(place);
+            return Err(Failure::new(
+                FailCode::UpstreamUnavailable,
+                format!(
+                    "provider `{ns}` already runs {} instances, its max_instances; principal `{principal}`'s instance cannot start until one stops (idle ones stop after instance_idle_seconds = {})",
+                    self.max,
+                    self.idle.as_secs()
+                ),
+            ));
+        }
+        let session = match provider.connect(&launch).await {
+            Ok(s) => s,
+            Err(e) => {
+                drop(place);
+                let why = format!("principal `{principal}`'s instance could not start: {e}");
+                provider
+                    .record_as(
+                        "instance_stopped",
+                        Some(principal),
+                        ProviderDetail::Reason {
+                            reason: why.clone(),
+                        },
+                    )
+                    .await;
+                return Err(Failure::new(
+                    FailCode::UpstreamUnavailable,
+                    format!("the upstream server of `{ns}`: {why}"),
+                ));
+            }
+        };
+        let Session { service, tools, .. } = session;
+        // The catalogue is the provider's listing, whoever asks: an instance listing other
+        // tools is held back for this principal.
+        let hash = sharedos_proto::catalog::raw_catalog_hash(&tools)
+            .map(|h: CatalogHash| h.to_string())
+            .ok();
+        let expected = provider.pins.get(&ns).or_else(|| provider.upstream_hash());
+        if hash.is_none() || hash != expected {
+            let _ = service.cancel().await;
+            drop(place);
+            let why = format!(
+                "principal `{principal}`'s instance of `{ns}` lists other tools (catalogHash {}) than the provider's pinned listing ({}); it was stopped and its calls are refused",
+                hash.as_deref().unwrap_or("(none)"),
+                expected.as_deref().unwrap_or("(none)")
+            );
+            provider
+                .record_as(
+                    "drifted",
+                    Some(principal),
+                    ProviderDetail::Reason {
+                        reason: why.clone(),
+                    },
+                )
+                .await;
+            return Err(Failure::new(FailCode::ProviderDrifted, why));
+        }
+        let instance = Arc::new(Instance {
+            principal: principal.to_owned(),
+            peer: service.peer().clone(),
+            busy: AtomicUsize::new(1),
+            last_used: Mutex::new(Instant::now()),
+            started: Instant::now(),
+            alive: AtomicBool::new(true),
+        });
+        provider
+            .record_as(
+                "instance_started",
+                Some(principal),
+                ProviderDetail::Listed {
+                    upstream_hash: hash,
+                    pinned_hash: provider.pins.get(&ns),
+                    tools: vec![],
+                    rejected: vec![],
+                },
+            )
+            .await;
+        tracing::info!(provider = %ns, principal, "per-principal instance started");
+        *held = Some(instance.clone());
+        drop(held);
+        // From here the keeper gives the place back when the instance ends.
+        place.keep();
+        // Its keeper: stops it when idle or at shutdown, and forgets it when it ends.
+        let (stop, shutdown) = (service.cancellation_token(), provider.shutdown.clone());
+        let mut waiter = tokio::spawn(async move { service.waiting().await });
+        let (keeper, idle, running) = (instance.clone(), self.idle, self.running.clone());
+        let provider = provider.clone();
+        tokio::spawn(async move {
+            let why = loop {
+                // While a call runs past the idle time, looked at again every quarter second.
+                let deadline =
+                    (keeper.last_used() + idle).max(Instant::now() + Duration::from_millis(250));
+                tokio::select! {
+                    r = &mut waiter => {
+                        break match r {
+                            Ok(Ok(reason)) => format!("the instance's session ended ({reason:?})"),
+                            Ok(Err(e)) => format!("the instance's session failed: {e}"),
+                            Err(e) => format!("the instance's task failed: {e}"),
+                        };
+                    }
+                    _ = shutdown.cancelled() => {
+                        stop.cancel();
+                        let _ = (&mut waiter).await;
+                        break "the broker is stopping".to_owned();
+                    }
+                    () = tokio::time::sleep_until(deadline.into()) => {
+                        // Decided under the slot's lock: no call takes it meanwhile.
+                        let mut held = slot.lock().await;
+                        if keeper.busy.load(Ordering::Acquire) == 0
+                            && keeper.last_used().elapsed() >= idle
+                        {
+                            keeper.alive.store(false, Ordering::Release);
+                            *held = None;
+                            drop(held);
+                            stop.cancel();
+                            let _ = (&mut waiter).await;
+                            break format!("unused for instance_idle_seconds = {}", idle.as_secs());
+                        }
+                    }
+                }
+            };
+            keeper.alive.store(false, Ordering::Release);
+            {
+                let mut held = slot.lock().await;
+                if held.as_ref().is_some_and(|i| Arc::ptr_eq(i, &keeper)) {
+                    *held = None;
+                }
+            }
+            running.fetch_sub(1, Ordering::AcqRel);
+            tracing::info!(provider = %provider.config.namespace, principal = %keeper.principal, reason = %why, "per-principal instance stopped");
+            provider
+                .record_as(
+                    "instance_stopped",
+                    Some(&keeper.principal),
+                    ProviderDetail::Reason { reason: why },
+                )
+                .await;
+        });
+        Ok(InUse(instance))
+    }
+}
