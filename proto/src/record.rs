@@ -382,10 +382,20 @@ pub struct ApprovalDecided {
     pub approval: String,
     /// `approved` or `denied` (by a person), `timeout` or `cancelled`.
     pub decision: String,
-    /// The uid on `control.sock` that approved or denied; `null` for timeout and cancelled.
+    /// The uid on `control.sock` that approved or denied; `null` for timeout and cancelled,
+    /// and for the principal's own answer.
     pub decided_by: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Who answered: `operator` (over `control.sock`) or `principal` (in the harness, through
+    /// MCP elicitation). Absent for timeout and cancelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// The principal's answer: the harness session it came from (the bridge connection of the
+    /// turn, the shim's pid, the MCP client's name and version) and the elicitation action
+    /// (`accept`, `decline`, `cancel`) with the value chosen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<crate::ipc::HarnessSession>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_identity: Option<SystemIdentity>,
 }

@@ -62,6 +62,12 @@ pub trait Calls: Send + 'static {
     /// Where the calls may put notifications for the client (whole lines, newline included):
     /// the session's stdout queue, given once before the first call.
     fn notify_to(&mut self, _out: &tokio::sync::mpsc::Sender<Vec<u8>>) {}
+
+    /// A response from the client to one of the shim's own requests (a question to the
+    /// person); `false` when no question waits for it.
+    fn response(&self, _message: Value) -> bool {
+        false
+    }
 }
 
 impl<F, A> Calls for F
@@ -83,6 +89,7 @@ where
 struct Forward {
     caller: call::Caller,
     protocol: server::Negotiated,
+    asker: Arc<crate::ask::Asker>,
 }
 
 impl Calls for Forward {
@@ -90,15 +97,19 @@ impl Calls for Forward {
         self.caller.set_notes(out);
     }
 
+    fn response(&self, message: Value) -> bool {
+        self.asker.response(message)
+    }
+
     fn answer(
         &self,
-        mut referral: Referral,
+        referral: Referral,
         cancel: CancellationToken,
     ) -> impl Future<Output = Option<Vec<u8>>> + Send + 'static {
         let (caller, protocol) = (self.caller.clone(), self.protocol.clone());
         async move {
             let id = referral.id.clone().unwrap_or(Value::Null);
-            let stated = referral.protocol.take();
+            let stated = referral.protocol.clone();
             let answer = caller.call(referral, &cancel).await?;
             let current = protocol.is_current(stated.as_deref());
             Some(render::response(id, &answer, current))
@@ -123,12 +134,19 @@ impl Session {
             None
         };
         let protocol = server::Negotiated::default();
-        let handler =
-            server::Shim::new(link.clone(), welcome, portable.as_deref(), protocol.clone());
+        let asker = Arc::new(crate::ask::Asker::default());
+        let handler = server::Shim::new(
+            link.clone(),
+            welcome,
+            portable.as_deref(),
+            protocol.clone(),
+            asker.can.clone(),
+        );
         Ok(Self {
             calls: Forward {
-                caller: call::Caller::new(link.clone(), portable),
+                caller: call::Caller::new(link.clone(), portable, asker.clone(), protocol.clone()),
                 protocol,
+                asker,
             },
             link,
             handler,
@@ -314,6 +332,14 @@ where
                     }
                     Verdict::Ignore(why) => {
                         tracing::info!("ignored input: {why}");
+                        true
+                    }
+                    Verdict::Response(message) => {
+                        if !calls.response(message) {
+                            tracing::info!(
+                                "ignored input: a response to no question the shim asked (or one already answered)"
+                            );
+                        }
                         true
                     }
                 }

@@ -14,6 +14,7 @@ mod cli;
 mod client_gone;
 mod deploy;
 mod deploy_planted;
+mod elicitation;
 mod faults;
 mod golden;
 mod hello_gate;
