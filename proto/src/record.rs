@@ -73,6 +73,35 @@ pub enum Event {
     ApprovalRequested(ApprovalRequested),
     /// The wait of an `approval_requested` call ended: approved, denied, timeout or cancelled.
     ApprovalDecided(ApprovalDecided),
+    /// A brokered (upstream) server asked the broker's client side something: a question for
+    /// the person (`elicitation/create`), a model completion (`sampling/createMessage`) or the
+    /// client's roots (`roots/list`); what it asked and what the broker did.
+    UpstreamRequest(UpstreamRequest),
+}
+
+/// An upstream server's request to the broker (as its MCP client), and what became of it. The
+/// question's schema is kept, never values.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamRequest {
+    /// The provider's namespace.
+    pub provider: String,
+    /// `elicitation/create`, `sampling/createMessage` or `roots/list`.
+    pub method: String,
+    /// Elicitation: `form` or `url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Elicitation, form mode: the requested schema (bounded: longer ones as their digest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<serde_json::Value>,
+    /// Elicitation, URL mode: the URL's host only (and whether it is https).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// `refused` (today, always).
+    pub action: String,
+    pub reason: String,
+    /// Always `null`: an upstream's request belongs to no turn the broker can name.
+    pub turn: Option<String>,
 }
 
 impl Event {
@@ -94,6 +123,7 @@ impl Event {
             Event::TornTailCut(_) => "torn_tail_cut",
             Event::ApprovalRequested(_) => "approval_requested",
             Event::ApprovalDecided(_) => "approval_decided",
+            Event::UpstreamRequest(_) => "upstream_request",
         }
     }
 
@@ -115,6 +145,7 @@ impl Event {
             Event::TornTailCut(e) => e.turn.as_deref(),
             Event::ApprovalRequested(e) => Some(&e.turn),
             Event::ApprovalDecided(e) => Some(&e.turn),
+            Event::UpstreamRequest(e) => e.turn.as_deref(),
         }
     }
 }

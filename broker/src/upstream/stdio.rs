@@ -8,7 +8,7 @@ use rmcp::ServiceExt;
 use rmcp::transport::TokioChildProcess;
 
 use super::log::drain_stderr;
-use super::{Listener, McpProvider, Session};
+use super::{McpProvider, Session};
 
 impl McpProvider {
     fn command(&self) -> tokio::process::Command {
@@ -38,10 +38,7 @@ impl McpProvider {
         }
         let limit = self.startup_timeout();
         let changed = Arc::new(tokio::sync::Notify::new());
-        let listener = Listener {
-            changed: changed.clone(),
-            log: self.log.clone(),
-        };
+        let listener = self.listener(changed.clone());
         let service = tokio::time::timeout(limit, listener.serve(transport))
             .await
             .map_err(|_| "the upstream did not finish initialize in time".to_owned())?

@@ -560,3 +560,85 @@ async fn only_the_asked_session_answers_once() {
     drop(model_writer);
     broker.close_turn(&turn.turn).await;
 }
+
+const UPSTREAM_POLICY: &str = r#"
+@id("alice-py")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool)
+when { resource.name like "py.*" };
+"#;
+
+/// An upstream that asks its client (a PyPI `mcp` MCPServer tool calling `ctx.elicit`, one that
+/// asks through URL mode with a plain-http URL, one that asks for roots): the broker refuses
+/// each with an MCP error the upstream sees (never a silent decline) and records it
+/// (`upstream_request`: the form's schema, a URL's host only, the reason). Forwarding to the
+/// person (`elicitation = "forward"`) is not built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
+async fn an_upstreams_questions_are_refused_and_recorded() {
+    let Some(python) = python() else { return };
+    let mut broker = TestBroker::start(Options {
+        policy: UPSTREAM_POLICY,
+        ..Options::default()
+    })
+    .await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/elicits.py");
+    let cfg = std::fs::read_to_string(&broker.config_path).expect("cfg");
+    std::fs::write(
+        &broker.config_path,
+        format!("{cfg}\n[[providers]]\ntype = \"mcp\"\nnamespace = \"py\"\ncommand = {python:?}\nargs = [{script:?}]\n"),
+    )
+    .expect("w");
+    broker.restart().await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = crate::kit::Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    let mut texts = Vec::new();
+    for (id, tool) in [(1, "py.ask"), (2, "py.ask_url"), (3, "py.roots")] {
+        let r = raw.call(id, tool, json!({})).await;
+        texts.push(crate::kit::text(&r["result"]));
+    }
+    for t in &texts {
+        assert!(
+            t.contains("refused") && t.contains("SharedOS broker"),
+            "the upstream did not see a refusal: {texts:?}"
+        );
+    }
+    let lines: Vec<Value> = broker
+        .records()
+        .into_iter()
+        .filter(|l| l["kind"] == "upstream_request")
+        .collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let form = &lines[0];
+    assert_eq!(
+        (
+            &form["provider"],
+            &form["method"],
+            &form["mode"],
+            &form["action"]
+        ),
+        (
+            &json!("py"),
+            &json!("elicitation/create"),
+            &json!("form"),
+            &json!("refused")
+        )
+    );
+    assert_eq!(
+        form["schema"]["properties"]["confirm"]["type"], "boolean",
+        "{form}"
+    );
+    let url = &lines[1];
+    assert_eq!(url["mode"], "url");
+    assert_eq!(url["host"], "login.example.test", "{url}");
+    assert!(url.get("url").is_none(), "{url}");
+    assert!(
+        url["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("not https")),
+        "{url}"
+    );
+    assert_eq!(lines[2]["method"], "roots/list");
+    // Nothing of the questions reached the harness: the shim sent no elicitation.
+    broker.close_turn(&turn.turn).await;
+}
