@@ -19,10 +19,11 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use sharedos_proto::Requirement;
-use sharedos_proto::ipc::PendingApproval;
+use sharedos_proto::ipc::{HarnessSession, PendingApproval, PrincipalAnswer, Question};
 use tokio::sync::oneshot;
 
 use crate::lock;
+use crate::policy::Approver;
 
 /// Decided ids remembered, so a second decision gets "already decided", not "no such id".
 const DECIDED_MAX: usize = 4096;
@@ -37,13 +38,52 @@ pub const APPROVALS_LIST_MAX_BYTES: usize = sharedos_proto::frame::MAX_FRAME_BYT
 /// in the answer, at most six times as many, which stays within a frame.
 pub const APPROVAL_ARGUMENTS_PART_BYTES: usize = 1024 * 1024;
 
-/// A person's answer, from `control.sock`.
+/// Longest string (bytes) of an argument the principal's question shows: longer ones are cut
+/// there and marked with how long they were.
+pub const QUESTION_MAX_STRING_BYTES: usize = 200;
+/// Most bytes of arguments (JSON text) the principal's question shows; beyond it, their size
+/// and SHA-256 only.
+pub const QUESTION_MAX_ARGUMENT_BYTES: usize = 2048;
+/// Argument keys whose values the principal's question never shows (`[redacted]`): a key
+/// containing any of these, in any case.
+pub const QUESTION_REDACTED_KEYS: &[&str] = &[
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "apikey",
+    "api_key",
+    "authorization",
+    "credential",
+    "private_key",
+    "cookie",
+];
+
+/// A person's answer: an operator's from `control.sock`, or the principal's from the harness.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     pub approve: bool,
     /// The peer uid on `control.sock`.
     pub by: Option<u32>,
     pub reason: Option<String>,
+    /// The principal answered in the harness, in this session.
+    pub principal: Option<HarnessSession>,
+    /// The harness could not ask and the policy lets nobody else answer: refused
+    /// `denied/approval_unavailable`, `reason` saying why.
+    pub unavailable: bool,
+}
+
+impl Decision {
+    /// An operator's decision over `control.sock`.
+    pub fn operator(approve: bool, by: Option<u32>, reason: Option<String>) -> Self {
+        Self {
+            approve,
+            by,
+            reason,
+            principal: None,
+            unavailable: false,
+        }
+    }
 }
 
 /// Why a decision could not be given.
@@ -53,11 +93,32 @@ pub enum DecideError {
     AlreadyDecided(String),
     #[error("no call is waiting for approval `{0}` (see `sharedos-broker approvals`)")]
     Unknown(String),
+    #[error(
+        "approval `{0}` is for the call's principal to give, in the harness (`@approval(\"principal\")`); an operator cannot give it"
+    )]
+    PrincipalOnly(String),
+    #[error(
+        "approval `{0}` was not asked on this bridge connection, or was already answered there; only the harness session asked may answer it, once"
+    )]
+    NotAsked(String),
+}
+
+/// What a principal's answer did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answered {
+    /// It decided the call.
+    Decided,
+    /// The harness could not ask: the call waits on for an operator
+    /// (`@approval("principal_or_operator")`).
+    ToOperator,
 }
 
 struct Waiting {
     info: PendingApproval,
     answer: oneshot::Sender<Decision>,
+    by: Approver,
+    /// The bridge connection the principal was asked on, until it answers.
+    asked: Option<u64>,
 }
 
 #[derive(Default)]
@@ -140,14 +201,22 @@ impl Approvals {
 
     /// Puts a call in the table. `None` if its id is already there (which cannot happen for two
     /// attempts: each has its own `callId`).
-    pub fn wait(&self, info: PendingApproval) -> Option<Ticket<'_>> {
+    pub fn wait(&self, info: PendingApproval, by: Approver) -> Option<Ticket<'_>> {
         let (tx, rx) = oneshot::channel();
         let id = info.id.clone();
         let mut waiting = lock(&self.waiting);
         if waiting.contains_key(&id) || lock(&self.decided).set.contains(&id) {
             return None;
         }
-        waiting.insert(id.clone(), Waiting { info, answer: tx });
+        waiting.insert(
+            id.clone(),
+            Waiting {
+                info,
+                answer: tx,
+                by,
+                asked: None,
+            },
+        );
         Some(Ticket {
             approvals: self,
             id,
@@ -155,9 +224,75 @@ impl Approvals {
         })
     }
 
-    /// A person's decision on `id`: taken out of the table and handed to the waiting call.
+    /// An operator's decision on `id` (over `control.sock`): taken out of the table and handed
+    /// to the waiting call. A call for its principal alone is not the operator's to decide.
     pub fn decide(&self, id: &str, decision: Decision) -> Result<(), DecideError> {
         let mut waiting = lock(&self.waiting);
+        if waiting.get(id).is_some_and(|w| !w.by.operator_may()) {
+            return Err(DecideError::PrincipalOnly(id.to_owned()));
+        }
+        self.settle(&mut waiting, id, decision)
+    }
+
+    /// The principal is asked about `id` on bridge connection `bridge`: from now on that
+    /// connection, and no other, may answer it, once. `false` if `id` no longer waits.
+    pub fn ask(&self, id: &str, bridge: u64) -> bool {
+        match lock(&self.waiting).get_mut(id) {
+            Some(w) if w.by.asks_principal() => {
+                w.asked = Some(bridge);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The principal's answer to `id`, from bridge connection `bridge`: taken only from the
+    /// connection that was asked, once, while the call waits. An answer that the harness
+    /// could not ask sends a `principal_or_operator` call on to the operator queue and refuses
+    /// a `principal` one.
+    pub fn answer(
+        &self,
+        id: &str,
+        bridge: u64,
+        answer: PrincipalAnswer,
+        reason: Option<String>,
+        session: HarnessSession,
+    ) -> Result<Answered, DecideError> {
+        let mut waiting = lock(&self.waiting);
+        let Some(w) = waiting.get_mut(id) else {
+            return Err(if lock(&self.decided).set.contains(id) {
+                DecideError::AlreadyDecided(id.to_owned())
+            } else {
+                DecideError::Unknown(id.to_owned())
+            });
+        };
+        if w.asked != Some(bridge) {
+            return Err(DecideError::NotAsked(id.to_owned()));
+        }
+        // One answer per question, whatever it says.
+        w.asked = None;
+        let unable = answer == PrincipalAnswer::Unable;
+        if unable && w.by.operator_may() {
+            return Ok(Answered::ToOperator);
+        }
+        let decision = Decision {
+            approve: answer == PrincipalAnswer::Approve,
+            by: None,
+            reason,
+            principal: Some(session),
+            unavailable: unable,
+        };
+        self.settle(&mut waiting, id, decision)
+            .map(|()| Answered::Decided)
+    }
+
+    /// Takes `id` out of the table and hands `decision` to its waiting call.
+    fn settle(
+        &self,
+        waiting: &mut std::sync::MutexGuard<'_, HashMap<String, Waiting>>,
+        id: &str,
+        decision: Decision,
+    ) -> Result<(), DecideError> {
         let Some(w) = waiting.remove(id) else {
             return Err(if lock(&self.decided).set.contains(id) {
                 DecideError::AlreadyDecided(id.to_owned())
@@ -167,9 +302,9 @@ impl Approvals {
         };
         self.remember(id);
         // Sent under the lock: a call that withdraws after this finds the decision waiting.
-        let sent = w.answer.send(decision);
-        drop(waiting);
-        sent.map_err(|_| DecideError::Unknown(id.to_owned()))
+        w.answer
+            .send(decision)
+            .map_err(|_| DecideError::Unknown(id.to_owned()))
     }
 
     /// The calls waiting now, oldest first.
@@ -227,6 +362,96 @@ impl Approvals {
     }
 }
 
+/// What the principal is asked about a held call: the tool, the resource the kernel decided
+/// on, and the arguments (`arguments`, or their digest when `digest_only`: the config records
+/// arguments as digests) with secret-looking keys redacted, each string cut at
+/// [`QUESTION_MAX_STRING_BYTES`], and the whole at most [`QUESTION_MAX_ARGUMENT_BYTES`].
+pub fn question(
+    tool: &str,
+    resource: Option<&str>,
+    arguments: &Value,
+    digest_only: bool,
+    expires_at: &str,
+) -> Question {
+    let full = arguments.to_string();
+    let digest = || {
+        let d = sharedos_proto::record::Digest::of(full.as_bytes());
+        json!({"argumentsDigest": {"bytes": d.bytes, "sha256": d.sha256}})
+    };
+    let shown = if digest_only {
+        digest()
+    } else {
+        let s = shown_value(arguments, 0);
+        if s.to_string().len() > QUESTION_MAX_ARGUMENT_BYTES {
+            digest()
+        } else {
+            s
+        }
+    };
+    let mut text = String::new();
+    let mut tool_shown = tool.to_owned();
+    sharedos_proto::name::clip(&mut tool_shown, QUESTION_MAX_STRING_BYTES);
+    text.push_str(&format!(
+        "An agent acting for you asks to run `{tool_shown}`"
+    ));
+    if let Some(r) = resource {
+        let mut r = r.to_owned();
+        sharedos_proto::name::clip(&mut r, QUESTION_MAX_STRING_BYTES);
+        text.push_str(&format!(" on {r}"));
+    }
+    text.push_str(&format!(
+        " with arguments {shown}. Approve it? (Unanswered by {expires_at}, it is refused.)"
+    ));
+    Question {
+        message: text,
+        tool: tool_shown,
+        resource: resource.map(|r| {
+            let mut r = r.to_owned();
+            sharedos_proto::name::clip(&mut r, QUESTION_MAX_STRING_BYTES);
+            r
+        }),
+        arguments: shown,
+        expires_at: expires_at.to_owned(),
+    }
+}
+
+/// Depth past which the question shows `…` instead of a value.
+const QUESTION_MAX_DEPTH: usize = 8;
+
+fn secret_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase().replace('-', "_");
+    QUESTION_REDACTED_KEYS.iter().any(|s| k.contains(s))
+}
+
+fn shown_value(v: &Value, depth: usize) -> Value {
+    if depth > QUESTION_MAX_DEPTH {
+        return Value::String("…".into());
+    }
+    match v {
+        Value::String(s) if s.len() > QUESTION_MAX_STRING_BYTES => {
+            let mut cut = s.clone();
+            sharedos_proto::name::clip(&mut cut, QUESTION_MAX_STRING_BYTES);
+            Value::String(format!("{cut} ({} bytes in all)", s.len()))
+        }
+        Value::Array(a) => Value::Array(a.iter().map(|x| shown_value(x, depth + 1)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| {
+                    let mut key = k.clone();
+                    sharedos_proto::name::clip(&mut key, QUESTION_MAX_STRING_BYTES);
+                    let shown = if secret_key(k) {
+                        Value::String("[redacted]".into())
+                    } else {
+                        shown_value(x, depth + 1)
+                    };
+                    (key, shown)
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
 /// A waiting call as `approvals` lists it: its arguments whole when their JSON text is at most
 /// [`APPROVALS_MAX_ARGUMENT_BYTES`], else `null` with their size and SHA-256.
 fn bounded(info: &PendingApproval) -> PendingApproval {
@@ -260,11 +485,7 @@ mod tests {
     }
 
     fn yes() -> Decision {
-        Decision {
-            approve: true,
-            by: Some(1),
-            reason: None,
-        }
+        Decision::operator(true, Some(1), None)
     }
 
     #[test]
@@ -297,7 +518,9 @@ mod tests {
     #[test]
     fn an_id_is_decided_once() {
         let approvals = Approvals::new(Duration::from_secs(1));
-        let mut ticket = approvals.wait(info("x")).expect("waits");
+        let mut ticket = approvals
+            .wait(info("x"), Approver::Operator)
+            .expect("waits");
         assert_eq!(approvals.list().len(), 1);
         assert_eq!(
             approvals.decide("y", yes()),
@@ -311,7 +534,7 @@ mod tests {
         assert_eq!(ticket.withdraw(), Some(yes()), "the decision won the race");
         assert!(approvals.list().is_empty());
         assert!(
-            approvals.wait(info("x")).is_none(),
+            approvals.wait(info("x"), Approver::Operator).is_none(),
             "a decided id never waits again"
         );
     }
@@ -322,8 +545,10 @@ mod tests {
         let big = json!({"content": "x".repeat(APPROVALS_MAX_ARGUMENT_BYTES)});
         let mut large = info("large");
         large.arguments = big.clone();
-        let _t1 = approvals.wait(large).expect("waits");
-        let _t2 = approvals.wait(info("small")).expect("waits");
+        let _t1 = approvals.wait(large, Approver::Operator).expect("waits");
+        let _t2 = approvals
+            .wait(info("small"), Approver::Operator)
+            .expect("waits");
         let (listed, not_shown) = approvals.listed();
         assert_eq!((listed.len(), not_shown), (2, 0));
         let large = listed.iter().find(|a| a.id == "large").expect("listed");
@@ -340,12 +565,102 @@ mod tests {
     }
 
     #[test]
+    fn a_question_is_bounded_and_redacted() {
+        let args = json!({
+            "path": "/public/a",
+            "content": "z".repeat(10_000),
+            "nested": {"API-Token": "hunter2", "list": ["p".repeat(300)]},
+            "Password": "swordfish",
+        });
+        let q = question(
+            "files.write",
+            Some("SharedOS::File::\"/public/a\""),
+            &args,
+            false,
+            "2026-12-05T00:00:00Z",
+        );
+        let text = serde_json::to_string(&q).expect("json");
+        for secret in ["hunter2", "swordfish"] {
+            assert!(!text.contains(secret), "{text}");
+        }
+        assert_eq!(q.arguments["Password"], "[redacted]");
+        assert_eq!(q.arguments["nested"]["API-Token"], "[redacted]");
+        assert!(!text.contains(&"z".repeat(QUESTION_MAX_STRING_BYTES + 1)));
+        assert!(!text.contains(&"p".repeat(QUESTION_MAX_STRING_BYTES + 1)));
+        assert!(q.message.contains("(10000 bytes in all)"), "{}", q.message);
+        assert!(q.message.contains("`files.write`") && q.message.contains("/public/a"));
+        // Too many bytes even when cut: only the size and digest.
+        let many: serde_json::Map<String, Value> = (0..100)
+            .map(|i| (format!("k{i}"), json!("v".repeat(100))))
+            .collect();
+        let q = question("t.x", None, &Value::Object(many), false, "e");
+        assert!(
+            q.arguments.get("argumentsDigest").is_some(),
+            "{}",
+            q.arguments
+        );
+        assert!(q.message.len() < QUESTION_MAX_ARGUMENT_BYTES);
+        // Arguments recorded as digests are shown as one.
+        let q = question("t.x", None, &json!({"a": "visible?"}), true, "e");
+        assert!(!q.message.contains("visible?"));
+    }
+
+    #[test]
+    fn a_principal_answer_is_taken_once_from_the_connection_asked() {
+        let approvals = Approvals::new(Duration::from_secs(1));
+        let mut ticket = approvals
+            .wait(info("p"), Approver::Principal)
+            .expect("waits");
+        let session = HarnessSession::default();
+        let answer = |bridge, a| approvals.answer("p", bridge, a, None, session.clone());
+        // Not asked yet: refused.
+        assert_eq!(
+            answer(1, PrincipalAnswer::Approve),
+            Err(DecideError::NotAsked("p".into()))
+        );
+        assert!(approvals.ask("p", 1));
+        assert_eq!(
+            answer(2, PrincipalAnswer::Approve),
+            Err(DecideError::NotAsked("p".into()))
+        );
+        assert_eq!(
+            approvals.decide("p", yes()),
+            Err(DecideError::PrincipalOnly("p".into()))
+        );
+        assert_eq!(answer(1, PrincipalAnswer::Decline), Ok(Answered::Decided));
+        assert_eq!(
+            answer(1, PrincipalAnswer::Approve),
+            Err(DecideError::AlreadyDecided("p".into()))
+        );
+        let d = ticket.withdraw().expect("decided");
+        assert!(!d.approve && d.principal.is_some());
+        // principal_or_operator: a harness that cannot ask leaves it to an operator.
+        let _t = approvals
+            .wait(info("q"), Approver::PrincipalOrOperator)
+            .expect("waits");
+        assert!(approvals.ask("q", 3));
+        assert_eq!(
+            approvals.answer("q", 3, PrincipalAnswer::Unable, None, session.clone()),
+            Ok(Answered::ToOperator)
+        );
+        assert_eq!(
+            approvals.answer("q", 3, PrincipalAnswer::Approve, None, session.clone()),
+            Err(DecideError::NotAsked("q".into()))
+        );
+        approvals.decide("q", yes()).expect("the operator decides");
+    }
+
+    #[test]
     fn a_withdrawn_or_dropped_ticket_leaves_the_table() {
         let approvals = Approvals::new(Duration::from_secs(1));
-        let mut ticket = approvals.wait(info("x")).expect("waits");
+        let mut ticket = approvals
+            .wait(info("x"), Approver::Operator)
+            .expect("waits");
         assert_eq!(ticket.withdraw(), None);
         assert!(approvals.decide("x", yes()).is_err());
-        let ticket2 = approvals.wait(info("z")).expect("waits");
+        let ticket2 = approvals
+            .wait(info("z"), Approver::Operator)
+            .expect("waits");
         drop(ticket2);
         drop(ticket);
         assert!(approvals.list().is_empty());

@@ -15,13 +15,14 @@ use interprocess::local_socket::traits::StreamCommon as _;
 use sharedos_ipc::{Conn, FrameReader, IpcError, write_encoded, write_frame};
 use sharedos_proto::CancelCode;
 use sharedos_proto::ipc::{
-    BridgeEvent, BridgeRequest, PROTOCOL_VERSION, PendingApproval, RefusalCode,
+    BridgeEvent, BridgeRequest, HarnessSession, PROTOCOL_VERSION, PendingApproval, PrincipalAnswer,
+    RefusalCode,
 };
 use sharedos_proto::record;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::kernel::CallSite;
+use crate::kernel::{Ask, CallSite};
 use crate::record::rfc3339;
 use crate::state::Broker;
 use crate::turn::Turn;
@@ -278,7 +279,15 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
     if let Err(e) = broker.kernel.recorder.append_written(&connected) {
         tracing::error!(turn = %turn.id, error = %e, "bridge_connected not recorded");
     }
-    run_connection(broker.clone(), turn.clone(), reader, send, hang_up).await;
+    run_connection(
+        broker.clone(),
+        turn.clone(),
+        reader,
+        send,
+        hang_up,
+        pid.and_then(|p| u32::try_from(p).ok()),
+    )
+    .await;
     turn.bridges.fetch_sub(1, Ordering::Relaxed);
 }
 
@@ -379,13 +388,80 @@ async fn hung_up(watch: Option<&sharedos_ipc::HangUp>) {
     }
 }
 
+/// Bridge connections served since the broker started: each one's serial names the harness
+/// session a principal's answer came from, and binds each question to the connection asked.
+static BRIDGE_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// Longest elicitation `reason` kept from a shim (why its client could not ask).
+const DECIDE_REASON_MAX_BYTES: usize = 512;
+
+/// Who the harness on one bridge connection is, for the record of a principal's answer.
+struct Harness {
+    serial: u64,
+    pid: Option<u32>,
+    client: Mutex<Option<String>>,
+}
+
+/// A principal's answer from this bridge: taken by the approvals table only for a question it
+/// asked on this very connection, once; anything else is refused back to the shim.
+async fn decide(
+    broker: &Broker,
+    turn: &Turn,
+    harness: &Harness,
+    out: &tokio::sync::Mutex<Out>,
+    approval: String,
+    answer: PrincipalAnswer,
+    mut reason: Option<String>,
+) {
+    if let Some(r) = reason.as_mut() {
+        sharedos_proto::name::clip(r, DECIDE_REASON_MAX_BYTES);
+    }
+    let session = HarnessSession {
+        bridge: harness.serial,
+        shim_pid: harness.pid,
+        client: harness.client.lock().ok().and_then(|c| c.clone()),
+        action: answer.action().to_owned(),
+    };
+    match broker
+        .kernel
+        .approvals
+        .answer(&approval, harness.serial, answer, reason.clone(), session)
+    {
+        Ok(crate::approval::Answered::Decided) => {
+            tracing::info!(turn = %turn.id, %approval, ?answer, "the principal answered in the harness");
+        }
+        Ok(crate::approval::Answered::ToOperator) => {
+            tracing::info!(turn = %turn.id, %approval, ?reason, "the harness cannot ask its principal: the call waits for an operator (`sharedos-broker approvals`)");
+        }
+        Err(e) => {
+            tracing::warn!(turn = %turn.id, bridge = harness.serial, error = %e, "a principal's answer refused");
+            let mut shown = approval;
+            sharedos_proto::name::clip(&mut shown, 80);
+            send_event(
+                out,
+                BridgeEvent::DecideRefused {
+                    approval: shown,
+                    message: e.to_string(),
+                },
+            )
+            .await;
+        }
+    }
+}
+
 async fn run_connection(
     broker: Arc<Broker>,
     turn: Arc<Turn>,
     mut reader: FrameReader<tokio::io::ReadHalf<Conn>>,
     send: tokio::io::WriteHalf<Conn>,
     hang_up: Option<sharedos_ipc::HangUp>,
+    pid: Option<u32>,
 ) {
+    let harness = Arc::new(Harness {
+        serial: BRIDGE_SERIAL.fetch_add(1, Ordering::Relaxed),
+        pid,
+        client: Mutex::new(None),
+    });
     let out = Arc::new(tokio::sync::Mutex::new(Out {
         send,
         closed: false,
@@ -451,6 +527,10 @@ async fn run_connection(
                         f = reader.next_or_undecodable::<BridgeRequest>() => {
                             match f.and_then(|r| r.or_else(salvage_call)) {
                                 Ok(BridgeRequest::Cancel { id }) => cancel_inflight(&inflight, id),
+                                // An answer frees a held call's place: never left behind one.
+                                Ok(BridgeRequest::Decide { approval, answer, reason }) => {
+                                    decide(&broker, &turn, &harness, &out, approval, answer, reason).await;
+                                }
                                 Ok(other) => held = Some(Ok(other)),
                                 // The shim is gone (or sent what ends the connection): its calls
                                 // end now, this one too, each recorded as cancelled.
@@ -471,12 +551,13 @@ async fn run_connection(
                 if hang_up.as_ref().is_some_and(sharedos_ipc::HangUp::now) {
                     gone();
                 }
-                let (broker, turn2, out, inflight, disc) = (
+                let (broker, turn2, out, inflight, disc, serial) = (
                     broker.clone(),
                     turn.clone(),
                     out.clone(),
                     inflight.clone(),
                     disconnected.clone(),
+                    harness.serial,
                 );
                 turn.tracker.spawn(async move {
                     let t = turn2.clone();
@@ -500,6 +581,17 @@ async fn run_connection(
                         let out = out.clone();
                         tokio::spawn(async move { send_event(&out, event).await });
                     };
+                    // A call held for its principal: the shim asks the person (after `Waiting`,
+                    // which the same ordered queue of writes delivers first).
+                    let on_ask = |p: &PendingApproval, question| {
+                        let event = BridgeEvent::Ask {
+                            id,
+                            approval: p.id.clone(),
+                            question,
+                        };
+                        let out = out.clone();
+                        tokio::spawn(async move { send_event(&out, event).await });
+                    };
                     let site = CallSite {
                         turn: &turn2.id,
                         call_id: turn2.next_call_id(),
@@ -509,6 +601,10 @@ async fn run_connection(
                         blocking: Some(&turn2.blocking),
                         budget: Some(&turn2.budget),
                         on_wait: Some(&on_wait),
+                        ask: Some(Ask {
+                            bridge: serial,
+                            send: &on_ask,
+                        }),
                     };
                     let answer = broker.kernel.invoke(site, call, token, cause).await;
                     if let Ok(mut m) = inflight.lock() {
@@ -519,6 +615,11 @@ async fn run_connection(
                 });
             }
             Event::Frame(Ok(BridgeRequest::Cancel { id })) => cancel_inflight(&inflight, id),
+            Event::Frame(Ok(BridgeRequest::Decide {
+                approval,
+                answer,
+                reason,
+            })) => decide(&broker, &turn, &harness, &out, approval, answer, reason).await,
             Event::Frame(Ok(BridgeRequest::ClientInfo {
                 mut name,
                 mut version,
@@ -536,6 +637,9 @@ async fn run_connection(
                     &mut cut,
                 );
                 tracing::info!(turn = %turn.id, %name, %version, ?protocol_version, "MCP client on bridge");
+                if let Ok(mut c) = harness.client.lock() {
+                    *c = Some(format!("{name} {version}"));
+                }
                 let line = record::Event::BridgeClient(record::BridgeClient {
                     turn: turn.id.clone(),
                     client: record::ClientInfo {

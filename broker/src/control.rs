@@ -348,10 +348,14 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest, uid: Option<u32>) -> 
                         "allow: {tool} of {} — permitted by {}{}",
                         resolved.resource.short(),
                         policies.join(", "),
-                        if approval {
-                            ", once a person approves it (@approval(\"required\"))"
-                        } else {
-                            ""
+                        match approval {
+                            Some(crate::policy::Approver::Operator) =>
+                                ", once a person approves it (@approval(\"required\"))",
+                            Some(crate::policy::Approver::Principal) =>
+                                ", once its principal approves it in the harness (@approval(\"principal\"))",
+                            Some(crate::policy::Approver::PrincipalOrOperator) =>
+                                ", once its principal (in the harness) or an operator approves it (@approval(\"principal_or_operator\"))",
+                            None => "",
                         }
                     ),
                     requirement: Some(resolved.resource.requirement(&resolved.action)),
@@ -422,11 +426,7 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest, uid: Option<u32>) -> 
             if let Some(r) = reason.as_mut() {
                 sharedos_proto::name::clip(r, MAX_APPROVAL_REASON_BYTES);
             }
-            let decision = crate::approval::Decision {
-                approve,
-                by: uid,
-                reason,
-            };
+            let decision = crate::approval::Decision::operator(approve, uid, reason);
             let shown = sharedos_proto::name::shown(&id);
             match broker.kernel.approvals.decide(&id, decision) {
                 Ok(()) => ControlResponse::ApprovalDecided {
@@ -437,7 +437,16 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest, uid: Option<u32>) -> 
                     "approval_decided",
                     format!("approval `{shown}` was already decided: an approval id is used once"),
                 ),
-                Err(crate::approval::DecideError::Unknown(_)) => error(
+                Err(crate::approval::DecideError::PrincipalOnly(_)) => error(
+                    "principal_only",
+                    format!(
+                        "approval `{shown}` is for the call's principal to give in the harness (`@approval(\"principal\")`): an operator cannot decide it"
+                    ),
+                ),
+                Err(
+                    crate::approval::DecideError::Unknown(_)
+                    | crate::approval::DecideError::NotAsked(_),
+                ) => error(
                     "no_such_approval",
                     format!(
                         "no call is waiting for approval `{shown}` (`sharedos-broker approvals` lists those that are)"

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
-use sharedos_proto::ipc::{CallAnswer, PendingApproval};
+use sharedos_proto::ipc::{CallAnswer, PendingApproval, Question};
 use sharedos_proto::record::{self, Arguments, Event};
 use sharedos_proto::{
     CancelCode, CatalogHash, DenyCode, FailCode, Outcome, PublishedToolDefinition, Requirement,
@@ -193,8 +193,8 @@ pub enum Verdict {
         resolved: Box<Resolved>,
         arguments: Map<String, Value>,
         policies: Vec<String>,
-        /// A deciding permit asks for a person's approval (`@approval("required")`).
-        approval: bool,
+        /// A deciding permit asks for a person's approval (`@approval(...)`): who may give it.
+        approval: Option<crate::policy::Approver>,
     },
 }
 
@@ -241,6 +241,13 @@ struct Held {
 /// the longest it will wait.
 pub type OnWait<'a> = &'a (dyn Fn(&PendingApproval, Duration) + Sync);
 
+/// How a call site asks the call's principal (`@approval("principal")`): the bridge connection
+/// it came on (the one connection whose answer is taken) and how the question reaches its shim.
+pub struct Ask<'a> {
+    pub bridge: u64,
+    pub send: &'a (dyn Fn(&PendingApproval, Question) + Sync),
+}
+
 /// Everything `invoke` needs to know about where a call came from.
 pub struct CallSite<'a> {
     pub turn: &'a str,
@@ -255,6 +262,8 @@ pub struct CallSite<'a> {
     pub budget: Option<&'a TurnUse>,
     /// Told when the call starts waiting for a person's approval, and for how long at most.
     pub on_wait: Option<OnWait<'a>>,
+    /// How to ask the call's principal in the harness; `None`: there is no harness to ask.
+    pub ask: Option<Ask<'a>>,
 }
 
 impl Kernel {
@@ -669,12 +678,13 @@ impl Kernel {
         // For the call's span: the approval it waited for, and how that ended.
         let mut approval: Option<(String, &'static str)> = None;
         if let Verdict::Permitted {
-            approval: true,
+            approval: Some(by),
             resolved,
             policies,
             ..
         } = &verdict
         {
+            let by = *by;
             let requirement = Some(requirement_of(resolved));
             let what = format!("{} of {}", call.tool, resolved.resource.short());
             let policies = policies.clone();
@@ -692,6 +702,7 @@ impl Kernel {
                     requirement.clone(),
                     policies.clone(),
                     &cancel,
+                    by,
                 )
                 .await;
             approval = Some((held.id.clone(), held.ended));
@@ -921,6 +932,10 @@ impl Kernel {
     /// from `control.sock`, the time limit or a cancellation, and records `approval_decided`.
     /// The result is `Ok` when approved; otherwise how the call ends (a cancellation as
     /// `client_cancelled`, which the caller replaces with the real cause).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the call, what it resolved to, and who may answer"
+    )]
     async fn approval(
         &self,
         site: &CallSite<'_>,
@@ -929,6 +944,7 @@ impl Kernel {
         requirement: Option<Requirement>,
         policies: Vec<String>,
         cancel: &CancellationToken,
+        by: crate::policy::Approver,
     ) -> Held {
         let arguments = match &call.arguments {
             None | Some(Value::Null) => Value::Object(Map::new()),
@@ -994,11 +1010,32 @@ impl Kernel {
                 "the broker could not record the approval request ({e})"
             ));
         }
-        let Some(mut ticket) = self.approvals.wait(info.clone()) else {
+        let Some(mut ticket) = self.approvals.wait(info.clone(), by) else {
             return internal(format!("approval {id} is already taken"));
         };
         if let Some(on_wait) = site.on_wait {
             on_wait(&info, timeout);
+        }
+        // The principal is asked in the harness the call came from; with none (a call from no
+        // bridge), a `principal` approval cannot be given and is refused now.
+        let mut unable = None;
+        if by.asks_principal() {
+            match &site.ask {
+                Some(ask) => {
+                    if self.approvals.ask(&id, ask.bridge) {
+                        let q = crate::approval::question(
+                            &call.tool,
+                            requirement.as_ref().map(|r| r.resource.as_str()),
+                            &arguments,
+                            self.redact_arguments,
+                            &info.expires_at,
+                        );
+                        (ask.send)(&info, q);
+                    }
+                }
+                None if by.operator_may() => {}
+                None => unable = Some("the call came from no harness session".to_owned()),
+            }
         }
         enum Waited {
             Decided(Approval),
@@ -1007,28 +1044,53 @@ impl Kernel {
             /// anyway, and the record keeps who decided what.
             Cancelled(Option<Approval>),
         }
-        let waited = tokio::select! {
+        let waited = if let Some(why) = unable {
+            ticket.withdraw();
+            Waited::Decided(Approval {
+                approve: false,
+                by: None,
+                reason: Some(why),
+                principal: None,
+                unavailable: true,
+            })
+        } else {
+            tokio::select! {
             d = &mut ticket.answer => d.map_or(Waited::TimedOut, Waited::Decided),
             _ = cancel.cancelled() => Waited::Cancelled(ticket.withdraw()),
             _ = tokio::time::sleep(timeout) => ticket.withdraw().map_or(Waited::TimedOut, Waited::Decided),
+            }
         };
         drop(ticket);
-        let (decision, by, reason) = match &waited {
+        let (decision, uid, reason, answerer, session) = match &waited {
             Waited::Decided(d) | Waited::Cancelled(Some(d)) => (
-                if d.approve { "approved" } else { "denied" },
+                if d.unavailable {
+                    "unavailable"
+                } else if d.approve {
+                    "approved"
+                } else {
+                    "denied"
+                },
                 d.by,
                 d.reason.clone(),
+                match (&d.principal, d.unavailable) {
+                    (_, true) => None,
+                    (Some(_), false) => Some("principal".to_owned()),
+                    (None, false) => Some("operator".to_owned()),
+                },
+                d.principal.clone(),
             ),
-            Waited::TimedOut => ("timeout", None, None),
-            Waited::Cancelled(None) => ("cancelled", None, None),
+            Waited::TimedOut => ("timeout", None, None, None, None),
+            Waited::Cancelled(None) => ("cancelled", None, None, None, None),
         };
         let decided = Event::ApprovalDecided(record::ApprovalDecided {
             turn: site.turn.to_owned(),
             call_id: site.call_id.clone(),
             approval: id.clone(),
             decision: decision.to_owned(),
-            decided_by: by,
+            decided_by: uid,
             reason: reason.clone(),
+            by: answerer,
+            session: session.clone(),
             system_identity: site.identity.cloned(),
         });
         if let Err(e) = self.recorder.append(&decided).await {
@@ -1047,7 +1109,27 @@ impl Kernel {
             )))
         };
         let (ended, result) = match waited {
+            Waited::Decided(d) if d.unavailable => (
+                "unavailable",
+                refused(
+                    DenyCode::ApprovalUnavailable,
+                    format!(
+                        "denied: {what} — it needs its principal's own approval, asked in the harness, and the harness cannot ask ({}) (approval {id}); nothing was run: use a client that supports MCP elicitation, or ask for the policy to allow an operator (`@approval(\"principal_or_operator\")`)",
+                        reason.unwrap_or_default()
+                    ),
+                ),
+            ),
             Waited::Decided(d) if d.approve => ("approved", Ok(())),
+            Waited::Decided(d) if d.principal.is_some() => (
+                "denied",
+                refused(
+                    DenyCode::ApprovalDenied,
+                    format!(
+                        "denied: {what} — the user did not approve this call when asked ({}) (approval {id}); do not retry it unchanged: ask the user what they want instead",
+                        d.principal.as_ref().map_or("", |s| s.action.as_str())
+                    ),
+                ),
+            ),
             Waited::Decided(_) => (
                 "denied",
                 refused(
@@ -1561,6 +1643,7 @@ when { resource.path like "*secret*" };
             blocking: None,
             budget: None,
             on_wait: None,
+            ask: None,
         };
         let call = ToolCall {
             tool: "fake.read".into(),

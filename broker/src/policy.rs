@@ -176,9 +176,9 @@ pub struct Decision {
     pub policies: Vec<String>,
     /// Evaluation errors (each makes the decision a deny if it could matter).
     pub errors: Vec<String>,
-    /// Allowed, and a deciding permit is annotated `@approval("required")`: the call waits for
-    /// a person before it runs.
-    pub approval: bool,
+    /// Allowed, and a deciding permit is annotated `@approval(...)`: the call waits for a
+    /// person before it runs, and this says who may answer.
+    pub approval: Option<Approver>,
 }
 
 impl Decision {
@@ -188,7 +188,7 @@ impl Decision {
             forbidden: false,
             policies: vec![],
             errors: vec![error],
-            approval: false,
+            approval: None,
         }
     }
 }
@@ -196,6 +196,56 @@ impl Decision {
 /// The annotation that makes a permit ask a person, and its one value.
 pub const APPROVAL_ANNOTATION: &str = "approval";
 pub const APPROVAL_REQUIRED: &str = "required";
+/// `@approval("principal")`: the call's principal answers, in the harness (MCP elicitation).
+pub const APPROVAL_PRINCIPAL: &str = "principal";
+/// `@approval("principal_or_operator")`: the principal in the harness, or, when the harness
+/// cannot ask, an operator over `control.sock`.
+pub const APPROVAL_PRINCIPAL_OR_OPERATOR: &str = "principal_or_operator";
+
+/// Who may answer a call held for approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Approver {
+    /// `@approval("required")`: an operator, over `control.sock`.
+    Operator,
+    /// `@approval("principal")`: the principal, in the harness; refused when it cannot ask.
+    Principal,
+    /// `@approval("principal_or_operator")`: the principal in the harness; the operator queue
+    /// when the harness cannot ask.
+    PrincipalOrOperator,
+}
+
+impl Approver {
+    fn of(value: &str) -> Option<Self> {
+        match value {
+            APPROVAL_REQUIRED => Some(Approver::Operator),
+            APPROVAL_PRINCIPAL => Some(Approver::Principal),
+            APPROVAL_PRINCIPAL_OR_OPERATOR => Some(Approver::PrincipalOrOperator),
+            _ => None,
+        }
+    }
+
+    /// The principal is asked in the harness.
+    pub fn asks_principal(self) -> bool {
+        self != Approver::Operator
+    }
+
+    /// An operator may decide over `control.sock` (for `principal_or_operator`, once the
+    /// harness could not ask).
+    pub fn operator_may(self) -> bool {
+        self != Approver::Principal
+    }
+
+    /// Of two deciding permits' approvers, the narrower: the operator's own if either asks
+    /// for it, else the principal alone if either does.
+    fn narrower(self, other: Self) -> Self {
+        use Approver::*;
+        match (self, other) {
+            (Operator, _) | (_, Operator) => Operator,
+            (Principal, _) | (_, Principal) => Principal,
+            _ => PrincipalOrOperator,
+        }
+    }
+}
 
 /// One loaded, validated policy set.
 pub struct PolicyVersion {
@@ -204,7 +254,7 @@ pub struct PolicyVersion {
     pub count: usize,
     /// Ids of the permits annotated `@approval("required")` (empty in most sets: then a
     /// decision does not look).
-    approval: std::collections::HashSet<String>,
+    approval: HashMap<String, Approver>,
     /// The set sliced per principal: only policies whose principal scope can match.
     sliced: Mutex<HashMap<String, Arc<PolicySet>>>,
     /// What every decision for one (principal, agent) shares, built and validated once.
@@ -219,8 +269,10 @@ impl PolicyVersion {
         let count = set.policies().count();
         let approval = set
             .policies()
-            .filter(|p| p.annotation(APPROVAL_ANNOTATION).is_some())
-            .map(|p| p.id().to_string())
+            .filter_map(|p| {
+                let by = Approver::of(p.annotation(APPROVAL_ANNOTATION)?)?;
+                Some((p.id().to_string(), by))
+            })
             .collect();
         Self {
             version,
@@ -417,9 +469,9 @@ pub fn compile_policies(schema: &Schema, path: &Path, src: &str) -> Result<Polic
     }
     for p in &renamed {
         if let Some(value) = p.annotation(APPROVAL_ANNOTATION) {
-            let problem = if value != APPROVAL_REQUIRED {
+            let problem = if Approver::of(value).is_none() {
                 Some(format!(
-                    "@{APPROVAL_ANNOTATION}(\"{value}\"): the one value is \"{APPROVAL_REQUIRED}\""
+                    "@{APPROVAL_ANNOTATION}(\"{value}\"): the values are \"{APPROVAL_REQUIRED}\" (an operator answers), \"{APPROVAL_PRINCIPAL}\" (the principal, in the harness) and \"{APPROVAL_PRINCIPAL_OR_OPERATOR}\""
                 ))
             } else if p.effect() != Effect::Permit {
                 Some(format!(
@@ -781,9 +833,14 @@ impl PolicyEngine {
                 set.policy(&PolicyId::new(id))
                     .is_some_and(|p: &Policy| p.effect() == Effect::Forbid)
             });
-        let approval = allowed
-            && !pv.approval.is_empty()
-            && policies.iter().any(|id| pv.approval.contains(id));
+        let approval = if allowed && !pv.approval.is_empty() {
+            policies
+                .iter()
+                .filter_map(|id| pv.approval.get(id).copied())
+                .reduce(Approver::narrower)
+        } else {
+            None
+        };
         Ok(Decision {
             allowed,
             forbidden,

@@ -366,7 +366,11 @@ impl<'a> Replay<'a> {
             // Permitted by the policy, then held for a person or over a budget.
             (
                 "denied",
-                "approval_denied" | "approval_timeout" | "approval_stale" | "budget_exhausted",
+                "approval_denied"
+                | "approval_timeout"
+                | "approval_stale"
+                | "approval_unavailable"
+                | "budget_exhausted",
             ) => true,
             ("denied", _) => {
                 self.report.not_decided_by_policy += 1;

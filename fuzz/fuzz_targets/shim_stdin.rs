@@ -186,7 +186,7 @@ fn checked(line: &[u8]) -> Verdict {
                 shown(line)
             );
         }
-        Verdict::Ignore(_) => {}
+        Verdict::Ignore(_) | Verdict::Response(_) => {}
     }
     verdict
 }
@@ -250,7 +250,7 @@ fn model(stdin: &[u8]) -> Expected {
             // A call without an id goes to the kernel, but nothing is answered.
             Verdict::Refer(r) if r.id.is_none() => {}
             Verdict::Refer(r) => expected.referred.push(referred(&r)),
-            Verdict::Ignore(_) => {}
+            Verdict::Ignore(_) | Verdict::Response(_) => {}
         }
     }
     expected

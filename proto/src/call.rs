@@ -107,6 +107,10 @@ pub enum DenyCode {
     /// resource, or the same path now naming another file or folder): the approval does not
     /// cover it, and it was not run.
     ApprovalStale,
+    /// The policy asks the call's principal (`@approval("principal")`), in the harness, and the
+    /// harness cannot ask (its MCP client declared no elicitation, or speaks a revision the shim
+    /// cannot ask in): refused, with the reason recorded.
+    ApprovalUnavailable,
 }
 
 /// Why a call failed: it was permitted (or could not be checked) and then did not succeed.

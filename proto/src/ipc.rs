@@ -72,6 +72,16 @@ pub enum BridgeRequest {
     Call { id: u64, call: ToolCall },
     /// The client cancelled call `id`.
     Cancel { id: u64 },
+    /// The person's answer to [`BridgeEvent::Ask`] for `approval`, as the MCP client returned
+    /// it from `elicitation/create` (or why it could not ask). The broker takes one answer per
+    /// asked id, from the connection it asked, and only while the call waits.
+    Decide {
+        approval: String,
+        answer: PrincipalAnswer,
+        /// Why the client could not ask ([`PrincipalAnswer::Unable`]), for the record.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
     /// The MCP client introduced itself (after `initialize`): recorded for diagnostics only.
     ClientInfo {
         name: String,
@@ -143,6 +153,82 @@ pub enum BridgeEvent {
         expires_at: String,
         timeout_ms: u64,
     },
+    /// Call `id` waits for its principal's own approval (`@approval("principal")`): the shim
+    /// asks the person through the MCP client (`elicitation/create`) and answers with
+    /// [`BridgeRequest::Decide`] for `approval`. Follows the call's [`BridgeEvent::Waiting`].
+    Ask {
+        id: u64,
+        approval: String,
+        question: Question,
+    },
+    /// A [`BridgeRequest::Decide`] the broker did not take (not asked on this connection,
+    /// already answered, no longer waiting): the call it names is not decided by it.
+    DecideRefused {
+        approval: String,
+        message: String,
+    },
+}
+
+/// What the person is asked about a call held for the principal's approval. Made by the broker
+/// (the shim only shows it): the tool, the resource the kernel decided on, and the arguments
+/// bounded and with secret-looking values redacted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Question {
+    /// The whole text shown to the person.
+    pub message: String,
+    pub tool: String,
+    /// The resource the arguments resolved to (`SharedOS::File::"/public/a.txt"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
+    /// The arguments as shown: each string clipped, secret-looking keys redacted, the whole
+    /// bounded.
+    pub arguments: Value,
+    pub expires_at: String,
+}
+
+/// The person's answer to an [`BridgeEvent::Ask`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrincipalAnswer {
+    /// `accept` with `decision: approve`.
+    Approve,
+    /// `accept` with `decision: deny`.
+    Deny,
+    /// The person declined to answer (`decline`).
+    Decline,
+    /// The person dismissed the question (`cancel`).
+    Cancel,
+    /// The client cannot ask (no `elicitation` capability, or a protocol the shim cannot ask
+    /// in); `reason` says which.
+    Unable,
+}
+
+impl PrincipalAnswer {
+    /// The MCP elicitation action it came from (`unable` for none).
+    pub fn action(self) -> &'static str {
+        match self {
+            PrincipalAnswer::Approve | PrincipalAnswer::Deny => "accept",
+            PrincipalAnswer::Decline => "decline",
+            PrincipalAnswer::Cancel => "cancel",
+            PrincipalAnswer::Unable => "unable",
+        }
+    }
+}
+
+/// The harness session a principal's answer came from, as `approval_decided` records it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HarnessSession {
+    /// The bridge connection (a serial, per broker run) the question went out on and the
+    /// answer came back on.
+    pub bridge: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shim_pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
+    /// The elicitation action (`accept`, `decline`, `cancel`).
+    pub action: String,
 }
 
 impl Serialize for BridgeEvent {

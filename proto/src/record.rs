@@ -80,6 +80,35 @@ pub enum Event {
     ControlRefused(ConnectionRefused),
     /// Lines on a shim's stdin that were not JSON at all, aggregated per bridge.
     MalformedFrame(MalformedFrame),
+    /// A brokered (upstream) server asked the broker's client side something: a question for
+    /// the person (`elicitation/create`), a model completion (`sampling/createMessage`) or the
+    /// client's roots (`roots/list`); what it asked and what the broker did.
+    UpstreamRequest(UpstreamRequest),
+}
+
+/// An upstream server's request to the broker (as its MCP client), and what became of it. The
+/// question's schema is kept, never values.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamRequest {
+    /// The provider's namespace.
+    pub provider: String,
+    /// `elicitation/create`, `sampling/createMessage` or `roots/list`.
+    pub method: String,
+    /// Elicitation: `form` or `url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Elicitation, form mode: the requested schema (bounded: longer ones as their digest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<serde_json::Value>,
+    /// Elicitation, URL mode: the URL's host only (and whether it is https).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// `refused` (today, always).
+    pub action: String,
+    pub reason: String,
+    /// Always `null`: an upstream's request belongs to no turn the broker can name.
+    pub turn: Option<String>,
 }
 
 impl Event {
@@ -104,6 +133,7 @@ impl Event {
             Event::BridgeRefused(_) => "bridge_refused",
             Event::ControlRefused(_) => "control_refused",
             Event::MalformedFrame(_) => "malformed_frame",
+            Event::UpstreamRequest(_) => "upstream_request",
         }
     }
 
@@ -127,6 +157,7 @@ impl Event {
             Event::ApprovalDecided(e) => Some(&e.turn),
             Event::BridgeRefused(e) | Event::ControlRefused(e) => e.turn.as_deref(),
             Event::MalformedFrame(e) => Some(&e.turn),
+            Event::UpstreamRequest(e) => e.turn.as_deref(),
         }
     }
 }
@@ -394,10 +425,20 @@ pub struct ApprovalDecided {
     pub approval: String,
     /// `approved` or `denied` (by a person), `timeout` or `cancelled`.
     pub decision: String,
-    /// The uid on `control.sock` that approved or denied; `null` for timeout and cancelled.
+    /// The uid on `control.sock` that approved or denied; `null` for timeout and cancelled,
+    /// and for the principal's own answer.
     pub decided_by: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Who answered: `operator` (over `control.sock`) or `principal` (in the harness, through
+    /// MCP elicitation). Absent for timeout and cancelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// The principal's answer: the harness session it came from (the bridge connection of the
+    /// turn, the shim's pid, the MCP client's name and version) and the elicitation action
+    /// (`accept`, `decline`, `cancel`) with the value chosen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<crate::ipc::HarnessSession>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_identity: Option<SystemIdentity>,
 }

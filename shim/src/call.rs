@@ -23,6 +23,10 @@ pub struct Caller {
     /// Whole lines for stdout (newline included): the progress notifications of calls that
     /// wait for a person's approval. Weak: it never keeps stdout's writer from finishing.
     notes: Option<tokio::sync::mpsc::WeakSender<Vec<u8>>>,
+    /// Asks the person in the harness about calls held for their approval.
+    asker: Arc<crate::ask::Asker>,
+    /// The protocol `initialize` settled on (a 2026-07-28 client cannot be asked by request).
+    protocol: crate::server::Negotiated,
 }
 
 /// The `notifications/progress` line (newline included) of a call waiting for approval.
@@ -45,11 +49,18 @@ pub fn progress_line(token: &Value, waiting: &Waiting, n: u64) -> Vec<u8> {
 }
 
 impl Caller {
-    pub fn new(link: Arc<Link>, portable: Option<Arc<PortableNames>>) -> Self {
+    pub fn new(
+        link: Arc<Link>,
+        portable: Option<Arc<PortableNames>>,
+        asker: Arc<crate::ask::Asker>,
+        protocol: crate::server::Negotiated,
+    ) -> Self {
         Self {
             link,
             portable,
             notes: None,
+            asker,
+            protocol,
         }
     }
 
@@ -58,9 +69,11 @@ impl Caller {
         self.link.malformed(bytes, sha256, count).await;
     }
 
-    /// Where progress notifications go (the session's stdout queue).
+    /// Where progress notifications and questions to the person go (the session's stdout
+    /// queue).
     pub fn set_notes(&mut self, notes: &tokio::sync::mpsc::Sender<Vec<u8>>) {
         self.notes = Some(notes.downgrade());
+        self.asker.set_out(notes);
     }
 
     /// Sends a referred call to the broker; resolves with its answer (or the shim's own, when the
@@ -72,7 +85,7 @@ impl Caller {
             tool: sent,
             arguments,
             rejected: rejected_arguments,
-            protocol: _,
+            protocol: stated,
             trace,
             progress: token,
         } = referral;
@@ -100,7 +113,14 @@ impl Caller {
                 let _ = notes.try_send(progress_line(token, w, n));
             }
         };
-        match self.link.call(call, cancel, &mut progress).await {
+        let current = self.protocol.is_current(stated.as_deref());
+        let asker = self.asker.clone();
+        let ask = move |q: sharedos_proto::ipc::Question| {
+            let asker = asker.clone();
+            Box::pin(async move { asker.ask(&q, current).await })
+                as std::pin::Pin<Box<dyn std::future::Future<Output = crate::link::Answer> + Send>>
+        };
+        match self.link.call(call, cancel, &mut progress, &ask).await {
             Some(Ok(answer)) => Some(answer),
             Some(Err(why)) => Some(render::local_answer(&tool, &why)),
             None => None,

@@ -39,6 +39,10 @@ pub enum Verdict {
     /// A response or notification nobody waits for: nothing to answer (JSON-RPC never answers a
     /// response); note why.
     Ignore(&'static str),
+    /// A response (`result` or `error`, no `method`) with a string id: the answer to one of the
+    /// shim's own requests to the client (`elicitation/create`) if the id is one it is waiting
+    /// for, else ignored like any other.
+    Response(Value),
 }
 
 /// A `tools/call` as the kernel gets it, whatever the shape of its name and arguments.
@@ -492,6 +496,9 @@ pub fn check_line_full(line: &[u8]) -> Verdict {
     }
     let Some(method) = obj.get("method") else {
         if obj.contains_key("result") || obj.contains_key("error") {
+            if id.is_some_and(Value::is_string) {
+                return Verdict::Response(value);
+            }
             return Verdict::Ignore("a response sent to the server, which made no request");
         }
         return Verdict::Answer(error(

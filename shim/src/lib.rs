@@ -10,6 +10,8 @@
 //! - [`session`]: the one loop over stdin lines, call answers and the link's end; the calls in
 //!   flight; hands every `tools/call` to [`call`] and every other line to rmcp ([`server`]).
 //! - [`call`]: one `tools/call`, forwarded to the broker (portable names mapped back).
+//! - [`ask`]: a call held for its principal's approval asked of the person through the MCP
+//!   client (`elicitation/create`), and the client's response matched back to it.
 //! - [`render`]: the one mapping from a kernel answer to its MCP result; the shim's own answers.
 //! - [`server`]: what rmcp serves (`ServerHandler`): `initialize` and `tools/list`.
 //! - [`cli`]: the command (options, log, runtime, exit status); `main.rs` only calls it.
@@ -19,6 +21,7 @@
 //! - [`trust`]: whether the listener at the socket path may have the token (its uid, its
 //!   folder), checked before hello.
 
+pub mod ask;
 pub mod call;
 pub mod cli;
 pub mod error;

@@ -14,7 +14,8 @@ use interprocess::local_socket::traits::StreamCommon as _;
 use sharedos_ipc::{Conn, FrameReader, write_encoded, write_frame};
 use sharedos_proto::ToolCall;
 use sharedos_proto::ipc::{
-    BridgeEvent, BridgeRequest, CallAnswer, PROTOCOL_VERSION, ShimInfo, TurnToken,
+    BridgeEvent, BridgeRequest, CallAnswer, PROTOCOL_VERSION, PrincipalAnswer, Question, ShimInfo,
+    TurnToken,
 };
 use sharedos_proto::{CatalogHash, PublishedToolDefinition};
 use tokio::io::WriteHalf;
@@ -66,6 +67,17 @@ const MAX_WAIT: Duration = Duration::from_secs(8 * 24 * 3600);
 /// How often a client that asked for progress hears that its call is still waiting.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
+/// A question to the person in flight, with its approval id.
+type Asking = Pin<Box<dyn std::future::Future<Output = (String, Answer)> + Send>>;
+
+/// The person's answer to the question in flight; never, without one.
+async fn asked(asking: &mut Option<Asking>) -> (String, Answer) {
+    match asking {
+        Some(a) => a.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The progress timer's next tick; never, without one.
 async fn next_tick(tick: &mut Option<Pin<Box<Sleep>>>) {
     match tick {
@@ -79,7 +91,19 @@ async fn next_tick(tick: &mut Option<Pin<Box<Sleep>>>) {
 enum Reply {
     Answer(CallAnswer),
     Waiting(Waiting, oneshot::Receiver<Result<Reply, LinkDown>>),
+    /// The broker asks the call's principal (`approval`, `question`).
+    Ask(
+        String,
+        Box<Question>,
+        oneshot::Receiver<Result<Reply, LinkDown>>,
+    ),
 }
+
+/// The person's answer to a question, or why there is none.
+pub type Answer = (PrincipalAnswer, Option<String>);
+/// Asks the person a question (the session's [`crate::ask::Asker`]).
+pub type AskFn<'a> =
+    &'a (dyn Fn(Question) -> Pin<Box<dyn std::future::Future<Output = Answer> + Send>> + Sync);
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Reply, LinkDown>>>>>;
 
@@ -210,6 +234,24 @@ impl Link {
                             let _ = tx.send(Ok(Reply::Waiting(waiting, later)));
                         }
                     }
+                    Ok(BridgeEvent::Ask {
+                        id,
+                        approval,
+                        question,
+                    }) => {
+                        let (next, later) = oneshot::channel();
+                        let tx = l.pending.lock().ok().and_then(|mut m| {
+                            let tx = m.remove(&id)?;
+                            m.insert(id, next);
+                            Some(tx)
+                        });
+                        if let Some(tx) = tx {
+                            let _ = tx.send(Ok(Reply::Ask(approval, Box::new(question), later)));
+                        }
+                    }
+                    Ok(BridgeEvent::DecideRefused { approval, message }) => {
+                        tracing::warn!(%approval, %message, "the broker refused an answer");
+                    }
                     Ok(BridgeEvent::TurnClosed { reason }) => {
                         break LinkDown::TurnClosed(format!("the turn closed ({reason})"));
                     }
@@ -271,6 +313,7 @@ impl Link {
         call: ToolCall,
         cancel: &CancellationToken,
         progress: &mut (dyn FnMut(&Waiting, u64) + Send),
+        ask: AskFn<'_>,
     ) -> Option<Result<CallAnswer, LinkDown>> {
         if let Some(why) = self.end_reason.lock().ok().and_then(|r| r.clone()) {
             return Some(Err(why));
@@ -291,6 +334,9 @@ impl Link {
         // Made only once the call waits for a person: an ordinary call sets up one timer.
         let mut waiting: Option<(Waiting, u64)> = None;
         let mut tick: Option<Pin<Box<Sleep>>> = None;
+        // The question to the person in flight, with its approval id; dropped (and withdrawn
+        // from the client) when the answer comes first.
+        let mut asking: Option<Asking> = None;
         loop {
             tokio::select! {
                 // An answer (or the link's end) wins over a cancellation that arrives with it: the
@@ -306,9 +352,18 @@ impl Link {
                         tick = Some(Box::pin(tokio::time::sleep(PROGRESS_EVERY)));
                         waiting = Some((w, 1));
                     }
+                    Ok(Ok(Reply::Ask(approval, question, later))) => {
+                        rx = later;
+                        let answer = ask(*question);
+                        asking = Some(Box::pin(async move { (approval, answer.await) }));
+                    }
                     Ok(Err(why)) => return Some(Err(why)),
                     Err(_) => return Some(Err(LinkDown::BrokerGone("the broker link dropped the call".into()))),
                 },
+                (approval, (answer, reason)) = asked(&mut asking), if asking.is_some() => {
+                    asking = None;
+                    let _ = self.send(&BridgeRequest::Decide { approval, answer, reason }).await;
+                }
                 _ = self.ended.cancelled() => {
                     let why = self.end_reason.lock().ok().and_then(|r| r.clone());
                     return Some(Err(why.unwrap_or_else(|| LinkDown::BrokerGone("the broker link ended".into()))));

@@ -54,6 +54,8 @@ pub struct Shim {
     protocol: Negotiated,
     /// The broker has been told which client this is (`bridge_client`), once per shim.
     announced: Arc<AtomicBool>,
+    /// What the client declared it can do (elicitation), for the questions the shim asks.
+    can: crate::ask::ClientCan,
 }
 
 impl Shim {
@@ -64,6 +66,7 @@ impl Shim {
         welcome: &Welcome,
         portable: Option<&PortableNames>,
         protocol: Negotiated,
+        can: crate::ask::ClientCan,
     ) -> Self {
         let tools = welcome
             .tools
@@ -80,6 +83,7 @@ impl Shim {
             tools: Arc::new(tools),
             protocol,
             announced: Arc::default(),
+            can,
         }
     }
 
@@ -143,6 +147,9 @@ impl ServerHandler for Shim {
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, McpError> {
         context.peer.set_peer_info(request.clone());
+        if let Ok(caps) = serde_json::to_value(&request.capabilities) {
+            self.can.settle(&caps);
+        }
         let protocol = serde_json::to_value(&request.protocol_version)
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned));

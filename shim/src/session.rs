@@ -66,6 +66,11 @@ pub trait Calls: Send + 'static {
     /// Tells the broker of stdin lines that were not JSON at all (the last one's size and
     /// SHA-256, and how many since the last report), to be recorded; never waits.
     fn malformed(&self, _bytes: u64, _sha256: String, _count: u64) {}
+    /// A response from the client to one of the shim's own requests (a question to the
+    /// person); `false` when no question waits for it.
+    fn response(&self, _message: Value) -> bool {
+        false
+    }
 }
 
 /// Lines on stdin that are not JSON at all are reported to the broker at most once per this
@@ -91,6 +96,7 @@ where
 struct Forward {
     caller: call::Caller,
     protocol: server::Negotiated,
+    asker: Arc<crate::ask::Asker>,
 }
 
 impl Calls for Forward {
@@ -101,17 +107,19 @@ impl Calls for Forward {
     fn malformed(&self, bytes: u64, sha256: String, count: u64) {
         let caller = self.caller.clone();
         tokio::spawn(async move { caller.malformed(bytes, sha256, count).await });
+    fn response(&self, message: Value) -> bool {
+        self.asker.response(message)
     }
 
     fn answer(
         &self,
-        mut referral: Referral,
+        referral: Referral,
         cancel: CancellationToken,
     ) -> impl Future<Output = Option<Vec<u8>>> + Send + 'static {
         let (caller, protocol) = (self.caller.clone(), self.protocol.clone());
         async move {
             let id = referral.id.clone().unwrap_or(Value::Null);
-            let stated = referral.protocol.take();
+            let stated = referral.protocol.clone();
             let answer = caller.call(referral, &cancel).await?;
             let current = protocol.is_current(stated.as_deref());
             Some(render::response(id, &answer, current))
@@ -136,12 +144,19 @@ impl Session {
             None
         };
         let protocol = server::Negotiated::default();
-        let handler =
-            server::Shim::new(link.clone(), welcome, portable.as_deref(), protocol.clone());
+        let asker = Arc::new(crate::ask::Asker::default());
+        let handler = server::Shim::new(
+            link.clone(),
+            welcome,
+            portable.as_deref(),
+            protocol.clone(),
+            asker.can.clone(),
+        );
         Ok(Self {
             calls: Forward {
-                caller: call::Caller::new(link.clone(), portable),
+                caller: call::Caller::new(link.clone(), portable, asker.clone(), protocol.clone()),
                 protocol,
+                asker,
             },
             link,
             handler,
@@ -346,6 +361,14 @@ where
                     }
                     Verdict::Ignore(why) => {
                         tracing::info!("ignored input: {why}");
+                        true
+                    }
+                    Verdict::Response(message) => {
+                        if !calls.response(message) {
+                            tracing::info!(
+                                "ignored input: a response to no question the shim asked (or one already answered)"
+                            );
+                        }
                         true
                     }
                 }

@@ -210,14 +210,174 @@ pub struct McpProvider {
 /// `notifications/tools/list_changed` and wakes the supervisor, which lists the tools again, and
 /// takes its `notifications/message` as what it is, the server's log: written as the broker's
 /// own line, attributed to the provider, bounded ([`UpstreamLog`]).
+///
+/// An upstream's requests to its client are refused and recorded (`upstream_request`), never
+/// silently declined: a question for the person (`elicitation/create`, form or URL mode; the
+/// broker declares the capability so that the question reaches it and is on record), a model
+/// completion (`sampling/createMessage`), the client's roots (`roots/list`). Forwarding a
+/// question to the person in the harness is not built yet.
 struct Listener {
     changed: Arc<tokio::sync::Notify>,
     log: Arc<UpstreamLog>,
     /// The secrets given to this instance, redacted from its log messages.
     secrets: Arc<[(String, Secret)]>,
+    /// Where refused upstream requests are recorded, and whose they are.
+    requests: UpstreamRequests,
+}
+
+/// Records an upstream's requests to the broker's client side.
+#[derive(Clone)]
+struct UpstreamRequests {
+    provider: String,
+    recorder: Recorder,
+}
+
+/// Largest form schema (JSON text) an `upstream_request` line keeps; a larger one is kept as
+/// its size and SHA-256.
+pub const UPSTREAM_REQUEST_MAX_SCHEMA_BYTES: usize = 4096;
+
+impl UpstreamRequests {
+    /// Records the refusal of `method` and returns the error the upstream gets.
+    async fn refuse(
+        &self,
+        method: &str,
+        mode: Option<&str>,
+        schema: Option<Value>,
+        host: Option<String>,
+        reason: String,
+    ) -> rmcp::ErrorData {
+        let schema = schema.map(|s| {
+            let text = s.to_string();
+            if text.len() > UPSTREAM_REQUEST_MAX_SCHEMA_BYTES {
+                let d = record::Digest::of(text.as_bytes());
+                serde_json::json!({"schemaDigest": {"bytes": d.bytes, "sha256": d.sha256}})
+            } else {
+                s
+            }
+        });
+        let line = Event::UpstreamRequest(record::UpstreamRequest {
+            provider: self.provider.clone(),
+            method: method.to_owned(),
+            mode: mode.map(str::to_owned),
+            schema,
+            host,
+            action: "refused".into(),
+            reason: reason.clone(),
+            turn: None,
+        });
+        if let Err(e) = self.recorder.append(&line).await {
+            tracing::error!(provider = %self.provider, error = %e, "upstream_request not recorded");
+        }
+        tracing::warn!(provider = %self.provider, method, reason, "an upstream's request to the client refused");
+        rmcp::ErrorData::invalid_request(format!("refused by the SharedOS broker: {reason}"), None)
+    }
+}
+
+/// The host of an elicitation URL, and why it is refused: an https URL's host, or a note that
+/// it is not https (then the URL would be refused even if questions were forwarded).
+fn url_host(url: &str) -> (Option<String>, Option<&'static str>) {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = authority.rsplit('@').next().unwrap_or_default();
+    let mut host = host.to_owned();
+    sharedos_proto::name::clip(&mut host, 255);
+    let https = scheme.eq_ignore_ascii_case("https");
+    (
+        (!host.is_empty()).then_some(host),
+        (!https).then_some("the URL is not https"),
+    )
 }
 
 impl ClientHandler for Listener {
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        // Elicitation is declared so that an upstream's question reaches the broker and is
+        // refused on record instead of failing unseen inside the upstream.
+        let capabilities = serde_json::from_value(serde_json::json!({
+            "elicitation": {"form": {}, "url": {}}
+        }))
+        .unwrap_or_default();
+        rmcp::model::ClientConfig::new(
+            capabilities,
+            rmcp::model::Implementation::new("sharedos-broker", env!("CARGO_PKG_VERSION")),
+        )
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: rmcp::model::ElicitRequestParams,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
+        let refuse = "this broker does not forward questions from brokered servers to the person (upstream elicitation is refused and recorded)";
+        let value = serde_json::to_value(&request).unwrap_or_default();
+        let err = match value.get("mode").and_then(Value::as_str) {
+            Some("url") => {
+                let url = value.get("url").and_then(Value::as_str).unwrap_or_default();
+                let (host, not_https) = url_host(url);
+                let reason = match not_https {
+                    Some(why) => format!("{refuse}; {why}"),
+                    None => refuse.to_owned(),
+                };
+                self.requests
+                    .refuse("elicitation/create", Some("url"), None, host, reason)
+                    .await
+            }
+            _ => {
+                let schema = value.get("requestedSchema").cloned();
+                self.requests
+                    .refuse(
+                        "elicitation/create",
+                        Some("form"),
+                        schema,
+                        None,
+                        refuse.into(),
+                    )
+                    .await
+            }
+        };
+        Err(err)
+    }
+
+    #[expect(
+        deprecated,
+        reason = "sampling is deprecated (SEP-2577), but upstreams may still ask: it must be refused on record"
+    )]
+    async fn create_message(
+        &self,
+        _params: rmcp::model::CreateMessageRequestParams,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::CreateMessageResult, rmcp::ErrorData> {
+        Err(self
+            .requests
+            .refuse(
+                "sampling/createMessage",
+                None,
+                None,
+                None,
+                "a brokered server may not use the person's model (sampling is refused)".into(),
+            )
+            .await)
+    }
+
+    #[expect(
+        deprecated,
+        reason = "roots are deprecated (SEP-2577), but upstreams may still ask: refused on record"
+    )]
+    async fn list_roots(
+        &self,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ListRootsResult, rmcp::ErrorData> {
+        Err(self
+            .requests
+            .refuse(
+                "roots/list",
+                None,
+                None,
+                None,
+                "the broker shows a brokered server no roots of the client (its files are the broker's to authorize)".into(),
+            )
+            .await)
+    }
+
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         // A permit is kept if the supervisor is busy: announcements made meanwhile are one
         // re-list, made after them.
@@ -487,6 +647,23 @@ impl McpProvider {
         });
         if let Err(e) = self.recorder.append(&line).await {
             tracing::error!(provider = %self.config.namespace, error = %e, "cannot record provider state");
+        }
+    }
+
+    /// The client side the broker runs for one session with the upstream.
+    fn listener(
+        &self,
+        changed: Arc<tokio::sync::Notify>,
+        secrets: Arc<[(String, Secret)]>,
+    ) -> Listener {
+        Listener {
+            changed,
+            log: self.log.clone(),
+            secrets,
+            requests: UpstreamRequests {
+                provider: self.config.namespace.clone(),
+                recorder: self.recorder.clone(),
+            },
         }
     }
 

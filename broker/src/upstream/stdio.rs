@@ -11,7 +11,7 @@ use rmcp::transport::TokioChildProcess;
 
 use super::log::drain_stderr;
 use super::sandbox;
-use super::{Launch, Listener, McpProvider, Session};
+use super::{Launch, McpProvider, Session};
 
 /// A sandboxed upstream's process group (the launcher made its pid the group's id): killed
 /// whole, and forgotten by [`crate::lineage`], when dropped.
@@ -88,11 +88,7 @@ impl McpProvider {
         });
         let limit = self.startup_timeout();
         let changed = Arc::new(tokio::sync::Notify::new());
-        let listener = Listener {
-            changed: changed.clone(),
-            log: self.log.clone(),
-            secrets: launch.given.clone(),
-        };
+        let listener = self.listener(changed.clone(), launch.given.clone());
         let service = match tokio::time::timeout(limit, listener.serve(transport)).await {
             Err(_) => return Err("the upstream did not finish initialize in time".to_owned()),
             Ok(Ok(service)) => service,

@@ -15,6 +15,7 @@ mod client_gone;
 mod deploy;
 mod deploy_planted;
 mod evidence;
+mod elicitation;
 mod faults;
 mod golden;
 mod hello_gate;

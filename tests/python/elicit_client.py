@@ -1,0 +1,57 @@
+"""A harness that answers MCP elicitation: the Python MCP SDK client (PyPI mcp 2.3.0) driving
+sharedos-mcp-shim, with a real `elicitation_callback` standing in for the person.
+
+Env: SHAREDOS_SHIM, SHAREDOS_TURN_TOKEN, SHAREDOS_BROKER (for the shim); ELICIT_ANSWER: what the
+person does, `approve`, `deny` (accept with decision deny), `decline`, `cancel`, `slow` (answers
+approve after ELICIT_SLOW_SECONDS), or `none` (no callback: the client declares no elicitation
+capability); ELICIT_MODE: `legacy` (initialize, 2025-11-25) or `auto`; ELICIT_CALLS: a JSON list of
+[tool, arguments]. Prints a JSON report as the last line: each call's [isError, text, code] and
+every question the person was shown (message and schema).
+"""
+import json
+import os
+import sys
+
+import anyio
+from mcp import Client, MCPError, StdioServerParameters
+from mcp.types import ElicitResult
+
+questions = []
+
+
+async def person(ctx, params):
+    answer = os.environ.get("ELICIT_ANSWER", "approve")
+    dump = params.model_dump(mode="json", by_alias=True, exclude_none=True)
+    questions.append(dump)
+    if answer == "slow":
+        await anyio.sleep(float(os.environ.get("ELICIT_SLOW_SECONDS", "5")))
+        return ElicitResult(action="accept", content={"decision": "approve"})
+    if answer == "approve":
+        return ElicitResult(action="accept", content={"decision": "approve"})
+    if answer == "deny":
+        return ElicitResult(action="accept", content={"decision": "deny"})
+    return ElicitResult(action=answer)
+
+
+async def main():
+    params = StdioServerParameters(command=os.environ["SHAREDOS_SHIM"], args=[], env=dict(os.environ))
+    mode = os.environ.get("ELICIT_MODE", "legacy")
+    calls = json.loads(os.environ["ELICIT_CALLS"])
+    callback = None if os.environ.get("ELICIT_ANSWER") == "none" else person
+    report = {"calls": []}
+    async with Client(params, mode=mode, read_timeout_seconds=60, elicitation_callback=callback) as client:
+        report["protocol"] = str(client.protocol_version)
+        for tool, args in calls:
+            result = await client.call_tool(tool, args)
+            text = result.content[0].text if result.content else ""
+            meta = (result.meta or {}).get("sharedos") or {}
+            report["calls"].append([bool(result.is_error), text, meta.get("code")])
+    report["questions"] = questions
+    print(json.dumps(report))
+
+
+try:
+    anyio.run(main)
+except MCPError as e:
+    print(f"JSON-RPC error {e.code}: {e}", file=sys.stderr)
+    sys.exit(1)

@@ -1,0 +1,49 @@
+"""An upstream MCP server (PyPI mcp 2.3.0 MCPServer, stdio) whose tool asks its client a question
+(`ctx.elicit`, form mode) before acting, one that asks through URL mode, and one that asks for
+the client's roots. Each returns what its client answered, or the error it got, as text."""
+from pydantic import BaseModel
+
+from mcp.server.mcpserver import Context, MCPServer
+
+app = MCPServer("elicits")
+
+
+class Confirm(BaseModel):
+    confirm: bool
+    api_key: str = ""
+
+
+@app.tool()
+async def ask(ctx: Context) -> str:
+    """Asks the person to confirm, then answers what they said."""
+    try:
+        result = await ctx.elicit(message="Delete the staging database?", schema=Confirm)
+    except Exception as e:  # the refusal comes back as an MCP error
+        return f"refused: {e}"
+    return f"answered: {result.action}"
+
+
+@app.tool()
+async def ask_url(ctx: Context) -> str:
+    """Asks the person to open a plain-http URL."""
+    try:
+        result = await ctx.elicit_url(
+            message="Sign in", url="http://login.example.test/authorize?state=1", elicitation_id="e1"
+        )
+    except Exception as e:
+        return f"refused: {e}"
+    return f"answered: {result.action}"
+
+
+@app.tool()
+async def roots(ctx: Context) -> str:
+    """Asks the client for its roots."""
+    try:
+        r = await ctx.session.list_roots()
+    except Exception as e:
+        return f"refused: {e}"
+    return f"roots: {len(r.roots)}"
+
+
+if __name__ == "__main__":
+    app.run()

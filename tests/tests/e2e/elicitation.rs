@@ -1,0 +1,644 @@
+//! Issue 36: a call a permit annotated `@approval("principal")` decides is asked of the person
+//! in the harness, through MCP elicitation (`elicitation/create` to the shim's client), and only
+//! that person's answer, bound to the call's approval id, decides it. The harness here is the
+//! Python MCP SDK client (PyPI `mcp` 2.3.0, `tests/python/elicit_client.py`) with a real
+//! `elicitation_callback`; the crafted-frame and replay cases drive the bridge socket directly.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sharedos_proto::ipc::{BridgeEvent, BridgeRequest, PrincipalAnswer};
+
+use crate::kit::{Options, TestBroker, WAIT, bin, run};
+
+const POLICY: &str = r#"
+@id("alice-public")
+permit(principal == SharedOS::User::"alice",
+       action in [SharedOS::Action::"read", SharedOS::Action::"list", SharedOS::Action::"search"],
+       resource is SharedOS::File)
+when { resource.path == "/public" || resource.path like "/public/*" };
+
+@id("alice-write-asks-alice")
+@approval("principal")
+permit(principal == SharedOS::User::"alice",
+       action == SharedOS::Action::"write",
+       resource is SharedOS::File)
+when { resource.path like "/public/*" };
+
+@id("alice-private-asks-alice-or-operator")
+@approval("principal_or_operator")
+permit(principal == SharedOS::User::"alice",
+       action == SharedOS::Action::"read",
+       resource is SharedOS::File)
+when { resource.path like "/private/*" };
+"#;
+
+async fn broker(timeout_seconds: u64) -> TestBroker {
+    TestBroker::start(Options {
+        policy: POLICY,
+        top: format!("approval_timeout_seconds = {timeout_seconds}\n"),
+        ..Options::default()
+    })
+    .await
+}
+
+fn python() -> Option<String> {
+    match std::env::var("SHAREDOS_PYTHON") {
+        Ok(p) if !p.is_empty() => Some(p),
+        _ => {
+            assert!(
+                std::env::var("CI").is_err(),
+                "CI must set SHAREDOS_PYTHON (see .ci/run)"
+            );
+            eprintln!(
+                "SKIPPED: SHAREDOS_PYTHON is not set (run .ci/run to install PyPI mcp 2.3.0)"
+            );
+            None
+        }
+    }
+}
+
+/// The Python SDK client as the harness: one session, `calls` in order, the person answering
+/// every question with `answer`.
+fn harness(
+    python: &str,
+    broker: &TestBroker,
+    token: &str,
+    mode: &str,
+    answer: &str,
+    calls: &Value,
+) -> std::process::Command {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/elicit_client.py");
+    let mut cmd = std::process::Command::new(python);
+    cmd.arg(script)
+        .env("SHAREDOS_SHIM", bin("sharedos-mcp-shim"))
+        .env("SHAREDOS_TURN_TOKEN", token)
+        .env("SHAREDOS_BROKER", broker.bridge())
+        .env("ELICIT_MODE", mode)
+        .env("ELICIT_ANSWER", answer)
+        .env("ELICIT_SLOW_SECONDS", "6")
+        .env("ELICIT_CALLS", calls.to_string());
+    cmd
+}
+
+async fn report_of(cmd: std::process::Command) -> Value {
+    let (code, out, err) = run(cmd).await;
+    assert_eq!(code, 0, "python harness failed:\n{out}\n{err}");
+    serde_json::from_str(out.lines().last().unwrap_or("{}")).expect("report json")
+}
+
+fn lines_of(broker: &TestBroker, turn: &str, kind: &str) -> Vec<Value> {
+    broker
+        .records()
+        .into_iter()
+        .filter(|l| l["turn"] == turn && l["kind"] == kind)
+        .collect()
+}
+
+fn writes_succeeded(broker: &TestBroker, turn: &str) -> usize {
+    broker
+        .calls_of(turn)
+        .iter()
+        .filter(|c| c["tool"] == "files.write" && c["outcome"] == "succeeded")
+        .count()
+}
+
+const BIG: usize = 5000;
+
+/// Approve: the person is asked once, sees the tool, the resource the kernel decided on and the
+/// arguments within the bound (a long content cut, a secret-looking key redacted), and the call
+/// runs exactly once; `approval_decided` says `by: principal`, with the harness session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
+async fn the_person_approves_in_the_harness_and_the_call_runs_once() {
+    let Some(python) = python() else { return };
+    let broker = broker(30).await;
+    let turn = broker.open_turn("alice").await;
+    let content = "x".repeat(BIG);
+    let calls = json!([["files.write", {"path": "/public/new.txt", "content": content}]]);
+    let report = report_of(harness(
+        &python,
+        &broker,
+        turn.token.expose(),
+        "legacy",
+        "approve",
+        &calls,
+    ))
+    .await;
+    assert_eq!(report["protocol"], "2025-11-25", "{report}");
+    assert_eq!(report["calls"][0][0], false, "{report}");
+    assert_eq!(
+        std::fs::read_to_string(broker.dir.path().join("data/public/new.txt")).expect("written"),
+        content
+    );
+    let questions = report["questions"].as_array().expect("questions");
+    assert_eq!(questions.len(), 1, "asked once: {report}");
+    let message = questions[0]["message"].as_str().expect("message");
+    assert!(message.contains("`files.write`"), "{message}");
+    assert!(message.contains("/public/new.txt"), "{message}");
+    assert!(
+        !message.contains(&"x".repeat(sharedos_broker::approval::QUESTION_MAX_STRING_BYTES + 1)),
+        "the question carries an argument over the bound: {} bytes",
+        message.len()
+    );
+    assert!(
+        message.contains(&format!("({BIG} bytes in all)")),
+        "{message}"
+    );
+    assert_eq!(
+        questions[0]["requestedSchema"]["properties"]["decision"]["enum"],
+        json!(["approve", "deny"])
+    );
+    assert_eq!(writes_succeeded(&broker, &turn.turn), 1);
+    let decided = lines_of(&broker, &turn.turn, "approval_decided");
+    assert_eq!(decided.len(), 1, "{decided:?}");
+    assert_eq!(decided[0]["decision"], "approved");
+    assert_eq!(decided[0]["by"], "principal");
+    assert_eq!(decided[0]["decidedBy"], Value::Null);
+    assert_eq!(decided[0]["session"]["action"], "accept");
+    assert!(
+        decided[0]["session"]["bridge"].as_u64().is_some(),
+        "{decided:?}"
+    );
+    assert!(
+        decided[0]["session"]["client"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty()),
+        "{decided:?}"
+    );
+    broker.close_turn(&turn.turn).await;
+}
+
+/// Deny (accept with `deny`), decline and cancel each refuse the call `denied/approval_denied`,
+/// recorded `by: principal` with the action; nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
+async fn deny_decline_and_cancel_refuse_the_call() {
+    let Some(python) = python() else { return };
+    let broker = broker(30).await;
+    for (answer, action) in [
+        ("deny", "accept"),
+        ("decline", "decline"),
+        ("cancel", "cancel"),
+    ] {
+        let turn = broker.open_turn("alice").await;
+        let path = format!("/public/{answer}.txt");
+        let calls = json!([["files.write", {"path": path, "content": "no"}]]);
+        let report = report_of(harness(
+            &python,
+            &broker,
+            turn.token.expose(),
+            "legacy",
+            answer,
+            &calls,
+        ))
+        .await;
+        assert_eq!(report["calls"][0][0], true, "{answer}: {report}");
+        assert_eq!(
+            report["calls"][0][2], "approval_denied",
+            "{answer}: {report}"
+        );
+        assert_eq!(report["questions"].as_array().map(Vec::len), Some(1));
+        assert!(
+            !broker
+                .dir
+                .path()
+                .join(format!("data/public/{answer}.txt"))
+                .exists()
+        );
+        assert_eq!(writes_succeeded(&broker, &turn.turn), 0);
+        let decided = lines_of(&broker, &turn.turn, "approval_decided");
+        assert_eq!(decided.len(), 1, "{decided:?}");
+        assert_eq!(
+            (&decided[0]["decision"], &decided[0]["by"]),
+            (&json!("denied"), &json!("principal")),
+            "{answer}"
+        );
+        assert_eq!(decided[0]["session"]["action"], action, "{answer}");
+        let calls = broker.calls_of(&turn.turn);
+        assert_eq!(calls.len(), 1);
+        assert_eq!(
+            (&calls[0]["outcome"], &calls[0]["code"]),
+            (&json!("denied"), &json!("approval_denied"))
+        );
+        broker.close_turn(&turn.turn).await;
+    }
+}
+
+/// Nobody answers in time (the person takes 6 s, the timeout is 2 s): `denied/approval_timeout`,
+/// and the call never runs, not even when the late answer comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
+async fn no_answer_in_time_is_approval_timeout() {
+    let Some(python) = python() else { return };
+    let broker = broker(2).await;
+    let turn = broker.open_turn("alice").await;
+    let calls = json!([
+        ["files.write", {"path": "/public/late.txt", "content": "late"}],
+        ["files.read", {"path": "/public/hello.txt"}],
+    ]);
+    let started = std::time::Instant::now();
+    let report = report_of(harness(
+        &python,
+        &broker,
+        turn.token.expose(),
+        "legacy",
+        "slow",
+        &calls,
+    ))
+    .await;
+    assert_eq!(report["calls"][0][2], "approval_timeout", "{report}");
+    // The session goes on: the next call is answered.
+    assert_eq!(report["calls"][1][0], false, "{report}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!broker.dir.path().join("data/public/late.txt").exists());
+    assert_eq!(writes_succeeded(&broker, &turn.turn), 0);
+    let decided = lines_of(&broker, &turn.turn, "approval_decided");
+    assert_eq!(decided.len(), 1);
+    assert_eq!(decided[0]["decision"], "timeout");
+    broker.close_turn(&turn.turn).await;
+}
+
+/// A client that cannot be asked (no elicitation capability, or the 2026-07-28 revision, in
+/// which the shim does not ask yet): `@approval("principal")` is refused
+/// `denied/approval_unavailable` with the reason recorded; `@approval("principal_or_operator")`
+/// goes to the operator queue, and an operator's approval runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
+async fn a_client_that_cannot_be_asked_falls_back_as_the_policy_says() {
+    let Some(python) = python() else { return };
+    let broker = broker(30).await;
+    for (mode, answer, why) in [
+        (
+            "legacy",
+            "none",
+            "did not declare the elicitation capability",
+        ),
+        ("auto", "approve", "2026-07-28"),
+    ] {
+        let turn = broker.open_turn("alice").await;
+        let calls = json!([
+            ["files.write", {"path": "/public/unasked.txt", "content": "no"}],
+            ["files.read", {"path": "/private/secret.txt"}],
+        ]);
+        let mut child = tokio::process::Command::from(harness(
+            &python,
+            &broker,
+            turn.token.expose(),
+            mode,
+            answer,
+            &calls,
+        ));
+        child
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let child = child.spawn().expect("python");
+        // The second call waits for an operator: approve it from another process.
+        let id = {
+            let deadline = tokio::time::Instant::now() + WAIT;
+            loop {
+                let mut list = broker.cli();
+                list.args(["approvals", "--json"]);
+                let (code, out, err) = run(list).await;
+                assert_eq!(code, 0, "{err}");
+                let p: Vec<Value> = serde_json::from_str(&out).expect("json");
+                if let Some(a) = p.iter().find(|a| a["turn"] == turn.turn.as_str()) {
+                    break a["id"].as_str().expect("id").to_owned();
+                }
+                assert!(tokio::time::Instant::now() < deadline, "nothing waits");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let mut approve = broker.cli();
+        approve.args(["approvals", "approve", &id]);
+        let (code, _, err) = run(approve).await;
+        assert_eq!(code, 0, "{mode}: {err}");
+        let out = tokio::time::timeout(WAIT, child.wait_with_output())
+            .await
+            .expect("the harness ends")
+            .expect("output");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{mode}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value =
+            serde_json::from_str(stdout.lines().last().unwrap_or("{}")).expect("report");
+        assert_eq!(
+            report["calls"][0][2], "approval_unavailable",
+            "{mode}: {report}"
+        );
+        assert!(
+            report["calls"][0][1]
+                .as_str()
+                .is_some_and(|t| t.contains(why)),
+            "{mode}: {report}"
+        );
+        assert_eq!(report["calls"][1][0], false, "{mode}: {report}");
+        assert_eq!(report["calls"][1][1], "the secret\n", "{mode}: {report}");
+        assert_eq!(report["questions"], json!([]), "{mode}: nobody was asked");
+        let decided = lines_of(&broker, &turn.turn, "approval_decided");
+        assert_eq!(decided.len(), 2, "{decided:?}");
+        assert_eq!(decided[0]["decision"], "unavailable");
+        assert!(
+            decided[0]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains(why)),
+            "{decided:?}"
+        );
+        assert_eq!(
+            (&decided[1]["decision"], &decided[1]["by"]),
+            (&json!("approved"), &json!("operator"))
+        );
+        assert!(!broker.dir.path().join("data/public/unasked.txt").exists());
+        broker.close_turn(&turn.turn).await;
+    }
+}
+
+/// Reads the next frame that is not `waiting`.
+async fn next_event(
+    reader: &mut sharedos_ipc::FrameReader<impl tokio::io::AsyncRead + Unpin>,
+) -> BridgeEvent {
+    loop {
+        let e = tokio::time::timeout(WAIT, reader.next::<BridgeEvent>())
+            .await
+            .expect("a frame in time")
+            .expect("frame");
+        if !matches!(e, BridgeEvent::Waiting { .. }) {
+            return e;
+        }
+    }
+}
+
+fn write_call(id: u64, path: &str, extra: Value) -> BridgeRequest {
+    let mut arguments = json!({"path": path, "content": "y".repeat(BIG)});
+    if let (Some(a), Value::Object(more)) = (arguments.as_object_mut(), extra) {
+        a.extend(more);
+    }
+    BridgeRequest::Call {
+        id,
+        call: sharedos_proto::ToolCall {
+            tool: "files.write".into(),
+            arguments: Some(arguments),
+            request_id: None,
+            rejected_arguments: None,
+            traceparent: None,
+            tracestate: None,
+        },
+    }
+}
+
+/// Only the connection asked can answer, once: an answer from another bridge connection of the
+/// same turn (a model that got hold of the token and crafts a `decide` frame), a tool call that
+/// tries to approve, an answer replayed after the decision, and an earlier call's answer on a
+/// later question are all refused, and none of them runs or decides anything. The question
+/// itself stays within its bounds (redaction of secret-looking keys: the unit test
+/// `approval::tests::a_question_is_bounded_and_redacted`, as a files tool refuses extra keys).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_asked_session_answers_once() {
+    let broker = broker(30).await;
+    let turn = broker.open_turn("alice").await;
+    let token = turn.token.expose();
+    let (mut reader, mut writer) = crate::kit::raw_bridge(&broker.bridge(), token).await;
+    let (mut model_reader, mut model_writer) =
+        crate::kit::raw_bridge(&broker.bridge(), token).await;
+    sharedos_ipc::write_frame(&mut writer, &write_call(1, "/public/once.txt", json!({})))
+        .await
+        .expect("call");
+    let event = next_event(&mut reader).await;
+    let BridgeEvent::Ask {
+        id: 1,
+        approval,
+        question,
+    } = event
+    else {
+        panic!("no question for call 1: {event:?}");
+    };
+    let shown = serde_json::to_string(&question).expect("json");
+    assert!(
+        !shown.contains(&"y".repeat(sharedos_broker::approval::QUESTION_MAX_STRING_BYTES + 1)),
+        "an argument over the bound: {} bytes",
+        shown.len()
+    );
+    assert!(question.message.len() < 2 * sharedos_broker::approval::QUESTION_MAX_ARGUMENT_BYTES);
+    assert_eq!(
+        question.resource.as_deref(),
+        Some("SharedOS::File::\"/public/once.txt\"")
+    );
+    // Another connection of the same turn answers: refused.
+    let decide = |approval: &str, answer| BridgeRequest::Decide {
+        approval: approval.to_owned(),
+        answer,
+        reason: None,
+    };
+    sharedos_ipc::write_frame(
+        &mut model_writer,
+        &decide(&approval, PrincipalAnswer::Approve),
+    )
+    .await
+    .expect("crafted");
+    match next_event(&mut model_reader).await {
+        BridgeEvent::DecideRefused { message, .. } => {
+            assert!(
+                message.contains("not asked on this bridge connection"),
+                "{message}"
+            );
+        }
+        other => panic!("the crafted answer was not refused: {other:?}"),
+    }
+    // A tool call that tries to approve: refused as unpublished, and decides nothing.
+    sharedos_ipc::write_frame(
+        &mut model_writer,
+        &BridgeRequest::Call {
+            id: 7,
+            call: sharedos_proto::ToolCall {
+                tool: "approvals.approve".into(),
+                arguments: Some(json!({"id": approval})),
+                request_id: None,
+                rejected_arguments: None,
+                traceparent: None,
+                tracestate: None,
+            },
+        },
+    )
+    .await
+    .expect("tool call");
+    match next_event(&mut model_reader).await {
+        BridgeEvent::Answer { id: 7, answer } => {
+            assert_eq!(
+                answer.outcome,
+                sharedos_proto::Outcome::Denied(sharedos_proto::DenyCode::UnpublishedTool)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!broker.dir.path().join("data/public/once.txt").exists());
+    assert!(lines_of(&broker, &turn.turn, "approval_decided").is_empty());
+    // The asked connection answers: the call runs.
+    sharedos_ipc::write_frame(&mut writer, &decide(&approval, PrincipalAnswer::Approve))
+        .await
+        .expect("answer");
+    match next_event(&mut reader).await {
+        BridgeEvent::Answer { id: 1, answer } => {
+            assert_eq!(
+                answer.outcome,
+                sharedos_proto::Outcome::Succeeded,
+                "{answer:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Replayed: refused.
+    sharedos_ipc::write_frame(&mut writer, &decide(&approval, PrincipalAnswer::Approve))
+        .await
+        .expect("replay");
+    match next_event(&mut reader).await {
+        BridgeEvent::DecideRefused { message, .. } => {
+            assert!(message.contains("already decided"), "{message}");
+        }
+        other => panic!("the replay was not refused: {other:?}"),
+    }
+    // A second call: the first call's answer does not decide it; its own does.
+    sharedos_ipc::write_frame(&mut writer, &write_call(2, "/public/twice.txt", json!({})))
+        .await
+        .expect("call");
+    let BridgeEvent::Ask {
+        id: 2,
+        approval: second,
+        ..
+    } = next_event(&mut reader).await
+    else {
+        panic!("no question for call 2");
+    };
+    assert_ne!(second, approval);
+    sharedos_ipc::write_frame(&mut writer, &decide(&approval, PrincipalAnswer::Approve))
+        .await
+        .expect("old answer");
+    assert!(matches!(
+        next_event(&mut reader).await,
+        BridgeEvent::DecideRefused { .. }
+    ));
+    sharedos_ipc::write_frame(&mut writer, &decide(&second, PrincipalAnswer::Deny))
+        .await
+        .expect("answer");
+    match next_event(&mut reader).await {
+        BridgeEvent::Answer { id: 2, answer } => {
+            assert_eq!(
+                answer.outcome,
+                sharedos_proto::Outcome::Denied(sharedos_proto::DenyCode::ApprovalDenied)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(writes_succeeded(&broker, &turn.turn), 1);
+    assert!(!broker.dir.path().join("data/public/twice.txt").exists());
+    let decided = lines_of(&broker, &turn.turn, "approval_decided");
+    assert_eq!(decided.len(), 2, "{decided:?}");
+    assert!(
+        decided.iter().all(|d| d["by"] == "principal"),
+        "{decided:?}"
+    );
+    // An operator cannot decide a `principal` approval.
+    sharedos_ipc::write_frame(&mut writer, &write_call(3, "/public/op.txt", json!({})))
+        .await
+        .expect("call");
+    let BridgeEvent::Ask {
+        approval: third, ..
+    } = next_event(&mut reader).await
+    else {
+        panic!("no question for call 3");
+    };
+    let mut approve = broker.cli();
+    approve.args(["approvals", "approve", &third]);
+    let (code, _, err) = run(approve).await;
+    assert_ne!(code, 0);
+    assert!(err.contains("principal"), "{err}");
+    drop(writer);
+    drop(model_writer);
+    broker.close_turn(&turn.turn).await;
+}
+
+const UPSTREAM_POLICY: &str = r#"
+@id("alice-py")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool)
+when { resource.name like "py.*" };
+"#;
+
+/// An upstream that asks its client (a PyPI `mcp` MCPServer tool calling `ctx.elicit`, one that
+/// asks through URL mode with a plain-http URL, one that asks for roots): the broker refuses
+/// each with an MCP error the upstream sees (never a silent decline) and records it
+/// (`upstream_request`: the form's schema, a URL's host only, the reason). Forwarding to the
+/// person (`elicitation = "forward"`) is not built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
+async fn an_upstreams_questions_are_refused_and_recorded() {
+    let Some(python) = python() else { return };
+    let mut broker = TestBroker::start(Options {
+        policy: UPSTREAM_POLICY,
+        ..Options::default()
+    })
+    .await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/elicits.py");
+    let cfg = std::fs::read_to_string(&broker.config_path).expect("cfg");
+    std::fs::write(
+        &broker.config_path,
+        format!("{cfg}\n[[providers]]\ntype = \"mcp\"\nnamespace = \"py\"\ncommand = {python:?}\nargs = [{script:?}]\n"),
+    )
+    .expect("w");
+    broker.restart().await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = crate::kit::Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    let mut texts = Vec::new();
+    for (id, tool) in [(1, "py.ask"), (2, "py.ask_url"), (3, "py.roots")] {
+        let r = raw.call(id, tool, json!({})).await;
+        texts.push(crate::kit::text(&r["result"]));
+    }
+    for t in &texts {
+        assert!(
+            t.contains("refused") && t.contains("SharedOS broker"),
+            "the upstream did not see a refusal: {texts:?}"
+        );
+    }
+    let lines: Vec<Value> = broker
+        .records()
+        .into_iter()
+        .filter(|l| l["kind"] == "upstream_request")
+        .collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let form = &lines[0];
+    assert_eq!(
+        (
+            &form["provider"],
+            &form["method"],
+            &form["mode"],
+            &form["action"]
+        ),
+        (
+            &json!("py"),
+            &json!("elicitation/create"),
+            &json!("form"),
+            &json!("refused")
+        )
+    );
+    assert_eq!(
+        form["schema"]["properties"]["confirm"]["type"], "boolean",
+        "{form}"
+    );
+    let url = &lines[1];
+    assert_eq!(url["mode"], "url");
+    assert_eq!(url["host"], "login.example.test", "{url}");
+    assert!(url.get("url").is_none(), "{url}");
+    assert!(
+        url["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("not https")),
+        "{url}"
+    );
+    assert_eq!(lines[2]["method"], "roots/list");
+    // Nothing of the questions reached the harness: the shim sent no elicitation.
+    broker.close_turn(&turn.turn).await;
+}
