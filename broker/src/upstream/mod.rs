@@ -37,6 +37,7 @@ use crate::record::Recorder;
 use crate::resource::{Object, Resource};
 use crate::vpath;
 
+mod http;
 mod log;
 mod stdio;
 mod template;
@@ -127,6 +128,9 @@ pub struct Status {
     pub restarts: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// A remote provider's URL, TLS state, session and latency.
+    #[serde(flatten)]
+    pub remote: Option<http::RemoteStatus>,
 }
 
 pub use crate::provider::Registered;
@@ -161,6 +165,8 @@ pub struct McpProvider {
     relisting: tokio::sync::Mutex<()>,
     /// The log lines this upstream can cause, bounded.
     log: Arc<UpstreamLog>,
+    /// A remote provider's session bookkeeping.
+    remote: http::Remote,
 }
 
 /// The broker's side of one upstream session: it hears the upstream's
@@ -256,6 +262,7 @@ impl McpProvider {
             shutdown,
             roots: Mutex::new(HashMap::new()),
             relisting: tokio::sync::Mutex::new(()),
+            remote: http::Remote::default(),
         })
     }
 
@@ -305,6 +312,7 @@ impl McpProvider {
             pinned_hash: self.pins.get(&self.config.namespace),
             restarts: self.restarts.load(Ordering::Relaxed),
             last_error: inner.last_error.clone(),
+            remote: self.remote_status(inner.peer.is_some()),
         }
     }
 
@@ -480,7 +488,11 @@ impl McpProvider {
             if self.shutdown.is_cancelled() {
                 return;
             }
-            match self.connect().await {
+            let connected = match &self.config.url {
+                Some(url) => self.connect_http(url).await,
+                None => self.connect().await,
+            };
+            match connected {
                 Ok(Session {
                     service,
                     tools,
@@ -620,7 +632,12 @@ impl McpProvider {
         })?;
         let params =
             CallToolRequestParams::new(upstream.to_owned()).with_arguments(arguments.clone());
-        let response = peer.call_tool_once(params).await.map_err(|e| Failure::new(FailCode::UpstreamUnavailable, format!("the upstream server of `{}` went away during the call ({e}); it is being restarted", self.config.namespace)))?;
+        let started = std::time::Instant::now();
+        let response = peer
+            .call_tool_once(params)
+            .await
+            .map_err(|e| self.call_failure(&e))?;
+        self.remote.latency(started.elapsed());
         let result = match response {
             CallToolResponse::Complete(r) => r,
             _ => {
