@@ -59,6 +59,10 @@ pub enum ConfigError {
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "a handful of providers, read once at start: boxing would only churn every match"
+)]
 pub enum ProviderConfig {
     Files {
         #[serde(default = "default_files_namespace")]
@@ -111,7 +115,14 @@ pub struct TemplateConfig {
 #[serde(deny_unknown_fields)]
 pub struct McpProviderConfig {
     pub namespace: String,
+    /// The stdio server to spawn (exactly one of `command` and `url`).
+    #[serde(default)]
     pub command: String,
+    /// A remote Streamable HTTP server (`https://…/mcp`; `http://` only for loopback unless
+    /// `insecure_http`); the keys after `sandbox` are for it only (a remote provider runs no process,
+    /// so it has no sandbox).
+    #[serde(default)]
+    pub url: Option<String>,
     /// Arguments; each a string or a secret reference `{ secret = "name" }`.
     #[serde(default)]
     pub args: Vec<ConfigValue>,
@@ -149,6 +160,26 @@ pub struct McpProviderConfig {
     /// The walls the upstream runs in (`[providers.sandbox]`), or `sandbox = "none"`.
     #[serde(default)]
     pub sandbox: SandboxSetting,
+    // A remote (`url`) provider only (checked by `McpProviderConfig::check`):
+    /// Allow `http://` to a host that is not loopback (shown by `providers`, recorded).
+    #[serde(default)]
+    pub insecure_http: bool,
+    /// PEM file of CA certificates trusted for this provider, besides the system's roots.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate chain and its key, presented when the server asks (mutual TLS).
+    #[serde(default)]
+    pub client_cert: Option<PathBuf>,
+    #[serde(default)]
+    pub client_key: Option<PathBuf>,
+    /// Headers sent on every request to the server (`Authorization = "Bearer …"`), each a
+    /// string or a secret reference `{ secret = "name" }`. The harness's own headers are never
+    /// passed through.
+    #[serde(default)]
+    pub headers: BTreeMap<String, ConfigValue>,
+    /// Seconds to wait for the TCP and TLS connection (default 10).
+    #[serde(default)]
+    pub connect_timeout_seconds: Option<u64>,
 }
 
 /// `sandbox = "none"` (the upstream runs with the broker's authority: shown by `providers` and
@@ -353,11 +384,12 @@ pub struct SecretRef {
 }
 
 impl McpProviderConfig {
-    /// The secret references of `args` and `env`.
+    /// The secret references of `args`, `env` and `headers`.
     pub fn secret_refs(&self) -> impl Iterator<Item = &SecretRef> {
         self.args
             .iter()
             .chain(self.env.values())
+            .chain(self.headers.values())
             .filter_map(|v| match v {
                 ConfigValue::Secret(r) => Some(r),
                 ConfigValue::Plain(_) => None,
@@ -391,6 +423,119 @@ impl McpProviderConfig {
         }
         Ok(())
     }
+}
+
+/// Keys only a stdio (`command`) provider takes, and only a remote (`url`) one.
+const REMOTE_ONLY: &[&str] = &[
+    "insecure_http",
+    "ca_file",
+    "client_cert",
+    "client_key",
+    "headers",
+    "connect_timeout_seconds",
+];
+
+impl McpProviderConfig {
+    /// Exactly one of `command` and `url`; a URL must be http(s), and plain HTTP only to a
+    /// loopback host unless `insecure_http`.
+    pub fn check(&self) -> Result<(), String> {
+        let ns = &self.namespace;
+        let Some(url) = &self.url else {
+            if self.command.is_empty() {
+                return Err(format!(
+                    "provider `{ns}`: a `type = \"mcp\"` provider needs `command` (a stdio server) or `url` (a Streamable HTTP server)"
+                ));
+            }
+            let r = self;
+            let set = [
+                r.insecure_http,
+                r.ca_file.is_some(),
+                r.client_cert.is_some(),
+                r.client_key.is_some(),
+                !r.headers.is_empty(),
+                r.connect_timeout_seconds.is_some(),
+            ];
+            if let Some(i) = set.iter().position(|s| *s) {
+                return Err(format!(
+                    "provider `{ns}`: `{}` is for a remote provider (`url`), not a stdio one (`command`)",
+                    REMOTE_ONLY[i]
+                ));
+            }
+            return Ok(());
+        };
+        if !self.command.is_empty() || !self.args.is_empty() || !self.env.is_empty() {
+            return Err(format!(
+                "provider `{ns}`: give `command` (with `args`, `env`) or `url`, not both"
+            ));
+        }
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+            format!("provider `{ns}`: url `{url}` is not an http:// or https:// URL")
+        })?;
+        let host = rest
+            .split(['/', '?', '#'])
+            .next()
+            .unwrap_or_default()
+            .rsplit('@')
+            .next()
+            .unwrap_or_default();
+        let host = match host.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or_default(),
+            None => host.split(':').next().unwrap_or_default(),
+        };
+        if host.is_empty() {
+            return Err(format!("provider `{ns}`: url `{url}` has no host"));
+        }
+        match scheme.to_ascii_lowercase().as_str() {
+            "https" => {}
+            "http" if self.insecure_http || is_loopback(host) => {}
+            "http" => {
+                return Err(format!(
+                    "provider `{ns}`: url `{url}` is plain HTTP to `{host}`, which is not loopback: use https://, or set `insecure_http = true` to send calls and credentials unencrypted"
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "provider `{ns}`: url `{url}` is not an http:// or https:// URL"
+                ));
+            }
+        }
+        if self.client_cert.is_some() != self.client_key.is_some() {
+            return Err(format!(
+                "provider `{ns}`: `client_cert` and `client_key` go together"
+            ));
+        }
+        if self.connect_timeout_seconds == Some(0) {
+            return Err(format!(
+                "provider `{ns}`: connect_timeout_seconds = 0: at least 1"
+            ));
+        }
+        for name in self.headers.keys() {
+            let lower = name.to_ascii_lowercase();
+            if matches!(
+                lower.as_str(),
+                "host"
+                    | "content-type"
+                    | "accept"
+                    | "content-length"
+                    | "mcp-session-id"
+                    | "mcp-protocol-version"
+                    | "last-event-id"
+            ) {
+                return Err(format!(
+                    "provider `{ns}`: header `{name}` is set by the broker's HTTP transport and cannot be configured"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A host name or address that stays on this machine.
+pub fn is_loopback(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// A `[[budgets]]` table: a limit on the calls of one tool (`tool`) or of every tool of one
@@ -731,6 +876,12 @@ impl Config {
                 ProviderConfig::Files { namespace, .. } => namespace,
                 ProviderConfig::Mcp(m) => &m.namespace,
             };
+            if let ProviderConfig::Mcp(m) = p {
+                m.check().map_err(|detail| ConfigError::Parse {
+                    path: shown.clone(),
+                    detail,
+                })?;
+            }
             if !namespaces.insert(ns.clone()) {
                 return Err(ConfigError::Parse {
                     path: shown,
@@ -875,6 +1026,9 @@ impl Config {
                             for p in sb.read.iter_mut().chain(sb.write.iter_mut()) {
                                 *p = rel(p);
                             }
+                        }
+                        for f in [&mut m.ca_file, &mut m.client_cert, &mut m.client_key] {
+                            *f = f.as_deref().map(rel);
                         }
                         ProviderConfig::Mcp(m)
                     }

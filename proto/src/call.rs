@@ -131,6 +131,9 @@ pub enum FailCode {
     UpstreamError,
     /// The upstream MCP server is not available.
     UpstreamUnavailable,
+    /// A remote upstream MCP server refused the broker's credentials (HTTP 401/403): the
+    /// provider's configured authorization is wrong, expired or revoked. Never retried in a loop.
+    UpstreamUnauthorized,
     /// The upstream MCP server's tools no longer match its pin: its calls are refused until
     /// `sharedos-broker providers pin` accepts the new list.
     ProviderDrifted,

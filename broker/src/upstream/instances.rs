@@ -164,7 +164,7 @@ impl Pool {
                 ),
             ));
         }
-        let session = match provider.connect(&launch).await {
+        let session = match provider.connect_any(&launch).await {
             Ok(s) => s,
             Err(e) => {
                 drop(place);

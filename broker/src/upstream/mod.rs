@@ -39,6 +39,7 @@ use crate::resource::{Object, Resource};
 use crate::secrets::{Known, SHARED, Secret, SecretError, SecretStore};
 use crate::vpath;
 
+mod http;
 mod instances;
 mod log;
 pub mod sandbox;
@@ -113,6 +114,8 @@ impl Secrets {
 pub struct Launch {
     pub args: Vec<String>,
     pub env: Vec<(String, Secret)>,
+    /// A remote provider's headers.
+    pub headers: Vec<(String, Secret)>,
     /// The secrets given (name, value): redacted from what the instance writes to the log.
     pub given: Arc<[(String, Secret)]>,
 }
@@ -163,6 +166,9 @@ pub struct Status {
     /// A `per_principal` provider's running instances.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instances: Option<Vec<instances::InstanceStatus>>,
+    /// A remote provider's URL, TLS state, session and latency.
+    #[serde(flatten)]
+    pub remote: Option<http::RemoteStatus>,
 }
 
 pub use crate::provider::Registered;
@@ -197,13 +203,15 @@ pub struct McpProvider {
     relisting: tokio::sync::Mutex<()>,
     /// The log lines this upstream can cause, bounded.
     log: Arc<UpstreamLog>,
-    /// The sandbox planned at start (`None`: `sandbox = "none"`; `Err`: it cannot be applied,
-    /// and the upstream is not started).
+    /// The sandbox planned at start (`None`: `sandbox = "none"`, or a remote provider; `Err`:
+    /// it cannot be applied, and the upstream is not started).
     sandbox: Option<Result<sandbox::Plan, String>>,
     /// Where secret references are resolved.
     secrets: Secrets,
     /// A `per_principal` provider's instances (its supervised upstream only lists the tools).
     instances: Option<instances::Pool>,
+    /// A remote provider's session bookkeeping.
+    remote: http::Remote,
 }
 
 /// The broker's side of one upstream session: it hears the upstream's
@@ -446,6 +454,8 @@ impl McpProvider {
     ) -> Arc<Self> {
         let log = Arc::new(UpstreamLog::new(&config.namespace));
         let sandbox = match &config.sandbox {
+            // A remote provider runs no process of its own: nothing to wall in.
+            _ if config.url.is_some() => None,
             crate::config::SandboxSetting::Off(_) => None,
             crate::config::SandboxSetting::On(sb) => {
                 let roots: Vec<(PathBuf, bool)> = config
@@ -501,6 +511,7 @@ impl McpProvider {
             shutdown,
             roots: Mutex::new(HashMap::new()),
             relisting: tokio::sync::Mutex::new(()),
+            remote: http::Remote::default(),
         })
     }
 
@@ -552,12 +563,14 @@ impl McpProvider {
             last_error: inner.last_error.clone(),
             sandbox: self.sandbox_shown(),
             instances: self.instances.as_ref().map(instances::Pool::status),
+            remote: self.remote_status(inner.peer.is_some()),
         }
     }
 
     /// The sandbox as `providers` shows it and `provider_state` lines record it.
     pub fn sandbox_shown(&self) -> Value {
         match &self.sandbox {
+            None if self.config.url.is_some() => json!("remote"),
             None => json!("none"),
             Some(Ok(plan)) => plan.shown(),
             Some(Err(e)) => json!({ "unavailable": e }),
@@ -596,12 +609,30 @@ impl McpProvider {
         for (k, v) in &self.config.env {
             env.push((k.clone(), resolve(v).await?));
         }
+        let mut headers = Vec::with_capacity(self.config.headers.len());
+        for (k, v) in &self.config.headers {
+            headers.push((k.clone(), resolve(v).await?));
+        }
         let given = cache
             .into_iter()
             .filter(|(_, v)| !v.expose().is_empty())
             .map(|((_, name), v)| (name, v))
             .collect();
-        Ok(Launch { args, env, given })
+        Ok(Launch {
+            args,
+            env,
+            headers,
+            given,
+        })
+    }
+
+    /// Connects one session: to the remote server for a `url` provider, else by spawning the
+    /// stdio upstream.
+    pub(super) async fn connect_any(&self, launch: &Launch) -> Result<Session, String> {
+        match &self.config.url {
+            Some(url) => self.connect_http(url, launch).await,
+            None => self.connect(launch).await,
+        }
     }
 
     pub fn pins(&self) -> &Pins {
@@ -801,7 +832,7 @@ impl McpProvider {
                 return;
             }
             let connected = match self.launch(None).await {
-                Ok(launch) => self.connect(&launch).await,
+                Ok(launch) => self.connect_any(&launch).await,
                 Err(e) => Err(e.to_string()),
             };
             match connected {
@@ -962,7 +993,12 @@ impl McpProvider {
     ) -> Result<Success, Failure> {
         let params =
             CallToolRequestParams::new(upstream.to_owned()).with_arguments(arguments.clone());
-        let response = peer.call_tool_once(params).await.map_err(|e| Failure::new(FailCode::UpstreamUnavailable, format!("the upstream server of `{}` went away during the call ({e}); it is being restarted", self.config.namespace)))?;
+        let started = std::time::Instant::now();
+        let response = peer
+            .call_tool_once(params)
+            .await
+            .map_err(|e| self.call_failure(&e))?;
+        self.remote.latency(started.elapsed());
         let result = match response {
             CallToolResponse::Complete(r) => r,
             _ => {

@@ -17,6 +17,13 @@ use super::{Launch, McpProvider, Session};
 /// whole, and forgotten by [`crate::lineage`], when dropped.
 pub(super) struct Group(Option<u32>);
 
+impl Group {
+    /// No process group (a remote session).
+    pub(super) fn none() -> Self {
+        Group(None)
+    }
+}
+
 impl Drop for Group {
     fn drop(&mut self) {
         if let Some(pid) = self.0 {

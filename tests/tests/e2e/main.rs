@@ -27,6 +27,7 @@ mod names;
 mod outside_client;
 mod races;
 mod readme;
+mod remote;
 mod replay;
 mod robustness;
 mod sandbox;

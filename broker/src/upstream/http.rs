@@ -1,0 +1,408 @@
+//! The Streamable HTTP transport: the upstream is a remote MCP server at `url`, reached through
+//! rmcp's Streamable HTTP client over reqwest with rustls (ring; the system's roots, plus the
+//! provider's `ca_file`, and its client certificate when one is configured).
+//!
+//! Only how bytes reach the server differs from the stdio transport: the session returned here
+//! goes through the same registration, templates, pins, drift handling and call path.
+//! Bounded: a connect time limit, a maximum response size (as for stdio upstreams), redirects
+//! followed only on the same scheme, host and port. Outbound authorization is the provider's own
+//! headers; nothing the harness sends is passed through.
+
+use std::collections::HashMap;
+use std::error::Error as StdError;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::header::{HeaderName, HeaderValue};
+use rmcp::ServiceExt;
+use rmcp::service::ServiceError;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransportConfig, StreamableHttpError,
+};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use serde::Serialize;
+use sharedos_proto::FailCode;
+use tokio_util::sync::CancellationToken;
+
+use sharedos_proto::record::ProviderDetail;
+
+use super::{Launch, MAX_UPSTREAM_RESULT_BYTES, McpProvider, Session, State};
+use crate::config::is_loopback;
+use crate::provider::Failure;
+
+/// How long the TCP connection and TLS handshake to a remote server may take (per request).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes of one HTTP response (a JSON body or one SSE event) beyond the result limit: room for
+/// the JSON-RPC envelope. A larger response is refused before it is decoded.
+pub const MAX_HTTP_ENVELOPE_BYTES: usize = 64 * 1024;
+/// Redirects followed, each only to the same scheme, host and port.
+pub const MAX_REDIRECTS: usize = 5;
+
+/// What `providers` shows of a remote provider.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteStatus {
+    pub url: String,
+    /// `rustls (system roots)`, `rustls (system roots + ca_file …)`, `none (loopback http)`,
+    /// `none (insecure_http)`.
+    pub tls: String,
+    pub insecure_http: bool,
+    /// `open` while a session is up, `none` otherwise.
+    pub session: &'static str,
+    /// Sessions opened since the broker started (a restart or a session the server ended opens
+    /// another).
+    pub sessions: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_latency_ms: Option<f64>,
+}
+
+#[derive(Default)]
+struct RemoteState {
+    sessions: u64,
+    open: Option<CancellationToken>,
+    last_latency: Option<Duration>,
+}
+
+/// A remote provider's session bookkeeping.
+#[derive(Default)]
+pub struct Remote {
+    state: Mutex<RemoteState>,
+}
+
+impl Remote {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RemoteState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The round trip of one call, for `providers`.
+    pub fn latency(&self, took: Duration) {
+        self.lock().last_latency = Some(took);
+    }
+
+    /// Ends the current session (the supervisor then opens a new one).
+    pub fn end_session(&self) {
+        if let Some(stop) = &self.lock().open {
+            stop.cancel();
+        }
+    }
+}
+
+/// How a call through the HTTP transport failed, from rmcp's error.
+enum HttpFailure {
+    Unauthorized(String),
+    SessionExpired,
+    TooLarge(usize),
+    Other,
+}
+
+fn classify(e: &ServiceError) -> HttpFailure {
+    let mut current: Option<&(dyn StdError + 'static)> = Some(e);
+    while let Some(err) = current {
+        if let Some(h) = err.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
+            return match h {
+                StreamableHttpError::AuthRequired(a) => {
+                    HttpFailure::Unauthorized(format!("401, {}", a.www_authenticate_header))
+                }
+                StreamableHttpError::InsufficientScope(a) => {
+                    HttpFailure::Unauthorized(format!("403, {}", a.www_authenticate_header))
+                }
+                StreamableHttpError::HttpStatus(s) if matches!(s.status, 401 | 403) => {
+                    HttpFailure::Unauthorized(s.status.to_string())
+                }
+                StreamableHttpError::SessionExpired => HttpFailure::SessionExpired,
+                StreamableHttpError::ResponseBodyTooLarge { max_size } => {
+                    HttpFailure::TooLarge(*max_size)
+                }
+                _ => HttpFailure::Other,
+            };
+        }
+        current = err.source();
+    }
+    HttpFailure::Other
+}
+
+/// An error and its causes, `: `-joined (rustls's certificate errors are causes of reqwest's).
+pub fn chain(e: &(dyn StdError + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut current = e.source();
+    while let Some(err) = current {
+        let s = err.to_string();
+        if !text.contains(&s) {
+            text.push_str(": ");
+            text.push_str(&s);
+        }
+        current = err.source();
+    }
+    text
+}
+
+impl McpProvider {
+    /// Whether this provider reaches its server over HTTP.
+    pub fn is_remote(&self) -> bool {
+        self.config.url.is_some()
+    }
+
+    fn tls_shown(&self, url: &str) -> (String, bool) {
+        let https = url
+            .get(..8)
+            .is_some_and(|s| s.eq_ignore_ascii_case("https://"));
+        if https {
+            let mut t = "rustls (system roots".to_owned();
+            if let Some(ca) = &self.config.ca_file {
+                t.push_str(&format!(" + ca_file {}", ca.display()));
+            }
+            t.push(')');
+            if self.config.client_cert.is_some() {
+                t.push_str(", client certificate");
+            }
+            return (t, false);
+        }
+        let host = url.split("://").nth(1).unwrap_or_default();
+        let host = host.split(['/', '?', '#']).next().unwrap_or_default();
+        let host = match host.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or_default(),
+            None => host.split(':').next().unwrap_or_default(),
+        };
+        if is_loopback(host) {
+            ("none (plain HTTP to loopback)".into(), false)
+        } else {
+            ("none (insecure_http = true)".into(), true)
+        }
+    }
+
+    /// What `providers` shows of this provider's remote connection (None for stdio).
+    pub fn remote_status(&self, connected: bool) -> Option<RemoteStatus> {
+        let url = self.config.url.as_ref()?;
+        let (tls, insecure_http) = self.tls_shown(url);
+        let state = self.remote.lock();
+        Some(RemoteStatus {
+            url: url.clone(),
+            tls,
+            insecure_http,
+            session: if connected && state.open.as_ref().is_some_and(|t| !t.is_cancelled()) {
+                "open"
+            } else {
+                "none"
+            },
+            sessions: state.sessions,
+            last_latency_ms: state
+                .last_latency
+                .map(|d| (d.as_secs_f64() * 1e5).round() / 100.0),
+        })
+    }
+
+    /// The rustls configuration: ring, the system's roots and the provider's `ca_file`, its
+    /// client certificate if any.
+    fn tls_config(&self) -> Result<rustls::ClientConfig, String> {
+        let ns = &self.config.namespace;
+        let mut roots = rustls::RootCertStore::empty();
+        let native = rustls_native_certs::load_native_certs();
+        roots.add_parsable_certificates(native.certs);
+        if let Some(ca) = &self.config.ca_file {
+            let mut n = 0;
+            for cert in CertificateDer::pem_file_iter(ca)
+                .map_err(|e| format!("provider `{ns}`: ca_file `{}`: {e}", ca.display()))?
+            {
+                let cert =
+                    cert.map_err(|e| format!("provider `{ns}`: ca_file `{}`: {e}", ca.display()))?;
+                roots.add(cert).map_err(|e| {
+                    format!(
+                        "provider `{ns}`: ca_file `{}` holds a certificate rustls cannot use: {e}",
+                        ca.display()
+                    )
+                })?;
+                n += 1;
+            }
+            if n == 0 {
+                return Err(format!(
+                    "provider `{ns}`: ca_file `{}` holds no PEM certificate",
+                    ca.display()
+                ));
+            }
+        }
+        #[expect(
+            deprecated,
+            reason = "ring has no post-quantum key exchange; aws-lc-rs would need a C build on every CI machine"
+        )]
+        let provider = rustls::crypto::ring::default_provider();
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("provider `{ns}`: TLS setup failed: {e}"))?
+            .with_root_certificates(roots);
+        let mut config = match (&self.config.client_cert, &self.config.client_key) {
+            (Some(cert), Some(key)) => {
+                let chain = CertificateDer::pem_file_iter(cert)
+                    .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+                    .map_err(|e| {
+                        format!("provider `{ns}`: client_cert `{}`: {e}", cert.display())
+                    })?;
+                let key = PrivateKeyDer::from_pem_file(key)
+                    .map_err(|e| format!("provider `{ns}`: client_key `{}`: {e}", key.display()))?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| format!("provider `{ns}`: client certificate: {e}"))?
+            }
+            _ => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(config)
+    }
+
+    /// The HTTP client: rustls, no proxy from the environment, the connect time limit, and
+    /// redirects only to the same origin.
+    fn http_client(&self) -> Result<reqwest::Client, String> {
+        let policy = reqwest::redirect::Policy::custom(|attempt| {
+            let origin = |u: &reqwest::Url| {
+                (
+                    u.scheme().to_owned(),
+                    u.host_str().map(str::to_owned),
+                    u.port_or_known_default(),
+                )
+            };
+            let first = attempt.previous().first().map(origin);
+            if attempt.previous().len() > MAX_REDIRECTS {
+                let n = attempt.previous().len();
+                attempt.error(format!("more than {n} redirects"))
+            } else if first.as_ref() != Some(&origin(attempt.url())) {
+                let to = attempt.url().to_string();
+                attempt.error(format!(
+                    "the server redirected to `{to}`, another origin: not followed"
+                ))
+            } else {
+                attempt.follow()
+            }
+        });
+        reqwest::Client::builder()
+            .tls_backend_preconfigured(self.tls_config()?)
+            .no_proxy()
+            .redirect(policy)
+            .connect_timeout(
+                self.config
+                    .connect_timeout_seconds
+                    .map_or(CONNECT_TIMEOUT, Duration::from_secs),
+            )
+            .build()
+            .map_err(|e| {
+                format!(
+                    "provider `{}`: cannot make the HTTP client: {}",
+                    self.config.namespace,
+                    chain(&e)
+                )
+            })
+    }
+
+    /// The provider's configured headers, secret references resolved for this session (the
+    /// value never appears in an error).
+    fn headers(&self, launch: &Launch) -> Result<HashMap<HeaderName, HeaderValue>, String> {
+        let ns = &self.config.namespace;
+        let mut out = HashMap::new();
+        for (name, value) in &launch.headers {
+            let n = HeaderName::try_from(name.as_str())
+                .map_err(|e| format!("provider `{ns}`: header name `{name}`: {e}"))?;
+            let mut v = HeaderValue::try_from(value.expose()).map_err(|_| {
+                format!("provider `{ns}`: the value of header `{name}` is not a valid header value")
+            })?;
+            v.set_sensitive(true);
+            out.insert(n, v);
+        }
+        Ok(out)
+    }
+
+    /// Opens a Streamable HTTP session with the remote server, initializes, lists its tools.
+    pub(super) async fn connect_http(&self, url: &str, launch: &Launch) -> Result<Session, String> {
+        let (tls, insecure_http) = self.tls_shown(url);
+        self.record(
+            State::Starting,
+            ProviderDetail::Reason {
+                reason: format!(
+                    "connecting to `{url}`; TLS: {tls}; insecure_http: {insecure_http}"
+                ),
+            },
+        )
+        .await;
+        let client = self.http_client()?;
+        let config = StreamableHttpClientTransportConfig::with_uri(url.to_owned())
+            .custom_headers(self.headers(launch)?)
+            .max_json_response_size(MAX_UPSTREAM_RESULT_BYTES + MAX_HTTP_ENVELOPE_BYTES)
+            .max_sse_event_size(MAX_UPSTREAM_RESULT_BYTES + MAX_HTTP_ENVELOPE_BYTES)
+            // A session the server ended is not re-opened under a call: the call path decides
+            // whether the call may be sent again (read-only tools only).
+            .reinit_on_expired_session(false);
+        let transport = StreamableHttpClientTransport::with_client(client, config);
+        let limit = self.startup_timeout();
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let listener = self.listener(changed.clone(), launch.given.clone());
+        let service = tokio::time::timeout(limit, listener.serve(transport))
+            .await
+            .map_err(|_| format!("the remote server `{url}` did not finish initialize in time"))?
+            .map_err(|e| format!("MCP initialize with `{url}` failed: {}", chain(&e)))?;
+        let tools = self.list(service.peer()).await?;
+        // `end_session` stops this session through `ended` (rmcp's own token cannot be kept
+        // beside the service); a new session's token replaces and ends the task of the last.
+        let ended = CancellationToken::new();
+        let stop = service.cancellation_token();
+        let waiting = ended.clone();
+        tokio::spawn(async move {
+            waiting.cancelled().await;
+            stop.cancel();
+        });
+        {
+            let mut state = self.remote.lock();
+            state.sessions += 1;
+            if let Some(old) = state.open.replace(ended) {
+                old.cancel();
+            }
+        }
+        Ok(Session {
+            service,
+            tools,
+            changed,
+            // No process of ours: nothing to kill.
+            group: super::stdio::Group::none(),
+        })
+    }
+
+    /// The failure of a call whose request did not get an answer: a remote server's refusal of
+    /// the broker's credentials is `upstream_unauthorized` (never retried), a response over the
+    /// limit `too_large`, anything else `upstream_unavailable`. A session the server ended is
+    /// ended here too, so the supervisor opens a new one.
+    pub(super) fn call_failure(&self, e: &ServiceError) -> Failure {
+        let ns = &self.config.namespace;
+        match self.is_remote().then(|| classify(e)) {
+            Some(HttpFailure::Unauthorized(status)) => Failure::new(
+                FailCode::UpstreamUnauthorized,
+                format!(
+                    "the remote server of `{ns}` refused the broker's credentials (HTTP {status}); check the provider's headers"
+                ),
+            ),
+            Some(HttpFailure::TooLarge(max)) => Failure::new(
+                FailCode::TooLarge,
+                format!("the upstream's response is over {max} bytes"),
+            ),
+            Some(HttpFailure::SessionExpired) => {
+                self.remote.end_session();
+                Failure::new(
+                    FailCode::UpstreamUnavailable,
+                    format!(
+                        "the remote server of `{ns}` ended its session (HTTP 404) before answering; the call was not sent again, as it may change state; a new session is being opened"
+                    ),
+                )
+            }
+            _ => Failure::new(
+                FailCode::UpstreamUnavailable,
+                format!(
+                    "the upstream server of `{ns}` went away during the call ({}); it is being restarted",
+                    if self.is_remote() {
+                        chain(e)
+                    } else {
+                        e.to_string()
+                    }
+                ),
+            ),
+        }
+    }
+}

@@ -1,0 +1,124 @@
+"""A remote MCP server for the tests: the PyPI `mcp` SDK's MCPServer over Streamable HTTP
+(uvicorn), on 127.0.0.1. It prints `PORT <n>` on its first stdout line once it listens.
+
+Tools: `echo` (read-only), `add_note` (changes state: each effect is a line in REMOTE_LOG),
+`slow` (sleeps; a cancel is a `cancelled slow` line in REMOTE_LOG), `huge` (returns `mib` MiB
+of text), `whoami` (the client id of the bearer token it got, with --tokens), `ask` (asks the
+client for input, which the broker does not forward).
+
+Usage: python remote_server.py [--port N] [--tls CERT KEY] [--tokens ID=TOKEN,...]
+"""
+import asyncio
+import os
+import socket
+import sys
+
+import uvicorn
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import ToolAnnotations
+
+
+def log(line):
+    path = os.environ.get("REMOTE_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+def main():
+    args = sys.argv[1:]
+    port = 0
+    tls = None
+    tokens = None
+    while args:
+        a = args.pop(0)
+        if a == "--port":
+            port = int(args.pop(0))
+        elif a == "--tls":
+            tls = (args.pop(0), args.pop(0))
+        elif a == "--tokens":
+            tokens = dict(kv.split("=", 1)[::-1] for kv in args.pop(0).split(","))
+        else:
+            raise SystemExit(f"unknown argument {a}")
+
+    kwargs = {}
+    if tokens is not None:
+        from mcp.server.auth.provider import AccessToken
+        from mcp.server.auth.settings import AuthSettings
+
+        class Verifier:
+            async def verify_token(self, token):
+                who = tokens.get(token)
+                log(f"token {who or 'refused'}")
+                if who is None:
+                    return None
+                return AccessToken(token=token, client_id=who, scopes=[])
+
+        kwargs = dict(
+            token_verifier=Verifier(),
+            auth=AuthSettings(
+                issuer_url="https://auth.example.test",
+                resource_server_url=f"http://127.0.0.1:{port or 1}/mcp",
+            ),
+        )
+    app = MCPServer("remote-test", **kwargs)
+
+    @app.tool(annotations=ToolAnnotations(readOnlyHint=True))
+    def echo(text: str) -> str:
+        """Echo the text back."""
+        log(f"echo {text}")
+        return f"echo: {text}"
+
+    @app.tool()
+    def add_note(path: str, text: str) -> str:
+        """Add a note (changes state)."""
+        log(f"effect add_note {path} {text}")
+        return f"noted {path}"
+
+    @app.tool()
+    async def slow(seconds: float) -> str:
+        """Sleep for a while."""
+        log("start slow")
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            log("cancelled slow")
+            raise
+        log("done slow")
+        return "slept"
+
+    @app.tool(annotations=ToolAnnotations(readOnlyHint=True))
+    def huge(mib: int) -> str:
+        """Return mib MiB of text."""
+        return "x" * (mib * 1024 * 1024)
+
+    @app.tool(annotations=ToolAnnotations(readOnlyHint=True))
+    def whoami(ctx: Context) -> str:
+        """The client id of the bearer token this call came with."""
+        from mcp.server.auth.middleware.auth_context import get_access_token
+
+        t = get_access_token()
+        who = t.client_id if t else "nobody"
+        log(f"whoami {who}")
+        return who
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    http_app = app.streamable_http_app()
+    config = uvicorn.Config(
+        http_app,
+        log_level="warning",
+        ssl_certfile=tls[0] if tls else None,
+        ssl_keyfile=tls[1] if tls else None,
+        timeout_graceful_shutdown=1,
+    )
+    server = uvicorn.Server(config)
+    print(f"PORT {port}", flush=True)
+    server.run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main()
