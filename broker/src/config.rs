@@ -59,10 +59,6 @@ pub enum ConfigError {
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "a handful of providers, read once at start: boxing would only churn every match"
-)]
 pub enum ProviderConfig {
     Files {
         #[serde(default = "default_files_namespace")]

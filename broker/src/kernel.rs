@@ -995,7 +995,7 @@ impl Kernel {
             tool,
             arguments: Some(self.recorded(self.without_secrets(
                 principal,
-                arguments,
+                arguments.clone(),
                 &mut BTreeSet::new(),
             ))),
             requirement: requirement.clone(),

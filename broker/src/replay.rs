@@ -109,7 +109,7 @@ pub struct Redecided {
     pub policies: Vec<String>,
     /// Evaluation errors (a policy that errs cannot permit; the call is denied).
     pub errors: Vec<String>,
-    /// Allowed, and a deciding permit asks `@approval("required")`: it would wait for a person.
+    /// Allowed, and a deciding permit asks for approval (`@approval`): it would wait for a person.
     /// Left out when not.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub held: bool,
@@ -399,7 +399,7 @@ impl<'a> Replay<'a> {
         let decision = self
             .engine
             .decide(&self.pv, &context, &requirement.action, &resource);
-        let now_held = decision.allowed && decision.approval;
+        let now_held = decision.allowed && decision.approval.is_some();
         if decision.allowed == allowed && (!allowed || now_held == held) {
             self.report.unchanged += 1;
             return;

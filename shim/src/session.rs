@@ -107,6 +107,8 @@ impl Calls for Forward {
     fn malformed(&self, bytes: u64, sha256: String, count: u64) {
         let caller = self.caller.clone();
         tokio::spawn(async move { caller.malformed(bytes, sha256, count).await });
+    }
+
     fn response(&self, message: Value) -> bool {
         self.asker.response(message)
     }

@@ -628,7 +628,7 @@ impl McpProvider {
 
     /// Connects one session: to the remote server for a `url` provider, else by spawning the
     /// stdio upstream.
-    pub(super) async fn connect_any(&self, launch: &Launch) -> Result<Session, String> {
+    async fn connect_any(&self, launch: &Launch) -> Result<Session, String> {
         match &self.config.url {
             Some(url) => self.connect_http(url, launch).await,
             None => self.connect(launch).await,
