@@ -425,6 +425,7 @@ impl Telemetry {
     /// on the async runtime) and says whether it could.
     pub fn start(settings: &OtelSettings) -> Result<Self, TelemetryError> {
         check_protocol()?;
+        install_crypto_provider();
         let endpoint = settings.endpoint.as_ref().map(|e| e.trim_end_matches('/'));
         let shown = endpoint.map(str::to_owned).unwrap_or_else(|| {
             std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -1108,6 +1109,18 @@ fn span_data(s: CallSpan, ids: &RandomIdGenerator, scope: &InstrumentationScope)
         status,
         instrumentation_scope: scope.clone(),
     }
+}
+
+/// Makes ring the process's rustls provider, once. reqwest is built with rustls and no provider
+/// of its own (the remote transport chooses ring explicitly); the OTLP exporter's client asks
+/// for the process default, and without one its builder panics. Installing it twice is a no-op.
+pub fn install_crypto_provider() {
+    #[expect(
+        deprecated,
+        reason = "ring has no post-quantum key exchange; aws-lc-rs would need a C build on every CI machine"
+    )]
+    let ring = rustls::crypto::ring::default_provider();
+    let _ = ring.install_default();
 }
 
 #[cfg(test)]
