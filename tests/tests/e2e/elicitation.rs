@@ -585,7 +585,7 @@ async fn an_upstreams_questions_are_refused_and_recorded() {
     let cfg = std::fs::read_to_string(&broker.config_path).expect("cfg");
     std::fs::write(
         &broker.config_path,
-        format!("{cfg}\n[[providers]]\ntype = \"mcp\"\nnamespace = \"py\"\ncommand = {python:?}\nargs = [{script:?}]\n"),
+        format!("{cfg}\n[[providers]]\ntype = \"mcp\"\nnamespace = \"py\"\ncommand = {python:?}\nargs = [{script:?}]\n[providers.sandbox]\nread = [{:?}]\n", concat!(env!("CARGO_MANIFEST_DIR"), "/python")),
     )
     .expect("w");
     broker.restart().await;

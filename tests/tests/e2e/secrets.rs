@@ -19,6 +19,12 @@ when { resource.name like "who.*" || resource.name like "whos.*" };
 "#;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/python/whoami_token.py");
+/// Its sandbox (issue 32): the script's folder is read besides the defaults (the venv's Python).
+const SANDBOX: &str = concat!(
+    "[providers.sandbox]\nread = [\"",
+    env!("CARGO_MANIFEST_DIR"),
+    "/python\"]\n"
+);
 
 /// The Python with PyPI mcp 2.3.0 (`.ci/run` sets SHAREDOS_PYTHON; else its venv), or `None`
 /// (skipped, failing under CI).
@@ -60,9 +66,10 @@ fn token(who: &str) -> String {
 /// The `who` provider: per-principal, $TOKEN and argv[1] from secret `token`, plus `extra`.
 fn provider(python: &str, extra: &str) -> String {
     format!(
-        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"who\"\ncommand = {}\nargs = [{}, {{ secret = \"token\" }}]\nenv = {{ TOKEN = {{ secret = \"token\" }} }}\ninstances = \"per_principal\"\n{extra}",
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"who\"\ncommand = {}\nargs = [{}, {{ secret = \"token\" }}]\nenv = {{ TOKEN = {{ secret = \"token\" }} }}\ninstances = \"per_principal\"\n{extra}{}",
         json!(python),
-        json!(SCRIPT)
+        json!(SCRIPT),
+        SANDBOX
     )
 }
 
@@ -623,9 +630,10 @@ async fn a_shared_provider_takes_shared_secrets_only() {
     let Some(py) = python() else { return };
     let shared = |secret: &str| {
         format!(
-            "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"who\"\ncommand = {}\nargs = [{}]\nenv = {{ TOKEN = {secret} }}\n",
+            "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"who\"\ncommand = {}\nargs = [{}]\nenv = {{ TOKEN = {secret} }}\n{}",
             json!(py),
-            json!(SCRIPT)
+            json!(SCRIPT),
+            SANDBOX
         )
     };
     let dir = tempfile::tempdir().expect("tmp");
@@ -712,9 +720,10 @@ async fn steady(raw: &mut Raw, tool: &str) -> Vec<Duration> {
 async fn per_principal_first_call_and_steady_state_cost() {
     let Some(py) = python() else { return };
     let shared = format!(
-        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"whos\"\ncommand = {}\nargs = [{}]\nenv = {{ TOKEN = {{ secret = \"token\", shared = true }} }}\n",
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"whos\"\ncommand = {}\nargs = [{}]\nenv = {{ TOKEN = {{ secret = \"token\", shared = true }} }}\n{}",
         json!(py),
-        json!(SCRIPT)
+        json!(SCRIPT),
+        SANDBOX
     );
     let mut b = broker(&py, "", "").await;
     let principals: Vec<String> = (0..8).map(|i| format!("p{i}")).collect();
