@@ -85,7 +85,16 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
         }
     };
     match hello {
-        Ok(Ok(ControlRequest::Hello { protocol })) if protocol == PROTOCOL_VERSION => {
+        Ok(Ok(ControlRequest::Hello { protocol, key }))
+            if protocol == PROTOCOL_VERSION && !broker.control_key_ok(uid, key.as_ref()) =>
+        {
+            refused("bad_control_key");
+            tracing::warn!(?uid, ?pid, "control connection under the broker's uid without the control key: refused");
+            let msg = "a peer under the broker's uid must present the key in the runtime dir's control.key: this process may not read it";
+            let _ = write_frame(&mut send, &error("forbidden", msg)).await;
+            return;
+        }
+        Ok(Ok(ControlRequest::Hello { protocol, .. })) if protocol == PROTOCOL_VERSION => {
             drop(pending);
             let welcome = ControlResponse::Welcome {
                 protocol: PROTOCOL_VERSION,
@@ -95,7 +104,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
                 return;
             }
         }
-        Ok(Ok(ControlRequest::Hello { protocol })) => {
+        Ok(Ok(ControlRequest::Hello { protocol, .. })) => {
             refused("protocol_version");
             let msg = format!(
                 "protocol version {protocol} is not supported; this broker speaks {PROTOCOL_VERSION}"

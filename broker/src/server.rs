@@ -196,7 +196,7 @@ pub async fn start(
 ) -> Result<Running, StartError> {
     let uid = runtime::current_uid();
     // Before anything is made, read or written in it (the record and key may live there).
-    check_runtime_dir(&runtime_dir)?;
+    let dir = check_runtime_dir(&runtime_dir)?;
     raise_open_files_limit();
     let root = CancellationToken::new();
     // Until the broker is up, a failure stops the providers already started.
@@ -207,6 +207,12 @@ pub async fn start(
     let (kernel, recovery) = build(&config, &root).await?;
     let kernel = Arc::new(kernel);
     prepare_runtime_dir(&runtime_dir, uid, &config)?;
+    let control_key = crate::turn::new_secret().map_err(|e| {
+        StartError::io("no randomness for the control key", &runtime_dir)(std::io::Error::other(
+            e.to_string(),
+        ))
+    })?;
+    dir.replace(runtime::CONTROL_KEY, control_key.expose().as_bytes(), 0o600)?;
     let control = bind(&runtime::control_socket(&runtime_dir), config.host_group).await?;
     let bridge = bind(&runtime::bridge_socket(&runtime_dir), config.harness_group).await?;
     let broker = Arc::new(Broker {
@@ -216,6 +222,7 @@ pub async fn start(
         root,
         runtime_dir: runtime_dir.clone(),
         uid,
+        control_key,
     });
     stop_on_error.disarm();
     let weak = Arc::downgrade(&broker);

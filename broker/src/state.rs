@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use sharedos_proto::ipc::TurnToken;
 use sharedos_proto::record::{Event, TurnClosed};
 use tokio_util::sync::CancellationToken;
 
@@ -21,11 +22,25 @@ pub struct Broker {
     pub root: CancellationToken,
     pub runtime_dir: PathBuf,
     pub uid: u32,
+    /// The key in `control.key`, which a control peer under the broker's own uid must present.
+    pub control_key: TurnToken,
 }
 
 impl Broker {
     /// A host: a listed uid (or the broker's own), and not a brokered upstream's process or
     /// its descendant, whatever its uid ([`crate::lineage`]).
+    /// A control peer's key is good: given and equal to `control.key`'s, or not needed (a peer
+    /// under another uid, which `host_uids` decides on). Compared in constant time.
+    pub fn control_key_ok(&self, uid: Option<u32>, key: Option<&TurnToken>) -> bool {
+        if uid.is_some_and(|u| u != self.uid) {
+            return true;
+        }
+        key.is_some_and(|k| {
+            let (a, b) = (k.expose().as_bytes(), self.control_key.expose().as_bytes());
+            a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+        })
+    }
+
     pub fn host_allowed(&self, uid: Option<u32>, pid: Option<u32>) -> bool {
         peer_allowed(uid, &self.config.host_uids, self.uid) && !crate::lineage::from_upstream(pid)
     }

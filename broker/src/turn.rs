@@ -104,6 +104,13 @@ fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
+/// 256 random bits, as URL-safe base64 (a turn's token, the control key).
+pub fn new_secret() -> Result<TurnToken, getrandom::Error> {
+    Ok(TurnToken::new(
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random_bytes::<32>()?),
+    ))
+}
+
 fn random_bytes<const N: usize>() -> Result<[u8; N], getrandom::Error> {
     let mut buf = [0u8; N];
     getrandom::fill(&mut buf)?;

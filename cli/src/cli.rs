@@ -17,39 +17,8 @@ use tokio_util::sync::CancellationToken;
 use sharedos_broker::Config;
 use sharedos_host::client::ControlClient;
 
-/// Stdout was closed by its reader (`records | head -1`): the command ends quietly, status 0.
-#[derive(Debug, thiserror::Error)]
-#[error("stdout is closed")]
-pub struct StdoutClosed;
-
-/// Writes command output. A closed pipe becomes [`StdoutClosed`] (which `main` turns into a
-/// quiet exit 0) instead of `println!`'s panic; any other write error is an error.
-pub fn write_out(args: std::fmt::Arguments<'_>) -> anyhow::Result<()> {
-    use std::io::Write;
-    match std::io::stdout().lock().write_fmt(args) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
-        Err(e) => Err(anyhow::Error::new(e).context("cannot write to stdout")),
-    }
-}
-
-/// `println!` for command output, through [`write_out`] (use in functions returning
-/// `anyhow::Result`).
-macro_rules! outln {
-    () => {
-        $crate::cli::write_out(format_args!("\n"))?
-    };
-    ($($t:tt)*) => {
-        $crate::cli::write_out(format_args!("{}\n", format_args!($($t)*)))?
-    };
-}
-/// `print!` for command output, through [`write_out`].
-macro_rules! out {
-    ($($t:tt)*) => {
-        $crate::cli::write_out(format_args!($($t)*))?
-    };
-}
-pub(crate) use outln;
+use crate::output::{out, outln, print_json};
+use crate::replay::ReplayArgs;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -501,29 +470,6 @@ pub enum PolicyCommand {
     Replay(Box<ReplayArgs>),
 }
 
-#[derive(Debug, Args)]
-pub struct ReplayArgs {
-    /// The policy file to try (Cedar); it must validate against the schema, as for a reload.
-    #[arg(long, value_name = "FILE")]
-    pub policy: PathBuf,
-    /// The record to read (JSON Lines); its rotated files (`<record>.<first seq>`) are read
-    /// first, in order. Repeat it to read several records, oldest first.
-    /// Default: the record of --config, else the embedded default's (<runtime dir>/default/record.jsonl).
-    #[arg(long, value_name = "FILE")]
-    pub record: Vec<PathBuf>,
-    /// The broker's config file (TOML): its record and its Cedar schema. Without it: the
-    /// embedded default's (the built-in schema).
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Only calls recorded at or after this time (RFC 3339, like 2026-12-03T16:00:00Z); turns
-    /// opened before it still give their calls' contexts.
-    #[arg(long, value_name = "TIME")]
-    pub since: Option<String>,
-    /// Print one JSON object: the counts and every change.
-    #[arg(long)]
-    pub json: bool,
-}
-
 /// `--attr` values: KEY=VALUE (a string) or KEY:=JSON (any JSON value).
 fn parse_attributes(
     given: &[String],
@@ -794,11 +740,6 @@ fn print_budgets(budgets: &[sharedos_proto::ipc::BudgetLeft]) -> anyhow::Result<
 
 fn unexpected(r: ControlResponse) -> anyhow::Error {
     anyhow::anyhow!("unexpected answer from the broker: {r:?}")
-}
-
-pub(crate) fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
-    outln!("{}", serde_json::to_string_pretty(v)?);
-    Ok(())
 }
 
 async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<ExitCode> {

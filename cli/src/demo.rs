@@ -5,7 +5,7 @@
 //! over stdio), makes five calls, prints what happened and the record, closes the turn and checks
 //! the shim exited. It exits non-zero if any outcome is not the expected one.
 
-use crate::cli::outln;
+use crate::output::outln;
 use std::process::ExitCode;
 use std::time::Duration;
 

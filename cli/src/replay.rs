@@ -1,16 +1,41 @@
 //! `policy replay`: the record decided again under another policy file, printed for people or
 //! as one JSON object. The replay itself is the broker library's (`sharedos_broker::replay`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
+use clap::Args;
 use serde::Serialize;
 use sharedos_broker::Config;
 use sharedos_broker::policy::PolicyEngine;
 use sharedos_broker::replay::{self, Change, Report};
 
-use crate::cli::{ReplayArgs, outln, print_json};
+use crate::output::{outln, print_json};
+
+/// `policy replay`'s arguments.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The policy file to try (Cedar); it must validate against the schema, as for a reload.
+    #[arg(long, value_name = "FILE")]
+    pub policy: PathBuf,
+    /// The record to read (JSON Lines); its rotated files (`<record>.<first seq>`) are read
+    /// first, in order. Repeat it to read several records, oldest first.
+    /// Default: the record of --config, else the embedded default's (<runtime dir>/default/record.jsonl).
+    #[arg(long, value_name = "FILE")]
+    pub record: Vec<PathBuf>,
+    /// The broker's config file (TOML): its record and its Cedar schema. Without it: the
+    /// embedded default's (the built-in schema).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Only calls recorded at or after this time (RFC 3339, like 2026-12-03T16:00:00Z); turns
+    /// opened before it still give their calls' contexts.
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+    /// Print one JSON object: the counts and every change.
+    #[arg(long)]
+    pub json: bool,
+}
 
 /// Exit status when some call would change (as `policy check` says 3 for a refusal).
 const EXIT_WOULD_CHANGE: u8 = 3;

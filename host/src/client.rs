@@ -11,7 +11,7 @@ use interprocess::local_socket::traits::StreamCommon as _;
 use tokio::io::{ReadHalf, WriteHalf};
 
 use sharedos_ipc::{FrameReader, IpcError, runtime, write_frame};
-use sharedos_proto::ipc::{ControlRequest, ControlResponse, PROTOCOL_VERSION};
+use sharedos_proto::ipc::{ControlRequest, ControlResponse, PROTOCOL_VERSION, TurnToken};
 
 /// Why a request over `control.sock` got no usable answer.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +82,10 @@ impl ControlClient {
         match client
             .request(&ControlRequest::Hello {
                 protocol: PROTOCOL_VERSION,
+                // Readable by the broker's uid (and root) only; another host uid sends none.
+                key: std::fs::read_to_string(runtime::control_key(runtime_dir))
+                    .ok()
+                    .map(|k| TurnToken::new(k.trim().to_owned())),
             })
             .await?
         {

@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 
 pub const CONTROL_SOCKET: &str = "control.sock";
+/// The key a peer under the broker's uid presents at `control.sock` (0600, the broker's).
+pub const CONTROL_KEY: &str = "control.key";
 pub const BRIDGE_SOCKET: &str = "bridge.sock";
 /// Environment variable naming the runtime dir for host commands.
 pub const RUNTIME_DIR_ENV: &str = "SHAREDOS_RUNTIME_DIR";
@@ -46,6 +48,11 @@ pub fn resolve_runtime_dir(explicit: Option<&Path>) -> PathBuf {
 
 pub fn control_socket(runtime_dir: &Path) -> PathBuf {
     runtime_dir.join(CONTROL_SOCKET)
+}
+
+/// The control key's file in a runtime dir (see `ControlRequest::Hello`).
+pub fn control_key(runtime_dir: &Path) -> PathBuf {
+    runtime_dir.join(CONTROL_KEY)
 }
 
 pub fn bridge_socket(runtime_dir: &Path) -> PathBuf {

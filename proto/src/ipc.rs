@@ -560,6 +560,12 @@ pub struct PendingApproval {
 pub enum ControlRequest {
     Hello {
         protocol: u32,
+        /// The key the broker wrote to `control.key` (0600) in its runtime dir: a peer under
+        /// the broker's own uid must present it, so that a process that can connect but cannot
+        /// read the runtime dir (a brokered upstream in its sandbox, and whatever it forks) is
+        /// refused whatever its lineage.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<TurnToken>,
     },
     OpenTurn(Box<OpenTurn>),
     CloseTurn {

@@ -610,8 +610,8 @@ pub fn checkpoint_message(seq: u64, prev: &str, at: &str, reason: &str) -> Vec<u
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ConnectionRefused {
-    /// `bad_token`, `uid_not_listed`, `upstream_lineage`, `cap_reached`, `hello_too_large`,
-    /// `hello_too_slow`, `not_hello`, `protocol_version`.
+    /// `bad_token`, `uid_not_listed`, `bad_control_key`, `upstream_lineage`, `cap_reached`,
+    /// `hello_too_large`, `hello_too_slow`, `not_hello`, `protocol_version`.
     pub reason: String,
     /// The peer process, as the kernel reported it for the connection (`SO_PEERCRED`).
     pub pid: Option<i32>,

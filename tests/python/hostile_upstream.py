@@ -5,7 +5,9 @@ broker put it in and report, as JSON in their text result, what each attempt did
 - `escape` {read, write, unix, tcp, signal}: reads each path in `read`, creates a file in each
   folder of `write`, connects to each Unix socket in `unix` and sends a control-protocol hello
   and a `list_turns` (4-byte big-endian length, JSON), connects to each `[host, port]` in `tcp`,
-  sends signal 0 to each pid in `signal`; also reports its uid, gid, groups, environment, process
+  sends signal 0 to each pid in `signal`; `escaped_unix`: the same as `unix`, from a grandchild
+  that left the upstream's lineage first (fork, setsid, fork, the middle process exits, and the
+  grandchild waits until it is re-parented); also reports its uid, gid, groups, environment, process
   group, session and the limits it runs under.
 - `hog` {mode}: `memory` allocates 16 MiB blocks until the allocation fails and does not catch
   the MemoryError (the process dies of it, as an unprepared server does); `memory_report`
@@ -112,6 +114,38 @@ def unix(path):
     return json.dumps([first, second])
 
 
+def escaped(path):
+    """`unix(path)` from a process outside the upstream's lineage: its own session, re-parented
+    away from the upstream. Reports its parent and session beside the answer."""
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        os.close(r)
+        os.setsid()
+        me = os.getpid()
+        if os.fork() != 0:
+            os._exit(0)
+        # The grandchild: wait until the middle process is gone and this one was re-parented.
+        for _ in range(300):
+            if os.getppid() != me:
+                break
+            time.sleep(0.01)
+        answer = outcome(lambda: unix(path))
+        report = {"ppid": os.getppid(), "sid": os.getsid(0), "answer": answer}
+        os.write(w, json.dumps(report).encode())
+        os._exit(0)
+    os.close(w)
+    os.waitpid(middle, 0)
+    chunks = []
+    while True:
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(r)
+    return json.loads(b"".join(chunks).decode() or "{}")
+
+
 def tcp(host, port):
     s = socket.create_connection((host, int(port)), timeout=3)
     s.close()
@@ -139,6 +173,7 @@ def escape(args):
         "read": {p: outcome(lambda p=p: read_file(p)) for p in args.get("read", [])},
         "write": {p: outcome(lambda p=p: write_in(p)) for p in args.get("write", [])},
         "unix": {p: outcome(lambda p=p: unix(p)) for p in args.get("unix", [])},
+        "escaped_unix": {p: escaped(p) for p in args.get("escaped_unix", [])},
         "tcp": {"%s:%s" % (h, p): outcome(lambda h=h, p=p: tcp(h, p)) for h, p in args.get("tcp", [])},
         "signal": {str(p): outcome(lambda p=p: os.kill(p, 0)) for p in args.get("signal", [])},
     }

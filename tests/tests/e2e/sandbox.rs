@@ -262,6 +262,7 @@ async fn a_hostile_upstream_stays_in_its_sandbox() {
             ],
             "write": [format!("{dir}/rw"), dir.clone(), "/tmp".to_owned()],
             "unix": [format!("{dir}/run/control.sock"), format!("{dir}/run/bridge.sock")],
+            "escaped_unix": [format!("{dir}/run/control.sock"), format!("{dir}/run/bridge.sock")],
             "tcp": [["127.0.0.1", port]],
             "signal": [broker_pid],
         }),
@@ -294,6 +295,23 @@ async fn a_hostile_upstream_stays_in_its_sandbox() {
     denied(&r, "write", "/tmp");
     refused_socket(&r, &format!("{dir}/run/control.sock"));
     refused_socket(&r, &format!("{dir}/run/bridge.sock"));
+    // The same from a grandchild that left its lineage (own session, re-parented): the lineage
+    // rule no longer knows it, and under the broker's uid the uid rule admits it; the control
+    // key, which its Landlock domain cannot read, still keeps it out.
+    for sock in ["control.sock", "bridge.sock"] {
+        let path = format!("{dir}/run/{sock}");
+        let e = &r["escaped_unix"][&path];
+        assert_ne!(e["ppid"], r["pid"], "the grandchild was re-parented: {e}");
+        assert_ne!(e["sid"], r["sid"], "the grandchild has a session of its own: {e}");
+        let nested = json!({ "unix": { path.clone(): e["answer"].clone() } });
+        refused_socket(&nested, &path);
+    }
+    let keyless = b
+        .records()
+        .into_iter()
+        .filter(|l| l["kind"] == "control_refused" && l["reason"] == "bad_control_key")
+        .count();
+    assert_eq!(keyless, 1, "the escaped grandchild's control hello, on record once");
     let tcp = r["tcp"][format!("127.0.0.1:{port}")].as_str().unwrap_or("");
     assert!(tcp.starts_with("error: "), "network off: {tcp}");
     let sig = r["signal"][broker_pid.to_string()].as_str().unwrap_or("");
