@@ -89,7 +89,11 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             if protocol == PROTOCOL_VERSION && !broker.control_key_ok(uid, key.as_ref()) =>
         {
             refused("bad_control_key");
-            tracing::warn!(?uid, ?pid, "control connection under the broker's uid without the control key: refused");
+            tracing::warn!(
+                ?uid,
+                ?pid,
+                "control connection under the broker's uid without the control key: refused"
+            );
             let msg = "a peer under the broker's uid must present the key in the runtime dir's control.key: this process may not read it";
             let _ = write_frame(&mut send, &error("forbidden", msg)).await;
             return;

@@ -31,7 +31,9 @@ fn main() -> std::process::ExitCode {
     match cli::main(cli) {
         Ok(code) => code,
         // A reader that closed stdout (`records | head -1`) has what it wanted.
-        Err(e) if e.chain().any(|c| c.is::<output::StdoutClosed>()) => std::process::ExitCode::SUCCESS,
+        Err(e) if e.chain().any(|c| c.is::<output::StdoutClosed>()) => {
+            std::process::ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("sharedos-broker: error: {e:#}");
             std::process::ExitCode::from(1)

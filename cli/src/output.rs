@@ -41,4 +41,3 @@ pub(crate) fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
     outln!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
-

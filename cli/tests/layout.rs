@@ -27,8 +27,8 @@ fn every_import_points_down() {
             .and_then(|s| s.to_str())
             .expect("a module name")
             .to_owned();
-        let here = floor(&module)
-            .unwrap_or_else(|| panic!("`{module}` has no floor: add it to FLOORS"));
+        let here =
+            floor(&module).unwrap_or_else(|| panic!("`{module}` has no floor: add it to FLOORS"));
         seen += 1;
         let text = std::fs::read_to_string(&path).expect("read");
         let code = text.split("#[cfg(test)]").next().unwrap_or_default();
@@ -41,10 +41,15 @@ fn every_import_points_down() {
                 && used != module
                 && below <= here
             {
-                wrong.push(format!("{module} (floor {here}) uses {used} (floor {below})"));
+                wrong.push(format!(
+                    "{module} (floor {here}) uses {used} (floor {below})"
+                ));
             }
         }
     }
-    assert!(wrong.is_empty(), "imports that do not point down: {wrong:#?}");
+    assert!(
+        wrong.is_empty(),
+        "imports that do not point down: {wrong:#?}"
+    );
     assert_eq!(seen, FLOORS.len(), "a module of FLOORS is gone");
 }

@@ -184,7 +184,12 @@ impl Pool {
                 ));
             }
         };
-        let Session { service, tools, .. } = session;
+        let Session {
+            service,
+            tools,
+            group,
+            ..
+        } = session;
         // The catalogue is the provider's listing, whoever asks: an instance listing other
         // tools is held back for this principal.
         let hash = sharedos_proto::catalog::raw_catalog_hash(&tools)
@@ -237,7 +242,12 @@ impl Pool {
         place.keep();
         // Its keeper: stops it when idle or at shutdown, and forgets it when it ends.
         let (stop, shutdown) = (service.cancellation_token(), provider.shutdown.clone());
-        let mut waiter = tokio::spawn(async move { service.waiting().await });
+        // The instance's process group lives as long as its session: killed whole when it ends.
+        let mut waiter = tokio::spawn(async move {
+            let ended = service.waiting().await;
+            drop(group);
+            ended
+        });
         let (keeper, idle, running) = (instance.clone(), self.idle, self.running.clone());
         let provider = provider.clone();
         tokio::spawn(async move {
