@@ -548,6 +548,10 @@ pub struct ProviderState {
     /// `instance_stopped` and `drifted` lines); absent for the provider itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub principal: Option<String>,
+    /// A remote provider's connection: {url, tls, insecureHttp}; absent for stdio providers and
+    /// on lines written before remote providers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<serde_json::Value>,
 }
 
 /// What a provider state line says besides the state.

@@ -125,17 +125,38 @@ fn classify(e: &ServiceError) -> HttpFailure {
     HttpFailure::Other
 }
 
+/// The cause of `e`: its `source()`, or the error rmcp holds without naming it as the source
+/// (the transport error of a failed initialize, the worker's fatal error, the HTTP client's
+/// error), so that rustls's certificate errors under reqwest's are reached.
+fn cause<'a>(e: &'a (dyn StdError + 'static)) -> Option<&'a (dyn StdError + 'static)> {
+    type Http = StreamableHttpError<reqwest::Error>;
+    if let Some(rmcp::service::ClientInitializeError::TransportError { error, .. }) =
+        e.downcast_ref()
+    {
+        return Some(error);
+    }
+    if let Some(rmcp::transport::worker::WorkerQuitReason::<Http>::Fatal { error, .. }) =
+        e.downcast_ref()
+    {
+        return Some(error);
+    }
+    if let Some(StreamableHttpError::Client(inner)) = e.downcast_ref::<Http>() {
+        return Some(inner);
+    }
+    e.source()
+}
+
 /// An error and its causes, `: `-joined (rustls's certificate errors are causes of reqwest's).
 pub fn chain(e: &(dyn StdError + 'static)) -> String {
     let mut text = e.to_string();
-    let mut current = e.source();
+    let mut current = cause(e);
     while let Some(err) = current {
         let s = err.to_string();
         if !text.contains(&s) {
             text.push_str(": ");
             text.push_str(&s);
         }
-        current = err.source();
+        current = cause(err);
     }
     text
 }
@@ -172,6 +193,14 @@ impl McpProvider {
         } else {
             ("none (insecure_http = true)".into(), true)
         }
+    }
+
+    /// What `provider_state` lines record of a remote provider's connection (None for stdio):
+    /// its url, its TLS and whether `insecure_http` lets it send calls unencrypted.
+    pub fn remote_shown(&self) -> Option<serde_json::Value> {
+        let url = self.config.url.as_ref()?;
+        let (tls, insecure_http) = self.tls_shown(url);
+        Some(serde_json::json!({ "url": url, "tls": tls, "insecureHttp": insecure_http }))
     }
 
     /// What `providers` shows of this provider's remote connection (None for stdio).

@@ -675,6 +675,7 @@ impl McpProvider {
             detail,
             turn: None,
             principal: principal.map(str::to_owned),
+            remote: self.remote_shown(),
         });
         if let Err(e) = self.recorder.append(&line).await {
             tracing::error!(provider = %self.config.namespace, error = %e, "cannot record provider state");

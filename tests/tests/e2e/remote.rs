@@ -276,3 +276,277 @@ async fn python_streamable_http_server_behind_the_kernel() {
     assert_eq!(p["sessions"], 1, "{p}");
     assert!(p["lastLatencyMs"].as_f64().is_some_and(|l| l > 0.0), "{p}");
 }
+
+/// The broker started on `b`'s config as it is now: the start's error (the running broker is
+/// stopped first).
+async fn start_error(b: &mut TestBroker) -> String {
+    b.stop().await;
+    let config = sharedos_broker::Config::from_file(&b.config_path).expect("config");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let r = sharedos_broker::start(config, b.runtime.clone(), stop.clone()).await;
+    stop.cancel();
+    match r {
+        Ok(_) => panic!("the broker started"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// `b`'s config with `extra` appended.
+fn append(b: &TestBroker, extra: &str) {
+    let cfg = std::fs::read_to_string(&b.config_path).expect("cfg");
+    std::fs::write(&b.config_path, format!("{cfg}{extra}")).expect("w");
+}
+
+/// A hostile helper (`tests/python/hostile_http.py MODE`), and its port.
+async fn hostile(python: &str, mode: &str, log: &Path) -> (tokio::process::Child, u16) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/hostile_http.py");
+    let mut child = tokio::process::Command::new(python)
+        .arg(script)
+        .arg(mode)
+        .arg(log)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python");
+    let stdout = child.stdout.take().expect("stdout");
+    let first = BufReader::new(stdout)
+        .lines()
+        .next_line()
+        .await
+        .expect("read")
+        .expect("line");
+    let port = first
+        .strip_prefix("PORT ")
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    (child, port)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
+async fn hostile_remote_servers_are_bounded() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    // A 100 MiB result: refused at the response limit, the broker does not buffer it, the
+    // session goes on.
+    let server = Server::start(&py, &dir.path().join("server.log"), &[]).await;
+    // Time for Python to make and send 100 MiB: the limit, not the clock, must end the call.
+    let broker = broker_with(
+        &provider(&server.url(), "")
+            .replace("call_timeout_seconds = 3", "call_timeout_seconds = 60"),
+    )
+    .await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    let started = std::time::Instant::now();
+    let r = call(&mut raw, 1, "r.huge", json!({"mib": 100})).await;
+    eprintln!("100 MiB result refused after {:?}", started.elapsed());
+    assert_eq!(meta(&r)["outcome"], "failed", "{r}");
+    // Over the SSE event limit rmcp's worker ends the session ("Transport closed"):
+    // `upstream_unavailable`; over the JSON limit, `too_large`.
+    let code = meta(&r)["code"].as_str().unwrap_or_default().to_owned();
+    assert!(code == "too_large" || code == "upstream_unavailable", "{r}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    let r = call(&mut raw, 2, "r.echo", json!({"text": "still here"})).await;
+    assert_eq!(text(&r), "echo: still here", "{r}");
+    drop(raw);
+    drop(broker);
+
+    // A server that never answers: the start fails in the startup time limit, naming it.
+    let (_silent, port) = hostile(&py, "silent", &dir.path().join("silent.log")).await;
+    let mut b = TestBroker::start(Options {
+        policy: POLICY,
+        ..Options::default()
+    })
+    .await;
+    append(
+        &b,
+        &provider(&format!("http://127.0.0.1:{port}/mcp"), "").replace(
+            "startup_timeout_seconds = 10",
+            "startup_timeout_seconds = 2",
+        ),
+    );
+    let started = std::time::Instant::now();
+    let e = start_error(&mut b).await;
+    let took = started.elapsed();
+    assert!(e.contains("did not finish initialize in time"), "{e}");
+    assert!(took < Duration::from_secs(15), "{took:?}");
+
+    // A redirect to another host is not followed.
+    let log = dir.path().join("redirect.log");
+    let (_redirect, port) = hostile(&py, "redirect", &log).await;
+    let mut b = TestBroker::start(Options {
+        policy: POLICY,
+        ..Options::default()
+    })
+    .await;
+    append(&b, &provider(&format!("http://127.0.0.1:{port}/mcp"), ""));
+    let e = start_error(&mut b).await;
+    assert!(e.contains("another origin: not followed"), "{e}");
+    let seen = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        !seen.is_empty() && seen.lines().all(|l| l.contains("127.0.0.1")),
+        "only the configured host was asked: {seen}"
+    );
+}
+
+/// A test CA and a server certificate for `san` (a host name or an IP address) signed by it,
+/// made with rcgen and written to `dir`: (ca, cert, key) PEM files.
+fn test_pki(dir: &Path, san: &str) -> (PathBuf, PathBuf, PathBuf) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    };
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "sharedos test ca");
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_key = KeyPair::generate().expect("ca key");
+    let ca_cert = ca.self_signed(&ca_key).expect("ca cert");
+    let issuer = Issuer::new(ca, ca_key);
+    let mut server = CertificateParams::new(vec![san.to_owned()]).expect("server params");
+    server
+        .distinguished_name
+        .push(DnType::CommonName, "test server");
+    let server_key = KeyPair::generate().expect("server key");
+    let server_cert = server.signed_by(&server_key, &issuer).expect("server cert");
+    let paths = (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    );
+    std::fs::write(&paths.0, ca_cert.pem()).expect("w");
+    std::fs::write(&paths.1, server_cert.pem()).expect("w");
+    std::fs::write(&paths.2, server_key.serialize_pem()).expect("w");
+    paths
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
+async fn tls_with_a_test_ca() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    let (ca, cert, key) = test_pki(dir.path(), "127.0.0.1");
+    let server = Server::start(
+        &py,
+        &dir.path().join("server.log"),
+        &[
+            "--tls".into(),
+            cert.display().to_string(),
+            key.display().to_string(),
+        ],
+    )
+    .await;
+    let https = format!("https://127.0.0.1:{}/mcp", server.port);
+    // With ca_file: it connects, and calls go through.
+    let ca_line = format!("ca_file = {}\n", q(&ca.display().to_string()));
+    let broker = broker_with(&provider(&https, &ca_line)).await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    let r = call(&mut raw, 1, "r.echo", json!({"text": "over tls"})).await;
+    assert_eq!(text(&r), "echo: over tls", "{r}");
+    let p = remote_of(&providers(&broker).await);
+    assert_eq!(
+        p["tls"],
+        format!("rustls (system roots + ca_file {})", ca.display()),
+        "{p}"
+    );
+    assert_eq!(p["insecureHttp"], false, "{p}");
+    let states: Vec<Value> = broker
+        .records()
+        .into_iter()
+        .filter(|l| l["kind"] == "provider_state" && l["provider"] == "r")
+        .collect();
+    assert!(!states.is_empty());
+    for l in &states {
+        assert_eq!(l["remote"]["url"], https, "{l}");
+        assert_eq!(l["remote"]["tls"], p["tls"], "{l}");
+        assert_eq!(l["remote"]["insecureHttp"], false, "{l}");
+    }
+    drop(raw);
+    drop(broker);
+
+    // Without it: the start fails naming the certificate problem.
+    let mut b = TestBroker::start(Options {
+        policy: POLICY,
+        ..Options::default()
+    })
+    .await;
+    append(&b, &provider(&https, ""));
+    let e = start_error(&mut b).await;
+    assert!(
+        e.contains("invalid peer certificate") && e.contains("UnknownIssuer"),
+        "{e}"
+    );
+
+    // A certificate for another name: refused.
+    let other = tempfile::tempdir().expect("tmp");
+    let (ca2, cert2, key2) = test_pki(other.path(), "elsewhere.test");
+    let wrong = Server::start(
+        &py,
+        &dir.path().join("wrong.log"),
+        &[
+            "--tls".into(),
+            cert2.display().to_string(),
+            key2.display().to_string(),
+        ],
+    )
+    .await;
+    let mut b = TestBroker::start(Options {
+        policy: POLICY,
+        ..Options::default()
+    })
+    .await;
+    append(
+        &b,
+        &provider(
+            &format!("https://127.0.0.1:{}/mcp", wrong.port),
+            &format!("ca_file = {}\n", q(&ca2.display().to_string())),
+        ),
+    );
+    let e = start_error(&mut b).await;
+    assert!(
+        e.contains("invalid peer certificate")
+            && e.contains("certificate not valid for name \"127.0.0.1\""),
+        "{e}"
+    );
+
+    // Plain http:// to a host that is not loopback is refused by the config check.
+    let mut b = TestBroker::start(Options {
+        policy: POLICY,
+        ..Options::default()
+    })
+    .await;
+    b.stop().await;
+    append(&b, &provider("http://192.0.2.1/mcp", ""));
+    let e = sharedos_broker::Config::from_file(&b.config_path)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains("not loopback") && e.contains("insecure_http"),
+        "{e}"
+    );
+    // With `insecure_http = true` the same entry is accepted.
+    let cfg = std::fs::read_to_string(&b.config_path).expect("cfg");
+    std::fs::write(
+        &b.config_path,
+        cfg.replace(
+            "url = \"http://192.0.2.1/mcp\"",
+            "url = \"http://192.0.2.1/mcp\"\ninsecure_http = true",
+        ),
+    )
+    .expect("w");
+    let accepted = sharedos_broker::Config::from_file(&b.config_path);
+    assert!(
+        accepted.is_ok(),
+        "{:?}",
+        accepted.err().map(|e| e.to_string())
+    );
+}
