@@ -100,6 +100,33 @@ enum HttpFailure {
 }
 
 fn classify(e: &ServiceError) -> HttpFailure {
+    classify_any(e)
+}
+
+/// Why a session could not be opened: `unauthorized` when the server refused the broker's
+/// credentials (HTTP 401/403 at initialize), which is answered `upstream_unauthorized`.
+#[derive(Debug)]
+pub struct ConnectError {
+    pub unauthorized: bool,
+    pub message: String,
+}
+
+impl From<String> for ConnectError {
+    fn from(message: String) -> Self {
+        Self {
+            unauthorized: false,
+            message,
+        }
+    }
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+fn classify_any(e: &(dyn StdError + 'static)) -> HttpFailure {
     let mut current: Option<&(dyn StdError + 'static)> = Some(e);
     while let Some(err) = current {
         if let Some(h) = err.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
@@ -120,7 +147,7 @@ fn classify(e: &ServiceError) -> HttpFailure {
                 _ => HttpFailure::Other,
             };
         }
-        current = err.source();
+        current = cause(err);
     }
     HttpFailure::Other
 }
@@ -342,7 +369,11 @@ impl McpProvider {
     }
 
     /// Opens a Streamable HTTP session with the remote server, initializes, lists its tools.
-    pub(super) async fn connect_http(&self, url: &str, launch: &Launch) -> Result<Session, String> {
+    pub(super) async fn connect_http(
+        &self,
+        url: &str,
+        launch: &Launch,
+    ) -> Result<Session, ConnectError> {
         let (tls, insecure_http) = self.tls_shown(url);
         self.record(
             State::Starting,
@@ -368,7 +399,16 @@ impl McpProvider {
         let service = tokio::time::timeout(limit, listener.serve(transport))
             .await
             .map_err(|_| format!("the remote server `{url}` did not finish initialize in time"))?
-            .map_err(|e| format!("MCP initialize with `{url}` failed: {}", chain(&e)))?;
+            .map_err(|e| match classify_any(&e) {
+                HttpFailure::Unauthorized(status) => ConnectError {
+                    unauthorized: true,
+                    message: format!(
+                        "the remote server of `{}` refused the broker's credentials (HTTP {status}) at initialize; check the provider's headers",
+                        self.config.namespace
+                    ),
+                },
+                _ => format!("MCP initialize with `{url}` failed: {}", chain(&e)).into(),
+            })?;
         let tools = self.list(service.peer()).await?;
         // `end_session` stops this session through `ended` (rmcp's own token cannot be kept
         // beside the service); a new session's token replaces and ends the task of the last.

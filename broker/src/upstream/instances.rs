@@ -179,7 +179,11 @@ impl Pool {
                     )
                     .await;
                 return Err(Failure::new(
-                    FailCode::UpstreamUnavailable,
+                    if e.unauthorized {
+                        FailCode::UpstreamUnauthorized
+                    } else {
+                        FailCode::UpstreamUnavailable
+                    },
                     format!("the upstream server of `{ns}`: {why}"),
                 ));
             }

@@ -628,10 +628,10 @@ impl McpProvider {
 
     /// Connects one session: to the remote server for a `url` provider, else by spawning the
     /// stdio upstream.
-    async fn connect_any(&self, launch: &Launch) -> Result<Session, String> {
+    async fn connect_any(&self, launch: &Launch) -> Result<Session, http::ConnectError> {
         match &self.config.url {
             Some(url) => self.connect_http(url, launch).await,
-            None => self.connect(launch).await,
+            None => Ok(self.connect(launch).await?),
         }
     }
 
@@ -833,7 +833,7 @@ impl McpProvider {
                 return;
             }
             let connected = match self.launch(None).await {
-                Ok(launch) => self.connect_any(&launch).await,
+                Ok(launch) => self.connect_any(&launch).await.map_err(|e| e.message),
                 Err(e) => Err(e.to_string()),
             };
             match connected {
