@@ -373,10 +373,12 @@ impl McpProvider {
         &self,
         url: &str,
         launch: &Launch,
+        principal: Option<&str>,
     ) -> Result<Session, ConnectError> {
         let (tls, insecure_http) = self.tls_shown(url);
-        self.record(
-            State::Starting,
+        self.record_as(
+            State::Starting.as_str(),
+            principal,
             ProviderDetail::Reason {
                 reason: format!(
                     "connecting to `{url}`; TLS: {tls}; insecure_http: {insecure_http}"
@@ -410,6 +412,17 @@ impl McpProvider {
                 _ => format!("MCP initialize with `{url}` failed: {}", chain(&e)).into(),
             })?;
         let tools = self.list(service.peer()).await?;
+        if principal.is_some() {
+            // An instance's session is its own: its keeper ends it (idle, 404, shutdown), and
+            // it never ends the provider's session or another principal's.
+            self.remote.lock().sessions += 1;
+            return Ok(Session {
+                service,
+                tools,
+                changed,
+                group: super::stdio::Group::none(),
+            });
+        }
         // `end_session` stops this session through `ended` (rmcp's own token cannot be kept
         // beside the service); a new session's token replaces and ends the task of the last.
         let ended = CancellationToken::new();
@@ -438,8 +451,13 @@ impl McpProvider {
     /// The failure of a call whose request did not get an answer: a remote server's refusal of
     /// the broker's credentials is `upstream_unauthorized` (never retried), a response over the
     /// limit `too_large`, anything else `upstream_unavailable`. A session the server ended is
-    /// ended here too, so the supervisor opens a new one.
-    pub(super) fn call_failure(&self, e: &ServiceError) -> Failure {
+    /// ended here too, so the supervisor (or, for `instance`, the principal's next call) opens a
+    /// new one.
+    pub(super) fn call_failure(
+        &self,
+        e: &ServiceError,
+        instance: Option<&super::instances::Instance>,
+    ) -> Failure {
         let ns = &self.config.namespace;
         match self.is_remote().then(|| classify(e)) {
             Some(HttpFailure::Unauthorized(status)) => Failure::new(
@@ -453,7 +471,10 @@ impl McpProvider {
                 format!("the upstream's response is over {max} bytes"),
             ),
             Some(HttpFailure::SessionExpired) => {
-                self.remote.end_session();
+                match instance {
+                    Some(i) => i.end(),
+                    None => self.remote.end_session(),
+                }
                 Failure::new(
                     FailCode::UpstreamUnavailable,
                     format!(

@@ -15,6 +15,7 @@ use rmcp::service::{Peer, RoleClient};
 use serde::Serialize;
 use sharedos_proto::record::ProviderDetail;
 use sharedos_proto::{CatalogHash, FailCode};
+use tokio_util::sync::CancellationToken;
 
 use super::{McpProvider, Session};
 use crate::config::{DEFAULT_INSTANCE_IDLE_SECONDS, DEFAULT_MAX_INSTANCES, McpProviderConfig};
@@ -41,6 +42,8 @@ pub(super) struct Instance {
     last_used: Mutex<Instant>,
     started: Instant,
     alive: AtomicBool,
+    /// Cancelled to end it now (the server ended its session): its keeper stops it.
+    ended: CancellationToken,
 }
 
 /// What `providers` shows of one instance.
@@ -56,6 +59,13 @@ pub struct InstanceStatus {
 impl Instance {
     fn last_used(&self) -> Instant {
         *crate::lock(&self.last_used)
+    }
+
+    /// Ends this instance (its session is gone): no further call is given it, and its keeper
+    /// stops it; the principal's next call spawns another.
+    pub(super) fn end(&self) {
+        self.alive.store(false, Ordering::Release);
+        self.ended.cancel();
     }
 }
 
@@ -164,7 +174,7 @@ impl Pool {
                 ),
             ));
         }
-        let session = match provider.connect_any(&launch).await {
+        let session = match provider.connect_any(&launch, Some(principal)).await {
             Ok(s) => s,
             Err(e) => {
                 drop(place);
@@ -226,6 +236,7 @@ impl Pool {
             last_used: Mutex::new(Instant::now()),
             started: Instant::now(),
             alive: AtomicBool::new(true),
+            ended: CancellationToken::new(),
         });
         provider
             .record_as(
@@ -272,6 +283,11 @@ impl Pool {
                         let _ = (&mut waiter).await;
                         break "the broker is stopping".to_owned();
                     }
+                    _ = keeper.ended.cancelled() => {
+                        stop.cancel();
+                        let _ = (&mut waiter).await;
+                        break "the server ended the instance's session".to_owned();
+                    }
                     () = tokio::time::sleep_until(deadline.into()) => {
                         // Decided under the slot's lock: no call takes it meanwhile.
                         let mut held = slot.lock().await;
@@ -279,7 +295,9 @@ impl Pool {
                             && keeper.last_used().elapsed() >= idle
                         {
                             keeper.alive.store(false, Ordering::Release);
-                            *held = None;
+                            if held.as_ref().is_some_and(|i| Arc::ptr_eq(i, &keeper)) {
+                                *held = None;
+                            }
                             drop(held);
                             stop.cancel();
                             let _ = (&mut waiter).await;

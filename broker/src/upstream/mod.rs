@@ -628,9 +628,15 @@ impl McpProvider {
 
     /// Connects one session: to the remote server for a `url` provider, else by spawning the
     /// stdio upstream.
-    async fn connect_any(&self, launch: &Launch) -> Result<Session, http::ConnectError> {
+    /// A session with the upstream: the provider's own (`principal` None, the supervisor's) or
+    /// one principal's instance.
+    async fn connect_any(
+        &self,
+        launch: &Launch,
+        principal: Option<&str>,
+    ) -> Result<Session, http::ConnectError> {
         match &self.config.url {
-            Some(url) => self.connect_http(url, launch).await,
+            Some(url) => self.connect_http(url, launch, principal).await,
             None => Ok(self.connect(launch).await?),
         }
     }
@@ -833,7 +839,7 @@ impl McpProvider {
                 return;
             }
             let connected = match self.launch(None).await {
-                Ok(launch) => self.connect_any(&launch).await.map_err(|e| e.message),
+                Ok(launch) => self.connect_any(&launch, None).await.map_err(|e| e.message),
                 Err(e) => Err(e.to_string()),
             };
             match connected {
@@ -971,7 +977,9 @@ impl McpProvider {
             let instance = pool.get(self, principal).await?;
             let peer = instance.0.peer.clone();
             // `instance` is held (busy) until the call ends or is dropped.
-            return self.call_on(&peer, upstream, arguments).await;
+            return self
+                .call_on(&peer, upstream, arguments, Some(&instance.0))
+                .await;
         }
         let peer = self.read().peer.clone().ok_or_else(|| {
             Failure::new(
@@ -982,15 +990,16 @@ impl McpProvider {
                 ),
             )
         })?;
-        self.call_on(&peer, upstream, arguments).await
+        self.call_on(&peer, upstream, arguments, None).await
     }
 
-    /// One call on one upstream session.
+    /// One call on one upstream session: the provider's own, or `instance`'s.
     async fn call_on(
         &self,
         peer: &Peer<RoleClient>,
         upstream: &str,
         arguments: &Map<String, Value>,
+        instance: Option<&instances::Instance>,
     ) -> Result<Success, Failure> {
         let params =
             CallToolRequestParams::new(upstream.to_owned()).with_arguments(arguments.clone());
@@ -998,7 +1007,7 @@ impl McpProvider {
         let response = peer
             .call_tool_once(params)
             .await
-            .map_err(|e| self.call_failure(&e))?;
+            .map_err(|e| self.call_failure(&e, instance))?;
         self.remote.latency(started.elapsed());
         let result = match response {
             CallToolResponse::Complete(r) => r,

@@ -634,6 +634,26 @@ when { resource.name like "r.*" };
         }
     }
     assert_eq!(server.lines("whoami alice").len(), 3);
+    // One instance each, kept across the rounds: starting bob's does not end alice's, nor the
+    // provider's own session.
+    let states = b.records();
+    let states: Vec<_> = states
+        .iter()
+        .filter(|l| l["kind"] == "provider_state")
+        .collect();
+    for who in ["alice", "bob"] {
+        let started = states
+            .iter()
+            .filter(|l| l["state"] == "instance_started" && l["principal"] == who)
+            .count();
+        assert_eq!(started, 1, "{who}: {states:?}");
+    }
+    assert!(
+        !states
+            .iter()
+            .any(|l| l["state"] == "instance_stopped" || l["state"] == "restarting"),
+        "{states:?}"
+    );
     assert_eq!(server.lines("whoami bob").len(), 3);
 
     let r = call(&mut shims[2], 1, "r.whoami", json!({})).await;
