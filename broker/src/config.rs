@@ -176,6 +176,54 @@ pub struct McpProviderConfig {
     /// Seconds to wait for the TCP and TLS connection (default 10).
     #[serde(default)]
     pub connect_timeout_seconds: Option<u64>,
+    /// OAuth 2.0 for the server (`[providers.oauth]`): the broker gets its own access token
+    /// and sends it as `Authorization: Bearer …`; the harness's never passes through.
+    #[serde(default)]
+    pub oauth: Option<OAuthConfig>,
+}
+
+/// `[providers.oauth]`: how the broker gets an access token for a remote server.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthConfig {
+    /// `client_credentials` (RFC 6749 §4.4), the only grant today. Per-person consent
+    /// (`authorization_code` with PKCE, the URL shown to the person by elicitation) is the
+    /// place left for later.
+    #[serde(default)]
+    pub grant: OAuthGrant,
+    /// The authorization server's token endpoint (https; http only to loopback unless the
+    /// provider's `insecure_http`).
+    pub token_url: String,
+    pub client_id: String,
+    /// The client secret: a string or a secret reference (`{ secret = "name" }` per principal:
+    /// each principal's instance then gets its own client's tokens).
+    pub client_secret: ConfigValue,
+    /// Scopes asked for (space-joined in `scope`).
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    /// The `resource` parameter (RFC 8707; the MCP authorization spec asks for it): default
+    /// the provider's `url`.
+    #[serde(default)]
+    pub resource: Option<String>,
+    /// How the client authenticates at the token endpoint: `client_secret_basic` (default,
+    /// HTTP Basic, which RFC 6749 requires servers to support) or `client_secret_post`.
+    #[serde(default)]
+    pub auth_method: OAuthAuthMethod,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OAuthGrant {
+    #[default]
+    ClientCredentials,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OAuthAuthMethod {
+    #[default]
+    ClientSecretBasic,
+    ClientSecretPost,
 }
 
 /// `sandbox = "none"` (the upstream runs with the broker's authority: shown by `providers` and
@@ -386,6 +434,7 @@ impl McpProviderConfig {
             .iter()
             .chain(self.env.values())
             .chain(self.headers.values())
+            .chain(self.oauth.iter().map(|o| &o.client_secret))
             .filter_map(|v| match v {
                 ConfigValue::Secret(r) => Some(r),
                 ConfigValue::Plain(_) => None,
@@ -429,6 +478,7 @@ const REMOTE_ONLY: &[&str] = &[
     "client_key",
     "headers",
     "connect_timeout_seconds",
+    "oauth",
 ];
 
 impl McpProviderConfig {
@@ -450,6 +500,7 @@ impl McpProviderConfig {
                 r.client_key.is_some(),
                 !r.headers.is_empty(),
                 r.connect_timeout_seconds.is_some(),
+                r.oauth.is_some(),
             ];
             if let Some(i) = set.iter().position(|s| *s) {
                 return Err(format!(
@@ -464,34 +515,19 @@ impl McpProviderConfig {
                 "provider `{ns}`: give `command` (with `args`, `env`) or `url`, not both"
             ));
         }
-        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
-            format!("provider `{ns}`: url `{url}` is not an http:// or https:// URL")
-        })?;
-        let host = rest
-            .split(['/', '?', '#'])
-            .next()
-            .unwrap_or_default()
-            .rsplit('@')
-            .next()
-            .unwrap_or_default();
-        let host = match host.strip_prefix('[') {
-            Some(v6) => v6.split(']').next().unwrap_or_default(),
-            None => host.split(':').next().unwrap_or_default(),
-        };
-        if host.is_empty() {
-            return Err(format!("provider `{ns}`: url `{url}` has no host"));
-        }
-        match scheme.to_ascii_lowercase().as_str() {
-            "https" => {}
-            "http" if self.insecure_http || is_loopback(host) => {}
-            "http" => {
-                return Err(format!(
-                    "provider `{ns}`: url `{url}` is plain HTTP to `{host}`, which is not loopback: use https://, or set `insecure_http = true` to send calls and credentials unencrypted"
-                ));
+        check_url(ns, "url", url, self.insecure_http)?;
+        if let Some(o) = &self.oauth {
+            check_url(ns, "oauth.token_url", &o.token_url, self.insecure_http)?;
+            if o.client_id.is_empty() {
+                return Err(format!("provider `{ns}`: oauth.client_id is empty"));
             }
-            _ => {
+            if self
+                .headers
+                .keys()
+                .any(|h| h.eq_ignore_ascii_case("authorization"))
+            {
                 return Err(format!(
-                    "provider `{ns}`: url `{url}` is not an http:// or https:// URL"
+                    "provider `{ns}`: give `[providers.oauth]` or an `Authorization` header, not both"
                 ));
             }
         }
@@ -523,6 +559,37 @@ impl McpProviderConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// An http(s) URL with a host; plain HTTP only to a loopback host unless `insecure_http`.
+fn check_url(ns: &str, key: &str, url: &str, insecure_http: bool) -> Result<(), String> {
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+        format!("provider `{ns}`: {key} `{url}` is not an http:// or https:// URL")
+    })?;
+    let host = rest
+        .split(['/', '?', '#'])
+        .next()
+        .unwrap_or_default()
+        .rsplit('@')
+        .next()
+        .unwrap_or_default();
+    let host = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.split(':').next().unwrap_or_default(),
+    };
+    if host.is_empty() {
+        return Err(format!("provider `{ns}`: {key} `{url}` has no host"));
+    }
+    match scheme.to_ascii_lowercase().as_str() {
+        "https" => Ok(()),
+        "http" if insecure_http || is_loopback(host) => Ok(()),
+        "http" => Err(format!(
+            "provider `{ns}`: {key} `{url}` is plain HTTP to `{host}`, which is not loopback: use https://, or set `insecure_http = true` to send calls and credentials unencrypted"
+        )),
+        _ => Err(format!(
+            "provider `{ns}`: {key} `{url}` is not an http:// or https:// URL"
+        )),
     }
 }
 
@@ -1125,6 +1192,45 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_oauth_table_is_checked() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("broker.toml");
+        let base = "record = \"r.jsonl\"\npolicy = \"p.cedar\"\n[[providers]]\ntype = \"mcp\"\nnamespace = \"r\"\n";
+        let oauth = "[providers.oauth]\ntoken_url = \"https://auth.example.com/token\"\nclient_id = \"c\"\nclient_secret = { secret = \"s\", shared = true }\n";
+        let load = |text: String| {
+            std::fs::write(&path, text).expect("w");
+            Config::from_file(&path)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        load(format!(
+            "{base}url = \"https://mcp.example.com/mcp\"\n{oauth}"
+        ))
+        .expect("valid");
+        let e = load(format!("{base}command = \"srv\"\n{oauth}")).expect_err("stdio");
+        assert!(e.contains("`oauth` is for a remote provider"), "{e}");
+        let e = load(format!(
+            "{base}url = \"https://mcp.example.com/mcp\"\nheaders = {{ Authorization = \"Bearer x\" }}\n{oauth}"
+        ))
+        .expect_err("both");
+        assert!(e.contains("not both"), "{e}");
+        let e = load(format!(
+            "{base}url = \"https://mcp.example.com/mcp\"\n{}",
+            oauth.replace("https://auth", "http://auth")
+        ))
+        .expect_err("plain http");
+        assert!(
+            e.contains("oauth.token_url") && e.contains("not loopback"),
+            "{e}"
+        );
+        let e = load(format!(
+            "{base}url = \"https://mcp.example.com/mcp\"\n{oauth}grant = \"password\"\n"
+        ))
+        .expect_err("grant");
+        assert!(e.contains("password"), "{e}");
+    }
 
     #[test]
     fn the_otel_section() {

@@ -6,9 +6,20 @@ Tools: `echo` (read-only), `add_note` (changes state: each effect is a line in R
 of text), `whoami` (the client id of the bearer token it got, with --tokens), `ask` (asks the
 client for input, which the broker does not forward).
 
+With --oauth CLIENT=SECRET,... it is also its own OAuth authorization server: POST /token
+(client credentials, client_secret_basic or client_secret_post) issues `at-<n>` tokens that
+expire after --expires seconds (a `token-issued <client>` line in REMOTE_LOG, or
+`token-endpoint-refused <client>`); bearer tokens are then the issued, unexpired ones.
+
 Usage: python remote_server.py [--port N] [--tls CERT KEY] [--tokens ID=TOKEN,...]
+                               [--oauth CLIENT=SECRET,... [--expires SECONDS]]
 """
 import asyncio
+import base64
+import itertools
+import json
+import time
+import urllib.parse
 import os
 import socket
 import sys
@@ -30,6 +41,8 @@ def main():
     port = 0
     tls = None
     tokens = None
+    oauth = None
+    expires = 3600
     while args:
         a = args.pop(0)
         if a == "--port":
@@ -38,6 +51,11 @@ def main():
             tls = (args.pop(0), args.pop(0))
         elif a == "--tokens":
             tokens = dict(kv.split("=", 1)[::-1] for kv in args.pop(0).split(","))
+        elif a == "--oauth":
+            oauth = dict(kv.split("=", 1) for kv in args.pop(0).split(","))
+            tokens = {}
+        elif a == "--expires":
+            expires = float(args.pop(0))
         else:
             raise SystemExit(f"unknown argument {a}")
 
@@ -49,6 +67,8 @@ def main():
         class Verifier:
             async def verify_token(self, token):
                 who = tokens.get(token)
+                if isinstance(who, tuple):
+                    who = who[0] if time.monotonic() < who[1] else None
                 log(f"token {who or 'refused'}")
                 if who is None:
                     return None
@@ -108,6 +128,35 @@ def main():
     sock.listen(128)
     port = sock.getsockname()[1]
     http_app = app.streamable_http_app()
+    if oauth is not None:
+        from starlette.responses import Response
+        from starlette.routing import Route
+
+        issued = itertools.count(1)
+
+        async def token_endpoint(request):
+            form = urllib.parse.parse_qs((await request.body()).decode())
+            client = secret = None
+            auth = request.headers.get("authorization", "")
+            if auth.lower().startswith("basic "):
+                user, _, pw = base64.b64decode(auth[6:]).decode().partition(":")
+                client, secret = urllib.parse.unquote_plus(user), urllib.parse.unquote_plus(pw)
+            elif "client_id" in form:
+                client, secret = form["client_id"][0], form.get("client_secret", [""])[0]
+            grant = form.get("grant_type", [""])[0]
+            if grant != "client_credentials" or oauth.get(client) != secret:
+                log(f"token-endpoint-refused {client}")
+                return Response(json.dumps({"error": "invalid_client"}), status_code=401,
+                                media_type="application/json")
+            token = f"at-{next(issued)}"
+            tokens[token] = (client, time.monotonic() + expires)
+            log(f"token-issued {client} scope={form.get('scope', [''])[0]} "
+                f"resource={form.get('resource', [''])[0]}")
+            return Response(json.dumps({"access_token": token, "token_type": "Bearer",
+                                        "expires_in": int(expires)}),
+                            media_type="application/json")
+
+        http_app.router.routes.insert(0, Route("/token", token_endpoint, methods=["POST"]))
     config = uvicorn.Config(
         http_app,
         log_level="warning",

@@ -56,6 +56,11 @@ pub struct RemoteStatus {
     pub sessions: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_latency_ms: Option<f64>,
+    /// With `[providers.oauth]`: its token endpoint, and the token requests made so far.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oauth_token_url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oauth_token_fetches: Option<u64>,
 }
 
 #[derive(Default)]
@@ -94,6 +99,8 @@ impl Remote {
 /// How a call through the HTTP transport failed, from rmcp's error.
 enum HttpFailure {
     Unauthorized(String),
+    /// The OAuth token endpoint refused the provider's client (the message says so).
+    TokenRefused(String),
     SessionExpired,
     TooLarge(usize),
     Other,
@@ -131,9 +138,15 @@ fn classify_any(e: &(dyn StdError + 'static)) -> HttpFailure {
     while let Some(err) = current {
         if let Some(h) = err.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
             return match h {
-                StreamableHttpError::AuthRequired(a) => {
-                    HttpFailure::Unauthorized(format!("401, {}", a.www_authenticate_header))
-                }
+                StreamableHttpError::AuthRequired(a) => match a
+                    .www_authenticate_header
+                    .strip_prefix(super::oauth::REFUSED_MARK)
+                {
+                    Some(why) => HttpFailure::TokenRefused(why.to_owned()),
+                    None => {
+                        HttpFailure::Unauthorized(format!("401, {}", a.www_authenticate_header))
+                    }
+                },
                 StreamableHttpError::InsufficientScope(a) => {
                     HttpFailure::Unauthorized(format!("403, {}", a.www_authenticate_header))
                 }
@@ -248,6 +261,8 @@ impl McpProvider {
             last_latency_ms: state
                 .last_latency
                 .map(|d| (d.as_secs_f64() * 1e5).round() / 100.0),
+            oauth_token_url: self.config.oauth.as_ref().map(|o| o.token_url.clone()),
+            oauth_token_fetches: self.config.oauth.as_ref().map(|_| self.oauth.fetches()),
         })
     }
 
@@ -394,6 +409,24 @@ impl McpProvider {
             // A session the server ended is not re-opened under a call: the call path decides
             // whether the call may be sent again (read-only tools only).
             .reinit_on_expired_session(false);
+        let tokens = match (&self.config.oauth, &launch.oauth_secret) {
+            (Some(o), Some((owner, secret))) => Some(self.oauth.get(owner, secret, || {
+                super::oauth::Tokens::new(
+                    client.clone(),
+                    o.clone(),
+                    &self.config.namespace,
+                    o.resource.clone().unwrap_or_else(|| url.to_owned()),
+                    owner.clone(),
+                    secret.clone(),
+                    self.secrets.known.clone(),
+                )
+            })),
+            _ => None,
+        };
+        let client = super::oauth::TokenClient {
+            inner: client,
+            tokens,
+        };
         let transport = StreamableHttpClientTransport::with_client(client, config);
         let limit = self.startup_timeout();
         let changed = Arc::new(tokio::sync::Notify::new());
@@ -408,6 +441,10 @@ impl McpProvider {
                         "the remote server of `{}` refused the broker's credentials (HTTP {status}) at initialize; check the provider's headers",
                         self.config.namespace
                     ),
+                },
+                HttpFailure::TokenRefused(why) => ConnectError {
+                    unauthorized: true,
+                    message: format!("{why}; check `[providers.oauth]` and its client secret"),
                 },
                 _ => format!("MCP initialize with `{url}` failed: {}", chain(&e)).into(),
             })?;
@@ -457,14 +494,18 @@ impl McpProvider {
         &self,
         e: &ServiceError,
         instance: Option<&super::instances::Instance>,
-    ) -> Failure {
+    ) -> super::Attempt {
         let ns = &self.config.namespace;
-        match self.is_remote().then(|| classify(e)) {
+        super::Attempt::Failed(match self.is_remote().then(|| classify(e)) {
             Some(HttpFailure::Unauthorized(status)) => Failure::new(
                 FailCode::UpstreamUnauthorized,
                 format!(
                     "the remote server of `{ns}` refused the broker's credentials (HTTP {status}); check the provider's headers"
                 ),
+            ),
+            Some(HttpFailure::TokenRefused(why)) => Failure::new(
+                FailCode::UpstreamUnauthorized,
+                format!("{why}; check `[providers.oauth]` and its client secret"),
             ),
             Some(HttpFailure::TooLarge(max)) => Failure::new(
                 FailCode::TooLarge,
@@ -475,12 +516,12 @@ impl McpProvider {
                     Some(i) => i.end(),
                     None => self.remote.end_session(),
                 }
-                Failure::new(
+                return super::Attempt::Expired(Failure::new(
                     FailCode::UpstreamUnavailable,
                     format!(
                         "the remote server of `{ns}` ended its session (HTTP 404) before answering; the call was not sent again, as it may change state; a new session is being opened"
                     ),
-                )
+                ));
             }
             _ => Failure::new(
                 FailCode::UpstreamUnavailable,
@@ -493,6 +534,6 @@ impl McpProvider {
                     }
                 ),
             ),
-        }
+        })
     }
 }

@@ -42,6 +42,7 @@ use crate::vpath;
 mod http;
 mod instances;
 mod log;
+mod oauth;
 pub mod sandbox;
 mod stdio;
 mod template;
@@ -116,6 +117,8 @@ pub struct Launch {
     pub env: Vec<(String, Secret)>,
     /// A remote provider's headers.
     pub headers: Vec<(String, Secret)>,
+    /// A remote provider's OAuth client secret (`[providers.oauth]`), and whose it is.
+    pub oauth_secret: Option<(String, Secret)>,
     /// The secrets given (name, value): redacted from what the instance writes to the log.
     pub given: Arc<[(String, Secret)]>,
 }
@@ -135,11 +138,36 @@ pub struct Requirement {
 }
 
 /// A registered upstream tool's authority.
+/// How one attempt of a brokered call failed: `Expired` when a remote server had ended the
+/// session before answering (the request may or may not have reached it: only a read-only call
+/// is sent again).
+pub(super) enum Attempt {
+    Failed(Failure),
+    Expired(Failure),
+}
+
+impl Attempt {
+    fn into_failure(self) -> Failure {
+        match self {
+            Self::Failed(f) | Self::Expired(f) => f,
+        }
+    }
+}
+
+impl From<Failure> for Attempt {
+    fn from(f: Failure) -> Self {
+        Self::Failed(f)
+    }
+}
+
 pub struct McpHandler {
     pub namespace: String,
     pub provider: Weak<McpProvider>,
     pub upstream: String,
     pub template: Option<TemplateConfig>,
+    /// Annotated `readOnlyHint: true` upstream: a call the server's ended session lost is sent
+    /// again once, on a new session.
+    pub read_only: bool,
 }
 
 /// What `providers` shows for one provider.
@@ -212,6 +240,8 @@ pub struct McpProvider {
     instances: Option<instances::Pool>,
     /// A remote provider's session bookkeeping.
     remote: http::Remote,
+    /// `[providers.oauth]` tokens, per client secret owner.
+    oauth: oauth::TokenCaches,
 }
 
 /// The broker's side of one upstream session: it hears the upstream's
@@ -512,6 +542,7 @@ impl McpProvider {
             roots: Mutex::new(HashMap::new()),
             relisting: tokio::sync::Mutex::new(()),
             remote: http::Remote::default(),
+            oauth: oauth::TokenCaches::default(),
         })
     }
 
@@ -613,6 +644,16 @@ impl McpProvider {
         for (k, v) in &self.config.headers {
             headers.push((k.clone(), resolve(v).await?));
         }
+        let oauth_secret = match &self.config.oauth {
+            Some(o) => {
+                let who = match &o.client_secret {
+                    ConfigValue::Secret(r) if !r.shared => owner.unwrap_or(SHARED),
+                    _ => SHARED,
+                };
+                Some((who.to_owned(), resolve(&o.client_secret).await?))
+            }
+            None => None,
+        };
         let given = cache
             .into_iter()
             .filter(|(_, v)| !v.expose().is_empty())
@@ -622,12 +663,11 @@ impl McpProvider {
             args,
             env,
             headers,
+            oauth_secret,
             given,
         })
     }
 
-    /// Connects one session: to the remote server for a `url` provider, else by spawning the
-    /// stdio upstream.
     /// A session with the upstream: the provider's own (`principal` None, the supervisor's) or
     /// one principal's instance.
     async fn connect_any(
@@ -962,19 +1002,74 @@ impl McpProvider {
     }
 
     /// Forwards one call upstream under the upstream's own name. Dropping this future (the
-    /// kernel does, on cancellation and timeout) sends `notifications/cancelled` upstream.
+    /// kernel does, on cancellation and timeout) sends `notifications/cancelled` upstream. A
+    /// remote server that ended its session (HTTP 404) before answering gets a `read_only`
+    /// call once more, on a new session; any other call is refused, never sent twice.
     pub async fn call(
         self: &Arc<Self>,
         principal: &str,
         upstream: &str,
         arguments: &Map<String, Value>,
+        read_only: bool,
     ) -> Result<Success, Failure> {
         // Checked again here: the upstream may have drifted since the kernel's check.
         if let Some(why) = self.drift() {
             return Err(Failure::new(FailCode::ProviderDrifted, why));
         }
+        let sessions = self.remote_sessions();
+        match self.call_session(principal, upstream, arguments).await {
+            Err(Attempt::Expired(failure)) if read_only => {
+                tracing::info!(provider = %self.config.namespace, tool = upstream, principal, "session ended under a read-only call: sent again on a new session");
+                self.record_as(
+                    "call_retried",
+                    Some(principal),
+                    ProviderDetail::Reason {
+                        reason: format!(
+                            "the remote server ended its session (HTTP 404) under read-only `{upstream}`: sent once more on a new session"
+                        ),
+                    },
+                )
+                .await;
+                if self.instances.is_none() {
+                    self.await_new_session(sessions, &failure).await?;
+                }
+                self.call_session(principal, upstream, arguments)
+                    .await
+                    .map_err(Attempt::into_failure)
+            }
+            r => r.map_err(Attempt::into_failure),
+        }
+    }
+
+    /// The provider's own session count (remote), to tell a new session from the old one.
+    fn remote_sessions(&self) -> u64 {
+        self.restarts.load(Ordering::Acquire)
+    }
+
+    /// Waits (bounded by the start time limit; the call's own limit still applies) for the
+    /// supervisor to open the session that replaces the one the server ended.
+    async fn await_new_session(&self, before: u64, failure: &Failure) -> Result<(), Failure> {
+        let deadline = tokio::time::Instant::now() + self.startup_timeout();
+        loop {
+            if self.remote_sessions() > before && self.read().peer.is_some() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline || self.shutdown.is_cancelled() {
+                return Err(failure.clone());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// One attempt on the principal's instance or the provider's session.
+    async fn call_session(
+        self: &Arc<Self>,
+        principal: &str,
+        upstream: &str,
+        arguments: &Map<String, Value>,
+    ) -> Result<Success, Attempt> {
         if let Some(pool) = &self.instances {
-            let instance = pool.get(self, principal).await?;
+            let instance = pool.get(self, principal).await.map_err(Attempt::Failed)?;
             let peer = instance.0.peer.clone();
             // `instance` is held (busy) until the call ends or is dropped.
             return self
@@ -982,13 +1077,13 @@ impl McpProvider {
                 .await;
         }
         let peer = self.read().peer.clone().ok_or_else(|| {
-            Failure::new(
+            Attempt::Failed(Failure::new(
                 FailCode::UpstreamUnavailable,
                 format!(
                     "the upstream server of `{}` is not running (it is being restarted); try again",
                     self.config.namespace
                 ),
-            )
+            ))
         })?;
         self.call_on(&peer, upstream, arguments, None).await
     }
@@ -1000,7 +1095,7 @@ impl McpProvider {
         upstream: &str,
         arguments: &Map<String, Value>,
         instance: Option<&instances::Instance>,
-    ) -> Result<Success, Failure> {
+    ) -> Result<Success, Attempt> {
         let params =
             CallToolRequestParams::new(upstream.to_owned()).with_arguments(arguments.clone());
         let started = std::time::Instant::now();
@@ -1015,7 +1110,8 @@ impl McpProvider {
                 return Err(Failure::new(
                     FailCode::UpstreamError,
                     "the upstream asked for input or a task, which SharedOS does not broker",
-                ));
+                )
+                .into());
             }
         };
         let value = serde_json::to_value(&result).unwrap_or(Value::Null);
@@ -1023,7 +1119,8 @@ impl McpProvider {
             return Err(Failure::new(
                 FailCode::TooLarge,
                 format!("the upstream's result is over {MAX_UPSTREAM_RESULT_BYTES} bytes"),
-            ));
+            )
+            .into());
         }
         let content: Vec<Value> = value["content"].as_array().cloned().unwrap_or_default();
         if result.is_error == Some(true) {
@@ -1038,7 +1135,8 @@ impl McpProvider {
                 FailCode::UpstreamError,
                 format!("the upstream server reported an error: {first}"),
             )
-            .with_content(content));
+            .with_content(content)
+            .into());
         }
         Ok(Success::content(content, result.structured_content))
     }
@@ -1243,6 +1341,11 @@ pub fn register(
                     provider: Arc::downgrade(provider),
                     upstream: upstream.clone(),
                     template: provider.config.tools.get(&upstream).cloned(),
+                    read_only: t
+                        .get("annotations")
+                        .and_then(|a| a.get("readOnlyHint"))
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false),
                 }),
                 validator,
             ),
@@ -1328,9 +1431,13 @@ impl ToolHandler for McpHandler {
         let provider = self.provider.upgrade();
         let upstream = self.upstream.clone();
         let arguments = resolution.forwarded.unwrap_or(arguments);
+        let read_only = self.read_only;
         Box::pin(async move {
             match provider {
-                Some(p) => p.call(&env.principal, &upstream, &arguments).await,
+                Some(p) => {
+                    p.call(&env.principal, &upstream, &arguments, read_only)
+                        .await
+                }
                 None => Err(Failure::new(
                     FailCode::UpstreamUnavailable,
                     "the provider is gone",
