@@ -753,6 +753,7 @@ pub async fn overheads(budget: Budget, spans: usize) -> anyhow::Result<Overheads
         traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         tracestate: None,
         approval: None,
+        ids: None,
     };
     // Warm the exporter's connection first.
     telemetry.call(template.clone());

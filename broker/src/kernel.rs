@@ -266,6 +266,22 @@ pub struct CallSite<'a> {
     pub ask: Option<Ask<'a>>,
 }
 
+/// What a call's span carries besides its answer: the approval it waited for (its id and how
+/// that ended), and the span's ids chosen as the call started (what an upstream was told).
+struct SpanNotes {
+    approval: Option<(String, &'static str)>,
+    ids: Option<(opentelemetry::trace::TraceId, opentelemetry::trace::SpanId)>,
+}
+
+impl SpanNotes {
+    fn new(
+        approval: Option<(String, &'static str)>,
+        ids: Option<(opentelemetry::trace::TraceId, opentelemetry::trace::SpanId)>,
+    ) -> Self {
+        Self { approval, ids }
+    }
+}
+
 impl Kernel {
     pub fn new(
         registry: Registry,
@@ -627,6 +643,10 @@ impl Kernel {
         let started = Instant::now();
         // A trace context past the W3C limits is dropped now, not held while the call runs.
         crate::telemetry::bound_trace_context(&mut call.traceparent, &mut call.tracestate);
+        // What an upstream server is told of the trace, and the call span's own ids.
+        let (trace, span_ids) = self
+            .telemetry
+            .outgoing(call.traceparent.as_deref(), call.tracestate.as_deref());
         // The nesting limit is the broker's own, whoever sent the call (a client that bypasses
         // the shim too): deeper arguments are refused and recorded without them.
         if let Some(args) = &call.arguments {
@@ -673,7 +693,16 @@ impl Kernel {
                 policies.clone(),
                 None,
             );
-            return self.finish(&site, &call, started, ending, None, None).await;
+            return self
+                .finish(
+                    &site,
+                    &call,
+                    started,
+                    ending,
+                    None,
+                    SpanNotes::new(None, span_ids),
+                )
+                .await;
         }
         // For the call's span: the approval it waited for, and how that ended.
         let mut approval: Option<(String, &'static str)> = None;
@@ -740,7 +769,14 @@ impl Kernel {
                             None,
                         );
                         return self
-                            .finish(&site, &call, started, ending, None, approval)
+                            .finish(
+                                &site,
+                                &call,
+                                started,
+                                ending,
+                                None,
+                                SpanNotes::new(approval, span_ids),
+                            )
                             .await;
                     }
                 }
@@ -749,7 +785,14 @@ impl Kernel {
                         ending.0 = Outcome::Cancelled(cancel_cause());
                     }
                     return self
-                        .finish(&site, &call, started, *ending, None, approval)
+                        .finish(
+                            &site,
+                            &call,
+                            started,
+                            *ending,
+                            None,
+                            SpanNotes::new(approval, span_ids),
+                        )
                         .await;
                 }
             }
@@ -867,6 +910,7 @@ impl Kernel {
                     arguments,
                     site.context.clone(),
                     site.blocking.cloned(),
+                    trace.clone(),
                 );
                 // Dropping `job` on cancellation or timeout cancels it; for an upstream call that
                 // sends `notifications/cancelled` upstream.
@@ -912,7 +956,7 @@ impl Kernel {
                 started,
                 (outcome, message, requirement, policies, content),
                 forwarded,
-                approval,
+                SpanNotes::new(approval, span_ids),
             )
             .await;
         // The bytes are counted from the answer that leaves, then the gate opens for the next.
@@ -1172,7 +1216,7 @@ impl Kernel {
         started: Instant,
         (outcome, message, requirement, policies, content): Ending,
         forwarded: Option<Map<String, Value>>,
-        approval: Option<(String, &'static str)>,
+        SpanNotes { approval, ids }: SpanNotes,
     ) -> CallAnswer {
         let duration = started.elapsed();
         let mut answer = CallAnswer {
@@ -1224,6 +1268,7 @@ impl Kernel {
         if self.telemetry.enabled() {
             let mut span = self.call_span(site, call, &answer, duration);
             span.approval = approval;
+            span.ids = ids;
             self.telemetry.call(span);
         }
         answer
@@ -1256,6 +1301,7 @@ impl Kernel {
             traceparent: call.traceparent.clone(),
             tracestate: call.tracestate.clone(),
             approval: None,
+            ids: None,
         }
     }
 
@@ -1267,6 +1313,7 @@ impl Kernel {
         arguments: Map<String, Value>,
         context: AccessContext,
         blocking: Option<Arc<tokio::sync::Semaphore>>,
+        trace: Option<crate::telemetry::Outgoing>,
     ) -> (Job, Duration) {
         let handler = &tool.authority.handler;
         let env = CallEnv {
@@ -1277,6 +1324,7 @@ impl Kernel {
                 namespace: handler.namespace().to_owned(),
             }),
             blocking,
+            trace,
         };
         (
             handler.execute(resolved, arguments, env),

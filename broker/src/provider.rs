@@ -103,6 +103,8 @@ pub struct CallEnv {
     pub read_check: Box<dyn ReadCheck>,
     /// The turn's places for blocking work, if it has a bound.
     pub blocking: Option<Arc<tokio::sync::Semaphore>>,
+    /// The trace context to send on to an upstream server (`params._meta`), if any.
+    pub trace: Option<crate::telemetry::Outgoing>,
 }
 
 /// How one registered tool resolves and runs. Never leaves the broker.

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{
-    SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceState,
+    SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
 };
 use opentelemetry::{InstrumentationScope, KeyValue, StringValue, Value as OtelValue};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
@@ -179,6 +179,17 @@ pub struct CallSpan {
     /// The approval the call waited for (its id) and how that ended (`approved`, `denied`,
     /// `timeout`, `cancelled`), when a policy asked for one.
     pub approval: Option<(String, &'static str)>,
+    /// The span's own ids, chosen when the call started ([`Telemetry::outgoing`]): the parent
+    /// an upstream server's spans name.
+    pub ids: Option<(TraceId, SpanId)>,
+}
+
+/// The W3C trace context a call sends on to an upstream MCP server (`params._meta.traceparent`
+/// and `tracestate`, the spec's OpenTelemetry keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    pub traceparent: String,
+    pub tracestate: Option<String>,
 }
 
 impl CallSpan {
@@ -503,6 +514,35 @@ impl Telemetry {
 
     pub fn enabled(&self) -> bool {
         self.inner.is_some()
+    }
+
+    /// The trace context a call passes upstream, decided as it starts: with export on, the
+    /// broker's span for the call (ids chosen now, in the client's trace when it sent one) is
+    /// the upstream's parent; with export off, the client's context goes on as it came.
+    pub fn outgoing(
+        &self,
+        traceparent: Option<&str>,
+        tracestate: Option<&str>,
+    ) -> (Option<Outgoing>, Option<(TraceId, SpanId)>) {
+        if self.inner.is_none() {
+            let out = traceparent.map(|t| Outgoing {
+                traceparent: t.to_owned(),
+                tracestate: tracestate.map(str::to_owned),
+            });
+            return (out, None);
+        }
+        let ids = RandomIdGenerator::default();
+        let parent = remote_parent(traceparent, tracestate);
+        let (trace_id, flags) = match &parent {
+            Some(p) => (p.trace_id(), p.trace_flags()),
+            None => (ids.new_trace_id(), TraceFlags::SAMPLED),
+        };
+        let span_id = ids.new_span_id();
+        let out = Outgoing {
+            traceparent: format!("00-{trace_id}-{span_id}-{:02x}", flags.to_u8()),
+            tracestate: parent.and(tracestate.map(str::to_owned)),
+        };
+        (Some(out), Some((trace_id, span_id)))
     }
 
     /// Whether spans carry the principal.
@@ -1094,8 +1134,10 @@ fn span_data(s: CallSpan, ids: &RandomIdGenerator, scope: &InstrumentationScope)
         }
         None => Status::Unset,
     };
+    // Ids chosen at the call's start (what the upstream was told) when there are any.
+    let (trace_id, span_id) = s.ids.unwrap_or_else(|| (trace_id, ids.new_span_id()));
     SpanData {
-        span_context: SpanContext::new(trace_id, ids.new_span_id(), flags, false, state),
+        span_context: SpanContext::new(trace_id, span_id, flags, false, state),
         parent_span_id: parent_id,
         parent_span_is_remote: parent.is_some(),
         span_kind: SpanKind::Server,
@@ -1143,6 +1185,7 @@ mod tests {
             traceparent: parent.map(str::to_owned),
             tracestate: None,
             approval: None,
+            ids: None,
         }
     }
 

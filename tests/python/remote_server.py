@@ -3,7 +3,8 @@
 
 Tools: `echo` (read-only), `add_note` (changes state: each effect is a line in REMOTE_LOG),
 `slow` (sleeps; a cancel is a `cancelled slow` line in REMOTE_LOG), `huge` (returns `mib` MiB
-of text), `whoami` (the client id of the bearer token it got, with --tokens), `ask` (asks the
+of text), `whoami` (the client id of the bearer token it got, with --tokens), `traced` (the
+traceparent of the call's `_meta`), `ask` (asks the
 client for input, which the broker does not forward).
 
 With --oauth CLIENT=SECRET,... it is also its own OAuth authorization server: POST /token
@@ -121,6 +122,18 @@ def main():
         who = t.client_id if t else "nobody"
         log(f"whoami {who}")
         return who
+
+    @app.tool(annotations=ToolAnnotations(readOnlyHint=True))
+    def traced(ctx: Context) -> str:
+        """The W3C traceparent this call came with (`params._meta.traceparent`), or `none`."""
+        meta = ctx.request_context.meta
+        tp = None
+        if isinstance(meta, dict):
+            tp = meta.get("traceparent")
+        elif meta is not None:
+            tp = getattr(meta, "traceparent", None) or (getattr(meta, "model_extra", None) or {}).get("traceparent")
+        log(f"traceparent {tp or 'none'}")
+        return tp or "none"
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

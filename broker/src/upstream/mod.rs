@@ -1011,13 +1011,17 @@ impl McpProvider {
         upstream: &str,
         arguments: &Map<String, Value>,
         read_only: bool,
+        trace: Option<&crate::telemetry::Outgoing>,
     ) -> Result<Success, Failure> {
         // Checked again here: the upstream may have drifted since the kernel's check.
         if let Some(why) = self.drift() {
             return Err(Failure::new(FailCode::ProviderDrifted, why));
         }
         let sessions = self.remote_sessions();
-        match self.call_session(principal, upstream, arguments).await {
+        match self
+            .call_session(principal, upstream, arguments, trace)
+            .await
+        {
             Err(Attempt::Expired(failure)) if read_only => {
                 tracing::info!(provider = %self.config.namespace, tool = upstream, principal, "session ended under a read-only call: sent again on a new session");
                 self.record_as(
@@ -1033,7 +1037,7 @@ impl McpProvider {
                 if self.instances.is_none() {
                     self.await_new_session(sessions, &failure).await?;
                 }
-                self.call_session(principal, upstream, arguments)
+                self.call_session(principal, upstream, arguments, trace)
                     .await
                     .map_err(Attempt::into_failure)
             }
@@ -1067,13 +1071,14 @@ impl McpProvider {
         principal: &str,
         upstream: &str,
         arguments: &Map<String, Value>,
+        trace: Option<&crate::telemetry::Outgoing>,
     ) -> Result<Success, Attempt> {
         if let Some(pool) = &self.instances {
             let instance = pool.get(self, principal).await.map_err(Attempt::Failed)?;
             let peer = instance.0.peer.clone();
             // `instance` is held (busy) until the call ends or is dropped.
             return self
-                .call_on(&peer, upstream, arguments, Some(&instance.0))
+                .call_on(&peer, upstream, arguments, Some(&instance.0), trace)
                 .await;
         }
         let peer = self.read().peer.clone().ok_or_else(|| {
@@ -1085,7 +1090,7 @@ impl McpProvider {
                 ),
             ))
         })?;
-        self.call_on(&peer, upstream, arguments, None).await
+        self.call_on(&peer, upstream, arguments, None, trace).await
     }
 
     /// One call on one upstream session: the provider's own, or `instance`'s.
@@ -1095,9 +1100,19 @@ impl McpProvider {
         upstream: &str,
         arguments: &Map<String, Value>,
         instance: Option<&instances::Instance>,
+        trace: Option<&crate::telemetry::Outgoing>,
     ) -> Result<Success, Attempt> {
-        let params =
+        let mut params =
             CallToolRequestParams::new(upstream.to_owned()).with_arguments(arguments.clone());
+        if let Some(t) = trace {
+            // The spec's OpenTelemetry keys (SEP-414): the server's spans join the trace.
+            let mut meta = rmcp::model::MetaObject::new();
+            meta.set_traceparent(t.traceparent.clone());
+            if let Some(state) = &t.tracestate {
+                meta.set_tracestate(state.clone());
+            }
+            params.meta = Some(meta.into());
+        }
         let started = std::time::Instant::now();
         let response = peer
             .call_tool_once(params)
@@ -1435,8 +1450,14 @@ impl ToolHandler for McpHandler {
         Box::pin(async move {
             match provider {
                 Some(p) => {
-                    p.call(&env.principal, &upstream, &arguments, read_only)
-                        .await
+                    p.call(
+                        &env.principal,
+                        &upstream,
+                        &arguments,
+                        read_only,
+                        env.trace.as_ref(),
+                    )
+                    .await
                 }
                 None => Err(Failure::new(
                     FailCode::UpstreamUnavailable,

@@ -12,7 +12,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::kit::{Options, Raw, TestBroker, eventually, meta, text};
 
-fn python() -> Option<String> {
+pub(crate) fn python() -> Option<String> {
     match std::env::var("SHAREDOS_PYTHON") {
         Ok(p) if !p.is_empty() => Some(p),
         _ => {
@@ -151,7 +151,7 @@ async fn python_streamable_http_server_behind_the_kernel() {
     let broker = broker_with(&provider(&server.url(), "")).await;
     let turn = broker.open_turn("alice").await;
     let names: Vec<String> = turn.tools.iter().map(|t| t.name.to_string()).collect();
-    for n in ["r.echo", "r.add_note", "r.slow", "r.huge"] {
+    for n in ["r.echo", "r.add_note", "r.slow", "r.huge", "r.traced"] {
         assert!(names.contains(&n.to_owned()), "{n} in {names:?}");
     }
     let source = turn
@@ -878,4 +878,30 @@ when { resource.name like "r.*" };
     );
     assert!(!e.contains("wrong"), "the secret is not shown: {e}");
     assert_eq!(server.lines("token-endpoint-refused").len(), 1);
+}
+
+/// With OpenTelemetry export off, the client's W3C trace context goes on to the server as it
+/// came (`params._meta.traceparent`); a call without one sends none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
+async fn the_clients_trace_context_reaches_the_server() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    let server = Server::start(&py, &dir.path().join("server.log"), &[]).await;
+    let broker = broker_with(&provider(&server.url(), "")).await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    raw.send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "r.traced", "arguments": {}, "_meta": {"traceparent": tp}}}))
+        .await;
+    let r = raw.response(1).await;
+    assert_eq!(text(&r["result"]), tp, "{r}");
+    let r = call(&mut raw, 2, "r.traced", json!({})).await;
+    assert_eq!(text(&r), "none", "{r}");
+    assert_eq!(
+        server.lines("traceparent"),
+        [format!("traceparent {tp}"), "traceparent none".to_owned()]
+    );
 }

@@ -967,3 +967,76 @@ async fn record_lines_reach_a_real_receiver_as_logs_once_each() {
     }
     drop(raw.close_stdin().await);
 }
+
+/// With export on, a brokered call to a remote server carries the broker's own span as the
+/// server's parent: the server gets `00-<client's trace>-<broker span>-01`, and the span Phoenix
+/// stores for the call has that id, in the client's trace, under the client's span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Arize Phoenix and PyPI mcp 2.3.0: bash .ci/run installs them and runs this"]
+async fn an_upstream_call_is_a_child_of_the_brokers_span() {
+    let Some(env) = installed("phoenix", ".ci/install-phoenix") else {
+        return;
+    };
+    let Some(py) = crate::remote::python() else {
+        return;
+    };
+    let phoenix = Phoenix::start(Path::new(&env["PHOENIX"])).await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let server = crate::remote::Server::start(&py, &dir.path().join("server.log"), &[]).await;
+    let mut broker = TestBroker::start(Options {
+        policy: crate::remote::POLICY,
+        tables: format!(
+            "[otel]\nendpoint = \"http://127.0.0.1:{}\"\nmetrics = false\ntimeout_seconds = 2\n",
+            phoenix.port
+        ),
+        ..Options::default()
+    })
+    .await;
+    let cfg = std::fs::read_to_string(&broker.config_path).expect("cfg");
+    std::fs::write(
+        &broker.config_path,
+        format!("{cfg}{}", crate::remote::provider(&server.url(), "")),
+    )
+    .expect("w");
+    broker.restart().await;
+    let alice = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(alice.token.expose()));
+    raw.initialize("2025-11-25").await;
+    let (tp, trace, client_span) = parent(0x42);
+    raw.send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "r.traced", "arguments": {}, "_meta": {"traceparent": tp}}}))
+        .await;
+    let r = raw.response(1).await;
+    assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
+    let sent = crate::kit::text(&r["result"]);
+    let parts: Vec<&str> = sent.split('-').collect();
+    assert_eq!(parts.len(), 4, "{sent}");
+    assert_eq!(
+        (parts[0], parts[1], parts[3]),
+        ("00", trace.as_str(), "01"),
+        "{sent}"
+    );
+    let broker_span = parts[2];
+    assert_ne!(
+        broker_span, client_span,
+        "the server's parent is the broker's span"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let span = loop {
+        let spans = phoenix.spans().await;
+        if let Some(s) = spans
+            .into_iter()
+            .find(|s| s["name"] == "tools/call r.traced")
+        {
+            break s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no span for r.traced in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(span["context"]["span_id"], broker_span, "{span}");
+    assert_eq!(span["context"]["trace_id"], trace, "{span}");
+    assert_eq!(span["parent_id"], client_span, "{span}");
+}
