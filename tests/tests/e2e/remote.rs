@@ -905,3 +905,120 @@ async fn the_clients_trace_context_reaches_the_server() {
         [format!("traceparent {tp}"), "traceparent none".to_owned()]
     );
 }
+
+/// npm server-everything (not written here) in its Streamable HTTP mode, behind the kernel as a
+/// remote provider: allowed, unpublished, invalid arguments (its own inputSchema), timed out,
+/// cancelled by the client; each recorded like a stdio call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs npm server-everything from .ci/install-mcp-servers: bash .ci/run installs it and runs this"]
+async fn server_everything_over_streamable_http() {
+    let Some(s) = crate::upstream::servers() else {
+        return;
+    };
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let preload = concat!(env!("CARGO_MANIFEST_DIR"), "/node/loopback.cjs");
+    let mut server = tokio::process::Command::new(&s["EVERYTHING_CMD"])
+        .args(["-r", preload, &s["EVERYTHING_ARGS"], "streamableHttp"])
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("server-everything");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "server-everything did not listen"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut b = TestBroker::start(Options {
+        policy: r#"
+@id("alice-everything")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool)
+when { resource.name == "ev.echo" || resource.name == "ev.get-sum"
+    || resource.name == "ev.trigger-long-running-operation" };
+"#,
+        ..Options::default()
+    })
+    .await;
+    append(
+        &b,
+        &format!(
+            "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"ev\"\nurl = \"http://127.0.0.1:{port}/mcp\"\ncall_timeout_seconds = 3\n"
+        ),
+    );
+    b.restart().await;
+    let turn = b.open_turn("alice").await;
+    let names: Vec<String> = turn.tools.iter().map(|t| t.name.to_string()).collect();
+    assert!(
+        names.contains(&"ev.echo".to_owned()) && !names.contains(&"ev.get-env".to_owned()),
+        "{names:?}"
+    );
+    let mut raw = Raw::spawn(b.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    let r = call(&mut raw, 1, "ev.echo", json!({"message": "over http"})).await;
+    assert_eq!(meta(&r)["outcome"], "succeeded", "{r}");
+    assert_eq!(text(&r), "Echo: over http");
+    let r = call(&mut raw, 2, "ev.get-sum", json!({"a": 2, "b": 3})).await;
+    assert_eq!(text(&r), "The sum of 2 and 3 is 5.", "{r}");
+    let r = call(&mut raw, 3, "ev.get-env", json!({})).await;
+    assert_eq!(meta(&r)["code"], "unpublished_tool", "{r}");
+    let r = call(&mut raw, 4, "ev.get-sum", json!({"a": "x", "b": 1})).await;
+    assert_eq!(meta(&r)["code"], "invalid_arguments", "{r}");
+    let r = call(
+        &mut raw,
+        5,
+        "ev.trigger-long-running-operation",
+        json!({"duration": 8, "steps": 2}),
+    )
+    .await;
+    assert_eq!(meta(&r)["code"], "timeout", "{r}");
+    raw.send(json!({"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+        "params": {"name": "ev.trigger-long-running-operation", "arguments": {"duration": 2, "steps": 2}}}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    raw.send(
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 6}}),
+    )
+    .await;
+    let t = turn.turn.clone();
+    eventually("the cancelled call is recorded", || {
+        b.calls_of(&t).iter().any(|c| c["outcome"] == "cancelled")
+    })
+    .await;
+    let r = call(&mut raw, 7, "ev.echo", json!({"message": "after"})).await;
+    assert_eq!(text(&r), "Echo: after", "{r}");
+    let outcomes: Vec<String> = b
+        .calls_of(&turn.turn)
+        .iter()
+        .map(|c| {
+            format!(
+                "{}/{}",
+                c["outcome"].as_str().unwrap_or(""),
+                c["code"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            "succeeded/ok",
+            "succeeded/ok",
+            "denied/unpublished_tool",
+            "failed/invalid_arguments",
+            "failed/timeout",
+            "cancelled/client_cancelled",
+            "succeeded/ok"
+        ],
+        "{outcomes:?}"
+    );
+    let _ = server.kill().await;
+}

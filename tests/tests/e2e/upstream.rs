@@ -11,7 +11,7 @@ use sharedos_proto::ipc::{ControlRequest, ControlResponse};
 
 use crate::kit::{Options, Raw, TestBroker, eventually, meta, run, text};
 
-fn servers() -> Option<BTreeMap<String, String>> {
+pub(crate) fn servers() -> Option<BTreeMap<String, String>> {
     crate::kit::installed("mcp-servers", ".ci/install-mcp-servers")
 }
 
