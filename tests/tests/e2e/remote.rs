@@ -1022,3 +1022,70 @@ when { resource.name == "ev.echo" || resource.name == "ev.get-sum"
     );
     let _ = server.kill().await;
 }
+
+/// The cost in BENCHMARKS.md ("Remote providers"): one `echo` call to the PyPI `mcp` server over
+/// Streamable HTTP on loopback, sent directly by an rmcp client, against the same call through the
+/// shim, the broker's kernel and the broker's own HTTP session. 5 rounds of 60 sequential calls
+/// each way, interleaved, after 20 warm-up calls each; medians and p99 printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
+async fn per_call_cost_through_the_broker_against_direct() {
+    use rmcp::ServiceExt as _;
+    use rmcp::model::CallToolRequestParams;
+    use std::time::Instant;
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    let server = Server::start(&py, &dir.path().join("server.log"), &[]).await;
+    sharedos_broker::telemetry::install_crypto_provider();
+    let direct = ()
+        .serve(rmcp::transport::StreamableHttpClientTransport::from_uri(
+            server.url(),
+        ))
+        .await
+        .expect("direct client");
+    let broker = broker_with(&provider(&server.url(), "")).await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    let mut id = 0;
+    let args = json!({"text": "x"});
+    let params = CallToolRequestParams::new("echo")
+        .with_arguments(args.as_object().cloned().unwrap_or_default());
+    let (mut d, mut b) = (vec![], vec![]);
+    for round in 0..6 {
+        let n = if round == 0 { 20 } else { 60 };
+        for _ in 0..n {
+            let t = Instant::now();
+            let r = direct.call_tool(params.clone()).await.expect("direct call");
+            let took = t.elapsed();
+            assert_ne!(r.is_error, Some(true));
+            if round > 0 {
+                d.push(took);
+            }
+        }
+        for _ in 0..n {
+            id += 1;
+            let t = Instant::now();
+            let r = call(&mut raw, id, "r.echo", args.clone()).await;
+            let took = t.elapsed();
+            assert_eq!(text(&r), "echo: x", "{r}");
+            if round > 0 {
+                b.push(took);
+            }
+        }
+    }
+    let _ = direct.cancel().await;
+    let pct = |v: &mut Vec<Duration>, p: f64| {
+        v.sort_unstable();
+        v[((v.len() as f64 - 1.0) * p).round() as usize]
+    };
+    let (dm, bm) = (pct(&mut d, 0.5), pct(&mut b, 0.5));
+    eprintln!(
+        "remote echo, 300 sequential calls each: direct rmcp client median {dm:?} p99 {:?}; through the broker median {bm:?} p99 {:?}; ratio {:.2}, difference {:?}",
+        pct(&mut d, 0.99),
+        pct(&mut b, 0.99),
+        bm.as_secs_f64() / dm.as_secs_f64(),
+        bm.saturating_sub(dm)
+    );
+    assert_eq!((d.len(), b.len()), (300, 300));
+}
