@@ -3,8 +3,9 @@
 # wall time from spawning the command to the upstream's answer to `tools/list` (after
 # `initialize`), for tests/python/hostile_upstream.py on the system python3. "sandboxed" starts it
 # exactly as the broker does: `sharedos-broker sandbox-exec PLAN python3 ...` with a clean
-# environment (the plan: the default read list, network off with its own namespace when root,
-# the default limits). Prints the median and the 90th percentile in milliseconds.
+# environment (the plan: the default read list, network off with its own network namespace, in
+# a user namespace of its own when not root, the default limits). Prints the median and the 90th
+# percentile in milliseconds.
 #   bench/sandbox-cold-start.sh [N] [path/to/sharedos-broker]
 set -euo pipefail
 n="${1:-30}"
@@ -13,10 +14,10 @@ broker="${2:-$here/target/release/sharedos-broker}"
 [[ -x "$broker" ]] || broker="$here/target/debug/sharedos-broker"
 script="$here/tests/python/hostile_upstream.py"
 py=/usr/bin/python3
-netns=false; [[ "$(id -u)" == 0 ]] && netns=true
+userns=true; [[ "$(id -u)" == 0 ]] && userns=false
 plan() {
-  printf '{"uid":%s,"gid":%s,"ownUid":false,"read":["/usr","/lib","/lib64","/bin","/etc/ld.so.cache","%s","%s"],"write":["/dev/null"],"network":"off","netns":%s,"memoryBytes":2147483648,"processes":512,"openFiles":1024,"landlockAbi":4,"parent":%s}' \
-    "$(id -u)" "$(id -g)" "$(dirname "$script")" "$(dirname "$(readlink -f "$py")")" "$netns" "__PARENT__"
+  printf '{"uid":%s,"gid":%s,"ownUid":false,"read":["/usr","/lib","/lib64","/bin","/etc/ld.so.cache","%s","%s"],"write":["/dev/null"],"network":"off","netns":true,"userns":%s,"memoryBytes":2147483648,"processes":512,"openFiles":1024,"landlockAbi":4,"parent":%s}' \
+    "$(id -u)" "$(id -g)" "$(dirname "$script")" "$(dirname "$(readlink -f "$py")")" "$userns" "__PARENT__"
 }
 msgs='{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"b","version":"1"}}}
 {"jsonrpc":"2.0","method":"notifications/initialized"}

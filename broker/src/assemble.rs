@@ -97,6 +97,11 @@ pub(crate) async fn build(
             ProviderConfig::Mcp(_) => {}
         }
     }
+    // Per-principal instances' uids from the top-level range, shared by the providers without
+    // their own.
+    let instance_uids = config
+        .instance_uids
+        .map(|r| crate::upstream::UidPool::new(r, "instance_uids"));
     let mut starting = Vec::new();
     for provider in &config.providers {
         let ProviderConfig::Mcp(cfg) = provider else {
@@ -112,6 +117,7 @@ pub(crate) async fn build(
             config.call_timeout,
             root.child_token(),
             secrets.clone(),
+            instance_uids.clone(),
         );
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(p.clone().supervise(tx));

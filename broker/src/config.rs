@@ -283,6 +283,11 @@ pub struct SandboxConfig {
     /// `uid` or `uid:gid` to run the upstream as (the broker must be root).
     #[serde(default)]
     pub run_as: Option<String>,
+    /// `[first, last]`: a `per_principal` provider's instances each run under a uid of their own
+    /// from this range (uid = gid), given at a principal's first instance and kept while the
+    /// broker runs (the broker must be root). Without it, the top-level `instance_uids`.
+    #[serde(default)]
+    pub instance_uids: Option<[u32; 2]>,
     /// The lowest Landlock ABI this provider accepts (default: 3 for files, 4 when the network
     /// is restricted). A kernel below it refuses the provider.
     #[serde(default)]
@@ -373,6 +378,77 @@ fn check_sandbox(m: &McpProviderConfig, host: &[u32], harness: &[u32]) -> Result
             if port.is_none() {
                 return Err(format!(
                     "{at}: network entry `{e}` is not `host:port` (a port from 1 to 65535)"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The uid ranges per-principal instances are given (`instance_uids`, top-level and per
+/// provider), checked at load: well formed, none of root, `host_uids`, `harness_uids` or a
+/// provider's own uid (`run_as`, or given from `upstream_uids`), and no two overlapping (a uid
+/// is one instance's only). A provider's range needs `instances = "per_principal"`.
+fn check_instance_uids(
+    top: Option<[u32; 2]>,
+    providers: &[ProviderConfig],
+    host: &[u32],
+    harness: &[u32],
+) -> Result<(), String> {
+    let mut ranges: Vec<(String, [u32; 2])> = Vec::new();
+    if let Some(r) = top {
+        ranges.push(("instance_uids".to_owned(), r));
+    }
+    let mut own: Vec<(u32, String)> = Vec::new();
+    for p in providers {
+        let ProviderConfig::Mcp(m) = p else { continue };
+        let SandboxSetting::On(sb) = &m.sandbox else {
+            continue;
+        };
+        if let Some((uid, _)) = sb.run_as.as_deref().and_then(|r| parse_run_as(r).ok()) {
+            own.push((uid, m.namespace.clone()));
+        }
+        if let Some(r) = sb.instance_uids {
+            let at = format!(
+                "provider `{}`: [providers.sandbox] instance_uids",
+                m.namespace
+            );
+            if m.instances != Instances::PerPrincipal || m.url.is_some() {
+                return Err(format!(
+                    "{at}: only a stdio provider with instances = \"per_principal\" runs instances"
+                ));
+            }
+            ranges.push((at, r));
+        }
+    }
+    for (i, (at, [first, last])) in ranges.iter().enumerate() {
+        let (first, last) = (*first, *last);
+        let shown = format!("{at} = [{first}, {last}]");
+        if first == 0 || first > last {
+            return Err(format!(
+                "{shown}: give [first, last] with 0 < first <= last"
+            ));
+        }
+        let within = |u: &u32| (first..=last).contains(u);
+        if let Some(u) = host.iter().find(|u| within(u)) {
+            return Err(format!(
+                "{shown}: uid {u} is in host_uids; an instance under a host's uid could drive the control socket"
+            ));
+        }
+        if let Some(u) = harness.iter().find(|u| within(u)) {
+            return Err(format!(
+                "{shown}: uid {u} is in harness_uids; an instance under a harness's uid could reach the bridge socket"
+            ));
+        }
+        if let Some((u, ns)) = own.iter().find(|(u, _)| within(u)) {
+            return Err(format!(
+                "{shown}: uid {u} is provider `{ns}`'s own (run_as, or from upstream_uids); an instance's uid is its principal's only"
+            ));
+        }
+        for (other, [f, l]) in &ranges[..i] {
+            if first <= *l && *f <= last {
+                return Err(format!(
+                    "{shown} overlaps {other} = [{f}, {l}]; an instance's uid is its principal's only"
                 ));
             }
         }
@@ -845,6 +921,10 @@ struct RawConfig {
     /// config order (uid = gid), the broker being root.
     #[serde(default)]
     upstream_uids: Option<[u32; 2]>,
+    /// `[first, last]`: uids for per-principal instances, one per principal and provider, for
+    /// providers without their own `instance_uids` (the broker being root).
+    #[serde(default)]
+    instance_uids: Option<[u32; 2]>,
     /// The folder store of secrets (default `secrets` beside the config).
     #[serde(default)]
     secrets_dir: Option<PathBuf>,
@@ -905,6 +985,8 @@ pub struct Config {
     pub budgets: Vec<BudgetConfig>,
     /// The folder relative paths in provider entries resolve against.
     pub base: PathBuf,
+    /// Uids for per-principal instances of providers without their own range (`instance_uids`).
+    pub instance_uids: Option<[u32; 2]>,
     /// The folder store of secrets (`secrets_dir`; default `<config folder>/secrets`).
     pub secrets_dir: PathBuf,
     /// `secret_command`: secrets come from this helper instead of the folder.
@@ -1024,6 +1106,16 @@ impl Config {
                 })?;
             }
         }
+        check_instance_uids(
+            raw.instance_uids,
+            &raw.providers,
+            &raw.host_uids,
+            &raw.harness_uids,
+        )
+        .map_err(|detail| ConfigError::Parse {
+            path: shown.clone(),
+            detail,
+        })?;
         let harness_group = group(raw.harness_group, "harness_group")?;
         let host_group = group(raw.host_group, "host_group")?;
         Ok(Config {
@@ -1103,6 +1195,7 @@ impl Config {
                 .approval_timeout_seconds
                 .map_or(DEFAULT_APPROVAL_TIMEOUT, Duration::from_secs),
             budgets: raw.budgets,
+            instance_uids: raw.instance_uids,
             secrets_dir: raw
                 .secrets_dir
                 .as_deref()
@@ -1181,6 +1274,7 @@ impl Config {
             otel: None,
             approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
             budgets: Vec::new(),
+            instance_uids: None,
             secrets_dir: crate::secrets::default_dir(dir),
             secret_command: None,
             secret_command_timeout: crate::secrets::SECRET_COMMAND_TIMEOUT,

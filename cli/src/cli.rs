@@ -1207,7 +1207,12 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                             };
                             let net = match sb["network"].as_str() {
                                 Some("ports") => format!("tcp ports {}", sb["ports"]),
-                                Some("off") if sb["netns"] == true => "off (own namespace)".into(),
+                                Some("off") if sb["userns"] == true => {
+                                    "off (own network namespace, in its own user namespace)".into()
+                                }
+                                Some("off") if sb["netns"] == true => {
+                                    "off (own network namespace)".into()
+                                }
                                 n => n.unwrap_or("").to_owned(),
                             };
                             outln!(
@@ -1222,6 +1227,28 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                             );
                             outln!("    read: {}", list("read"));
                             outln!("    write: {}", list("write"));
+                            let iu = &sb["instanceUids"];
+                            if let Some(own) = iu.get("own") {
+                                outln!(
+                                    "    instances: each principal's under a uid of its own, from {} = [{}, {}]",
+                                    own["setting"].as_str().unwrap_or("instance_uids"),
+                                    own["first"],
+                                    own["last"]
+                                );
+                            } else if let Some(why) = iu["shared"]["why"].as_str() {
+                                outln!("    instances: the provider's uid and sandbox ({why})");
+                            }
+                        }
+                        for i in p["instances"].as_array().into_iter().flatten() {
+                            outln!(
+                                "  instance of {}: {}{} call(s) in flight, idle {} s",
+                                i["principal"].as_str().unwrap_or("?"),
+                                i["uid"]
+                                    .as_u64()
+                                    .map_or(String::new(), |u| format!("uid {u}, ")),
+                                i["callsInFlight"],
+                                i["idleSeconds"],
+                            );
                         }
                     }
                 }

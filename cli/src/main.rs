@@ -20,6 +20,17 @@ fn main() -> std::process::ExitCode {
     // before anything else so that the process is still single-threaded when it drops its
     // privileges and execs.
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let [_, sub] = argv.as_slice()
+        && sub == sharedos_broker::upstream::sandbox::PROBE_SUBCOMMAND
+    {
+        return match sharedos_broker::upstream::sandbox::probe_userns() {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{}{e}", sharedos_broker::upstream::sandbox::LAUNCHER_ERROR);
+                std::process::ExitCode::from(1)
+            }
+        };
+    }
     if let [_, sub, plan, command, args @ ..] = argv.as_slice()
         && sub == sharedos_broker::upstream::sandbox::SUBCOMMAND
     {

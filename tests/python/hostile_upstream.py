@@ -5,7 +5,7 @@ broker put it in and report, as JSON in their text result, what each attempt did
 - `escape` {read, write, unix, tcp, signal}: reads each path in `read`, creates a file in each
   folder of `write`, connects to each Unix socket in `unix` and sends a control-protocol hello
   and a `list_turns` (4-byte big-endian length, JSON), connects to each `[host, port]` in `tcp`,
-  sends signal 0 to each pid in `signal`; `escaped_unix`: the same as `unix`, from a grandchild
+  sends a datagram to each `[host, port]` in `udp`, sends signal 0 to each pid in `signal`; `escaped_unix`: the same as `unix`, from a grandchild
   that left the upstream's lineage first (fork, setsid, fork, the middle process exits, and the
   grandchild waits until it is re-parented); also reports its uid, gid, groups, environment, process
   group, session and the limits it runs under.
@@ -35,6 +35,7 @@ TOOLS = [
                 "write": {"type": "array", "items": {"type": "string"}},
                 "unix": {"type": "array", "items": {"type": "string"}},
                 "tcp": {"type": "array"},
+                "udp": {"type": "array"},
                 "signal": {"type": "array", "items": {"type": "integer"}},
             },
         },
@@ -152,6 +153,15 @@ def tcp(host, port):
     return "connected"
 
 
+def udp(host, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        n = s.sendto(b"escaped over udp", (host, int(port)))
+    finally:
+        s.close()
+    return "sent %d bytes" % n
+
+
 def limits():
     out = {}
     for name in ("RLIMIT_DATA", "RLIMIT_NPROC", "RLIMIT_NOFILE", "RLIMIT_CPU"):
@@ -175,6 +185,7 @@ def escape(args):
         "unix": {p: outcome(lambda p=p: unix(p)) for p in args.get("unix", [])},
         "escaped_unix": {p: escaped(p) for p in args.get("escaped_unix", [])},
         "tcp": {"%s:%s" % (h, p): outcome(lambda h=h, p=p: tcp(h, p)) for h, p in args.get("tcp", [])},
+        "udp": {"%s:%s" % (h, p): outcome(lambda h=h, p=p: udp(h, p)) for h, p in args.get("udp", [])},
         "signal": {str(p): outcome(lambda p=p: os.kill(p, 0)) for p in args.get("signal", [])},
     }
 

@@ -25,8 +25,55 @@ use crate::provider::Failure;
 /// concurrent first calls of one principal spawn one process.
 type Slot = Arc<tokio::sync::Mutex<Option<Arc<Instance>>>>;
 
+/// Uids given to per-principal instances from one range (`instance_uids`, a provider's or the
+/// broker's): one per provider and principal, given at the principal's first instance and kept
+/// while the broker runs (a restarted instance gets the same), never another's.
+pub struct UidPool {
+    first: u32,
+    last: u32,
+    /// The setting the range comes from, for messages.
+    setting: String,
+    given: Mutex<HashMap<(String, String), u32>>,
+}
+
+impl UidPool {
+    pub fn new([first, last]: [u32; 2], setting: &str) -> Arc<Self> {
+        Arc::new(Self {
+            first,
+            last,
+            setting: setting.to_owned(),
+            given: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn range(&self) -> [u32; 2] {
+        [self.first, self.last]
+    }
+
+    /// `principal`'s uid for `provider`'s instances.
+    fn uid(&self, provider: &str, principal: &str) -> Result<u32, String> {
+        let mut given = crate::lock(&self.given);
+        let key = (provider.to_owned(), principal.to_owned());
+        if let Some(uid) = given.get(&key) {
+            return Ok(*uid);
+        }
+        let n = given.len() as u64;
+        if n > u64::from(self.last - self.first) {
+            return Err(format!(
+                "{} = [{}, {}]: its {n} uids are given to other principals' instances (each keeps its uid while the broker runs); principal `{principal}`'s instance of `{provider}` gets none",
+                self.setting, self.first, self.last
+            ));
+        }
+        let uid = self.first + n as u32;
+        given.insert(key, uid);
+        Ok(uid)
+    }
+}
+
 pub(super) struct Pool {
     slots: Mutex<HashMap<String, Slot>>,
+    /// Where each principal's instance gets a uid of its own (`None`: the provider's uid).
+    uids: Option<Arc<UidPool>>,
     /// Instances running or being spawned (the cap counts both).
     running: Arc<AtomicUsize>,
     max: usize,
@@ -36,6 +83,8 @@ pub(super) struct Pool {
 /// One principal's running upstream.
 pub(super) struct Instance {
     principal: String,
+    /// Its own uid (= gid), if the broker gave it one.
+    uid: Option<u32>,
     pub(super) peer: Peer<RoleClient>,
     /// Calls in flight on it (an instance is stopped for idleness only at zero).
     busy: AtomicUsize,
@@ -51,6 +100,9 @@ pub(super) struct Instance {
 #[serde(rename_all = "camelCase")]
 pub struct InstanceStatus {
     pub principal: String,
+    /// Its own uid (= gid); absent: the provider's (`sandbox.instanceUids` says why).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
     pub calls_in_flight: usize,
     pub idle_seconds: u64,
     pub up_seconds: u64,
@@ -99,9 +151,10 @@ impl Drop for Place {
 }
 
 impl Pool {
-    pub(super) fn new(config: &McpProviderConfig) -> Self {
+    pub(super) fn new(config: &McpProviderConfig, uids: Option<Arc<UidPool>>) -> Self {
         Self {
             slots: Mutex::new(HashMap::new()),
+            uids,
             running: Arc::new(AtomicUsize::new(0)),
             max: config.max_instances.unwrap_or(DEFAULT_MAX_INSTANCES),
             idle: Duration::from_secs(
@@ -127,6 +180,7 @@ impl Pool {
             .filter(|i| i.alive.load(Ordering::Acquire))
             .map(|i| InstanceStatus {
                 principal: i.principal.clone(),
+                uid: i.uid,
                 calls_in_flight: i.busy.load(Ordering::Acquire),
                 idle_seconds: i.last_used().elapsed().as_secs(),
                 up_seconds: i.started.elapsed().as_secs(),
@@ -154,7 +208,7 @@ impl Pool {
         }
         *held = None;
         // The secrets first: a principal without them gets a refusal, and nothing is spawned.
-        let launch = provider.launch(Some(principal)).await.map_err(|e| {
+        let mut launch = provider.launch(Some(principal)).await.map_err(|e| {
             Failure::new(
                 FailCode::MissingCredential,
                 format!(
@@ -174,15 +228,30 @@ impl Pool {
                 ),
             ));
         }
+        if let Some(uids) = &self.uids {
+            match uids.uid(&ns, principal) {
+                Ok(uid) => launch.run_as = Some(uid),
+                Err(e) => {
+                    drop(place);
+                    return Err(Failure::new(
+                        FailCode::UpstreamUnavailable,
+                        format!("the upstream server of `{ns}`: {e}"),
+                    ));
+                }
+            }
+        }
+        let uid = launch.run_as;
+        let sandbox = provider.instance_sandbox(uid);
         let session = match provider.connect_any(&launch, Some(principal)).await {
             Ok(s) => s,
             Err(e) => {
                 drop(place);
                 let why = format!("principal `{principal}`'s instance could not start: {e}");
                 provider
-                    .record_as(
+                    .record_sandboxed(
                         "instance_stopped",
                         Some(principal),
+                        sandbox,
                         ProviderDetail::Reason {
                             reason: why.clone(),
                         },
@@ -219,9 +288,10 @@ impl Pool {
                 expected.as_deref().unwrap_or("(none)")
             );
             provider
-                .record_as(
+                .record_sandboxed(
                     "drifted",
                     Some(principal),
+                    sandbox,
                     ProviderDetail::Reason {
                         reason: why.clone(),
                     },
@@ -231,6 +301,7 @@ impl Pool {
         }
         let instance = Arc::new(Instance {
             principal: principal.to_owned(),
+            uid,
             peer: service.peer().clone(),
             busy: AtomicUsize::new(1),
             last_used: Mutex::new(Instant::now()),
@@ -239,9 +310,10 @@ impl Pool {
             ended: CancellationToken::new(),
         });
         provider
-            .record_as(
+            .record_sandboxed(
                 "instance_started",
                 Some(principal),
+                sandbox.clone(),
                 ProviderDetail::Listed {
                     upstream_hash: hash,
                     pinned_hash: provider.pins.get(&ns),
@@ -250,7 +322,7 @@ impl Pool {
                 },
             )
             .await;
-        tracing::info!(provider = %ns, principal, "per-principal instance started");
+        tracing::info!(provider = %ns, principal, uid, "per-principal instance started");
         *held = Some(instance.clone());
         drop(held);
         // From here the keeper gives the place back when the instance ends.
@@ -316,9 +388,10 @@ impl Pool {
             running.fetch_sub(1, Ordering::AcqRel);
             tracing::info!(provider = %provider.config.namespace, principal = %keeper.principal, reason = %why, "per-principal instance stopped");
             provider
-                .record_as(
+                .record_sandboxed(
                     "instance_stopped",
                     Some(&keeper.principal),
+                    sandbox,
                     ProviderDetail::Reason { reason: why },
                 )
                 .await;

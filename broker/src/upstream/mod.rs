@@ -47,6 +47,7 @@ pub mod sandbox;
 mod stdio;
 mod template;
 
+pub use instances::UidPool;
 pub use log::UpstreamLog;
 use log::upstream_text;
 use template::fill_template;
@@ -121,6 +122,8 @@ pub struct Launch {
     pub oauth_secret: Option<(String, Secret)>,
     /// The secrets given (name, value): redacted from what the instance writes to the log.
     pub given: Arc<[(String, Secret)]>,
+    /// A principal's instance under a uid (= gid) of its own, instead of the provider's.
+    pub run_as: Option<u32>,
 }
 
 /// One upstream tool this provider could not register, and why (a record type).
@@ -481,6 +484,7 @@ impl McpProvider {
         default_timeout: Duration,
         shutdown: CancellationToken,
         secrets: Secrets,
+        instance_uids: Option<Arc<instances::UidPool>>,
     ) -> Arc<Self> {
         let log = Arc::new(UpstreamLog::new(&config.namespace));
         let sandbox = match &config.sandbox {
@@ -515,8 +519,45 @@ impl McpProvider {
                 ))
             }
         };
-        let instances =
-            (config.instances == Instances::PerPrincipal).then(|| instances::Pool::new(&config));
+        // A per-principal provider's instances: each under a uid of its own from its range (or
+        // the broker's), where the broker is root.
+        let per_principal = config.instances == Instances::PerPrincipal;
+        let mut uids = None;
+        let sandbox = match (sandbox, &config.sandbox) {
+            (Some(Ok(plan)), crate::config::SandboxSetting::On(sb)) if per_principal => {
+                let (range, setting, pool) = match sb.instance_uids {
+                    Some(r) => (
+                        Some(r),
+                        "[providers.sandbox] instance_uids",
+                        Some(instances::UidPool::new(
+                            r,
+                            &format!(
+                                "provider `{}`: [providers.sandbox] instance_uids",
+                                config.namespace
+                            ),
+                        )),
+                    ),
+                    None => (
+                        instance_uids.as_ref().map(|p| p.range()),
+                        "instance_uids",
+                        instance_uids,
+                    ),
+                };
+                let plan = plan.with_instances(&config.namespace, range, setting);
+                if matches!(
+                    &plan,
+                    Ok(sandbox::Plan {
+                        instance_uids: Some(sandbox::InstanceUids::Own { .. }),
+                        ..
+                    })
+                ) {
+                    uids = pool;
+                }
+                Some(plan)
+            }
+            (other, _) => other,
+        };
+        let instances = per_principal.then(|| instances::Pool::new(&config, uids));
         Arc::new(Self {
             secrets,
             instances,
@@ -665,6 +706,7 @@ impl McpProvider {
             headers,
             oauth_secret,
             given,
+            run_as: None,
         })
     }
 
@@ -714,10 +756,31 @@ impl McpProvider {
 
     /// A `provider_state` line (`principal`: for one principal's instance).
     async fn record_as(&self, state: &str, principal: Option<&str>, detail: ProviderDetail) {
+        self.record_sandboxed(state, principal, self.sandbox_shown(), detail)
+            .await;
+    }
+
+    /// The sandbox of one principal's instance: the provider's, under the instance's own uid
+    /// when it has one.
+    fn instance_sandbox(&self, uid: Option<u32>) -> Value {
+        match (&self.sandbox, uid) {
+            (Some(Ok(plan)), Some(uid)) => plan.as_instance(uid).shown(),
+            _ => self.sandbox_shown(),
+        }
+    }
+
+    /// A `provider_state` line with the sandbox it ran in (an instance's own).
+    async fn record_sandboxed(
+        &self,
+        state: &str,
+        principal: Option<&str>,
+        sandbox: Value,
+        detail: ProviderDetail,
+    ) {
         let line = Event::ProviderState(record::ProviderState {
             provider: self.config.namespace.clone(),
             state: state.to_owned(),
-            sandbox: Some(self.sandbox_shown()),
+            sandbox: Some(sandbox),
             detail,
             turn: None,
             principal: principal.map(str::to_owned),
@@ -1511,6 +1574,7 @@ mod tests {
             Duration::from_secs(1),
             CancellationToken::new(),
             Secrets::folder(dir.join("secrets")),
+            None,
         )
     }
 

@@ -1,5 +1,6 @@
 //! The sandbox of a brokered upstream: what it may read and write (Landlock), which TCP it may
-//! open (Landlock, and a network namespace of its own when the broker is root), its environment
+//! open (Landlock), with `network = false` a network namespace of its own (made inside a user
+//! namespace of its own when the broker is not root), its environment
 //! (only what the provider declares, plus `PATH`/`HOME`/`LANG`), its limits (rlimits), its uid
 //! (`run_as`, the broker being root), no new privileges, death with the broker, and its own
 //! process group, killed whole when its session ends.
@@ -24,6 +25,9 @@ use crate::config::{NetworkSetting, SandboxConfig, parse_run_as};
 
 /// The hidden subcommand of `sharedos-broker` that is the launcher.
 pub const SUBCOMMAND: &str = "sandbox-exec";
+/// The hidden subcommand that tells whether this kernel lets a process that is not root make a
+/// user namespace and a network namespace in it (exit 0), or why not (stderr, exit 1).
+pub const PROBE_SUBCOMMAND: &str = "sandbox-probe-userns";
 /// How the launcher's error line starts on the upstream's stderr.
 pub const LAUNCHER_ERROR: &str = "sharedos-broker sandbox-exec: error: ";
 /// How long a failed start waits for the launcher's error line.
@@ -99,15 +103,38 @@ pub struct Plan {
     pub ports: Vec<u16>,
     /// A network namespace of its own (only loopback, down).
     pub netns: bool,
+    /// The network namespace is made inside a user namespace of its own (the broker is not
+    /// root), in which its uid and gid are mapped to themselves.
+    #[serde(default)]
+    pub userns: bool,
     pub memory_bytes: u64,
     pub processes: u64,
     pub open_files: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_seconds: Option<u64>,
+    /// A `per_principal` provider's instances: each under a uid of its own, or the provider's
+    /// (and why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_uids: Option<InstanceUids>,
     /// The Landlock ABI the rules need (the kernel has at least this).
     pub landlock_abi: u32,
     /// The broker's pid: the launcher exits if its parent is already another.
     pub parent: u32,
+}
+
+/// The uids of a `per_principal` provider's instances.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum InstanceUids {
+    /// Each principal's instance under its own uid (= gid) from `[first, last]` (`setting`: the
+    /// setting it comes from).
+    Own {
+        first: u32,
+        last: u32,
+        setting: String,
+    },
+    /// Every instance under the provider's uid, in the provider's sandbox.
+    Shared { why: String },
 }
 
 impl Plan {
@@ -118,6 +145,53 @@ impl Plan {
             o.remove("parent");
         }
         v
+    }
+
+    /// The plan of one principal's instance under `uid` (= gid), its own.
+    pub fn as_instance(&self, uid: u32) -> Plan {
+        Plan {
+            uid,
+            gid: uid,
+            own_uid: true,
+            instance_uids: None,
+            ..self.clone()
+        }
+    }
+
+    /// Adds how a `per_principal` provider's instances get their uids: from `range` (the
+    /// provider's `instance_uids`, or the top-level one: `setting` says which), which needs the
+    /// broker to be root; without a range, or without root, the provider's own uid, said so.
+    pub fn with_instances(
+        mut self,
+        namespace: &str,
+        range: Option<[u32; 2]>,
+        setting: &str,
+    ) -> Result<Plan, String> {
+        let me = rustix::process::geteuid().as_raw();
+        self.instance_uids = Some(match range {
+            Some([first, last]) if me == 0 => InstanceUids::Own {
+                first,
+                last,
+                setting: setting.to_owned(),
+            },
+            Some([first, last]) => {
+                return Err(format!(
+                    "provider `{namespace}`: the sandbox cannot be applied: {setting} = [{first}, {last}] needs the broker to run as root (it runs as uid {me}); without it each instance keeps the provider's sandbox and uid"
+                ));
+            }
+            None if me == 0 => InstanceUids::Shared {
+                why: format!(
+                    "no instance_uids: every instance runs under the provider's uid {}",
+                    self.uid
+                ),
+            },
+            None => InstanceUids::Shared {
+                why: format!(
+                    "the broker is not root (uid {me}): every instance runs under its uid, in the provider's sandbox"
+                ),
+            },
+        });
+        Ok(self)
     }
 }
 
@@ -283,6 +357,15 @@ pub fn plan(
         }
         write.push(p.display().to_string());
     }
+    let netns = matches!(config.network, NetworkSetting::All(false));
+    // Only root can make a network namespace without a user namespace; a broker that is not
+    // root makes both, where the kernel allows it, or refuses the provider.
+    let userns = netns && me != 0;
+    if userns && let Err(why) = userns_available() {
+        return Err(format!(
+            "{at}: network = false needs a network namespace of its own, and a broker that is not root (uid {me}) makes it inside a user namespace, which this machine refuses: {why} (unprivileged user namespaces are off: see sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone, kernel.apparmor_restrict_unprivileged_userns); run the broker as root, allow the network, or set `sandbox = \"none\"` to run it without one"
+        ));
+    }
     let mut seen = std::collections::HashSet::new();
     read.retain(|p| seen.insert(p.clone()));
     let (network, ports) = match &config.network {
@@ -306,15 +389,101 @@ pub fn plan(
         write,
         network: network.to_owned(),
         ports,
-        // Only root can make one without a user namespace.
-        netns: network == "off" && me == 0,
+        netns,
+        userns,
         memory_bytes: config.memory_mb.unwrap_or(DEFAULT_MEMORY_MB) * 1024 * 1024,
         processes: config.processes.unwrap_or(DEFAULT_PROCESSES),
         open_files: config.open_files.unwrap_or(DEFAULT_OPEN_FILES),
         cpu_seconds: config.cpu_seconds.filter(|s| *s > 0),
+        instance_uids: None,
         landlock_abi: need,
         parent: std::process::id(),
     })
+}
+
+/// Whether a process under the broker's uid can make a user namespace with a network namespace
+/// in it, asked once per broker of a launcher run as [`PROBE_SUBCOMMAND`] (the broker is
+/// multi-threaded: the kernel lets only a single-threaded process make a user namespace).
+fn userns_available() -> Result<(), String> {
+    static PROBED: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    PROBED
+        .get_or_init(|| {
+            let out = std::process::Command::new(launcher()?)
+                .arg(PROBE_SUBCOMMAND)
+                .env_clear()
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .output()
+                .map_err(|e| format!("cannot run the sandbox launcher to find out: {e}"))?;
+            if out.status.success() {
+                return Ok(());
+            }
+            let said = String::from_utf8_lossy(&out.stderr);
+            let said = said.trim();
+            Err(said
+                .strip_prefix(LAUNCHER_ERROR)
+                .unwrap_or(if said.is_empty() {
+                    "the probe failed"
+                } else {
+                    said
+                })
+                .to_owned())
+        })
+        .clone()
+}
+
+/// The probe's work ([`PROBE_SUBCOMMAND`]): makes what the launcher would (a user namespace, a
+/// network namespace in it, its uid and gid mapped) in this process, which then exits.
+pub fn probe_userns() -> Result<(), String> {
+    single_threaded()?;
+    enter_userns()
+}
+
+/// Credentials, limits, namespaces and Landlock are per thread in the kernel: they hold for the
+/// program only if this is its only thread.
+fn single_threaded() -> Result<(), String> {
+    let threads = std::fs::read_dir("/proc/self/task")
+        .map_err(|e| format!("cannot count the launcher's threads: {e}"))?
+        .count();
+    if threads != 1 {
+        return Err(format!(
+            "the launcher has {threads} threads; it must have one"
+        ));
+    }
+    Ok(())
+}
+
+/// A user namespace and a network namespace owned by it, for a process that is not root: its
+/// uid and gid are mapped to themselves (files keep their owners, and the upstream sees its own
+/// uid), `setgroups` is denied in it (the kernel's condition for an unprivileged gid map), and
+/// the capabilities the namespace's creator holds in it are dropped by the caller before exec.
+fn enter_userns() -> Result<(), String> {
+    let uid = rustix::process::geteuid().as_raw();
+    let gid = rustix::process::getegid().as_raw();
+    // USER and NET only, in a single-threaded process: the hazard `unshare_unsafe` warns of
+    // (FILES splitting the descriptor table between threads) cannot arise.
+    #[expect(
+        deprecated,
+        reason = "USER and NET only, one thread: the FILES hazard behind the deprecation does not apply"
+    )]
+    rustix::thread::unshare(
+        rustix::thread::UnshareFlags::NEWUSER | rustix::thread::UnshareFlags::NEWNET,
+    )
+    .map_err(|e| format!("cannot make a user namespace with a network namespace (unshare): {e}"))?;
+    let write = |file: &str, text: String| {
+        std::fs::write(format!("/proc/self/{file}"), text)
+            .map_err(|e| format!("cannot write /proc/self/{file} in the new user namespace: {e}"))
+    };
+    write("setgroups", "deny".to_owned())?;
+    write("uid_map", format!("{uid} {uid} 1\n"))?;
+    write("gid_map", format!("{gid} {gid} 1\n"))?;
+    if rustix::process::geteuid().as_raw() != uid {
+        return Err(format!(
+            "the uid is not mapped to {uid} in the user namespace"
+        ));
+    }
+    Ok(())
 }
 
 /// The launcher: the path of a `sharedos-broker` binary (this program if it is one; else
@@ -358,15 +527,21 @@ fn apply(plan: &str) -> Result<(), String> {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
     let plan: Plan =
         serde_json::from_str(plan).map_err(|e| format!("the sandbox plan is not valid: {e}"))?;
-    // Credentials, limits and Landlock are per thread in the kernel: they hold for the program
-    // only if this is its only thread.
-    let threads = std::fs::read_dir("/proc/self/task")
-        .map_err(|e| format!("cannot count the launcher's threads: {e}"))?
-        .count();
-    if threads != 1 {
-        return Err(format!(
-            "the launcher has {threads} threads; it must have one"
-        ));
+    single_threaded()?;
+    // The namespaces first (before the limits and Landlock): a user namespace made after the
+    // limits would take the lowered RLIMIT_NPROC as its own ceiling.
+    if plan.userns {
+        enter_userns()?;
+    } else if plan.netns {
+        // Only NEWNET (the broker is root), in a single-threaded process: the hazard
+        // `unshare_unsafe` warns of (FILES splitting the descriptor table between threads)
+        // cannot arise.
+        #[expect(
+            deprecated,
+            reason = "NEWNET only, one thread: the FILES hazard behind the deprecation does not apply"
+        )]
+        rustix::thread::unshare(rustix::thread::UnshareFlags::NEWNET)
+            .map_err(|e| format!("cannot make a network namespace: {e}"))?;
     }
     rustix::process::setsid().map_err(|e| format!("setsid: {e}"))?;
     let mut limits = vec![
@@ -389,16 +564,6 @@ fn apply(plan: &str) -> Result<(), String> {
         )
         .map_err(|e| format!("cannot limit {name} to {v}: {e}"))?;
     }
-    if plan.netns {
-        // Only NEWNET, in a single-threaded process: the hazard `unshare_unsafe` warns of
-        // (FILES splitting the descriptor table between threads) cannot arise.
-        #[expect(
-            deprecated,
-            reason = "NEWNET only, one thread: the FILES hazard behind the deprecation does not apply"
-        )]
-        rustix::thread::unshare(rustix::thread::UnshareFlags::NEWNET)
-            .map_err(|e| format!("cannot make a network namespace: {e}"))?;
-    }
     // The rules' folders are opened now, before the uid changes (a path the new uid cannot
     // reach still gets its rule; the file modes keep holding too).
     let ruleset = ruleset(&plan)?;
@@ -418,9 +583,9 @@ fn apply(plan: &str) -> Result<(), String> {
         {
             return Err(format!("the uid did not change to {}", plan.uid));
         }
-    } else if me == 0 {
+    } else if me == 0 || plan.userns {
         // Root keeps its uid: it keeps no capability (and with no_new_privs, exec gives none
-        // back).
+        // back). The same for the capabilities a user namespace's creator holds in it.
         use rustix::thread::{CapabilitySet, CapabilitySets};
         rustix::thread::set_capabilities(
             None,

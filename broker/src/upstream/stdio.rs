@@ -51,6 +51,10 @@ impl McpProvider {
             None => tokio::process::Command::new(command),
             Some(Err(e)) => return Err(e.clone()),
             Some(Ok(plan)) => {
+                let plan = match launch.run_as {
+                    Some(uid) => &plan.as_instance(uid),
+                    None => plan,
+                };
                 let plan_json = serde_json::to_string(plan)
                     .map_err(|e| format!("cannot write the sandbox plan: {e}"))?;
                 let mut cmd = tokio::process::Command::new(sandbox::launcher()?);

@@ -15,6 +15,9 @@ const POLICY: &str = r#"
 @id("alice-tools")
 permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call",
        resource is SharedOS::Tool);
+@id("bob-tools")
+permit(principal == SharedOS::User::"bob", action == SharedOS::Action::"call",
+       resource is SharedOS::Tool);
 "#;
 
 fn q(s: &str) -> String {
@@ -44,6 +47,15 @@ fn hostile(ns: &str, sandbox: &str) -> String {
             q(python_dir())
         )
     }
+}
+
+/// The same as [`hostile`], with `instances = "per_principal"`.
+fn hostile_per_principal(ns: &str, sandbox: &str) -> String {
+    hostile(ns, sandbox).replacen(
+        "call_timeout_seconds = 20\n",
+        "call_timeout_seconds = 20\ninstances = \"per_principal\"\n",
+        1,
+    )
 }
 
 /// A broker served from its own binary, on a config in a temp dir, with a canary variable in
@@ -152,8 +164,12 @@ impl Served {
     }
 
     async fn raw(&self) -> Raw {
+        self.raw_as("alice").await
+    }
+
+    async fn raw_as(&self, principal: &str) -> Raw {
         let (code, out, err) =
-            run(self.cli(&["turn", "open", "--principal", "alice", "--json"])).await;
+            run(self.cli(&["turn", "open", "--principal", principal, "--json"])).await;
         assert_eq!(code, 0, "turn open: {err}");
         let opened: Value = serde_json::from_str(&out).expect("json");
         let mut shim = tokio::process::Command::new(bin("sharedos-mcp-shim"));
@@ -243,6 +259,9 @@ async fn a_hostile_upstream_stays_in_its_sandbox() {
     let port = listener.local_addr().expect("addr").port();
     let other = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
     let other_port = other.local_addr().expect("addr").port();
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+    udp.set_nonblocking(true).expect("nonblocking");
+    let udp_port = udp.local_addr().expect("addr").port();
     let providers = format!(
         "{}{}",
         hostile("up", "memory_mb = 256\nwrite = [\"rw\"]"),
@@ -267,6 +286,7 @@ async fn a_hostile_upstream_stays_in_its_sandbox() {
             "unix": [format!("{dir}/run/control.sock"), format!("{dir}/run/bridge.sock")],
             "escaped_unix": [format!("{dir}/run/control.sock"), format!("{dir}/run/bridge.sock")],
             "tcp": [["127.0.0.1", port]],
+            "udp": [["127.0.0.1", udp_port]],
             "signal": [broker_pid],
         }),
     )
@@ -323,6 +343,11 @@ async fn a_hostile_upstream_stays_in_its_sandbox() {
     );
     let tcp = r["tcp"][format!("127.0.0.1:{port}")].as_str().unwrap_or("");
     assert!(tcp.starts_with("error: "), "network off: {tcp}");
+    let sent = r["udp"][format!("127.0.0.1:{udp_port}")]
+        .as_str()
+        .unwrap_or("(missing)");
+    assert!(sent.starts_with("error: "), "network off: {sent}");
+    assert_eq!(datagrams(&udp), 0, "no datagram left its namespace");
     let sig = r["signal"][broker_pid.to_string()].as_str().unwrap_or("");
     assert!(sig.starts_with("error: "), "signals the broker: {sig}");
     // Exactly the declared variable and the minimal three: nothing of the broker's.
@@ -567,10 +592,31 @@ async fn as_root_the_upstream_has_a_uid_of_its_own() {
     assert_eq!(ranged["gid"], 64231);
 }
 
-/// A broker that is not root (uid 64220, started by root for the test): no uid change and no
-/// network namespace, but Landlock, the TCP rules, the limits and the clean environment hold,
-/// and the sockets refuse the upstream although its uid is the broker's own and is listed in
-/// `host_uids` and `harness_uids`.
+/// Datagrams waiting on `socket` (non-blocking), counted and drained.
+fn datagrams(socket: &std::net::UdpSocket) -> usize {
+    let mut buf = [0u8; 512];
+    let mut n = 0;
+    while socket.recv(&mut buf).is_ok() {
+        n += 1;
+    }
+    n
+}
+
+/// TCP connections waiting on `listener` (non-blocking), counted and accepted.
+fn connections(listener: &std::net::TcpListener) -> usize {
+    let mut n = 0;
+    while listener.accept().is_ok() {
+        n += 1;
+    }
+    n
+}
+
+/// A broker that is not root (uid 64220, started by root for the test): no uid change, but with
+/// `network = false` a user namespace and a network namespace of its own (only a loopback, down),
+/// so neither TCP nor UDP leaves it; Landlock, the limits and the clean environment hold, and the
+/// sockets refuse the upstream although its uid is the broker's own and is listed in `host_uids`
+/// and `harness_uids`. With `network = true` it reaches the test's listeners; with a port list,
+/// TCP to that port only, and UDP is not walled (Landlock rules TCP only).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root to start the broker under another uid (CI runs --include-ignored as root)"]
 async fn without_root_landlock_and_the_sockets_still_hold() {
@@ -579,10 +625,20 @@ async fn without_root_landlock_and_the_sockets_still_hold() {
     }
     const UID: u32 = 64220;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    listener.set_nonblocking(true).expect("nonblocking");
     let port = listener.local_addr().expect("addr").port();
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+    udp.set_nonblocking(true).expect("nonblocking");
+    let udp_port = udp.local_addr().expect("addr").port();
     let b = Served::start_as(
         &format!("host_uids = [0, {UID}]\nharness_uids = [0, {UID}]\n"),
-        &hostile("up", ""),
+        &format!(
+            "{}{}{}{}",
+            hostile("up", ""),
+            hostile("open", "network = true"),
+            hostile("ports", &format!("network = [\"127.0.0.1:{port}\"]")),
+            hostile_per_principal("pp", ""),
+        ),
         Some(UID),
     )
     .await;
@@ -598,10 +654,13 @@ async fn without_root_landlock_and_the_sockets_still_hold() {
             "write": [dir.clone()],
             "unix": [format!("{dir}/run/control.sock"), format!("{dir}/run/bridge.sock")],
             "tcp": [["127.0.0.1", port]],
+            "udp": [["127.0.0.1", udp_port]],
         }),
     )
     .await;
-    assert_eq!(r["uid"], UID, "the broker's own uid: {r}");
+    eprintln!("network off, not root: tcp {} udp {}", r["tcp"], r["udp"]);
+    assert_eq!(r["uid"], UID, "the broker's own uid, mapped to itself: {r}");
+    assert_eq!(r["gid"], UID, "{r}");
     for f in ["record.jsonl.key", "broker.toml", "data/private/secret.txt"] {
         denied(&r, "read", &format!("{dir}/{f}"));
     }
@@ -616,11 +675,22 @@ async fn without_root_landlock_and_the_sockets_still_hold() {
         );
         refused_socket(&r, &format!("{dir}/run/{sock}"));
     }
+    // TCP: Landlock refuses the connect before the (down) loopback is reached.
     let tcp = r["tcp"][format!("127.0.0.1:{port}")].as_str().unwrap_or("");
     assert!(
         tcp.starts_with("error: PermissionError"),
         "landlock's TCP rule: {tcp}"
     );
+    // UDP: Landlock does not rule it; its own network namespace has no way out.
+    let sent = r["udp"][format!("127.0.0.1:{udp_port}")]
+        .as_str()
+        .unwrap_or("(missing)");
+    assert!(
+        sent.starts_with("error: OSError") && sent.contains("unreachable"),
+        "network off: a datagram must not leave its namespace: {sent}"
+    );
+    assert_eq!(datagrams(&udp), 0, "no datagram reached the test's socket");
+    assert_eq!(connections(&listener), 0, "no connection reached the test");
     let mut env: Vec<&str> = r["env"]
         .as_object()
         .expect("env")
@@ -629,10 +699,361 @@ async fn without_root_landlock_and_the_sockets_still_hold() {
         .collect();
     env.sort_unstable();
     assert_eq!(env, ["DECLARED", "HOME", "LANG", "PATH"]);
+
+    // The network allowed: both reach the test, once each.
+    let r = escape(
+        &mut raw,
+        2,
+        "open.escape",
+        json!({"tcp": [["127.0.0.1", port]], "udp": [["127.0.0.1", udp_port]]}),
+    )
+    .await;
+    assert_eq!(
+        r["tcp"][format!("127.0.0.1:{port}")],
+        "ok: connected",
+        "{r}"
+    );
+    assert_eq!(
+        r["udp"][format!("127.0.0.1:{udp_port}")],
+        "ok: sent 16 bytes",
+        "{r}"
+    );
+    assert_eq!(connections(&listener), 1);
+    assert_eq!(datagrams(&udp), 1);
+    // A port list: TCP to the listed port; UDP is not walled without root's namespace.
+    let r = escape(
+        &mut raw,
+        3,
+        "ports.escape",
+        json!({"tcp": [["127.0.0.1", port]], "udp": [["127.0.0.1", udp_port]]}),
+    )
+    .await;
+    assert_eq!(
+        r["tcp"][format!("127.0.0.1:{port}")],
+        "ok: connected",
+        "{r}"
+    );
+    assert_eq!(
+        r["udp"][format!("127.0.0.1:{udp_port}")],
+        "ok: sent 16 bytes",
+        "{r}"
+    );
+    assert_eq!(connections(&listener), 1);
+    assert_eq!(datagrams(&udp), 1);
+
     let list = b.providers().await;
     let up = list.iter().find(|p| p["namespace"] == "up").expect("up");
-    assert_eq!(up["sandbox"]["netns"], false, "{up}");
+    assert_eq!(up["sandbox"]["netns"], true, "{up}");
+    assert_eq!(up["sandbox"]["userns"], true, "{up}");
     assert_eq!(up["sandbox"]["ownUid"], false);
     assert_eq!(up["sandbox"]["uid"], UID);
-    drop(listener);
+    for ns in ["open", "ports"] {
+        let p = list.iter().find(|p| p["namespace"] == ns).expect(ns);
+        assert_eq!(p["sandbox"]["netns"], false, "{p}");
+        assert_eq!(p["sandbox"]["userns"], false, "{p}");
+    }
+    // Per-principal instances: without root, the provider's uid and sandbox, said so.
+    let pp = list.iter().find(|p| p["namespace"] == "pp").expect("pp");
+    assert!(
+        pp["sandbox"]["instanceUids"]["shared"]["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("the broker is not root")),
+        "{pp}"
+    );
+    let r = escape(&mut raw, 4, "pp.escape", json!({})).await;
+    assert_eq!(r["uid"], UID, "{r}");
+    let states = b.provider_states("up");
+    assert!(!states.is_empty());
+    assert!(
+        states.iter().all(|s| s["sandbox"]["userns"] == true),
+        "{states:?}"
+    );
+    let (code, out, _) = run(b.cli(&["providers"])).await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("network off (own network namespace, in its own user namespace)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("instances: the provider's uid and sandbox (the broker is not root"),
+        "{out}"
+    );
+}
+
+/// As root, each principal's instance of a `per_principal` provider runs under a uid (= gid) of
+/// its own from `instance_uids`: alice's and bob's differ, neither is the broker's (0) nor the
+/// provider's shared uid (`run_as`), bob's is the same after his instance is killed and
+/// restarted, and alice's instance cannot read a file only bob's uid can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root (CI runs --include-ignored as root): instances get uids of their own"]
+async fn as_root_each_principals_instance_has_a_uid_of_its_own() {
+    use std::os::unix::fs::PermissionsExt as _;
+    if !crate::deploy::need_root("as_root_each_principals_instance_has_a_uid_of_its_own") {
+        return;
+    }
+    const SHARED: u32 = 64250;
+    // A folder every uid may enter (the broker's own temp dir is 0700), in the sandbox's `read`.
+    let walled = tempfile::Builder::new()
+        .prefix("sharedos-walled-")
+        .tempdir()
+        .expect("tmp");
+    std::fs::set_permissions(walled.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let bobs = walled.path().join("bob.txt");
+    std::fs::write(&bobs, "bob's only\n").expect("w");
+    let b = Served::start(
+        "",
+        &hostile_per_principal(
+            "who",
+            &format!("run_as = \"{SHARED}\"\ninstance_uids = [64251, 64259]"),
+        )
+        .replace(
+            &format!("read = [{}]", q(python_dir())),
+            &format!(
+                "read = [{}, {}]",
+                q(python_dir()),
+                q(&walled.path().display().to_string())
+            ),
+        ),
+    )
+    .await;
+    // Bob's instance first: its uid, then the file made his only.
+    let mut bob = b.raw_as("bob").await;
+    let first = escape(&mut bob, 1, "who.escape", json!({})).await;
+    let bob_uid = first["uid"].as_u64().expect("uid") as u32;
+    std::os::unix::fs::chown(&bobs, Some(bob_uid), Some(bob_uid)).expect("chown");
+    std::fs::set_permissions(&bobs, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let path = bobs.display().to_string();
+    let r = escape(&mut bob, 2, "who.escape", json!({"read": [path]})).await;
+    assert_eq!(r["pid"], first["pid"], "the same instance: {r}");
+    allowed(&r, "read", &path);
+    let mut alice = b.raw_as("alice").await;
+    let a = escape(&mut alice, 1, "who.escape", json!({"read": [path]})).await;
+    denied(&a, "read", &path);
+    let alice_uid = a["uid"].as_u64().expect("uid") as u32;
+    eprintln!("instances: bob uid {bob_uid}, alice uid {alice_uid}, shared {SHARED}");
+    assert_ne!(a["pid"], r["pid"], "two processes");
+    assert_ne!(alice_uid, bob_uid);
+    for (who, rep, uid) in [("alice", &a, alice_uid), ("bob", &r, bob_uid)] {
+        assert!((64251..=64259).contains(&uid), "{who}: {uid}");
+        assert_ne!(uid, 0, "{who}: not the broker's");
+        assert_ne!(uid, SHARED, "{who}: not the shared instance's");
+        assert_eq!(rep["euid"], uid, "{who}");
+        assert_eq!(rep["gid"], uid, "{who}");
+        assert_eq!(rep["groups"], json!([uid]), "{who}: no other group");
+    }
+    // Shown: the provider's own uid, the range, each running instance's uid.
+    let list = b.providers().await;
+    let p = list.iter().find(|p| p["namespace"] == "who").expect("who");
+    assert_eq!(p["sandbox"]["uid"], SHARED, "{p}");
+    assert_eq!(p["sandbox"]["instanceUids"]["own"]["first"], 64251, "{p}");
+    let mut shown: Vec<(String, u64)> = p["instances"]
+        .as_array()
+        .expect("instances")
+        .iter()
+        .map(|i| {
+            (
+                i["principal"].as_str().unwrap_or("").to_owned(),
+                i["uid"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    shown.sort();
+    assert_eq!(
+        shown,
+        [
+            ("alice".to_owned(), u64::from(alice_uid)),
+            ("bob".to_owned(), u64::from(bob_uid))
+        ]
+    );
+    let (code, out, _) = run(b.cli(&["providers"])).await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("instances: each principal's under a uid of its own"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("instance of bob: uid {bob_uid}")),
+        "{out}"
+    );
+    // Recorded: one instance_started line per principal, with its instance's uid.
+    let started: Vec<Value> = b
+        .provider_states("who")
+        .into_iter()
+        .filter(|l| l["state"] == "instance_started")
+        .collect();
+    assert_eq!(started.len(), 2, "{started:?}");
+    for (who, uid) in [("alice", alice_uid), ("bob", bob_uid)] {
+        let l = started
+            .iter()
+            .find(|l| l["principal"] == who)
+            .expect("started");
+        assert_eq!(l["sandbox"]["uid"], uid, "{l}");
+        assert_eq!(l["sandbox"]["ownUid"], true, "{l}");
+    }
+    // Bob's instance killed: his next instance has his uid again.
+    let pid = r["pid"].as_i64().expect("pid") as i32;
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid).expect("pid"),
+        rustix::process::Signal::KILL,
+    )
+    .expect("kill");
+    let mut again = None;
+    for id in 10..90 {
+        let whole = bob.call(id, "who.escape", json!({})).await;
+        let res = whole["result"].clone();
+        if meta(&res)["outcome"] == "succeeded" {
+            let rep: Value = serde_json::from_str(&text(&res)).expect("report");
+            if rep["pid"] != r["pid"] {
+                again = Some(rep);
+                break;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    let again = again.expect("bob's instance restarted");
+    assert_eq!(
+        again["uid"], bob_uid,
+        "stable while the broker runs: {again}"
+    );
+    let started = b
+        .provider_states("who")
+        .into_iter()
+        .filter(|l| l["state"] == "instance_started" && l["principal"] == "bob")
+        .count();
+    assert_eq!(started, 2, "bob's two instances");
+}
+
+/// An `instance_uids` range that would give an instance a host's, a harness's, root's or a
+/// provider's own uid, or that overlaps another range, is refused at load, naming the setting.
+#[test]
+fn instance_uids_that_meet_another_uid_are_refused_at_load() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let refused = |top: &str, sandbox: &str| {
+        let cfg = write_config(dir.path(), top, &hostile_per_principal("who", sandbox));
+        sharedos_broker::Config::from_file(&cfg)
+            .expect_err("refused")
+            .to_string()
+    };
+    let err = refused("host_uids = [64262]\ninstance_uids = [64260, 64269]\n", "");
+    assert!(
+        err.contains("instance_uids = [64260, 64269]: uid 64262 is in host_uids"),
+        "{err}"
+    );
+    let err = refused("harness_uids = [64265]\n", "instance_uids = [64260, 64269]");
+    assert!(
+        err.contains(
+            "provider `who`: [providers.sandbox] instance_uids = [64260, 64269]: uid 64265 is in harness_uids"
+        ),
+        "{err}"
+    );
+    let err = refused("", "run_as = \"64261\"\ninstance_uids = [64260, 64269]");
+    assert!(err.contains("uid 64261 is provider `who`'s own"), "{err}");
+    let err = refused(
+        "instance_uids = [64268, 64270]\n",
+        "instance_uids = [64260, 64269]",
+    );
+    assert!(
+        err.contains("overlaps instance_uids = [64268, 64270]"),
+        "{err}"
+    );
+    let err = refused("instance_uids = [0, 10]\n", "");
+    assert!(err.contains("0 < first <= last"), "{err}");
+    // A range for a shared provider is refused, and a good one loads.
+    let cfg = write_config(
+        dir.path(),
+        "",
+        &hostile("one", "instance_uids = [64260, 64269]"),
+    );
+    let err = sharedos_broker::Config::from_file(&cfg)
+        .expect_err("refused")
+        .to_string();
+    assert!(err.contains("instances = \"per_principal\""), "{err}");
+    let cfg = write_config(
+        dir.path(),
+        "host_uids = [0]\ninstance_uids = [64270, 64279]\n",
+        &hostile_per_principal("who", "instance_uids = [64260, 64269]"),
+    );
+    sharedos_broker::Config::from_file(&cfg).expect("loads");
+}
+
+/// A broker that is not root on a machine that gives it no user namespace (the test makes one
+/// where `user.max_user_namespaces` is 0): a provider with `network = false` is refused at start,
+/// naming what is missing, and recorded `failed` with the sandbox `unavailable`; with the network
+/// allowed (no namespace needed) it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root to start the broker under another uid in a user namespace (CI runs --include-ignored as root)"]
+async fn without_root_and_without_user_namespaces_network_off_is_refused() {
+    if !crate::deploy::need_root("without_root_and_without_user_namespaces_network_off_is_refused")
+    {
+        return;
+    }
+    const UID: u32 = 64221;
+    let start = |sandbox: &'static str| async move {
+        let dir = tempfile::Builder::new()
+            .prefix("sharedos-sandbox-")
+            .tempdir()
+            .expect("tmp");
+        let cfg = write_config(dir.path(), "", &hostile("up", sandbox));
+        let (_, broker) = crate::deploy::public_bins(dir.path());
+        let mut chown = std::process::Command::new("chown");
+        chown.arg("-R").arg(format!("{UID}:{UID}")).arg(dir.path());
+        assert!(chown.status().expect("chown").success());
+        let stderr = dir.path().join("broker.stderr");
+        let mut serve = tokio::process::Command::new("python3");
+        serve
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/python/no_userns.py"))
+            .arg(&broker)
+            .args(["serve", "--runtime-dir"])
+            .arg(dir.path().join("run"))
+            .arg("--config")
+            .arg(&cfg)
+            .env("AS", UID.to_string())
+            .kill_on_drop(true)
+            .stderr(std::fs::File::create(&stderr).expect("stderr"));
+        (dir, serve.spawn().expect("serve"), stderr)
+    };
+    let (dir, mut child, stderr) = start("").await;
+    let status = tokio::time::timeout(crate::kit::WAIT, child.wait())
+        .await
+        .expect("the broker stops")
+        .expect("wait");
+    assert!(!status.success());
+    let err = std::fs::read_to_string(&stderr).expect("stderr");
+    assert!(
+        err.contains("provider `up`: the sandbox cannot be applied: network = false needs a network namespace of its own, and a broker that is not root (uid 64221) makes it inside a user namespace, which this machine refuses"),
+        "{err}"
+    );
+    assert!(
+        err.contains("No space left on device"),
+        "the kernel's reason: {err}"
+    );
+    let states: Vec<Value> = std::fs::read_to_string(dir.path().join("record.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["kind"] == "provider_state" && l["provider"] == "up")
+        .collect();
+    assert_eq!(states.len(), 1, "{states:?}");
+    assert_eq!(states[0]["state"], "failed");
+    assert!(
+        states[0]["sandbox"]["unavailable"]
+            .as_str()
+            .is_some_and(|e| e.contains("user namespace")),
+        "{states:?}"
+    );
+    // No namespace needed: it starts.
+    let (dir, mut child, stderr) = start("network = true").await;
+    let record = dir.path().join("record.jsonl");
+    eventually("the broker serves", || {
+        std::fs::read_to_string(&record)
+            .unwrap_or_default()
+            .contains("\"kind\":\"broker_started\"")
+    })
+    .await;
+    assert!(
+        child.try_wait().expect("wait").is_none(),
+        "{}",
+        std::fs::read_to_string(&stderr).unwrap_or_default()
+    );
+    child.kill().await.expect("kill");
 }
