@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::name::ToolName;
 
-/// The longest tool name Claude Code, Codex and pi-mcp-adapter accept.
+/// The longest tool name Claude Code, Codex and pi-mcp-adapter accept (and the one opencode's
+/// OpenAI-compatible providers pass on: opencode itself neither cuts nor checks a name).
 pub const HARNESS_NAME_MAX: usize = 64;
 
 /// Qwen Code's longest provider tool name (`MAX_TOOL_NAME_LENGTH` in its
@@ -32,18 +33,22 @@ pub enum Harness {
     Cordis,
     /// Qwen Code (`.qwen/settings.json`).
     QwenCode,
+    /// opencode (`opencode.json`, servers under `mcp`).
+    Opencode,
 }
 
 impl Harness {
-    pub const ALL: [Harness; 5] = [
+    pub const ALL: [Harness; 6] = [
         Harness::ClaudeCode,
         Harness::Codex,
         Harness::Pi,
         Harness::Cordis,
         Harness::QwenCode,
+        Harness::Opencode,
     ];
 
-    /// Parses `claude-code`, `codex`, `pi`, `cordis`, `qwen-code` (also `claude`, `dsh`, `qwen`).
+    /// Parses `claude-code`, `codex`, `pi`, `cordis`, `qwen-code`, `opencode` (also `claude`,
+    /// `dsh`, `qwen`, `opencode-ai`).
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "claude-code" | "claude" => Some(Harness::ClaudeCode),
@@ -51,6 +56,7 @@ impl Harness {
             "pi" => Some(Harness::Pi),
             "cordis" | "dsh" => Some(Harness::Cordis),
             "qwen-code" | "qwen" => Some(Harness::QwenCode),
+            "opencode" | "opencode-ai" => Some(Harness::Opencode),
             _ => None,
         }
     }
@@ -62,6 +68,7 @@ impl Harness {
             Harness::Pi => "pi",
             Harness::Cordis => "cordis",
             Harness::QwenCode => "qwen-code",
+            Harness::Opencode => "opencode",
         }
     }
 
@@ -86,6 +93,10 @@ impl Harness {
             Harness::Pi => Some(format!("{}_{}", flat(server), flat(tool))),
             Harness::Cordis => None,
             Harness::QwenCode => Some(qwen_name(&format!("mcp__{server}__{tool}"))),
+            // opencode 1.18.33 (`mcp` module): `sanitize(server) + "_" + sanitize(tool)`, with
+            // sanitize replacing `[^a-zA-Z0-9_-]` by `_`; the tools of one server are collected
+            // with `Object.fromEntries`, so of two tools with one name the later listed wins.
+            Harness::Opencode => Some(format!("{}_{}", flat(server), flat(tool))),
         }
     }
 
@@ -311,6 +322,31 @@ mod tests {
         let r = aliases(Harness::QwenCode, SERVER_NAME, &names(&["a.b", "a_b"]));
         assert!(r.problems.is_empty(), "{:?}", r.problems);
         assert_eq!(Harness::parse("qwen"), Some(Harness::QwenCode));
+    }
+
+    /// opencode 1.18.33 offered `sharedos_files_read` for `files.read` (measured in the interop
+    /// column from the scripted model's log); it cuts nothing, and `a.b` / `a_b` collide.
+    #[test]
+    fn opencode_names_match_the_cli() {
+        assert_eq!(
+            Harness::Opencode.alias("sharedos", "files.read").as_deref(),
+            Some("sharedos_files_read")
+        );
+        assert_eq!(Harness::parse("opencode-ai"), Some(Harness::Opencode));
+        assert_eq!(Harness::Opencode.as_str(), "opencode");
+        let long = format!("ns.{}", "x".repeat(60));
+        let r = aliases(
+            Harness::Opencode,
+            SERVER_NAME,
+            &names(&[&long, "a.b", "a_b"]),
+        );
+        assert_eq!(r.problems.len(), 2, "{:?}", r.problems);
+        assert!(r.problems.iter().any(|p| p.contains("64-character")));
+        assert!(
+            r.problems
+                .iter()
+                .any(|p| p.contains("`a.b`") && p.contains("`a_b`") && p.contains("sharedos_a_b"))
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The interop suite: the MCP column with the real harness CLIs (Claude Code, Codex, pi with
-//! pi-mcp-adapter), each driven offline by the scripted model provider on 127.0.0.1.
+//! pi-mcp-adapter, Qwen Code, opencode), each driven offline by the scripted model provider on
+//! 127.0.0.1.
 //!
 //! `.ci/install-harnesses` installs the pinned CLIs and writes `harnesses.env`. If the registry
 //! could not be reached it leaves a SKIPPED marker and these tests say they are skipped; under
@@ -430,6 +431,138 @@ OPENAI_MODEL = "fake-model"
         &log,
         &broker,
         "qwen-code",
+        &sent,
+        &format!("\"files.read\":\"{sent}\""),
+    );
+}
+
+/// opencode's own tools as offered by `opencode run` (measured from the scripted model's log).
+const OPENCODE_LOCAL: &str = r#"["bash", "edit", "glob", "grep", "read", "skill", "task", "todowrite", "webfetch", "write"]"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
+async fn opencode_column() {
+    let Some((manifest, log, broker)) = column(|port, h, dir| {
+        assert!(
+            h.contains_key("OPENCODE_BIN"),
+            "harnesses.env has no OPENCODE_BIN: run .ci/install-harnesses again"
+        );
+        // The host's own opencode.json (its provider: the scripted model, OpenAI-compatible),
+        // into which the column merges the `sharedos` server under `mcp`. `--dir` because
+        // opencode takes its project folder from $PWD, not from the cwd it is started in.
+        let base = dir.join("opencode-base.json");
+        std::fs::write(
+            &base,
+            json!({
+                "$schema": "https://opencode.ai/config.json",
+                "model": "scripted/fake-model",
+                "autoupdate": false,
+                "share": "disabled",
+                "provider": {"scripted": {
+                    "npm": "@ai-sdk/openai-compatible",
+                    "name": "SharedOS scripted model",
+                    "options": {"baseURL": format!("http://127.0.0.1:{port}/v1"), "apiKey": "dummy"},
+                    "models": {"fake-model": {"name": "fake-model"}},
+                }},
+            })
+            .to_string(),
+        )
+        .expect("base");
+        format!(
+            r#"harness = "opencode"
+harness_version = "{version}"
+declared_model = "scripted/fake-model (sharedos scripted-model on 127.0.0.1)"
+mcp_support = "native"
+config_format = "opencode"
+config_path = "{{workdir}}/opencode.json"
+config_base = "{base}"
+command = "{bin}"
+args = ["run", "--dir", "{{workdir}}", "--format", "json", "{{prompt}}"]
+env_remove = ["OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENCODE_CONFIG", "OPENCODE_CONFIG_CONTENT", "OPENCODE_CONFIG_DIR"]
+timeout_seconds = 120
+principal = "alice"
+harness_local = {local}
+
+[env]
+HOME = "{{workdir}}/home"
+OPENCODE_DISABLE_AUTOUPDATE = "1"
+OPENCODE_DISABLE_MODELS_FETCH = "1"
+OPENCODE_DISABLE_SHARE = "1"
+OPENCODE_DISABLE_LSP_DOWNLOAD = "1"
+npm_config_offline = "true"
+"#,
+            version = h["OPENCODE_VERSION"],
+            bin = h["OPENCODE_BIN"],
+            base = base.display(),
+            local = OPENCODE_LOCAL,
+        )
+    })
+    .await
+    else {
+        return;
+    };
+    let sent = sharedos_proto::alias::Harness::Opencode
+        .alias("sharedos", "files.read")
+        .expect("opencode alias");
+    assert_eq!(sent, "sharedos_files_read");
+    // The name opencode really called: the scripted model logs the offered name it played.
+    let called: Vec<&str> = log
+        .iter()
+        .filter(|l| l["kind"] == "request" && l["reply"] == "tool_call")
+        .filter_map(|l| l["tool"].as_str())
+        .collect();
+    assert_eq!(
+        called,
+        [sent.as_str(), &sent, &sent, "sharedos_files_list"],
+        "{log:#?}"
+    );
+    // opencode's first request is its own title request, with no tools; every other one offers
+    // the boundary's three tools under their measured aliases and exactly the declared
+    // harness-local tools besides.
+    let requests: Vec<&Value> = log.iter().filter(|l| l["kind"] == "request").collect();
+    let toolless = requests
+        .iter()
+        .filter(|l| l["offered"].as_array().is_some_and(Vec::is_empty))
+        .count();
+    assert!(toolless <= 1, "{log:#?}");
+    let want: std::collections::BTreeSet<String> = ["files.list", "files.read", "files.search"]
+        .iter()
+        .map(|t| {
+            sharedos_proto::alias::Harness::Opencode
+                .alias("sharedos", t)
+                .expect("alias")
+        })
+        .collect();
+    let local: std::collections::BTreeSet<String> =
+        serde_json::from_str(OPENCODE_LOCAL).expect("local");
+    let with_tools: Vec<&&Value> = requests
+        .iter()
+        .filter(|l| l["offered"].as_array().is_some_and(|a| !a.is_empty()))
+        .collect();
+    assert_eq!(with_tools.len(), 5, "{log:#?}");
+    for r in with_tools {
+        let offered: std::collections::BTreeSet<String> =
+            serde_json::from_value(r["offered"].clone()).expect("offered");
+        let boundary: std::collections::BTreeSet<String> = offered
+            .iter()
+            .filter(|t| t.starts_with("sharedos_"))
+            .cloned()
+            .collect();
+        assert_eq!(boundary, want, "{offered:?}");
+        assert_eq!(
+            offered
+                .difference(&boundary)
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>(),
+            local
+        );
+        assert_eq!(r["model"], "fake-model");
+    }
+    check(
+        &manifest,
+        &log,
+        &broker,
+        "opencode",
         &sent,
         &format!("\"files.read\":\"{sent}\""),
     );
