@@ -17,7 +17,7 @@ pub use sharedos_ipc::private_file::{FileOwner, PrivateFileError, write_private}
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessConfigError {
     #[error(
-        "unknown config format `{0}`: use claude-code, codex, pi, cordis, qwen-code or opencode"
+        "unknown config format `{0}`: use claude-code, codex, pi, cordis, qwen-code, opencode or gemini-cli"
     )]
     Format(String),
     #[error("existing `{path}` is not valid {format}: {detail}")]
@@ -155,7 +155,10 @@ pub fn render(
         // Qwen Code `.qwen/settings.json` (project) or `~/.qwen/settings.json`: `trust` skips its
         // per-call confirmation for this server only (the boundary decides; a prompt in `-p`
         // mode would refuse every call).
-        Harness::QwenCode => merge_json(
+        // Gemini CLI reads the same shape (Qwen Code is its fork); it starts MCP servers only
+        // from a trusted folder, and 0.61 ignored a project `.gemini/settings.json` in `-p` mode
+        // where `~/.gemini/settings.json` worked.
+        Harness::QwenCode | Harness::GeminiCli => merge_json(
             existing,
             path,
             json!({"command": shim, "args": launch.args(), "env": launch.env_json(), "trust": true}),

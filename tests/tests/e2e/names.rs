@@ -278,6 +278,7 @@ fn committed_harness_configs_are_well_formed() {
         "claude-code.mcp.json",
         "pi.mcp.json",
         "qwen-code.settings.json",
+        "gemini-cli.settings.json",
     ] {
         let v: Value = serde_json::from_str(&read(f)).expect(f);
         let s = &v["mcpServers"]["sharedos"];
