@@ -1,12 +1,15 @@
 //! The scripted model provider: SharedOS in the model provider's seat, so that real harness CLIs
-//! (Claude Code, Codex, pi) run offline, against a script instead of a model.
+//! (Claude Code, Codex, pi, Qwen Code, opencode, Gemini CLI) run offline, against a script
+//! instead of a model.
 //!
 //! Owns a small loopback HTTP server (`sharedos-broker scripted-model`) that speaks just enough of
 //! three wire APIs, streamed as SSE when the request asks for `"stream": true` and as plain JSON
 //! otherwise:
 //! - Anthropic Messages: `POST /v1/messages` (+ a `count_tokens` stub), for Claude Code;
 //! - OpenAI Responses: `POST /v1/responses`, for Codex (MCP tools offered as a `namespace`);
-//! - Chat Completions: `POST /v1/chat/completions`, for pi.
+//! - Chat Completions: `POST /v1/chat/completions`, for pi, Qwen Code and opencode;
+//! - Gemini API: `POST /v1beta/models/MODEL:generateContent` and `:streamGenerateContent`
+//!   (`?alt=sse` streams), with function calls, for Gemini CLI (+ a `:countTokens` stub).
 //!
 //! plus `GET /v1/models` in a shape both SDK families accept. Any other path is answered 404 and
 //! logged.
@@ -169,6 +172,7 @@ pub async fn serve(
         .route("/v1/responses", post(responses))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
+        .route("/v1beta/models/{*rest}", post(gemini))
         .fallback(not_found)
         .method_not_allowed_fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -291,6 +295,7 @@ enum Api {
     Anthropic,
     Responses,
     Chat,
+    Gemini,
 }
 
 impl Api {
@@ -299,6 +304,7 @@ impl Api {
             Api::Anthropic => "anthropic",
             Api::Responses => "responses",
             Api::Chat => "chat",
+            Api::Gemini => "gemini",
         }
     }
 }
@@ -390,6 +396,24 @@ impl Conversation {
                     }
                 }
             }
+            Api::Gemini => {
+                c.offered = tools
+                    .iter()
+                    .flat_map(|t| array(t.get("functionDeclarations")).iter())
+                    .filter_map(flat_tool("name"))
+                    .collect();
+                for content in array(body.get("contents")) {
+                    for part in array(content.get("parts")) {
+                        if let Some(r) = part.get("functionResponse") {
+                            c.results.push(ToolResult {
+                                call_id: string(r.get("id")),
+                                is_error: None,
+                                text: gemini_response_text(r.get("response")),
+                            });
+                        }
+                    }
+                }
+            }
             Api::Chat => {
                 c.offered = tools
                     .iter()
@@ -427,6 +451,19 @@ fn flat_tool(key: &'static str) -> impl Fn(&Value) -> Option<OfferedTool> {
             name: name.to_owned(),
         })
     }
+}
+
+/// The text of a Gemini `functionResponse.response`: its `output` (or `error`, or `content`)
+/// string when it has one, else the object as JSON.
+fn gemini_response_text(v: Option<&Value>) -> String {
+    for key in ["output", "error", "content"] {
+        if let Some(inner) = v.and_then(|r| r.get(key))
+            && !inner.is_null()
+        {
+            return content_text(Some(inner));
+        }
+    }
+    content_text(v)
 }
 
 /// The text of a tool result's content: a string, or the `text` of each part, one per line.
@@ -478,7 +515,7 @@ fn decide(script: &Script, api: Api, conversation: &Conversation) -> Reply {
         Some(tool) => {
             let prefix = match api {
                 Api::Anthropic => "toolu",
-                Api::Responses | Api::Chat => "call",
+                Api::Responses | Api::Chat | Api::Gemini => "call",
             };
             Reply::ToolCall {
                 step: n,
@@ -606,6 +643,43 @@ async fn chat(State(s): State<Arc<Shared>>, uri: Uri, body: Bytes) -> Response {
     turn(&s, Api::Chat, &uri, &body)
 }
 
+/// `POST /v1beta/models/MODEL:METHOD`: `generateContent`, `streamGenerateContent` (SSE when
+/// `alt=sse`, else a JSON array of one chunk) and a `countTokens` stub.
+async fn gemini(State(s): State<Arc<Shared>>, uri: Uri, body: Bytes) -> Response {
+    let rest = uri
+        .path()
+        .strip_prefix("/v1beta/models/")
+        .unwrap_or_default();
+    let Some((model, method)) = rest.rsplit_once(':') else {
+        return not_found(State(s), Method::POST, uri).await;
+    };
+    match method {
+        "countTokens" => json_response(
+            StatusCode::OK,
+            &json!({"totalTokens": estimate_tokens(body.len())}),
+        ),
+        "generateContent" | "streamGenerateContent" => {
+            let sse = uri
+                .query()
+                .is_some_and(|q| q.split('&').any(|kv| kv == "alt=sse"));
+            let mode = match (method, sse) {
+                ("generateContent", _) => GeminiMode::Json,
+                (_, true) => GeminiMode::Sse,
+                (_, false) => GeminiMode::JsonArray,
+            };
+            gemini_turn(&s, &uri, &body, model, mode)
+        }
+        _ => not_found(State(s), Method::POST, uri).await,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GeminiMode {
+    Json,
+    JsonArray,
+    Sse,
+}
+
 async fn count_tokens(body: Bytes) -> Response {
     json_response(
         StatusCode::OK,
@@ -676,18 +750,59 @@ fn error_response(api: Api, status: StatusCode, message: String) -> Response {
         Api::Responses | Api::Chat => {
             json!({"error": {"type": "invalid_request_error", "message": message, "code": null, "param": null}})
         }
+        Api::Gemini => {
+            json!({"error": {"code": status.as_u16(), "message": message, "status": "INVALID_ARGUMENT"}})
+        }
     };
     json_response(status, &body)
 }
 
-/// One model request: read it, log it, answer it.
-fn turn(s: &Shared, api: Api, uri: &Uri, body: &[u8]) -> Response {
+/// One Gemini model request: the model comes from the path, streaming from the method.
+fn gemini_turn(s: &Shared, uri: &Uri, body: &[u8], model: &str, mode: GeminiMode) -> Response {
+    let (conversation, reply) = match understand(s, Api::Gemini, uri, body, |c| {
+        c.model = Some(model.to_owned());
+        c.stream = mode != GeminiMode::Json;
+    }) {
+        Ok(x) => x,
+        Err(r) => return *r,
+    };
+    let usage = Usage {
+        input: estimate_tokens(body.len()),
+        output: estimate_tokens(reply_len(&reply)),
+    };
+    let model = conversation.model.as_deref().unwrap_or(DEFAULT_MODEL);
+    let chunk = gemini_response(model, &reply, usage);
+    match mode {
+        GeminiMode::Json => json_response(StatusCode::OK, &chunk),
+        GeminiMode::JsonArray => json_response(StatusCode::OK, &json!([chunk])),
+        GeminiMode::Sse => {
+            let mut out = String::new();
+            push_data(&mut out, &chunk.to_string());
+            sse_response(out)
+        }
+    }
+}
+
+/// Reads a request, logs it and its tool results, and decides the reply (or answers 400).
+fn understand(
+    s: &Shared,
+    api: Api,
+    uri: &Uri,
+    body: &[u8],
+    adjust: impl FnOnce(&mut Conversation),
+) -> Result<(Conversation, Reply), Box<Response>> {
     let value: Value = match serde_json::from_slice(body) {
         Ok(v @ Value::Object(_)) => v,
-        Ok(_) => return bad_request(s, api, uri, "the body is not a JSON object".to_owned()),
-        Err(e) => return bad_request(s, api, uri, format!("the body is not JSON: {e}")),
+        other => {
+            let message = match other {
+                Err(e) => format!("the body is not JSON: {e}"),
+                Ok(_) => "the body is not a JSON object".to_owned(),
+            };
+            return Err(Box::new(bad_request(s, api, uri, message)));
+        }
     };
-    let conversation = Conversation::read(api, &value);
+    let mut conversation = Conversation::read(api, &value);
+    adjust(&mut conversation);
     if let Some(log) = &s.log {
         log.tool_results(api, &conversation.results);
     }
@@ -717,6 +832,15 @@ fn turn(s: &Shared, api: Api, uri: &Uri, body: &[u8]) -> Response {
         "step": step,
         "notOffered": not_offered,
     }));
+    Ok((conversation, reply))
+}
+
+/// One model request: read it, log it, answer it.
+fn turn(s: &Shared, api: Api, uri: &Uri, body: &[u8]) -> Response {
+    let (conversation, reply) = match understand(s, api, uri, body, |_| {}) {
+        Ok(x) => x,
+        Err(r) => return *r,
+    };
     let model = conversation
         .model
         .clone()
@@ -748,6 +872,7 @@ fn turn(s: &Shared, api: Api, uri: &Uri, body: &[u8]) -> Response {
         (Api::Chat, false) => {
             json_response(StatusCode::OK, &chat_completion(&model, &reply, usage))
         }
+        (Api::Gemini, _) => json_response(StatusCode::OK, &gemini_response(&model, &reply, usage)),
     }
 }
 
@@ -1020,6 +1145,35 @@ fn responses_sse(model: &str, reply: &Reply, usage: Usage) -> String {
         json!({"response": responses_object(&ids, model, "completed", vec![done], Some(usage))}),
     );
     out
+}
+
+// ---- Gemini API ----
+
+/// One `GenerateContentResponse` (a whole reply, or the only chunk of a stream).
+fn gemini_response(model: &str, reply: &Reply, usage: Usage) -> Value {
+    let part = match reply {
+        Reply::ToolCall {
+            tool,
+            arguments,
+            call_id,
+            ..
+        } => json!({"functionCall": {"id": call_id, "name": tool.name, "args": arguments}}),
+        Reply::Text { text, .. } => json!({"text": text}),
+    };
+    json!({
+        "candidates": [{
+            "content": {"role": "model", "parts": [part]},
+            "finishReason": "STOP",
+            "index": 0,
+        }],
+        "usageMetadata": {
+            "promptTokenCount": usage.input,
+            "candidatesTokenCount": usage.output,
+            "totalTokenCount": usage.input + usage.output,
+        },
+        "modelVersion": model,
+        "responseId": random_hex(),
+    })
 }
 
 // ---- Chat Completions ----
@@ -1684,6 +1838,82 @@ mod tests {
             completion["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
             "sharedos_files_read"
         );
+        m.stop().await;
+    }
+
+    /// Gemini API: model from the path, SSE with `alt=sse`, a JSON array without, plain JSON
+    /// for `generateContent`, function responses counted as tool results.
+    #[tokio::test]
+    async fn scripted_model_gemini_function_calls() {
+        let m = Running::start(script()).await;
+        let tools = json!([{"functionDeclarations": [
+            {"name": "read_file"},
+            {"name": "mcp_sharedos_files.read"},
+            {"name": "mcp_sharedos_files.search"},
+        ]}]);
+        let user = json!({"role": "user", "parts": [{"text": "read the file"}]});
+        let req = |contents: Value| json!({"contents": contents, "tools": tools});
+        let path = "/v1beta/models/fake-model:streamGenerateContent?alt=sse";
+
+        let (status, headers, body) = m.post(path, &req(json!([user]))).await;
+        assert_eq!(status, 200);
+        assert!(headers.contains("text/event-stream"), "{headers}");
+        let chunk: Value =
+            serde_json::from_str(body.trim().strip_prefix("data: ").expect("data")).unwrap();
+        let part = &chunk["candidates"][0]["content"]["parts"][0];
+        assert_eq!(part["functionCall"]["name"], "mcp_sharedos_files.read");
+        assert_eq!(
+            part["functionCall"]["args"],
+            json!({"path": "/public/hello.txt"})
+        );
+        let id = part["functionCall"]["id"].as_str().unwrap().to_owned();
+        assert_eq!(chunk["modelVersion"], "fake-model");
+
+        let model_turn = json!({"role": "model", "parts": [part]});
+        let response = json!({"role": "user", "parts": [{"functionResponse": {
+            "id": id, "name": "mcp_sharedos_files.read", "response": {"output": "hello"}}}]});
+        let (_, _, body) = m
+            .post(
+                "/v1beta/models/fake-model:streamGenerateContent",
+                &req(json!([user, model_turn, response])),
+            )
+            .await;
+        let chunks: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            chunks[0]["candidates"][0]["content"]["parts"][0]["functionCall"]["name"],
+            "mcp_sharedos_files.search"
+        );
+
+        let (_, _, body) = m
+            .post(
+                "/v1beta/models/other-model:generateContent",
+                &req(json!([user, model_turn, response, model_turn, response])),
+            )
+            .await;
+        let whole: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            whole["candidates"][0]["content"]["parts"][0]["text"],
+            "All attempts made."
+        );
+        let (status, _, body) = m
+            .post("/v1beta/models/fake-model:countTokens", &req(json!([user])))
+            .await;
+        assert_eq!(status, 200);
+        assert!(body.contains("totalTokens"), "{body}");
+
+        let lines = m.log_lines();
+        let reqs = requests(&lines);
+        assert_eq!(reqs.len(), 3);
+        assert_eq!(reqs[0]["api"], "gemini");
+        assert_eq!(reqs[0]["model"], "fake-model");
+        assert_eq!(reqs[0]["stream"], true);
+        assert_eq!(reqs[2]["model"], "other-model");
+        assert_eq!(reqs[2]["stream"], false);
+        assert_eq!(reqs[2]["toolResults"], 2);
+        let res = results(&lines);
+        assert_eq!(res.len(), 1, "one call id, logged once");
+        assert_eq!(res[0]["text"], "hello");
+        assert_eq!(res[0]["callId"], id.as_str());
         m.stop().await;
     }
 

@@ -1,9 +1,10 @@
 //! Harness MCP configs: the file each harness reads to spawn `sharedos-mcp-shim` for one turn.
 //!
 //! Owns rendering (Claude Code `--mcp-config` JSON, Codex `config.toml`, pi-mcp-adapter
-//! `.mcp.json`, dsh `cordis.yml`) and writing them 0600 (they hold, or point at, the turn's bearer
-//! token). An existing Claude Code, Codex or pi file is merged: only the `sharedos` server entry
-//! is replaced. It never decides anything about the turn.
+//! `.mcp.json`, Qwen Code `settings.json`, opencode `opencode.json`, dsh `cordis.yml`) and writing
+//! them 0600 (they hold, or point at, the turn's bearer token). An existing Claude Code, Codex, pi,
+//! Qwen Code or opencode file is merged: only the `sharedos` server entry is replaced. It never
+//! decides anything about the turn.
 
 use std::path::{Path, PathBuf};
 
@@ -15,7 +16,9 @@ pub use sharedos_ipc::private_file::{FileOwner, PrivateFileError, write_private}
 
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessConfigError {
-    #[error("unknown config format `{0}`: use claude-code, codex, pi, cordis or qwen-code")]
+    #[error(
+        "unknown config format `{0}`: use claude-code, codex, pi, cordis, qwen-code, opencode or gemini-cli"
+    )]
     Format(String),
     #[error("existing `{path}` is not valid {format}: {detail}")]
     Existing {
@@ -92,6 +95,17 @@ fn merge_json(
     path: &Path,
     entry: Value,
 ) -> Result<String, HarnessConfigError> {
+    merge_json_under(existing, path, "mcpServers", entry)
+}
+
+/// `entry` as the `sharedos` server under `key` of the JSON object in `existing` (or a new one),
+/// keeping everything else.
+fn merge_json_under(
+    existing: Option<&str>,
+    path: &Path,
+    key: &str,
+    entry: Value,
+) -> Result<String, HarnessConfigError> {
     let mut doc = match existing {
         Some(text) if !text.trim().is_empty() => {
             serde_json::from_str::<Value>(text).map_err(|e| HarnessConfigError::Existing {
@@ -109,7 +123,7 @@ fn merge_json(
             detail: "the top level is not an object".into(),
         });
     };
-    let servers = obj.entry("mcpServers").or_insert_with(|| json!({}));
+    let servers = obj.entry(key).or_insert_with(|| json!({}));
     if !servers.is_object() {
         *servers = json!({});
     }
@@ -141,11 +155,27 @@ pub fn render(
         // Qwen Code `.qwen/settings.json` (project) or `~/.qwen/settings.json`: `trust` skips its
         // per-call confirmation for this server only (the boundary decides; a prompt in `-p`
         // mode would refuse every call).
-        Harness::QwenCode => merge_json(
+        // Gemini CLI reads the same shape (Qwen Code is its fork); it starts MCP servers only
+        // from a trusted folder, and 0.61 ignored a project `.gemini/settings.json` in `-p` mode
+        // where `~/.gemini/settings.json` worked.
+        Harness::QwenCode | Harness::GeminiCli => merge_json(
             existing,
             path,
             json!({"command": shim, "args": launch.args(), "env": launch.env_json(), "trust": true}),
         ),
+        // opencode `opencode.json` (project) or `~/.config/opencode/opencode.json`: servers under
+        // `mcp`, a local one as `{type: "local", command: [program, args...], environment}`.
+        // opencode asks no confirmation for MCP tools unless the user's `permission` says so.
+        Harness::Opencode => {
+            let mut command = vec![shim];
+            command.extend(launch.args());
+            merge_json_under(
+                existing,
+                path,
+                "mcp",
+                json!({"type": "local", "command": command, "environment": launch.env_json(), "enabled": true}),
+            )
+        }
         Harness::Codex => {
             let mut doc = match existing {
                 Some(text) => text.parse::<toml_edit::DocumentMut>().map_err(|e| {
@@ -344,6 +374,43 @@ mod tests {
         assert_eq!(s["args"], json!(["--turn-token-file", "/run/t"]));
         assert_eq!(s["env"]["SHAREDOS_BROKER_UID"], "1042");
         assert_eq!(v["mcpServers"].as_object().map(|o| o.len()), Some(2));
+    }
+
+    /// opencode's opencode.json keeps the user's provider, model and other MCP servers.
+    #[test]
+    fn opencode_config_merge_keeping_other_servers() {
+        let existing = r#"{"$schema": "https://opencode.ai/config.json", "model": "p/m", "provider": {"p": {"npm": "@ai-sdk/openai-compatible", "options": {"baseURL": "http://127.0.0.1:1/v1"}}}, "mcp": {"other": {"type": "remote", "url": "http://127.0.0.1:2/mcp"}}}"#;
+        let out = render(
+            Harness::Opencode,
+            &launch(TokenSource::File("/run/t".into())),
+            Some(existing),
+            Path::new("opencode.json"),
+        )
+        .expect("render");
+        let v: Value = serde_json::from_str(&out).expect("json");
+        assert_eq!(
+            v["mcp"]["other"],
+            json!({"type": "remote", "url": "http://127.0.0.1:2/mcp"})
+        );
+        assert_eq!(v["model"], "p/m");
+        assert_eq!(
+            v["provider"]["p"]["options"]["baseURL"],
+            "http://127.0.0.1:1/v1"
+        );
+        let s = &v["mcp"]["sharedos"];
+        assert_eq!(s["type"], "local");
+        assert_eq!(s["enabled"], true);
+        assert_eq!(
+            s["command"],
+            json!([
+                "/opt/sharedos/bin/sharedos-mcp-shim",
+                "--turn-token-file",
+                "/run/t"
+            ])
+        );
+        assert_eq!(s["environment"]["SHAREDOS_BROKER_UID"], "1042");
+        assert_eq!(v["mcp"].as_object().map(|o| o.len()), Some(2));
+        assert!(v.get("mcpServers").is_none(), "{v}");
     }
 
     #[test]

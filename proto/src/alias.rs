@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::name::ToolName;
 
-/// The longest tool name Claude Code, Codex and pi-mcp-adapter accept.
+/// The longest tool name Claude Code, Codex and pi-mcp-adapter accept (and the one opencode's
+/// OpenAI-compatible providers pass on: opencode itself neither cuts nor checks a name).
 pub const HARNESS_NAME_MAX: usize = 64;
 
 /// Qwen Code's longest provider tool name (`MAX_TOOL_NAME_LENGTH` in its
@@ -32,18 +33,25 @@ pub enum Harness {
     Cordis,
     /// Qwen Code (`.qwen/settings.json`).
     QwenCode,
+    /// opencode (`opencode.json`, servers under `mcp`).
+    Opencode,
+    /// Gemini CLI (`~/.gemini/settings.json`).
+    GeminiCli,
 }
 
 impl Harness {
-    pub const ALL: [Harness; 5] = [
+    pub const ALL: [Harness; 7] = [
         Harness::ClaudeCode,
         Harness::Codex,
         Harness::Pi,
         Harness::Cordis,
         Harness::QwenCode,
+        Harness::Opencode,
+        Harness::GeminiCli,
     ];
 
-    /// Parses `claude-code`, `codex`, `pi`, `cordis`, `qwen-code` (also `claude`, `dsh`, `qwen`).
+    /// Parses `claude-code`, `codex`, `pi`, `cordis`, `qwen-code`, `opencode`, `gemini-cli`
+    /// (also `claude`, `dsh`, `qwen`, `opencode-ai`, `gemini`).
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "claude-code" | "claude" => Some(Harness::ClaudeCode),
@@ -51,6 +59,8 @@ impl Harness {
             "pi" => Some(Harness::Pi),
             "cordis" | "dsh" => Some(Harness::Cordis),
             "qwen-code" | "qwen" => Some(Harness::QwenCode),
+            "opencode" | "opencode-ai" => Some(Harness::Opencode),
+            "gemini-cli" | "gemini" => Some(Harness::GeminiCli),
             _ => None,
         }
     }
@@ -62,6 +72,8 @@ impl Harness {
             Harness::Pi => "pi",
             Harness::Cordis => "cordis",
             Harness::QwenCode => "qwen-code",
+            Harness::Opencode => "opencode",
+            Harness::GeminiCli => "gemini-cli",
         }
     }
 
@@ -86,6 +98,11 @@ impl Harness {
             Harness::Pi => Some(format!("{}_{}", flat(server), flat(tool))),
             Harness::Cordis => None,
             Harness::QwenCode => Some(qwen_name(&format!("mcp__{server}__{tool}"))),
+            // opencode 1.18.33 (`mcp` module): `sanitize(server) + "_" + sanitize(tool)`, with
+            // sanitize replacing `[^a-zA-Z0-9_-]` by `_`; the tools of one server are collected
+            // with `Object.fromEntries`, so of two tools with one name the later listed wins.
+            Harness::Opencode => Some(format!("{}_{}", flat(server), flat(tool))),
+            Harness::GeminiCli => Some(gemini_name(&format!("{server}_{tool}"))),
         }
     }
 
@@ -144,6 +161,37 @@ pub fn qwen_name(name: &str) -> String {
     let keep = QWEN_NAME_MAX.saturating_sub(suffix.len());
     let mut out: String = sanitized.chars().take(keep).collect();
     out.push_str(&suffix);
+    out
+}
+
+/// Gemini CLI 0.61.0's `generateValidName` (packages/core, `mcp-tool`): `mcp_` in front (unless
+/// already there), each character outside `[A-Za-z0-9_.:-]` replaced by `_` (so a `.` is kept),
+/// `_` in front if it does not start with a letter or `_`, and a name over 63 characters cut to
+/// its first 30 and last 30 around `...`. So `files.read` on server `sharedos` is
+/// `mcp_sharedos_files.read`.
+pub fn gemini_name(name: &str) -> String {
+    let mut out: String = if name.starts_with("mcp_") {
+        name.to_owned()
+    } else {
+        format!("mcp_{name}")
+    };
+    out = out
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if !out.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+        out.insert(0, '_');
+    }
+    // UTF-16 length and slices in the CLI; every character here is ASCII by now.
+    if out.len() > HARNESS_NAME_MAX - 1 {
+        out = format!("{}...{}", &out[..30], &out[out.len() - 30..]);
+    }
     out
 }
 
@@ -311,6 +359,54 @@ mod tests {
         let r = aliases(Harness::QwenCode, SERVER_NAME, &names(&["a.b", "a_b"]));
         assert!(r.problems.is_empty(), "{:?}", r.problems);
         assert_eq!(Harness::parse("qwen"), Some(Harness::QwenCode));
+    }
+
+    /// opencode 1.18.33 offered `sharedos_files_read` for `files.read` (measured in the interop
+    /// column from the scripted model's log); it cuts nothing, and `a.b` / `a_b` collide.
+    #[test]
+    fn opencode_names_match_the_cli() {
+        assert_eq!(
+            Harness::Opencode.alias("sharedos", "files.read").as_deref(),
+            Some("sharedos_files_read")
+        );
+        assert_eq!(Harness::parse("opencode-ai"), Some(Harness::Opencode));
+        assert_eq!(Harness::Opencode.as_str(), "opencode");
+        let long = format!("ns.{}", "x".repeat(60));
+        let r = aliases(
+            Harness::Opencode,
+            SERVER_NAME,
+            &names(&[&long, "a.b", "a_b"]),
+        );
+        assert_eq!(r.problems.len(), 2, "{:?}", r.problems);
+        assert!(r.problems.iter().any(|p| p.contains("64-character")));
+        assert!(
+            r.problems
+                .iter()
+                .any(|p| p.contains("`a.b`") && p.contains("`a_b`") && p.contains("sharedos_a_b"))
+        );
+    }
+
+    /// Gemini CLI 0.61.0 offered and called `mcp_sharedos_files.read` for `files.read`
+    /// (measured in the interop column from the scripted model's log); the cut follows its
+    /// `generateValidName`.
+    #[test]
+    fn gemini_names_match_the_cli() {
+        assert_eq!(
+            Harness::GeminiCli
+                .alias("sharedos", "files.read")
+                .as_deref(),
+            Some("mcp_sharedos_files.read")
+        );
+        assert_eq!(Harness::parse("gemini"), Some(Harness::GeminiCli));
+        let long = gemini_name(&format!("sharedos_ns.{}", "x".repeat(60)));
+        assert_eq!(
+            long,
+            format!("mcp_sharedos_ns.{}...{}", "x".repeat(14), "x".repeat(30))
+        );
+        assert_eq!(long.len(), 63);
+        // A dot is kept: `a.b` and `a_b` stay apart.
+        let r = aliases(Harness::GeminiCli, SERVER_NAME, &names(&["a.b", "a_b"]));
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The interop suite: the MCP column with the real harness CLIs (Claude Code, Codex, pi with
-//! pi-mcp-adapter), each driven offline by the scripted model provider on 127.0.0.1.
+//! pi-mcp-adapter, Qwen Code, opencode, Gemini CLI), each driven offline by the scripted model
+//! provider on 127.0.0.1.
 //!
 //! `.ci/install-harnesses` installs the pinned CLIs and writes `harnesses.env`. If the registry
 //! could not be reached it leaves a SKIPPED marker and these tests say they are skipped; under
@@ -430,6 +431,252 @@ OPENAI_MODEL = "fake-model"
         &log,
         &broker,
         "qwen-code",
+        &sent,
+        &format!("\"files.read\":\"{sent}\""),
+    );
+}
+
+/// opencode's own tools as offered by `opencode run` (measured from the scripted model's log).
+const OPENCODE_LOCAL: &str = r#"["bash", "edit", "glob", "grep", "read", "skill", "task", "todowrite", "webfetch", "write"]"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
+async fn opencode_column() {
+    let Some((manifest, log, broker)) = column(|port, h, dir| {
+        assert!(
+            h.contains_key("OPENCODE_BIN"),
+            "harnesses.env has no OPENCODE_BIN: run .ci/install-harnesses again"
+        );
+        // The host's own opencode.json (its provider: the scripted model, OpenAI-compatible),
+        // into which the column merges the `sharedos` server under `mcp`. `--dir` because
+        // opencode takes its project folder from $PWD, not from the cwd it is started in.
+        let base = dir.join("opencode-base.json");
+        std::fs::write(
+            &base,
+            json!({
+                "$schema": "https://opencode.ai/config.json",
+                "model": "scripted/fake-model",
+                "autoupdate": false,
+                "share": "disabled",
+                "provider": {"scripted": {
+                    "npm": "@ai-sdk/openai-compatible",
+                    "name": "SharedOS scripted model",
+                    "options": {"baseURL": format!("http://127.0.0.1:{port}/v1"), "apiKey": "dummy"},
+                    "models": {"fake-model": {"name": "fake-model"}},
+                }},
+            })
+            .to_string(),
+        )
+        .expect("base");
+        format!(
+            r#"harness = "opencode"
+harness_version = "{version}"
+declared_model = "scripted/fake-model (sharedos scripted-model on 127.0.0.1)"
+mcp_support = "native"
+config_format = "opencode"
+config_path = "{{workdir}}/opencode.json"
+config_base = "{base}"
+command = "{bin}"
+args = ["run", "--dir", "{{workdir}}", "--format", "json", "{{prompt}}"]
+env_remove = ["OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENCODE_CONFIG", "OPENCODE_CONFIG_CONTENT", "OPENCODE_CONFIG_DIR"]
+timeout_seconds = 120
+principal = "alice"
+harness_local = {local}
+
+[env]
+HOME = "{{workdir}}/home"
+OPENCODE_DISABLE_AUTOUPDATE = "1"
+OPENCODE_DISABLE_MODELS_FETCH = "1"
+OPENCODE_DISABLE_SHARE = "1"
+OPENCODE_DISABLE_LSP_DOWNLOAD = "1"
+npm_config_offline = "true"
+"#,
+            version = h["OPENCODE_VERSION"],
+            bin = h["OPENCODE_BIN"],
+            base = base.display(),
+            local = OPENCODE_LOCAL,
+        )
+    })
+    .await
+    else {
+        return;
+    };
+    let sent = sharedos_proto::alias::Harness::Opencode
+        .alias("sharedos", "files.read")
+        .expect("opencode alias");
+    assert_eq!(sent, "sharedos_files_read");
+    // The name opencode really called: the scripted model logs the offered name it played.
+    let called: Vec<&str> = log
+        .iter()
+        .filter(|l| l["kind"] == "request" && l["reply"] == "tool_call")
+        .filter_map(|l| l["tool"].as_str())
+        .collect();
+    assert_eq!(
+        called,
+        [sent.as_str(), &sent, &sent, "sharedos_files_list"],
+        "{log:#?}"
+    );
+    // opencode's first request is its own title request, with no tools; every other one offers
+    // the boundary's three tools under their measured aliases and exactly the declared
+    // harness-local tools besides.
+    let requests: Vec<&Value> = log.iter().filter(|l| l["kind"] == "request").collect();
+    let toolless = requests
+        .iter()
+        .filter(|l| l["offered"].as_array().is_some_and(Vec::is_empty))
+        .count();
+    assert!(toolless <= 1, "{log:#?}");
+    let want: std::collections::BTreeSet<String> = ["files.list", "files.read", "files.search"]
+        .iter()
+        .map(|t| {
+            sharedos_proto::alias::Harness::Opencode
+                .alias("sharedos", t)
+                .expect("alias")
+        })
+        .collect();
+    let local: std::collections::BTreeSet<String> =
+        serde_json::from_str(OPENCODE_LOCAL).expect("local");
+    let with_tools: Vec<&&Value> = requests
+        .iter()
+        .filter(|l| l["offered"].as_array().is_some_and(|a| !a.is_empty()))
+        .collect();
+    assert_eq!(with_tools.len(), 5, "{log:#?}");
+    for r in with_tools {
+        let offered: std::collections::BTreeSet<String> =
+            serde_json::from_value(r["offered"].clone()).expect("offered");
+        let boundary: std::collections::BTreeSet<String> = offered
+            .iter()
+            .filter(|t| t.starts_with("sharedos_"))
+            .cloned()
+            .collect();
+        assert_eq!(boundary, want, "{offered:?}");
+        assert_eq!(
+            offered
+                .difference(&boundary)
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>(),
+            local
+        );
+        assert_eq!(r["model"], "fake-model");
+    }
+    check(
+        &manifest,
+        &log,
+        &broker,
+        "opencode",
+        &sent,
+        &format!("\"files.read\":\"{sent}\""),
+    );
+}
+
+/// Gemini CLI's own tools as offered in `-p --yolo` mode (measured from the scripted model's log).
+const GEMINI_LOCAL: &str = r#"["activate_skill", "enter_plan_mode", "glob", "google_web_search", "grep_search", "invoke_agent", "list_background_processes", "list_directory", "read_background_output", "read_file", "replace", "run_shell_command", "update_topic", "web_fetch", "write_file"]"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
+async fn gemini_cli_column() {
+    let Some((manifest, log, broker)) = column(|port, h, dir| {
+        assert!(
+            h.contains_key("GEMINI_BIN"),
+            "harnesses.env has no GEMINI_BIN: run .ci/install-harnesses again"
+        );
+        // The host's own user settings, into which the column merges the `sharedos` server.
+        // `selectedType`: with only GOOGLE_GEMINI_BASE_URL, Gemini CLI 0.61 picks its "gateway"
+        // auth type, which `-p` mode refuses; with the API key type it still uses the base URL.
+        let base = dir.join("gemini-base.json");
+        std::fs::write(
+            &base,
+            json!({
+                "security": {"auth": {"selectedType": "gemini-api-key"}},
+                "privacy": {"usageStatisticsEnabled": false},
+                "telemetry": {"enabled": false},
+            })
+            .to_string(),
+        )
+        .expect("base");
+        format!(
+            r#"harness = "gemini-cli"
+harness_version = "{version}"
+declared_model = "fake-model (sharedos scripted-model on 127.0.0.1)"
+mcp_support = "native"
+config_format = "gemini-cli"
+config_path = "{{workdir}}/home/.gemini/settings.json"
+config_base = "{base}"
+command = "{node}"
+args = ["{bin}", "-p", "{{prompt}}", "--yolo", "--skip-trust", "--output-format", "json", "-m", "fake-model"]
+env_remove = ["GEMINI_API_KEY", "GOOGLE_API_KEY", "GOOGLE_GEMINI_BASE_URL", "GOOGLE_GENAI_USE_VERTEXAI", "GOOGLE_GENAI_USE_GCA", "GOOGLE_CLOUD_PROJECT"]
+timeout_seconds = 120
+principal = "alice"
+harness_local = {local}
+
+[env]
+HOME = "{{workdir}}/home"
+GOOGLE_GEMINI_BASE_URL = "http://127.0.0.1:{port}"
+GEMINI_API_KEY = "dummy"
+"#,
+            version = h["GEMINI_VERSION"],
+            node = h["NODE22"],
+            bin = h["GEMINI_BIN"],
+            base = base.display(),
+            local = GEMINI_LOCAL,
+        )
+    })
+    .await
+    else {
+        return;
+    };
+    let sent = sharedos_proto::alias::Harness::GeminiCli
+        .alias("sharedos", "files.read")
+        .expect("gemini alias");
+    assert_eq!(sent, "mcp_sharedos_files.read");
+    // The names Gemini CLI really called.
+    let called: Vec<&str> = log
+        .iter()
+        .filter(|l| l["kind"] == "request" && l["reply"] == "tool_call")
+        .filter_map(|l| l["tool"].as_str())
+        .collect();
+    assert_eq!(
+        called,
+        [sent.as_str(), &sent, &sent, "mcp_sharedos_files.list"],
+        "{log:#?}"
+    );
+    // Every request offers the boundary's three tools under their measured aliases and exactly
+    // the declared harness-local tools besides, and asks for the declared model.
+    let want: std::collections::BTreeSet<String> = ["files.list", "files.read", "files.search"]
+        .iter()
+        .map(|t| {
+            sharedos_proto::alias::Harness::GeminiCli
+                .alias("sharedos", t)
+                .expect("alias")
+        })
+        .collect();
+    let local: std::collections::BTreeSet<String> =
+        serde_json::from_str(GEMINI_LOCAL).expect("local");
+    let requests: Vec<&Value> = log.iter().filter(|l| l["kind"] == "request").collect();
+    assert_eq!(requests.len(), 5, "{log:#?}");
+    for r in requests {
+        let offered: std::collections::BTreeSet<String> =
+            serde_json::from_value(r["offered"].clone()).expect("offered");
+        let boundary: std::collections::BTreeSet<String> = offered
+            .iter()
+            .filter(|t| t.starts_with("mcp_sharedos_"))
+            .cloned()
+            .collect();
+        assert_eq!(boundary, want, "{offered:?}");
+        assert_eq!(
+            offered
+                .difference(&boundary)
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>(),
+            local
+        );
+        assert_eq!(r["model"], "fake-model");
+        assert_eq!(r["api"], "gemini");
+    }
+    check(
+        &manifest,
+        &log,
+        &broker,
+        "gemini-cli",
         &sent,
         &format!("\"files.read\":\"{sent}\""),
     );

@@ -278,6 +278,7 @@ fn committed_harness_configs_are_well_formed() {
         "claude-code.mcp.json",
         "pi.mcp.json",
         "qwen-code.settings.json",
+        "gemini-cli.settings.json",
     ] {
         let v: Value = serde_json::from_str(&read(f)).expect(f);
         let s = &v["mcpServers"]["sharedos"];
@@ -293,6 +294,17 @@ fn committed_harness_configs_are_well_formed() {
     let qwen: Value = serde_json::from_str(&read("qwen-code.settings.json")).expect("qwen");
     assert_eq!(qwen["mcpServers"]["sharedos"]["trust"], true);
     assert_eq!(qwen["tools"]["toolSearch"]["enabled"], false);
+    let opencode: Value = serde_json::from_str(&read("opencode.json")).expect("opencode");
+    let s = &opencode["mcp"]["sharedos"];
+    assert_eq!(s["type"], "local");
+    assert!(
+        s["command"][0]
+            .as_str()
+            .is_some_and(|c| c.ends_with("sharedos-mcp-shim")),
+        "{s}"
+    );
+    assert_eq!(s["command"][1], "--turn-token-file");
+    assert!(s["environment"]["SHAREDOS_BROKER"].is_string(), "{s}");
     let codex: toml::Table = toml::from_str(&read("codex.config.toml")).expect("codex");
     let s = &codex["mcp_servers"]["sharedos"];
     assert_eq!(s["required"].as_bool(), Some(true));

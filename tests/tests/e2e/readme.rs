@@ -13,12 +13,14 @@ use serde_json::Value;
 
 use crate::kit::bin;
 
-const NAMES: [&str; 6] = [
+const NAMES: [&str; 8] = [
     "setup",
     "claude-code",
     "codex",
     "pi",
     "qwen-code",
+    "opencode",
+    "gemini-cli",
     "teardown",
 ];
 
@@ -186,4 +188,16 @@ async fn readme_pi_section_runs_as_written() {
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn readme_qwen_code_section_runs_as_written() {
     run_section("qwen-code").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
+async fn readme_opencode_section_runs_as_written() {
+    run_section("opencode").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
+async fn readme_gemini_cli_section_runs_as_written() {
+    run_section("gemini-cli").await;
 }
