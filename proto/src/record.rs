@@ -93,7 +93,8 @@ pub enum Event {
 pub struct UpstreamRequest {
     /// The provider's namespace.
     pub provider: String,
-    /// `elicitation/create`, `sampling/createMessage` or `roots/list`.
+    /// `elicitation/create`, `sampling/createMessage` or `roots/list`; or a notification the
+    /// broker does not pass on (`notifications/progress`).
     pub method: String,
     /// Elicitation: `form` or `url`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -104,7 +105,7 @@ pub struct UpstreamRequest {
     /// Elicitation, URL mode: the URL's host only (and whether it is https).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
-    /// `refused` (today, always).
+    /// `refused` (a request), or `not_forwarded` (a notification).
     pub action: String,
     pub reason: String,
     /// Always `null`: an upstream's request belongs to no turn the broker can name.

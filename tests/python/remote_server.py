@@ -4,7 +4,7 @@
 Tools: `echo` (read-only), `add_note` (changes state: each effect is a line in REMOTE_LOG),
 `slow` (sleeps; a cancel is a `cancelled slow` line in REMOTE_LOG), `huge` (returns `mib` MiB
 of text), `whoami` (the client id of the bearer token it got, with --tokens), `traced` (the
-traceparent of the call's `_meta`), `ask` (asks the
+traceparent of the call's `_meta`), `chatty` (progress notifications nobody asked for), `ask` (asks the
 client for input, which the broker does not forward).
 
 With --oauth CLIENT=SECRET,... it is also its own OAuth authorization server: POST /token
@@ -122,6 +122,16 @@ def main():
         who = t.client_id if t else "nobody"
         log(f"whoami {who}")
         return who
+
+    @app.tool(annotations=ToolAnnotations(readOnlyHint=True))
+    async def chatty(steps: int, ctx: Context) -> str:
+        """Sends `steps` progress notifications nobody asked for (a token of its own), then answers."""
+        for i in range(steps):
+            await ctx.session.send_progress_notification(
+                progress_token="unasked", progress=i + 1, total=steps,
+                related_request_id=getattr(ctx, "request_id", None))
+        log(f"progress sent {steps}")
+        return "chatty done"
 
     @app.tool(annotations=ToolAnnotations(readOnlyHint=True))
     def traced(ctx: Context) -> str:

@@ -264,6 +264,9 @@ struct Listener {
     secrets: Arc<[(String, Secret)]>,
     /// Where refused upstream requests are recorded, and whose they are.
     requests: UpstreamRequests,
+    /// Progress notifications this session sent (the broker asks for none): the first is
+    /// recorded, the rest counted in the log.
+    progress: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Records an upstream's requests to the broker's client side.
@@ -278,6 +281,24 @@ struct UpstreamRequests {
 pub const UPSTREAM_REQUEST_MAX_SCHEMA_BYTES: usize = 4096;
 
 impl UpstreamRequests {
+    /// Records a notification the broker did not pass on (`action`: `not_forwarded`).
+    async fn not_forwarded(&self, method: &str, reason: String) {
+        let line = Event::UpstreamRequest(record::UpstreamRequest {
+            provider: self.provider.clone(),
+            method: method.to_owned(),
+            mode: None,
+            schema: None,
+            host: None,
+            action: "not_forwarded".into(),
+            reason: reason.clone(),
+            turn: None,
+        });
+        if let Err(e) = self.recorder.append(&line).await {
+            tracing::error!(provider = %self.provider, error = %e, "upstream_request not recorded");
+        }
+        tracing::info!(provider = %self.provider, method, reason, "an upstream's notification not forwarded");
+    }
+
     /// Records the refusal of `method` and returns the error the upstream gets.
     async fn refuse(
         &self,
@@ -417,6 +438,30 @@ impl ClientHandler for Listener {
                 "the broker shows a brokered server no roots of the client (its files are the broker's to authorize)".into(),
             )
             .await)
+    }
+
+    /// The broker sends no `progressToken` upstream, so a progress notification answers nothing
+    /// it asked (the spec lets a receiver ignore it): the session's first is recorded
+    /// (`upstream_request`, `not_forwarded`), every one counted in the log; none reaches the
+    /// harness.
+    async fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let n = self
+            .progress
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        tracing::debug!(provider = %self.requests.provider, progress = params.progress, notifications = n, "upstream progress not forwarded");
+        if n == 1 {
+            self.requests
+                .not_forwarded(
+                    "notifications/progress",
+                    "the broker asked for no progress (it sends no progressToken); progress is not forwarded to the harness (only this session's first is recorded)".into(),
+                )
+                .await;
+        }
     }
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
@@ -805,6 +850,7 @@ impl McpProvider {
                 provider: self.config.namespace.clone(),
                 recorder: self.recorder.clone(),
             },
+            progress: Arc::default(),
         }
     }
 

@@ -1089,3 +1089,35 @@ async fn per_call_cost_through_the_broker_against_direct() {
     );
     assert_eq!((d.len(), b.len()), (300, 300));
 }
+
+/// Progress a server sends though the broker asked for none (no `progressToken`): not passed to
+/// the harness, never silently dropped: the session's first is on record (`upstream_request`,
+/// `not_forwarded`), and the call is answered as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
+async fn unasked_progress_is_recorded_not_forwarded() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    let server = Server::start(&py, &dir.path().join("server.log"), &[]).await;
+    let broker = broker_with(&provider(&server.url(), "")).await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    for id in 1..=2 {
+        raw.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "r.chatty", "arguments": {"steps": 5}}}))
+            .await;
+        let r = raw.response(id).await;
+        assert_eq!(text(&r["result"]), "chatty done", "{r}");
+    }
+    assert_eq!(server.lines("progress sent 5").len(), 2);
+    let lines: Vec<Value> = broker
+        .records()
+        .into_iter()
+        .filter(|l| l["kind"] == "upstream_request")
+        .collect();
+    assert_eq!(lines.len(), 1, "the session's first only: {lines:?}");
+    assert_eq!(lines[0]["method"], "notifications/progress");
+    assert_eq!(lines[0]["action"], "not_forwarded");
+    assert_eq!(lines[0]["provider"], "r");
+}
