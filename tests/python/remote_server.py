@@ -12,7 +12,7 @@ With --oauth CLIENT=SECRET,... it is also its own OAuth authorization server: PO
 expire after --expires seconds (a `token-issued <client>` line in REMOTE_LOG, or
 `token-endpoint-refused <client>`); bearer tokens are then the issued, unexpired ones.
 
-Usage: python remote_server.py [--port N] [--tls CERT KEY] [--tokens ID=TOKEN,...]
+Usage: python remote_server.py [--port N] [--tls CERT KEY [--client-ca CA]] [--tokens ID=TOKEN,...]
                                [--oauth CLIENT=SECRET,... [--expires SECONDS]]
 """
 import asyncio
@@ -41,6 +41,7 @@ def main():
     args = sys.argv[1:]
     port = 0
     tls = None
+    client_ca = None
     tokens = None
     oauth = None
     expires = 3600
@@ -50,6 +51,8 @@ def main():
             port = int(args.pop(0))
         elif a == "--tls":
             tls = (args.pop(0), args.pop(0))
+        elif a == "--client-ca":
+            client_ca = args.pop(0)
         elif a == "--tokens":
             tokens = dict(kv.split("=", 1)[::-1] for kv in args.pop(0).split(","))
         elif a == "--oauth":
@@ -185,6 +188,9 @@ def main():
         log_level="warning",
         ssl_certfile=tls[0] if tls else None,
         ssl_keyfile=tls[1] if tls else None,
+        # Mutual TLS: a client certificate from this CA is required.
+        ssl_ca_certs=client_ca,
+        ssl_cert_reqs=2 if client_ca else 0,
         timeout_graceful_shutdown=1,
     )
     server = uvicorn.Server(config)
