@@ -19,24 +19,131 @@ fn harnesses() -> Option<BTreeMap<String, String>> {
     crate::kit::installed("harnesses", ".ci/install-harnesses")
 }
 
-fn rows() -> Value {
+/// The kit's policy, and two folders whose reads need a person (issue 36): `/asks` only its
+/// principal, asked in the harness (`@approval("principal")`); `/held` its principal, or an
+/// operator over `control.sock` when the harness cannot ask (`@approval("principal_or_operator")`).
+const POLICY: &str = r#"
+@id("alice-public")
+permit(principal == SharedOS::User::"alice",
+       action in [SharedOS::Action::"read", SharedOS::Action::"list", SharedOS::Action::"search"],
+       resource is SharedOS::File)
+when { resource.path == "/public" || resource.path like "/public/*" };
+
+@id("bob-private")
+permit(principal == SharedOS::User::"bob",
+       action in [SharedOS::Action::"read", SharedOS::Action::"write"],
+       resource is SharedOS::File)
+when { resource.path like "/private/*" };
+
+@id("alice-asks-alice")
+@approval("principal")
+permit(principal == SharedOS::User::"alice",
+       action == SharedOS::Action::"read",
+       resource is SharedOS::File)
+when { resource.path like "/asks/*" };
+
+@id("alice-asks-alice-or-operator")
+@approval("principal_or_operator")
+permit(principal == SharedOS::User::"alice",
+       action == SharedOS::Action::"read",
+       resource is SharedOS::File)
+when { resource.path like "/held/*" };
+"#;
+
+/// How long a held call waits for a decision (the broker's `approval_timeout_seconds`).
+const APPROVAL_TIMEOUT_SECONDS: u64 = 15;
+
+/// The text of `/held/plan.txt`, which the model sees once an operator approves its read.
+const HELD: &str = "the held plan, read once an operator approved";
+
+/// What a harness does, measured in `-p`/`exec` mode, when the shim would ask its person.
+#[derive(Clone, Copy)]
+enum Asked {
+    /// The shim cannot ask it (the reason, as recorded): `/asks` is refused
+    /// `denied/approval_unavailable`, `/held` goes to the operator, who approves it.
+    Cannot(&'static str),
+    /// It declared the elicitation capability and its client declines every question at once,
+    /// with nobody shown it: both reads are refused `denied/approval_denied`, `by: principal`.
+    Declines,
+}
+
+/// The shim's recorded reasons for not asking.
+const NO_CAPABILITY: &str = "the MCP client did not declare the elicitation capability (form mode)";
+const REVISION_2026: &str = "the client speaks MCP 2026-07-28, in which this shim does not ask yet";
+
+fn rows(asked: Asked) -> Value {
+    let held = match asked {
+        Asked::Cannot(_) => "allowed",
+        Asked::Declines => "denied",
+    };
     json!([
         {"id": "allowed-read", "tool": "files.read", "arguments": {"path": "/public/hello.txt"}, "expect": "allowed"},
         {"id": "denied-read", "tool": "files.read", "arguments": {"path": "/private/secret.txt"}, "expect": "denied"},
         {"id": "traversal", "tool": "files.read", "arguments": {"path": "/public/../private/secret.txt"}, "expect": "denied"},
         {"id": "denied-list", "tool": "files.list", "arguments": {"path": "/private"}, "expect": "denied"},
+        {"id": "principal-approval", "tool": "files.read", "arguments": {"path": "/asks/plan.txt"}, "expect": "denied"},
+        {"id": "principal-or-operator", "tool": "files.read", "arguments": {"path": "/held/plan.txt"}, "expect": held},
     ])
+}
+
+/// Approves, as an operator over `control.sock` (`sharedos-broker approvals approve`), every
+/// held read of `/held/*` it sees, until stopped. Returns the approval ids it approved.
+async fn operator(
+    broker_cli: impl Fn() -> std::process::Command,
+    stop: CancellationToken,
+) -> Vec<String> {
+    let mut approved: Vec<String> = Vec::new();
+    while !stop.is_cancelled() {
+        let mut list = broker_cli();
+        list.args(["approvals", "--json"]);
+        let (code, out, _) = run(list).await;
+        let waiting: Vec<Value> = if code == 0 {
+            serde_json::from_str(&out).unwrap_or_default()
+        } else {
+            vec![]
+        };
+        for a in waiting {
+            let held = a["tool"] == "files.read"
+                && a["arguments"]["path"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("/held/"));
+            let Some(id) = a["id"].as_str() else { continue };
+            if held && !approved.iter().any(|x| x == id) {
+                let mut approve = broker_cli();
+                approve.args(["approvals", "approve", id]);
+                // Refused while the harness itself is still being asked: tried again next round.
+                if run(approve).await.0 == 0 {
+                    approved.push(id.to_owned());
+                }
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+        }
+    }
+    approved
 }
 
 /// Runs one column: broker, scripted model, `sharedos-broker column run`. Returns the manifest,
 /// the model's log and the broker (for its record).
 async fn column(
+    asked: Asked,
     host_config: impl FnOnce(u16, &BTreeMap<String, String>, &std::path::Path) -> String,
 ) -> Option<(Value, Vec<Value>, TestBroker)> {
     let h = harnesses()?;
-    let broker = TestBroker::start(Options::default()).await;
+    let broker = TestBroker::start(Options {
+        policy: POLICY,
+        top: format!("approval_timeout_seconds = {APPROVAL_TIMEOUT_SECONDS}\n"),
+        ..Options::default()
+    })
+    .await;
     let dir = broker.dir.path().to_path_buf();
-    let rows = rows();
+    for (folder, text) in [("asks", "the asked plan"), ("held", HELD)] {
+        std::fs::create_dir_all(dir.join("data").join(folder)).expect("mkdir");
+        std::fs::write(dir.join("data").join(folder).join("plan.txt"), text).expect("write");
+    }
+    let rows = rows(asked);
     let script: Script = serde_json::from_value(json!({
         "steps": rows.as_array().expect("rows").iter().map(|r| json!({"tool": r["tool"], "arguments": r["arguments"]})).collect::<Vec<_>>(),
         "final": "DONE",
@@ -66,7 +173,36 @@ async fn column(
         .arg(dir.join("manifest.json"))
         .arg("--workdir")
         .arg(dir.join("work"));
-    let (code, out, err) = run(cmd).await;
+    let stop_operator = CancellationToken::new();
+    let approver = {
+        let runtime = broker.runtime.clone();
+        let stop = stop_operator.clone();
+        tokio::spawn(operator(
+            move || {
+                let mut c = std::process::Command::new(crate::kit::bin("sharedos-broker"));
+                c.arg("--runtime-dir").arg(&runtime);
+                c
+            },
+            stop,
+        ))
+    };
+    // Not kit::run: a harness with a held call may take up to the approval timeout more.
+    let (code, out, err) = {
+        let mut cmd = tokio::process::Command::from(cmd);
+        cmd.kill_on_drop(true).stdin(std::process::Stdio::null());
+        let o = tokio::time::timeout(std::time::Duration::from_secs(240), cmd.output())
+            .await
+            .expect("column run ended within 240 s")
+            .expect("column run");
+        (
+            o.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    stop_operator.cancel();
+    let approved = approver.await.expect("operator");
+    println!("operator approved: {approved:?}");
     stop.cancel();
     let _ = server.await;
     let log: Vec<Value> = std::fs::read_to_string(&model_log)
@@ -96,6 +232,7 @@ fn check(
     harness: &str,
     alias: &str,
     bridge_alias: &str,
+    asked: Asked,
 ) {
     assert_eq!(manifest["summary"]["allPassed"], true, "{manifest:#}");
     for row in manifest["rows"].as_array().expect("rows") {
@@ -109,7 +246,7 @@ fn check(
             .is_some_and(|h| h.len() == 64)
     );
     let results: Vec<&Value> = log.iter().filter(|l| l["kind"] == "tool_result").collect();
-    assert_eq!(results.len(), 4, "{log:#?}");
+    assert_eq!(results.len(), 6, "{log:#?}");
     assert!(
         results[0]["text"]
             .as_str()
@@ -117,10 +254,19 @@ fn check(
         "{:?}",
         results[0]
     );
-    for r in &results[1..] {
+    for r in &results[1..5] {
         assert!(
             r["text"].as_str().is_some_and(|t| t.contains("denied:")),
             "the model sees the refusal: {r}"
+        );
+    }
+    if let Asked::Cannot(_) = asked {
+        assert!(
+            results[5]["text"]
+                .as_str()
+                .is_some_and(|t| t.contains(HELD)),
+            "the model sees what the operator let it read: {:?}",
+            results[5]
         );
     }
     assert!(
@@ -149,6 +295,138 @@ fn check(
         bridge["aliases"].to_string().contains(bridge_alias),
         "{bridge}"
     );
+    principal_approval(manifest, &results, &lines, harness, asked);
+}
+
+/// Milliseconds from one record line's `at` to another's (RFC 3339, UTC, the same day or the next).
+fn ms_between(from: &Value, to: &Value) -> i64 {
+    let ms = |l: &Value| -> i64 {
+        let at = l["at"].as_str().expect("at");
+        let clock = &at[at.find('T').expect("T") + 1..].trim_end_matches('Z');
+        let (hms, frac) = clock.split_once('.').unwrap_or((clock, "0"));
+        let mut parts = hms.split(':').map(|p| p.parse::<i64>().expect("clock"));
+        let (h, m, s) = (
+            parts.next().unwrap_or(0),
+            parts.next().unwrap_or(0),
+            parts.next().unwrap_or(0),
+        );
+        let frac_ms = format!("{frac:0<3}")[..3].parse::<i64>().expect("fraction");
+        ((h * 60 + m) * 60 + s) * 1000 + frac_ms
+    };
+    (ms(to) - ms(from)).rem_euclid(86_400_000)
+}
+
+/// Issue 36, per harness, non-interactive: a read that needs the principal's own approval
+/// (`/asks`, `@approval("principal")`) and one the principal or an operator may approve
+/// (`/held`, `@approval("principal_or_operator")`). None of the six CLIs is asked: the shim
+/// finds no elicitation capability (or the 2026-07-28 revision, in which it does not ask), the
+/// first is refused `denied/approval_unavailable` at once with the reason recorded and in the
+/// model's text, and the second goes to the operator queue, where the test approves it.
+fn principal_approval(
+    manifest: &Value,
+    results: &[&Value],
+    lines: &[Value],
+    harness: &str,
+    asked: Asked,
+) {
+    let of = |kind: &str, path: &str| -> Vec<&Value> {
+        lines
+            .iter()
+            .filter(|l| l["kind"] == kind)
+            .filter(|l| {
+                let call = lines
+                    .iter()
+                    .find(|c| c["kind"] == "approval_requested" && c["callId"] == l["callId"]);
+                call.is_some_and(|c| c["arguments"]["path"] == path)
+            })
+            .collect()
+    };
+    let client = lines
+        .iter()
+        .find(|l| l["kind"] == "bridge_client")
+        .map(|l| l["client"].clone())
+        .unwrap_or(Value::Null);
+    let run = &manifest["harnessRun"];
+    let mut measured = json!({"harness": harness, "version": manifest["systemIdentity"]["harnessVersion"],
+        "client": client, "harnessExitCode": run["exitCode"], "harnessTimedOut": run["timedOut"],
+        "harnessMs": run["durationMs"]});
+    for (row, path) in [
+        ("principal", "/asks/plan.txt"),
+        ("principalOrOperator", "/held/plan.txt"),
+    ] {
+        let requested = of("approval_requested", path);
+        let decided = of("approval_decided", path);
+        let call = of("call", path);
+        measured[row] = json!({
+            "requested": requested.len(),
+            "decided": decided.iter().map(|d| json!({"decision": d["decision"], "by": d["by"], "reason": d["reason"], "session": d["session"]})).collect::<Vec<_>>(),
+            "call": call.iter().map(|c| format!("{}/{}", c["outcome"].as_str().unwrap_or("?"), c["code"].as_str().unwrap_or(""))).collect::<Vec<_>>(),
+            "heldMs": match (requested.first(), decided.first()) { (Some(r), Some(d)) => json!(ms_between(r, d)), _ => Value::Null },
+        });
+    }
+    measured["modelSaw"] = results[4]["text"].clone();
+    println!("MEASURED {measured}");
+
+    assert_eq!(run["timedOut"], false, "{measured:#}");
+    assert_eq!(run["exitCode"], 0, "{measured:#}");
+    let (p, o) = (&measured["principal"], &measured["principalOrOperator"]);
+    assert_eq!(p["requested"], 1, "{measured:#}");
+    assert_eq!(o["requested"], 1, "{measured:#}");
+    // Refused, or declined, at once: nothing waits for the approval timeout.
+    for row in [p, o] {
+        assert!(
+            row["heldMs"].as_i64().is_some_and(|ms| ms < 2000),
+            "decided at once: {measured:#}"
+        );
+    }
+    let asks_text = results[4]["text"].as_str().unwrap_or("");
+    let held_text = results[5]["text"].as_str().unwrap_or("");
+    match asked {
+        Asked::Cannot(reason) => {
+            assert_eq!(p["decided"][0]["decision"], "unavailable", "{measured:#}");
+            assert!(
+                p["decided"][0]["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with(reason)),
+                "{measured:#}"
+            );
+            assert_eq!(
+                p["call"],
+                json!(["denied/approval_unavailable"]),
+                "{measured:#}"
+            );
+            assert!(
+                asks_text.contains("denied:")
+                    && asks_text.contains("the harness cannot ask")
+                    && asks_text.contains(reason),
+                "the model is told why: {asks_text}"
+            );
+            assert_eq!(
+                (&o["decided"][0]["decision"], &o["decided"][0]["by"]),
+                (&json!("approved"), &json!("operator")),
+                "{measured:#}"
+            );
+            assert_eq!(o["call"], json!(["succeeded/ok"]), "{measured:#}");
+        }
+        Asked::Declines => {
+            for (row, text) in [(p, asks_text), (o, held_text)] {
+                assert_eq!(
+                    (&row["decided"][0]["decision"], &row["decided"][0]["by"]),
+                    (&json!("denied"), &json!("principal")),
+                    "{measured:#}"
+                );
+                assert_eq!(
+                    row["call"],
+                    json!(["denied/approval_denied"]),
+                    "{measured:#}"
+                );
+                assert!(
+                    text.contains("the user did not approve this call when asked (decline)"),
+                    "the model is told: {text}"
+                );
+            }
+        }
+    }
 }
 
 const CLAUDE_LOCAL: &str = r#"["Bash", "Edit", "Glob", "Grep", "NotebookEdit", "Read", "Task", "TodoWrite", "WebFetch", "WebSearch", "Write"]"#;
@@ -156,7 +434,7 @@ const CLAUDE_LOCAL: &str = r#"["Bash", "Edit", "Glob", "Grep", "NotebookEdit", "
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn claude_code_column() {
-    let Some((manifest, log, broker)) = column(|port, h, _| {
+    let Some((manifest, log, broker)) = column(Asked::Cannot(REVISION_2026), |port, h, _| {
         format!(
             r#"harness = "claude-code"
 harness_version = "{version}"
@@ -200,13 +478,14 @@ ENABLE_TOOL_SEARCH = "false"
         "claude-code",
         "mcp__sharedos__files_read",
         r#""files.read":"mcp__sharedos__files_read""#,
+        Asked::Cannot(REVISION_2026),
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn codex_column() {
-    let Some((manifest, log, broker)) = column(|port, h, dir| {
+    let Some((manifest, log, broker)) = column(Asked::Declines, |port, h, dir| {
         let base = dir.join("codex-base.toml");
         std::fs::write(
             &base,
@@ -268,13 +547,14 @@ FAKE_API_KEY = "dummy"
         "codex",
         "mcp__sharedos/files_read",
         r#""namespace":"mcp__sharedos""#,
+        Asked::Declines,
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn pi_column() {
-    let Some((manifest, log, broker)) = column(|port, h, _| {
+    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), |port, h, _| {
         let path = format!("{}:{}", h["NODE22_BIN_DIR"], std::env::var("PATH").unwrap_or_default());
         let models = json!({"providers": {"fake": {
             "baseUrl": format!("http://127.0.0.1:{port}/v1"), "api": "openai-completions", "apiKey": "dummy-key",
@@ -325,6 +605,7 @@ content = '''{models}'''
         "pi",
         "sharedos_files_read",
         "\"files.read\":\"sharedos_files_read\"",
+        Asked::Cannot(NO_CAPABILITY),
     );
     assert_eq!(manifest["systemIdentity"]["mcpSupport"], "extension");
     assert_eq!(
@@ -339,7 +620,7 @@ const QWEN_LOCAL: &str = r#"["agent", "cron_create", "cron_delete", "cron_list",
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn qwen_code_column() {
-    let Some((manifest, log, broker)) = column(|port, h, dir| {
+    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), |port, h, dir| {
         // The host's own settings, into which the column merges the `sharedos` server. Without
         // `tools.toolSearch.enabled = false`, Qwen Code offers MCP tools only behind its
         // tool_search/tool_call bridge (deferred), not by name.
@@ -433,6 +714,7 @@ OPENAI_MODEL = "fake-model"
         "qwen-code",
         &sent,
         &format!("\"files.read\":\"{sent}\""),
+        Asked::Cannot(NO_CAPABILITY),
     );
 }
 
@@ -442,7 +724,7 @@ const OPENCODE_LOCAL: &str = r#"["bash", "edit", "glob", "grep", "read", "skill"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn opencode_column() {
-    let Some((manifest, log, broker)) = column(|port, h, dir| {
+    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), |port, h, dir| {
         assert!(
             h.contains_key("OPENCODE_BIN"),
             "harnesses.env has no OPENCODE_BIN: run .ci/install-harnesses again"
@@ -513,7 +795,14 @@ npm_config_offline = "true"
         .collect();
     assert_eq!(
         called,
-        [sent.as_str(), &sent, &sent, "sharedos_files_list"],
+        [
+            sent.as_str(),
+            &sent,
+            &sent,
+            "sharedos_files_list",
+            &sent,
+            &sent
+        ],
         "{log:#?}"
     );
     // opencode's first request is its own title request, with no tools; every other one offers
@@ -539,7 +828,7 @@ npm_config_offline = "true"
         .iter()
         .filter(|l| l["offered"].as_array().is_some_and(|a| !a.is_empty()))
         .collect();
-    assert_eq!(with_tools.len(), 5, "{log:#?}");
+    assert_eq!(with_tools.len(), 7, "{log:#?}");
     for r in with_tools {
         let offered: std::collections::BTreeSet<String> =
             serde_json::from_value(r["offered"].clone()).expect("offered");
@@ -565,6 +854,7 @@ npm_config_offline = "true"
         "opencode",
         &sent,
         &format!("\"files.read\":\"{sent}\""),
+        Asked::Cannot(NO_CAPABILITY),
     );
 }
 
@@ -574,7 +864,7 @@ const GEMINI_LOCAL: &str = r#"["activate_skill", "enter_plan_mode", "glob", "goo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn gemini_cli_column() {
-    let Some((manifest, log, broker)) = column(|port, h, dir| {
+    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), |port, h, dir| {
         assert!(
             h.contains_key("GEMINI_BIN"),
             "harnesses.env has no GEMINI_BIN: run .ci/install-harnesses again"
@@ -636,7 +926,14 @@ GEMINI_API_KEY = "dummy"
         .collect();
     assert_eq!(
         called,
-        [sent.as_str(), &sent, &sent, "mcp_sharedos_files.list"],
+        [
+            sent.as_str(),
+            &sent,
+            &sent,
+            "mcp_sharedos_files.list",
+            &sent,
+            &sent
+        ],
         "{log:#?}"
     );
     // Every request offers the boundary's three tools under their measured aliases and exactly
@@ -652,7 +949,7 @@ GEMINI_API_KEY = "dummy"
     let local: std::collections::BTreeSet<String> =
         serde_json::from_str(GEMINI_LOCAL).expect("local");
     let requests: Vec<&Value> = log.iter().filter(|l| l["kind"] == "request").collect();
-    assert_eq!(requests.len(), 5, "{log:#?}");
+    assert_eq!(requests.len(), 7, "{log:#?}");
     for r in requests {
         let offered: std::collections::BTreeSet<String> =
             serde_json::from_value(r["offered"].clone()).expect("offered");
@@ -679,5 +976,6 @@ GEMINI_API_KEY = "dummy"
         "gemini-cli",
         &sent,
         &format!("\"files.read\":\"{sent}\""),
+        Asked::Cannot(NO_CAPABILITY),
     );
 }
