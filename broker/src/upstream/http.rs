@@ -99,7 +99,7 @@ impl Remote {
 /// How a call through the HTTP transport failed, from rmcp's error.
 enum HttpFailure {
     Unauthorized(String),
-    /// The OAuth token endpoint refused the provider's client (the message says so).
+    /// The OAuth token endpoint refused the provider's client: the whole message.
     TokenRefused(String),
     SessionExpired,
     TooLarge(usize),
@@ -142,7 +142,9 @@ fn classify_any(e: &(dyn StdError + 'static)) -> HttpFailure {
                     .www_authenticate_header
                     .strip_prefix(super::oauth::REFUSED_MARK)
                 {
-                    Some(why) => HttpFailure::TokenRefused(why.to_owned()),
+                    Some(why) => HttpFailure::TokenRefused(format!(
+                        "{why}; check `[providers.oauth]` and its client secret"
+                    )),
                     None => {
                         HttpFailure::Unauthorized(format!("401, {}", a.www_authenticate_header))
                     }
@@ -446,17 +448,17 @@ impl McpProvider {
                         self.config.namespace
                     ),
                 },
-                HttpFailure::TokenRefused(why) => ConnectError {
+                HttpFailure::TokenRefused(message) => ConnectError {
                     unauthorized: true,
-                    message: format!("{why}; check `[providers.oauth]` and its client secret"),
+                    message,
                 },
                 _ => format!("MCP initialize with `{url}` failed: {}", chain(&e)).into(),
             })?;
         let tools = self.list(service.peer()).await?;
+        self.remote.lock().sessions += 1;
         if principal.is_some() {
             // An instance's session is its own: its keeper ends it (idle, 404, shutdown), and
             // it never ends the provider's session or another principal's.
-            self.remote.lock().sessions += 1;
             return Ok(Session {
                 service,
                 tools,
@@ -475,7 +477,6 @@ impl McpProvider {
         });
         {
             let mut state = self.remote.lock();
-            state.sessions += 1;
             if let Some(old) = state.open.replace(ended) {
                 old.cancel();
             }
@@ -507,10 +508,9 @@ impl McpProvider {
                     "the remote server of `{ns}` refused the broker's credentials (HTTP {status}); check the provider's headers"
                 ),
             ),
-            Some(HttpFailure::TokenRefused(why)) => Failure::new(
-                FailCode::UpstreamUnauthorized,
-                format!("{why}; check `[providers.oauth]` and its client secret"),
-            ),
+            Some(HttpFailure::TokenRefused(message)) => {
+                Failure::new(FailCode::UpstreamUnauthorized, message)
+            }
             Some(HttpFailure::TooLarge(max)) => Failure::new(
                 FailCode::TooLarge,
                 format!("the upstream's response is over {max} bytes"),

@@ -140,7 +140,6 @@ pub struct Requirement {
     pub object: Option<Object>,
 }
 
-/// A registered upstream tool's authority.
 /// How one attempt of a brokered call failed: `Expired` when a remote server had ended the
 /// session before answering (the request may or may not have reached it: only a read-only call
 /// is sent again).
@@ -163,6 +162,7 @@ impl From<Failure> for Attempt {
     }
 }
 
+/// A registered upstream tool's authority.
 pub struct McpHandler {
     pub namespace: String,
     pub provider: Weak<McpProvider>,
@@ -281,22 +281,28 @@ struct UpstreamRequests {
 pub const UPSTREAM_REQUEST_MAX_SCHEMA_BYTES: usize = 4096;
 
 impl UpstreamRequests {
+    /// Appends one `upstream_request` line (a failed append is logged: the upstream's answer
+    /// does not wait on it).
+    async fn append(&self, line: record::UpstreamRequest) {
+        if let Err(e) = self.recorder.append(&Event::UpstreamRequest(line)).await {
+            tracing::error!(provider = %self.provider, error = %e, "upstream_request not recorded");
+        }
+    }
+
     /// Records a notification the broker did not pass on (`action`: `not_forwarded`).
     async fn not_forwarded(&self, method: &str, reason: String) {
-        let line = Event::UpstreamRequest(record::UpstreamRequest {
+        tracing::info!(provider = %self.provider, method, reason, "an upstream's notification not forwarded");
+        self.append(record::UpstreamRequest {
             provider: self.provider.clone(),
             method: method.to_owned(),
             mode: None,
             schema: None,
             host: None,
             action: "not_forwarded".into(),
-            reason: reason.clone(),
+            reason,
             turn: None,
-        });
-        if let Err(e) = self.recorder.append(&line).await {
-            tracing::error!(provider = %self.provider, error = %e, "upstream_request not recorded");
-        }
-        tracing::info!(provider = %self.provider, method, reason, "an upstream's notification not forwarded");
+        })
+        .await;
     }
 
     /// Records the refusal of `method` and returns the error the upstream gets.
@@ -317,7 +323,7 @@ impl UpstreamRequests {
                 s
             }
         });
-        let line = Event::UpstreamRequest(record::UpstreamRequest {
+        self.append(record::UpstreamRequest {
             provider: self.provider.clone(),
             method: method.to_owned(),
             mode: mode.map(str::to_owned),
@@ -326,10 +332,8 @@ impl UpstreamRequests {
             action: "refused".into(),
             reason: reason.clone(),
             turn: None,
-        });
-        if let Err(e) = self.recorder.append(&line).await {
-            tracing::error!(provider = %self.provider, error = %e, "upstream_request not recorded");
-        }
+        })
+        .await;
         tracing::warn!(provider = %self.provider, method, reason, "an upstream's request to the client refused");
         rmcp::ErrorData::invalid_request(format!("refused by the SharedOS broker: {reason}"), None)
     }
@@ -1154,7 +1158,8 @@ impl McpProvider {
         }
     }
 
-    /// The provider's own session count (remote), to tell a new session from the old one.
+    /// The supervisor's restart count: it moves past the value read before a call once the
+    /// provider's session has ended, so a new session is told from the old one.
     fn remote_sessions(&self) -> u64 {
         self.restarts.load(Ordering::Acquire)
     }
