@@ -402,6 +402,47 @@ struct Harness {
     client: Mutex<Option<String>>,
 }
 
+/// Most capabilities, and options of one, a `bridge_client` line names.
+const CAPABILITY_NAMES_MAX: usize = 16;
+/// Longest capability or option name kept.
+const CAPABILITY_NAME_MAX_BYTES: usize = 64;
+
+/// The capabilities a client declared, as names only (`{"elicitation": ["form"]}`): what it
+/// said it can do, bounded, never a value it sent inside one.
+fn capability_names(declared: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    let clipped = |k: &String| {
+        let mut k = k.clone();
+        sharedos_proto::name::clip(&mut k, CAPABILITY_NAME_MAX_BYTES);
+        k
+    };
+    let Value::Object(caps) = declared else {
+        return Value::Object(Default::default());
+    };
+    caps.iter()
+        .take(CAPABILITY_NAMES_MAX)
+        .map(|(name, options)| {
+            let options: Vec<Value> = match options {
+                Value::Object(o) => o
+                    .keys()
+                    .take(CAPABILITY_NAMES_MAX)
+                    .map(|k| Value::String(clipped(k)))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            (clipped(name), Value::Array(options))
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// What a shim says the person answered, and how they were asked.
+struct Principal {
+    answer: PrincipalAnswer,
+    reason: Option<String>,
+    via: Option<String>,
+}
+
 /// A principal's answer from this bridge: taken by the approvals table only for a question it
 /// asked on this very connection, once; anything else is refused back to the shim.
 async fn decide(
@@ -410,9 +451,13 @@ async fn decide(
     harness: &Harness,
     out: &tokio::sync::Mutex<Out>,
     approval: String,
-    answer: PrincipalAnswer,
-    mut reason: Option<String>,
+    said: Principal,
 ) {
+    let Principal {
+        answer,
+        mut reason,
+        via,
+    } = said;
     if let Some(r) = reason.as_mut() {
         sharedos_proto::name::clip(r, DECIDE_REASON_MAX_BYTES);
     }
@@ -421,6 +466,8 @@ async fn decide(
         shim_pid: harness.pid,
         client: harness.client.lock().ok().and_then(|c| c.clone()),
         action: answer.action().to_owned(),
+        // Only the two ways a shim asks are kept; anything else is not the shim's to say.
+        via: via.filter(|v| v == "elicitation/create" || v == "input_required"),
     };
     match broker
         .kernel
@@ -528,8 +575,8 @@ async fn run_connection(
                             match f.and_then(|r| r.or_else(salvage_call)) {
                                 Ok(BridgeRequest::Cancel { id }) => cancel_inflight(&inflight, id),
                                 // An answer frees a held call's place: never left behind one.
-                                Ok(BridgeRequest::Decide { approval, answer, reason }) => {
-                                    decide(&broker, &turn, &harness, &out, approval, answer, reason).await;
+                                Ok(BridgeRequest::Decide { approval, answer, reason, via }) => {
+                                    decide(&broker, &turn, &harness, &out, approval, Principal { answer, reason, via }).await;
                                 }
                                 Ok(other) => held = Some(Ok(other)),
                                 // The shim is gone (or sent what ends the connection): its calls
@@ -619,11 +666,20 @@ async fn run_connection(
                 approval,
                 answer,
                 reason,
-            })) => decide(&broker, &turn, &harness, &out, approval, answer, reason).await,
+                via,
+            })) => {
+                let said = Principal {
+                    answer,
+                    reason,
+                    via,
+                };
+                decide(&broker, &turn, &harness, &out, approval, said).await;
+            }
             Event::Frame(Ok(BridgeRequest::ClientInfo {
                 mut name,
                 mut version,
                 mut protocol_version,
+                capabilities,
             })) => {
                 // What the client calls itself is kept, in the record and the log, to a bound.
                 let max = record::RECORD_MAX_STRING_BYTES;
@@ -646,6 +702,7 @@ async fn run_connection(
                         name,
                         version,
                         protocol_version,
+                        capabilities: capabilities.as_ref().map(capability_names),
                     },
                     cut,
                     system_identity: turn.system_identity.clone(),
@@ -676,4 +733,35 @@ async fn run_connection(
     conn.cancel();
     // Every in-flight call holds a permit until its answer is sent (or dropped after close).
     let _ = limit.acquire_many(MAX_INFLIGHT_PER_BRIDGE as u32).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn capability_names_keep_names_only_and_are_bounded() {
+        let declared = json!({
+            "elicitation": {"form": {"secret": "x"}, "url": {}},
+            "roots": {"listChanged": true},
+            "sampling": {},
+            "experimental": 5,
+        });
+        assert_eq!(
+            super::capability_names(&declared),
+            json!({"elicitation": ["form", "url"], "roots": ["listChanged"], "sampling": [], "experimental": []})
+        );
+        assert_eq!(super::capability_names(&json!([1, 2])), json!({}));
+        let many: serde_json::Map<String, serde_json::Value> = (0..100)
+            .map(|i| (format!("{i}{}", "k".repeat(200)), json!({})))
+            .collect();
+        let named = super::capability_names(&serde_json::Value::Object(many));
+        let named = named.as_object().expect("object");
+        assert_eq!(named.len(), super::CAPABILITY_NAMES_MAX);
+        assert!(
+            named
+                .keys()
+                .all(|k| k.len() <= super::CAPABILITY_NAME_MAX_BYTES)
+        );
+    }
 }

@@ -81,6 +81,11 @@ pub enum BridgeRequest {
         /// Why the client could not ask ([`PrincipalAnswer::Unable`]), for the record.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
+        /// How the person was asked: `elicitation/create` (a request to the client, up to
+        /// 2025-11-25) or `input_required` (a 2026-07-28 result the client retried with the
+        /// answer).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        via: Option<String>,
     },
     /// The MCP client introduced itself (after `initialize`): recorded for diagnostics only.
     ClientInfo {
@@ -88,6 +93,10 @@ pub enum BridgeRequest {
         version: String,
         #[serde(default)]
         protocol_version: Option<String>,
+        /// The capabilities the client declared (`initialize`, or a 2026-07-28 request's
+        /// `_meta`), for the record: whether it said it can be asked.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        capabilities: Option<Value>,
     },
     /// Lines on the shim's stdin that were not JSON at all since the last report (the shim
     /// reports at most once a second): the last one's size and SHA-256, and how many.
@@ -229,6 +238,9 @@ pub struct HarnessSession {
     pub client: Option<String>,
     /// The elicitation action (`accept`, `decline`, `cancel`).
     pub action: String,
+    /// How the person was asked (`elicitation/create` or `input_required`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
 }
 
 impl Serialize for BridgeEvent {

@@ -232,6 +232,11 @@ pub struct ClientInfo {
     pub name: String,
     pub version: String,
     pub protocol_version: Option<String>,
+    /// The capabilities the client declared, as names only: each capability with the names of
+    /// its options (`{"elicitation": ["form"], "roots": []}`), bounded. Shows whether a client
+    /// said it can be asked (a decline from one that cannot ask differs from a person's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<Value>,
 }
 
 /// The MCP client behind a shim named itself.
@@ -776,6 +781,7 @@ mod tests {
                 name: kept,
                 version: "1".into(),
                 protocol_version: None,
+                capabilities: None,
             },
             cut: Some(cuts),
             system_identity: None,

@@ -1,20 +1,84 @@
 //! Asking the person in the harness: a call held for its principal's approval
-//! (`@approval("principal")`) becomes an `elicitation/create` request to the MCP client, and
-//! the client's response, matched by the shim's own request id, becomes the answer the shim
-//! sends the broker ([`BridgeRequest::Decide`](sharedos_proto::ipc::BridgeRequest)).
+//! (`@approval("principal")`) becomes a question to the MCP client in the form the call's
+//! protocol has, and the client's answer becomes the one the shim sends the broker
+//! ([`BridgeRequest::Decide`](sharedos_proto::ipc::BridgeRequest)):
 //!
-//! Only the client's response to the shim's own request counts: a tool call cannot answer
-//! (the guard refers every `tools/call` to the kernel, which knows no such tool), and a
-//! response with an id the shim did not send, or a second one for the same id, is dropped.
-//! The broker binds each question to the bridge connection it asked, once, besides.
+//! - up to 2025-11-25, an `elicitation/create` request to a client that declared the capability
+//!   in `initialize`; its response is matched by the shim's own request id;
+//! - from 2026-07-28 (no server-to-client requests), the call itself is answered with an
+//!   `input_required` result carrying the same elicitation and a `requestState` of 128 random
+//!   bits ([`Round`]); the held call goes on waiting in the broker, and the client's retry of
+//!   the same call with that state and its `inputResponses` answers the question and gets the
+//!   held call's own answer. A retry for another call (tool or arguments differ), a state the
+//!   shim never gave, or one already used takes no round: it is a new call, asked anew.
+//!
+//! Only the client's side of the session answers: a tool call cannot (the guard refers every
+//! `tools/call` to the kernel, which knows no such tool, and a model names a tool and its
+//! arguments, never a `requestState`), and a response with an id the shim did not send, or a
+//! second one for the same id, is dropped. The broker binds each question to the bridge
+//! connection it asked, once, besides.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
-use sharedos_proto::ipc::{PrincipalAnswer, Question};
+use sharedos_proto::ipc::{CallAnswer, PrincipalAnswer, Question};
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::link::{Answer, LinkDown};
+
+/// How a question is asked, as `approval_decided` records it.
+pub const VIA_REQUEST: &str = "elicitation/create";
+pub const VIA_INPUT_REQUIRED: &str = "input_required";
+
+/// The key of the shim's question in an `input_required` result's `inputRequests`.
+pub const INPUT_KEY: &str = "sharedos-approval";
+
+/// What the held call behind a round ends with (its task's result).
+pub type Held = tokio::task::JoinHandle<Option<Result<CallAnswer, LinkDown>>>;
+
+/// A question put to a 2026-07-28 client in an `input_required` result, waiting for the retry
+/// that answers it.
+struct Round {
+    /// The call it asks about: SHA-256 of the tool as sent and its arguments.
+    call: [u8; 32],
+    /// Where the person's answer goes (to the held call's question).
+    answer: oneshot::Sender<Answer>,
+    /// The held call's task, once the `input_required` result is on its way to the client.
+    held: Option<Held>,
+    /// Stops the held call (the retry is cancelled).
+    cancel: CancellationToken,
+    /// When the question stopped waiting without a retry (the held call ended: timed out,
+    /// decided by an operator, turn closed): a late retry still gets the held call's answer,
+    /// for [`LATE_RETRY_KEEP`].
+    ended: Option<std::time::Instant>,
+}
+
+/// How long the answer of a held call whose question ended unanswered is kept for a late
+/// retry (which then gets it, `denied/approval_timeout` say, instead of being asked anew).
+pub const LATE_RETRY_KEEP: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// A round taken by the retry that answers it.
+pub struct Resumed {
+    pub held: Held,
+    pub cancel: CancellationToken,
+}
+
+/// The digest that binds a round to its call: the tool as sent and the arguments' canonical
+/// JSON (so that a client that re-sends the same object in another key order still matches).
+pub fn call_digest(tool: &str, arguments: Option<&Value>) -> [u8; 32] {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    h.update(tool.as_bytes());
+    h.update([0]);
+    if let Some(a) = arguments {
+        let text = sharedos_proto::catalog::canonical_json(a).unwrap_or_else(|_| a.to_string());
+        h.update(text.as_bytes());
+    }
+    h.finalize().into()
+}
 
 /// What the client said it can do, from `initialize`.
 #[derive(Clone, Default)]
@@ -27,12 +91,7 @@ pub struct ClientCan {
 impl ClientCan {
     /// Reads the client's `capabilities` from `initialize`.
     pub fn settle(&self, capabilities: &Value) {
-        let form = match capabilities.get("elicitation") {
-            Some(Value::Object(e)) => {
-                e.contains_key("form") || (!e.contains_key("url") && !e.contains_key("form"))
-            }
-            _ => false,
-        };
+        let form = crate::guard::declares_form_elicitation(capabilities);
         self.form.store(form, Ordering::Relaxed);
     }
 
@@ -67,6 +126,29 @@ pub struct Asker {
     pending: Mutex<HashMap<String, oneshot::Sender<Value>>>,
     next: AtomicU64,
     pub can: ClientCan,
+    /// `input_required` questions waiting for their retry, by `requestState`.
+    rounds: Mutex<HashMap<String, Round>>,
+}
+
+/// Marks a round ended when its question stops waiting without a retry (the held call ended
+/// first); one never returned to the client is taken out.
+struct OpenRound<'a> {
+    asker: &'a Asker,
+    state: String,
+}
+
+impl Drop for OpenRound<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut rounds) = self.asker.rounds.lock() {
+            match rounds.get_mut(&self.state) {
+                Some(r) if r.held.is_some() => r.ended = Some(std::time::Instant::now()),
+                Some(_) => {
+                    rounds.remove(&self.state);
+                }
+                None => {}
+            }
+        }
+    }
 }
 
 /// Takes a question out of the table when its asker stops waiting (answered, or the call
@@ -137,26 +219,134 @@ impl Asker {
         }
     }
 
-    /// Asks the person about a held call; resolves with their answer, or why the client cannot
-    /// be asked. `current`: the call came in the 2026-07-28 revision, which has no
-    /// server-to-client requests.
-    pub async fn ask(
+    /// Asks the person about a held call in a 2026-07-28 `input_required` round: the result
+    /// (with a fresh `requestState`) goes to `raise`, for the caller to answer the call with;
+    /// resolves with the answer the retry carries, or `cancel` (no retry before the held call
+    /// ends: the future is dropped then). `call`: [`call_digest`] of the call asked about.
+    pub async fn ask_in_round(
         &self,
         question: &Question,
-        current: bool,
-    ) -> (PrincipalAnswer, Option<String>) {
+        call: [u8; 32],
+        cancel: CancellationToken,
+        raise: oneshot::Sender<(String, Value)>,
+    ) -> Answer {
+        let state = match request_state() {
+            Ok(s) => s,
+            Err(e) => return Answer::unable(format!("no random requestState: {e}")),
+        };
+        let (tx, rx) = oneshot::channel();
+        if let Ok(mut r) = self.rounds.lock() {
+            r.retain(|_, round| round.ended.is_none_or(|e| e.elapsed() < LATE_RETRY_KEEP));
+            r.insert(
+                state.clone(),
+                Round {
+                    call,
+                    answer: tx,
+                    held: None,
+                    cancel,
+                    ended: None,
+                },
+            );
+        }
+        let _open = OpenRound {
+            asker: self,
+            state: state.clone(),
+        };
+        let result = json!({
+            "resultType": "input_required",
+            "inputRequests": {
+                INPUT_KEY: {
+                    "method": "elicitation/create",
+                    "params": {"message": question.message, "requestedSchema": schema()},
+                }
+            },
+            "requestState": state,
+        });
+        if raise.send((state, result)).is_err() {
+            return Answer::unable("the call ended before its question could be returned");
+        }
+        tracing::info!(tool = %question.tool, "asking the person through the MCP client (an input_required result)");
+        match rx.await {
+            Ok(answer) => answer,
+            Err(_) => Answer {
+                answer: PrincipalAnswer::Cancel,
+                reason: Some("no retry answered the question".into()),
+                via: Some(VIA_INPUT_REQUIRED),
+            },
+        }
+    }
+
+    /// The held call of a round now on its way to the client as an `input_required` result.
+    pub fn attach(&self, state: &str, held: Held) -> Result<(), Held> {
+        match self
+            .rounds
+            .lock()
+            .ok()
+            .as_mut()
+            .and_then(|r| r.get_mut(state))
+        {
+            Some(round) => {
+                round.held = Some(held);
+                Ok(())
+            }
+            None => Err(held),
+        }
+    }
+
+    /// A retry with `state`: the round it answers, taken (once), when it asked about this very
+    /// call (`call`: [`call_digest`]); the person's answer from `responses` goes to the held
+    /// call's question. `None` leaves the table as it was: the retry is a new call.
+    pub fn resume(
+        &self,
+        state: &str,
+        call: [u8; 32],
+        responses: Option<&Value>,
+    ) -> Option<Resumed> {
+        let round = {
+            let mut rounds = self.rounds.lock().ok()?;
+            let r = rounds.get(state)?;
+            if r.call != call || r.held.is_none() {
+                return None;
+            }
+            rounds.remove(state)?
+        };
+        let answer = match responses.and_then(|r| r.get(INPUT_KEY)) {
+            Some(result) => {
+                let (answer, reason) = read_answer(&json!({"result": result}));
+                Answer {
+                    answer,
+                    reason,
+                    via: Some(VIA_INPUT_REQUIRED),
+                }
+            }
+            None => Answer {
+                answer: PrincipalAnswer::Cancel,
+                reason: Some(format!(
+                    "the retry carried no response for the question ({INPUT_KEY})"
+                )),
+                via: Some(VIA_INPUT_REQUIRED),
+            },
+        };
+        let _ = round.answer.send(answer);
+        Some(Resumed {
+            held: round.held?,
+            cancel: round.cancel,
+        })
+    }
+
+    /// Asks the person about a held call with an `elicitation/create` request (a 2025-11-25
+    /// client that declared the capability); resolves with their answer, or why the client
+    /// cannot be asked. `current`: the call came in the 2026-07-28 revision, which has no
+    /// server-to-client requests (there, [`Asker::ask_in_round`] asks, when it can).
+    pub async fn ask(&self, question: &Question, current: bool) -> Answer {
         if current {
-            return (
-                PrincipalAnswer::Unable,
-                Some("the client speaks MCP 2026-07-28, in which this shim does not ask yet (no input_required rounds)".into()),
+            return Answer::unable(
+                "the client speaks MCP 2026-07-28 and did not declare form-mode elicitation in the call's clientCapabilities (or sent the call as a notification), so it cannot be asked with an input_required result",
             );
         }
         if !self.can.form() {
-            return (
-                PrincipalAnswer::Unable,
-                Some(
-                    "the MCP client did not declare the elicitation capability (form mode)".into(),
-                ),
+            return Answer::unable(
+                "the MCP client did not declare the elicitation capability (form mode)",
             );
         }
         let n = self.next.fetch_add(1, Ordering::Relaxed);
@@ -180,19 +370,33 @@ impl Asker {
             },
         });
         if !self.write(&request) {
-            return (
-                PrincipalAnswer::Unable,
-                Some("the question could not be written to the MCP client".into()),
-            );
+            return Answer::unable("the question could not be written to the MCP client");
         }
         tracing::info!(tool = %question.tool, request = %id, "asking the person through the MCP client (elicitation/create)");
         let Ok(reply) = rx.await else {
-            return (PrincipalAnswer::Cancel, Some("no answer".into()));
+            return Answer {
+                answer: PrincipalAnswer::Cancel,
+                reason: Some("no answer".into()),
+                via: Some(VIA_REQUEST),
+            };
         };
         outstanding.answered = true;
         drop(outstanding);
-        read_answer(&reply)
+        let (answer, reason) = read_answer(&reply);
+        Answer {
+            answer,
+            reason,
+            via: Some(VIA_REQUEST),
+        }
     }
+}
+
+/// A fresh `requestState`: 128 random bits in hex, unguessable, so that only the client the
+/// shim answered can name the round.
+fn request_state() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)?;
+    Ok(sharedos_proto::catalog::hex(&bytes))
 }
 
 /// The person's answer in an `elicitation/create` response.
@@ -253,6 +457,93 @@ mod tests {
             &json!({"jsonrpc": "2.0", "id": "x", "error": {"code": -32601, "message": "no"}}),
         );
         assert_eq!(e.0, PrincipalAnswer::Unable);
+    }
+
+    fn question() -> Question {
+        Question {
+            message: "approve `files.write`?".into(),
+            tool: "files.write".into(),
+            resource: None,
+            arguments: json!({}),
+            expires_at: "later".into(),
+        }
+    }
+
+    /// A round is taken once, only by a retry of the same call, and hands the person's answer
+    /// to the held call's question; a late retry still gets the held call's end.
+    #[tokio::test]
+    async fn a_round_answers_only_its_own_call_once() {
+        let asker = Arc::new(Asker::default());
+        let call = call_digest("files.write", Some(&json!({"b": 1, "a": 2})));
+        // The same arguments in another key order are the same call.
+        assert_eq!(
+            call,
+            call_digest("files.write", Some(&json!({"a": 2, "b": 1})))
+        );
+        let other = call_digest("files.write", Some(&json!({"a": 3})));
+        let (raise, raised) = oneshot::channel();
+        let asking = {
+            let asker = asker.clone();
+            tokio::spawn(async move {
+                asker
+                    .ask_in_round(&question(), call, CancellationToken::new(), raise)
+                    .await
+            })
+        };
+        let (state, result) = raised.await.expect("raised");
+        assert_eq!(result["resultType"], "input_required");
+        assert_eq!(result["requestState"], state.as_str());
+        assert_eq!(state.len(), 32);
+        assert_eq!(
+            result["inputRequests"][INPUT_KEY]["params"]["requestedSchema"],
+            schema()
+        );
+        // Not yet attached: no retry takes it.
+        let approve = json!({INPUT_KEY: {"action": "accept", "content": {"decision": "approve"}}});
+        assert!(asker.resume(&state, call, Some(&approve)).is_none());
+        let held: Held = tokio::spawn(async { None });
+        assert!(asker.attach(&state, held).is_ok());
+        // Another call's retry, or a state never given: nothing taken.
+        assert!(asker.resume(&state, other, Some(&approve)).is_none());
+        assert!(asker.resume("0123", call, Some(&approve)).is_none());
+        let resumed = asker.resume(&state, call, Some(&approve));
+        assert!(resumed.is_some());
+        let answer = asking.await.expect("asked");
+        assert_eq!(answer.answer, PrincipalAnswer::Approve);
+        assert_eq!(answer.via, Some(VIA_INPUT_REQUIRED));
+        // Replayed: the state is used.
+        assert!(asker.resume(&state, call, Some(&approve)).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_retry_without_a_response_cancels_and_a_late_one_gets_the_end() {
+        let asker = Arc::new(Asker::default());
+        let call = call_digest("files.write", None);
+        for late in [false, true] {
+            let (raise, raised) = oneshot::channel();
+            let asking = {
+                let asker = asker.clone();
+                tokio::spawn(async move {
+                    asker
+                        .ask_in_round(&question(), call, CancellationToken::new(), raise)
+                        .await
+                })
+            };
+            let (state, _) = raised.await.expect("raised");
+            let held: Held = tokio::spawn(async { None });
+            assert!(asker.attach(&state, held).is_ok());
+            if late {
+                // The held call ends first (its question is dropped): the round stays for a
+                // late retry.
+                asking.abort();
+                let _ = asking.await;
+                assert!(asker.resume(&state, call, None).is_some());
+            } else {
+                assert!(asker.resume(&state, call, Some(&json!({}))).is_some());
+                let answer = asking.await.expect("asked");
+                assert_eq!(answer.answer, PrincipalAnswer::Cancel);
+            }
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use sharedos_proto::ipc::CallAnswer;
 use tokio_util::sync::CancellationToken;
 
 use crate::guard::Referral;
-use crate::link::{Link, Waiting};
+use crate::link::{Link, LinkDown, Waiting};
 use crate::render;
 
 /// Forwards calls to the broker. Cheap to clone: one per call task.
@@ -79,16 +79,108 @@ impl Caller {
     /// Sends a referred call to the broker; resolves with its answer (or the shim's own, when the
     /// broker cannot give one), or `None` when the client cancelled it (`cancel` fired). The one
     /// path for every `tools/call`, whatever the shape of its name and arguments.
-    pub async fn call(&self, referral: Referral, cancel: &CancellationToken) -> Option<CallAnswer> {
+    ///
+    /// A 2026-07-28 call from a client that declares form-mode elicitation may instead resolve
+    /// with an `input_required` result ([`Reply::InputRequired`]) when the broker asks its
+    /// person: the held call goes on in a task of its own, which the client's retry takes up
+    /// ([`Caller::resume`]).
+    pub async fn call(&self, referral: Referral, cancel: &CancellationToken) -> Option<Reply> {
+        let current = self.protocol.is_current(referral.protocol.as_deref());
+        if current && referral.elicit() == Some(true) && referral.id.is_some() {
+            return self.call_in_rounds(referral, cancel).await;
+        }
+        let call = self.held_call(referral, current, None);
+        call.run(cancel).await.map(Reply::Answer)
+    }
+
+    /// A call whose person may be asked in an `input_required` round: the held call runs on its
+    /// own task, so that this call can be answered with the question while it goes on waiting.
+    async fn call_in_rounds(
+        &self,
+        referral: Referral,
+        cancel: &CancellationToken,
+    ) -> Option<Reply> {
+        let digest = crate::ask::call_digest(&referral.tool, referral.arguments.as_ref());
+        let (raise, mut raised) = tokio::sync::oneshot::channel();
+        let held_cancel = CancellationToken::new();
+        let round = Round {
+            digest,
+            cancel: held_cancel.clone(),
+            raise: std::sync::Mutex::new(Some(raise)),
+        };
+        let call = self.held_call(referral, true, Some(round));
+        let tool = call.tool.clone();
+        let token = held_cancel.clone();
+        let mut held = tokio::spawn(async move { call.run_to_end(&token).await });
+        tokio::select! {
+            biased;
+            done = &mut held => done.ok().flatten().map(|r| Reply::Answer(match r {
+                Ok(answer) => answer,
+                Err(why) => render::local_answer(&tool, &why),
+            })),
+            Ok((state, result)) = &mut raised => {
+                if let Err(held) = self.asker.attach(&state, held) {
+                    // The question ended before it could be returned (the held call ended
+                    // with it): the call's own answer, then.
+                    return held.await.ok().flatten().map(|r| Reply::Answer(match r {
+                        Ok(answer) => answer,
+                        Err(why) => render::local_answer(&tool, &why),
+                    }));
+                }
+                Some(Reply::InputRequired(result))
+            }
+            () = cancel.cancelled() => {
+                held_cancel.cancel();
+                None
+            }
+        }
+    }
+
+    /// A 2026-07-28 retry that answers a round: the person's answer goes to the held call's
+    /// question, and the held call's own answer answers the retry. `None` (in the outer option)
+    /// when the retry names no round of this call: it is a new call.
+    pub async fn resume(
+        &self,
+        referral: &Referral,
+        cancel: &CancellationToken,
+    ) -> Option<Option<Reply>> {
+        let resume = referral.resume()?;
+        let digest = crate::ask::call_digest(&referral.tool, referral.arguments.as_ref());
+        let Some(mut resumed) = self
+            .asker
+            .resume(&resume.state, digest, resume.responses.as_ref())
+        else {
+            tracing::info!(tool = %referral.tool, "a retry whose requestState names no question of this call (never asked, already answered, ended, or another call's): a new call");
+            return None;
+        };
+        let tool = match &self.portable {
+            Some(p) => p.canonical(&referral.tool).to_owned(),
+            None => referral.tool.clone(),
+        };
+        tokio::select! {
+            done = &mut resumed.held => Some(done.ok().flatten().map(|r| Reply::Answer(match r {
+                Ok(answer) => answer,
+                Err(why) => render::local_answer(&tool, &why),
+            }))),
+            () = cancel.cancelled() => {
+                resumed.cancel.cancel();
+                Some(None)
+            }
+        }
+    }
+
+    /// A referred call, ready to go to the broker.
+    fn held_call(&self, referral: Referral, current: bool, round: Option<Round>) -> HeldCall {
         let Referral {
             id,
             tool: sent,
             arguments,
             rejected: rejected_arguments,
-            protocol: stated,
+            protocol: _,
             trace,
-            progress: token,
+            extras,
         } = referral;
+        let token = extras.and_then(|e| e.progress);
         // A portable name is mapped back to the canonical one; any other string goes as sent.
         let tool = match &self.portable {
             Some(p) => p.canonical(&sent).to_owned(),
@@ -102,29 +194,104 @@ impl Caller {
             traceparent: trace.parent,
             tracestate: trace.state,
         };
-        let notes = self.notes.as_ref();
-        let shown = tool.clone();
-        let mut progress = |w: &Waiting, n: u64| {
-            if n == 1 {
-                tracing::info!(tool = %shown, approval = %w.approval, expires_at = %w.expires_at, "the call waits for a person's approval");
-            }
-            if let (Some(token), Some(notes)) = (&token, notes.and_then(|n| n.upgrade())) {
-                // A progress note that finds stdout's queue full is dropped, not waited for.
-                let _ = notes.try_send(progress_line(token, w, n));
-            }
-        };
-        let current = self.protocol.is_current(stated.as_deref());
-        let asker = self.asker.clone();
-        let ask = move |q: sharedos_proto::ipc::Question| {
-            let asker = asker.clone();
-            Box::pin(async move { asker.ask(&q, current).await })
-                as std::pin::Pin<Box<dyn std::future::Future<Output = crate::link::Answer> + Send>>
-        };
-        match self.link.call(call, cancel, &mut progress, &ask).await {
+        HeldCall {
+            link: self.link.clone(),
+            call,
+            tool,
+            progress: token.and_then(|t| Some((t, self.notes.clone()?))),
+            asker: self.asker.clone(),
+            current,
+            round: round.map(Arc::new),
+        }
+    }
+}
+
+/// What a call resolves with.
+pub enum Reply {
+    /// The broker's answer (or the shim's own).
+    Answer(CallAnswer),
+    /// An `input_required` result (2026-07-28): the person is asked; the held call waits for
+    /// the retry.
+    InputRequired(Value),
+}
+
+/// How a held call asks in an `input_required` round.
+struct Round {
+    digest: [u8; 32],
+    cancel: CancellationToken,
+    /// Where the round's result goes, once (a call is asked once).
+    raise: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<(String, Value)>>>,
+}
+
+/// One call on its way to the broker, owning all it needs (it may run on a task of its own).
+struct HeldCall {
+    link: Arc<Link>,
+    call: ToolCall,
+    /// The canonical tool name, for the shim's own answer.
+    tool: String,
+    /// The client's progress token and where notes go, when it asked for progress.
+    progress: Option<(Value, tokio::sync::mpsc::WeakSender<Vec<u8>>)>,
+    asker: Arc<crate::ask::Asker>,
+    current: bool,
+    round: Option<Arc<Round>>,
+}
+
+impl HeldCall {
+    /// The broker's answer, or the shim's own when the broker cannot give one; `None` when
+    /// `cancel` fired.
+    async fn run(self, cancel: &CancellationToken) -> Option<CallAnswer> {
+        let tool = self.tool.clone();
+        match self.run_to_end(cancel).await {
             Some(Ok(answer)) => Some(answer),
             Some(Err(why)) => Some(render::local_answer(&tool, &why)),
             None => None,
         }
+    }
+
+    async fn run_to_end(self, cancel: &CancellationToken) -> Option<Result<CallAnswer, LinkDown>> {
+        let HeldCall {
+            link,
+            call,
+            tool,
+            progress: token,
+            asker,
+            current,
+            round,
+        } = self;
+        // Progress notes go to the call the client is waiting on: not once it was answered
+        // with a question (its retry is another request).
+        let in_round = round.is_some();
+        let mut progress = |w: &Waiting, n: u64| {
+            if n == 1 {
+                tracing::info!(tool = %tool, approval = %w.approval, expires_at = %w.expires_at, "the call waits for a person's approval");
+            }
+            if let Some((token, notes)) = &token
+                && !in_round
+                && let Some(notes) = notes.upgrade()
+            {
+                // A progress note that finds stdout's queue full is dropped, not waited for.
+                let _ = notes.try_send(progress_line(token, w, n));
+            }
+        };
+        let ask = move |q: sharedos_proto::ipc::Question| {
+            let asker = asker.clone();
+            let round = round.clone();
+            Box::pin(async move {
+                let raise = round
+                    .as_ref()
+                    .and_then(|r| r.raise.lock().ok().and_then(|mut r| r.take()));
+                match (round, raise) {
+                    (Some(round), Some(raise)) => {
+                        asker
+                            .ask_in_round(&q, round.digest, round.cancel.clone(), raise)
+                            .await
+                    }
+                    _ => asker.ask(&q, current).await,
+                }
+            })
+                as std::pin::Pin<Box<dyn std::future::Future<Output = crate::link::Answer> + Send>>
+        };
+        link.call(call, cancel, &mut progress, &ask).await
     }
 }
 

@@ -68,10 +68,98 @@ pub struct Referral {
     /// The W3C trace context the call carries in `params._meta` (`traceparent`, `tracestate`),
     /// passed to the broker for the call's span.
     pub trace: TraceContext,
+    /// The rarer parts of a call: a progress token, declared capabilities, a retry. `None` when
+    /// it has none of them (most calls). Boxed: a referral stays small.
+    pub extras: Option<Box<Extras>>,
+}
+
+/// The rarer parts of a `tools/call` (see [`Referral::extras`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Extras {
     /// `params._meta.progressToken` (a string or a number): the client asked for
     /// `notifications/progress` about this call (sent while it waits for a person's approval).
-    /// Boxed: rare, and a referral stays as small as it was.
-    pub progress: Option<Box<Value>>,
+    pub progress: Option<Value>,
+    /// What a 2026-07-28 client says it can do, on the request itself
+    /// (`params._meta["io.modelcontextprotocol/clientCapabilities"]`): `Some(true)` when it
+    /// declares form-mode elicitation, `None` when the request declares nothing.
+    pub elicit: Option<bool>,
+    /// A retry after an `input_required` result: the `requestState` the shim gave and the
+    /// client's `inputResponses`.
+    pub resume: Option<Resume>,
+}
+
+impl Referral {
+    /// The progress token the client gave the call.
+    pub fn progress(&self) -> Option<&Value> {
+        self.extras.as_ref().and_then(|r| r.progress.as_ref())
+    }
+
+    /// The client declares form-mode elicitation on the request (2026-07-28).
+    pub fn elicit(&self) -> Option<bool> {
+        self.extras.as_ref().and_then(|r| r.elicit)
+    }
+
+    /// The retry the request is, after an `input_required` result.
+    pub fn resume(&self) -> Option<&Resume> {
+        self.extras.as_ref().and_then(|r| r.resume.as_ref())
+    }
+}
+
+/// A 2026-07-28 retry of a call the shim answered `input_required`: `params.requestState` (a
+/// string of at most [`MAX_REQUEST_STATE_BYTES`]) and `params.inputResponses` (an object).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resume {
+    pub state: String,
+    pub responses: Option<Value>,
+}
+
+/// Longest `requestState` read from a retry (the shim's own are 32 hex digits); a longer one is
+/// none the shim gave, and the call goes as a new one.
+pub const MAX_REQUEST_STATE_BYTES: usize = 128;
+
+/// Where a 2026-07-28 request declares its client's capabilities.
+pub const CAPABILITIES_META_KEY: &str = "io.modelcontextprotocol/clientCapabilities";
+
+/// Client capabilities declare form-mode elicitation: `elicitation` with `form`, or an empty
+/// `elicitation: {}` (form mode, as the 2025-11-25 revision says); `url` alone is not form mode.
+pub fn declares_form_elicitation(capabilities: &Value) -> bool {
+    match capabilities.get("elicitation") {
+        Some(Value::Object(e)) => {
+            e.contains_key("form") || (!e.contains_key("url") && !e.contains_key("form"))
+        }
+        _ => false,
+    }
+}
+
+/// The elicitation a request's `_meta` declares, if it declares capabilities at all.
+fn declared_elicitation(meta: Option<&Value>) -> Option<bool> {
+    meta.and_then(|m| m.get(CAPABILITIES_META_KEY))
+        .map(declares_form_elicitation)
+}
+
+/// The retry a call's params carry, if any (see [`Resume`]).
+fn resume_of(state: Option<&Value>, responses: Option<&Value>) -> Option<Resume> {
+    let state = state?
+        .as_str()
+        .filter(|s| s.len() <= MAX_REQUEST_STATE_BYTES)?;
+    Some(Resume {
+        state: state.to_owned(),
+        responses: responses.filter(|r| r.is_object()).cloned(),
+    })
+}
+
+/// A call's [`Extras`], when its request has any.
+fn extras_of(
+    meta: Option<&Value>,
+    state: Option<&Value>,
+    responses: Option<&Value>,
+) -> Option<Box<Extras>> {
+    let extras = Extras {
+        progress: progress_token(meta),
+        elicit: declared_elicitation(meta),
+        resume: resume_of(state, responses),
+    };
+    (extras != Extras::default()).then(|| Box::new(extras))
 }
 
 /// `params._meta.traceparent` and `tracestate`, when they are strings of a sane length (the W3C
@@ -111,10 +199,10 @@ fn stated_protocol(meta: Option<&Value>) -> Option<String> {
 }
 
 /// The progress token a request's `_meta` carries, if it is a string or a number.
-fn progress_token(meta: Option<&Value>) -> Option<Box<Value>> {
+fn progress_token(meta: Option<&Value>) -> Option<Value> {
     meta.and_then(|m| m.get("progressToken"))
         .filter(|t| t.is_string() || t.is_number())
-        .map(|t| Box::new(t.clone()))
+        .cloned()
 }
 
 /// A call's `name` as the kernel gets it (see [`Referral::tool`]).
@@ -176,7 +264,7 @@ pub fn check_oversize(len: usize, prefix: &[u8], sha256: &str) -> Verdict {
             tool: seen.name.unwrap_or_default(),
             arguments: None,
             protocol: None,
-            progress: None,
+            extras: None,
             rejected: Some(format!(
                 "the message is {len} bytes (SHA-256 {sha256}); the limit is {MAX_LINE_BYTES} bytes"
             )),
@@ -321,7 +409,7 @@ fn check_deep_line(line: &[u8], depth: usize) -> Verdict {
                 tool: tool_text(name),
                 arguments: None,
                 protocol: None,
-                progress: None,
+                extras: None,
                 rejected: Some(why),
                 trace: TraceContext::default(),
             })
@@ -354,6 +442,10 @@ struct CallParams {
     arguments: Option<Value>,
     #[serde(default, rename = "_meta")]
     meta: Option<Value>,
+    #[serde(default, rename = "requestState")]
+    request_state: Option<Value>,
+    #[serde(default, rename = "inputResponses")]
+    input_responses: Option<Value>,
 }
 
 /// `notifications/cancelled` params given as an object.
@@ -399,28 +491,27 @@ pub fn check_line_fast(line: &[u8]) -> Option<Verdict> {
     };
     Some(match message.method {
         "tools/call" => {
-            let (name, arguments, protocol, trace, progress) = match object {
-                Some(p) => {
-                    let p: CallParams = serde_json::from_str(p.get()).ok()?;
-                    let meta = p.meta.as_ref();
-                    (
-                        p.name,
-                        p.arguments,
-                        stated_protocol(meta),
-                        TraceContext::of(meta),
-                        progress_token(meta),
-                    )
-                }
-                None => (None, None, None, TraceContext::default(), None),
+            let Some(p) = object else {
+                return Some(Verdict::Refer(Referral {
+                    id: message.id,
+                    tool: String::new(),
+                    arguments: None,
+                    protocol: None,
+                    rejected: None,
+                    trace: TraceContext::default(),
+                    extras: None,
+                }));
             };
+            let p: CallParams = serde_json::from_str(p.get()).ok()?;
+            let meta = p.meta.as_ref();
             Verdict::Refer(Referral {
                 id: message.id,
-                tool: tool_text(name),
-                arguments,
-                protocol,
+                tool: tool_text(p.name),
+                protocol: stated_protocol(meta),
                 rejected: None,
-                trace,
-                progress,
+                trace: TraceContext::of(meta),
+                extras: extras_of(meta, p.request_state.as_ref(), p.input_responses.as_ref()),
+                arguments: p.arguments,
             })
         }
         "notifications/cancelled" if message.id.is_none() => {
@@ -541,7 +632,11 @@ pub fn check_line_full(line: &[u8]) -> Verdict {
             protocol: stated_protocol(params.and_then(|p| p.get("_meta"))),
             rejected: None,
             trace: TraceContext::of(params.and_then(|p| p.get("_meta"))),
-            progress: progress_token(params.and_then(|p| p.get("_meta"))),
+            extras: extras_of(
+                params.and_then(|p| p.get("_meta")),
+                params.and_then(|p| p.get("requestState")),
+                params.and_then(|p| p.get("inputResponses")),
+            ),
         });
     }
     if method == "notifications/cancelled"
@@ -747,7 +842,7 @@ mod tests {
                 protocol: None,
                 rejected: None,
                 trace: TraceContext::default(),
-                progress: None,
+                extras: None,
             }
         );
         let r = refer(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":5}}"#);
@@ -783,19 +878,46 @@ mod tests {
                 protocol: None,
                 rejected: None,
                 trace: TraceContext::default(),
-                progress: None,
+                extras: None,
             }
         );
         // A client that asks for progress about the call.
         let r = refer(
             br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","_meta":{"progressToken":"p-1"}}}"#,
         );
-        assert_eq!(r.progress, Some(Box::new(json!("p-1"))));
+        assert_eq!(r.progress(), Some(&json!("p-1")));
         // A 2026-07-28 client states its version on the call itself.
         let r = refer(
             br#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"x","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
         );
         assert_eq!(r.protocol.as_deref(), Some("2026-07-28"));
+        assert_eq!(r.elicit(), None);
+        // A 2026-07-28 retry after `input_required`: its capabilities, state and responses, by
+        // both parses.
+        let retry = br#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"x","_meta":{"io.modelcontextprotocol/clientCapabilities":{"elicitation":{}}},"requestState":"abc","inputResponses":{"k":{"action":"decline"}}}}"#;
+        for r in [
+            refer(retry),
+            match check_line_full(retry) {
+                Verdict::Refer(r) => r,
+                other => panic!("{other:?}"),
+            },
+        ] {
+            assert_eq!(r.elicit(), Some(true));
+            let resume = r.resume().expect("a retry");
+            assert_eq!(resume.state, "abc");
+            assert_eq!(resume.responses, Some(json!({"k": {"action": "decline"}})));
+        }
+        // A state that is not a string, or too long, is no retry; url-only elicitation is not form.
+        let long = "s".repeat(MAX_REQUEST_STATE_BYTES + 1);
+        for params in [
+            json!({"name": "x", "requestState": 5, "_meta": {CAPABILITIES_META_KEY: {"elicitation": {"url": {}}}}}),
+            json!({"name": "x", "requestState": long, "_meta": {CAPABILITIES_META_KEY: {}}}),
+        ] {
+            let line = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params})
+                .to_string();
+            let r = refer(line.as_bytes());
+            assert_eq!((r.elicit(), r.resume()), (Some(false), None), "{line}");
+        }
         // Null arguments are rmcp's "none".
         let r = refer(
             br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","arguments":null}}"#,

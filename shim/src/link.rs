@@ -99,8 +99,25 @@ enum Reply {
     ),
 }
 
-/// The person's answer to a question, or why there is none.
-pub type Answer = (PrincipalAnswer, Option<String>);
+/// The person's answer to a question, or why there is none, and how they were asked
+/// (`elicitation/create` or `input_required`; `None` when they were not).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    pub answer: PrincipalAnswer,
+    pub reason: Option<String>,
+    pub via: Option<&'static str>,
+}
+
+impl Answer {
+    /// The client cannot be asked, and why.
+    pub fn unable(why: impl Into<String>) -> Self {
+        Self {
+            answer: PrincipalAnswer::Unable,
+            reason: Some(why.into()),
+            via: None,
+        }
+    }
+}
 /// Asks the person a question (the session's [`crate::ask::Asker`]).
 pub type AskFn<'a> =
     &'a (dyn Fn(Question) -> Pin<Box<dyn std::future::Future<Output = Answer> + Send>> + Sync);
@@ -360,9 +377,10 @@ impl Link {
                     Ok(Err(why)) => return Some(Err(why)),
                     Err(_) => return Some(Err(LinkDown::BrokerGone("the broker link dropped the call".into()))),
                 },
-                (approval, (answer, reason)) = asked(&mut asking), if asking.is_some() => {
+                (approval, Answer { answer, reason, via }) = asked(&mut asking), if asking.is_some() => {
                     asking = None;
-                    let _ = self.send(&BridgeRequest::Decide { approval, answer, reason }).await;
+                    let via = via.map(str::to_owned);
+                    let _ = self.send(&BridgeRequest::Decide { approval, answer, reason, via }).await;
                 }
                 _ = self.ended.cancelled() => {
                     let why = self.end_reason.lock().ok().and_then(|r| r.clone());
@@ -410,12 +428,14 @@ impl Link {
         name: String,
         version: String,
         protocol_version: Option<String>,
+        capabilities: Option<serde_json::Value>,
     ) {
         let _ = self
             .send(&BridgeRequest::ClientInfo {
                 name,
                 version,
                 protocol_version,
+                capabilities,
             })
             .await;
     }

@@ -88,9 +88,17 @@ impl Shim {
     }
 
     /// Tells the broker which client is on the other side, the first time it is known.
-    async fn announce(&self, name: String, version: String, protocol: Option<String>) {
+    async fn announce(
+        &self,
+        name: String,
+        version: String,
+        protocol: Option<String>,
+        capabilities: Option<serde_json::Value>,
+    ) {
         if !self.announced.swap(true, Ordering::Relaxed) {
-            self.link.client_info(name, version, protocol).await;
+            self.link
+                .client_info(name, version, protocol, capabilities)
+                .await;
         }
     }
 
@@ -103,9 +111,18 @@ impl Shim {
             return;
         }
         let protocol = meta.protocol_version().map(|v| v.as_str().to_owned());
+        let capabilities = meta
+            .client_capabilities()
+            .and_then(|c| serde_json::to_value(c).ok());
         match meta.client_info() {
-            Some(info) => self.announce(info.name, info.version, protocol).await,
-            None if or_unnamed => self.announce(String::new(), String::new(), protocol).await,
+            Some(info) => {
+                self.announce(info.name, info.version, protocol, capabilities)
+                    .await;
+            }
+            None if or_unnamed => {
+                self.announce(String::new(), String::new(), protocol, capabilities)
+                    .await;
+            }
             None => {}
         }
     }
@@ -147,8 +164,9 @@ impl ServerHandler for Shim {
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, McpError> {
         context.peer.set_peer_info(request.clone());
-        if let Ok(caps) = serde_json::to_value(&request.capabilities) {
-            self.can.settle(&caps);
+        let capabilities = serde_json::to_value(&request.capabilities).ok();
+        if let Some(caps) = &capabilities {
+            self.can.settle(caps);
         }
         let protocol = serde_json::to_value(&request.protocol_version)
             .ok()
@@ -157,6 +175,7 @@ impl ServerHandler for Shim {
             request.client_info.name.clone(),
             request.client_info.version.clone(),
             protocol,
+            capabilities,
         )
         .await;
         let result = self.negotiate_initialize(&request);

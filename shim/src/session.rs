@@ -122,9 +122,21 @@ impl Calls for Forward {
         async move {
             let id = referral.id.clone().unwrap_or(Value::Null);
             let stated = referral.protocol.clone();
-            let answer = caller.call(referral, &cancel).await?;
+            // A retry that answers a question the shim asked takes up the held call; any
+            // other call (a retry that names no question of it included) goes to the broker.
+            let reply = match caller.resume(&referral, &cancel).await {
+                Some(reply) => reply?,
+                None => caller.call(referral, &cancel).await?,
+            };
             let current = protocol.is_current(stated.as_deref());
-            Some(render::response(id, &answer, current))
+            Some(match reply {
+                call::Reply::Answer(answer) => render::response(id, &answer, current),
+                call::Reply::InputRequired(result) => {
+                    serde_json::json!({"jsonrpc": "2.0", "id": id, "result": result})
+                        .to_string()
+                        .into_bytes()
+                }
+            })
         }
     }
 }

@@ -4,9 +4,16 @@ sharedos-mcp-shim, with a real `elicitation_callback` standing in for the person
 Env: SHAREDOS_SHIM, SHAREDOS_TURN_TOKEN, SHAREDOS_BROKER (for the shim); ELICIT_ANSWER: what the
 person does, `approve`, `deny` (accept with decision deny), `decline`, `cancel`, `slow` (answers
 approve after ELICIT_SLOW_SECONDS), or `none` (no callback: the client declares no elicitation
-capability); ELICIT_MODE: `legacy` (initialize, 2025-11-25) or `auto`; ELICIT_CALLS: a JSON list of
+capability); ELICIT_MODE: `legacy` (initialize, 2025-11-25) or `auto` (2026-07-28, where the shim
+asks with `input_required` results the client retries); ELICIT_CALLS: a JSON list of
 [tool, arguments]. Prints a JSON report as the last line: each call's [isError, text, code] and
 every question the person was shown (message and schema).
+
+ELICIT_ROUNDS (mode `auto` only), instead of ELICIT_CALLS: drives input_required rounds by hand, as
+a client that keeps or replays `requestState` would. A JSON list of steps
+{"call": [tool, args], "state": NAME or null, "answer": "approve" | "deny" | null, "save": NAME};
+each sends the call (with the saved round's `requestState` and an answer to its question when
+given) and reports {"kind": "input_required" | "result", "isError", "code", "keys"}.
 """
 import json
 import os
@@ -33,14 +40,45 @@ async def person(ctx, params):
     return ElicitResult(action=answer)
 
 
+def answer_of(word):
+    content = {"decision": word}
+    return ElicitResult(action="accept", content=content).model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+async def by_hand(client, steps):
+    saved = {}
+    out = []
+    for step in steps:
+        tool, args = step["call"]
+        kwargs = {"allow_input_required": True}
+        if step.get("state"):
+            state, keys = saved[step["state"]]
+            kwargs["request_state"] = state
+            if step.get("answer"):
+                kwargs["input_responses"] = {k: answer_of(step["answer"]) for k in keys}
+        result = await client.session.call_tool(tool, args, **kwargs)
+        if getattr(result, "result_type", None) == "input_required":
+            keys = sorted((result.input_requests or {}).keys())
+            if step.get("save"):
+                saved[step["save"]] = (result.request_state, keys)
+            out.append({"kind": "input_required", "keys": keys})
+        else:
+            meta = (result.meta or {}).get("sharedos") or {}
+            out.append({"kind": "result", "isError": bool(result.is_error), "code": meta.get("code")})
+    return out
+
+
 async def main():
     params = StdioServerParameters(command=os.environ["SHAREDOS_SHIM"], args=[], env=dict(os.environ))
     mode = os.environ.get("ELICIT_MODE", "legacy")
-    calls = json.loads(os.environ["ELICIT_CALLS"])
+    calls = json.loads(os.environ.get("ELICIT_CALLS", "[]"))
     callback = None if os.environ.get("ELICIT_ANSWER") == "none" else person
     report = {"calls": []}
+    rounds = json.loads(os.environ.get("ELICIT_ROUNDS", "null"))
     async with Client(params, mode=mode, read_timeout_seconds=60, elicitation_callback=callback) as client:
         report["protocol"] = str(client.protocol_version)
+        if rounds is not None:
+            report["rounds"] = await by_hand(client, rounds)
         for tool, args in calls:
             result = await client.call_tool(tool, args)
             text = result.content[0].text if result.content else ""

@@ -171,6 +171,7 @@ async fn nothing_a_shim_sends_widens_its_turn() {
             name: "principal=bob".into(),
             version: "admin".into(),
             protocol_version: None,
+            capabilities: None,
         },
     )
     .await

@@ -102,6 +102,7 @@ async fn what_a_token_holder_sends_grows_the_record_by_a_bound() {
                 name: huge.clone(),
                 version: "1.0".into(),
                 protocol_version: Some("p".repeat(64 * 1024)),
+                capabilities: None,
             },
         )
         .await
