@@ -64,17 +64,18 @@ enum Asked {
     Cannot(&'static str),
     /// It declared the elicitation capability and its client declines every question at once,
     /// with nobody shown it: both reads are refused `denied/approval_denied`, `by: principal`.
-    Declines,
+    /// How it was asked (`elicitation/create`, or `input_required` in 2026-07-28) and what its
+    /// client answered (`decline`, `cancel`).
+    Declines(&'static str, &'static str),
 }
 
 /// The shim's recorded reasons for not asking.
 const NO_CAPABILITY: &str = "the MCP client did not declare the elicitation capability (form mode)";
-const REVISION_2026: &str = "the client speaks MCP 2026-07-28, in which this shim does not ask yet";
 
 fn rows(asked: Asked) -> Value {
     let held = match asked {
         Asked::Cannot(_) => "allowed",
-        Asked::Declines => "denied",
+        Asked::Declines(..) => "denied",
     };
     json!([
         {"id": "allowed-read", "tool": "files.read", "arguments": {"path": "/public/hello.txt"}, "expect": "allowed"},
@@ -318,10 +319,11 @@ fn ms_between(from: &Value, to: &Value) -> i64 {
 
 /// Issue 36, per harness, non-interactive: a read that needs the principal's own approval
 /// (`/asks`, `@approval("principal")`) and one the principal or an operator may approve
-/// (`/held`, `@approval("principal_or_operator")`). None of the six CLIs is asked: the shim
-/// finds no elicitation capability (or the 2026-07-28 revision, in which it does not ask), the
-/// first is refused `denied/approval_unavailable` at once with the reason recorded and in the
-/// model's text, and the second goes to the operator queue, where the test approves it.
+/// (`/held`, `@approval("principal_or_operator")`). Where the client declared no elicitation
+/// capability (as `bridge_client` records), the first is refused `denied/approval_unavailable`
+/// at once with the reason recorded and in the model's text, and the second goes to the
+/// operator queue, where the test approves it; where it declared one, the question is put and
+/// the client's own answer is recorded, with how it was asked.
 fn principal_approval(
     manifest: &Value,
     results: &[&Value],
@@ -381,8 +383,10 @@ fn principal_approval(
     }
     let asks_text = results[4]["text"].as_str().unwrap_or("");
     let held_text = results[5]["text"].as_str().unwrap_or("");
+    let declared = measured["client"]["capabilities"]["elicitation"].is_array();
     match asked {
         Asked::Cannot(reason) => {
+            assert!(!declared, "{measured:#}");
             assert_eq!(p["decided"][0]["decision"], "unavailable", "{measured:#}");
             assert!(
                 p["decided"][0]["reason"]
@@ -408,8 +412,14 @@ fn principal_approval(
             );
             assert_eq!(o["call"], json!(["succeeded/ok"]), "{measured:#}");
         }
-        Asked::Declines => {
+        Asked::Declines(via, action) => {
+            assert!(declared, "{measured:#}");
             for (row, text) in [(p, asks_text), (o, held_text)] {
+                assert_eq!(row["decided"][0]["session"]["via"], via, "{measured:#}");
+                assert_eq!(
+                    row["decided"][0]["session"]["action"], action,
+                    "{measured:#}"
+                );
                 assert_eq!(
                     (&row["decided"][0]["decision"], &row["decided"][0]["by"]),
                     (&json!("denied"), &json!("principal")),
@@ -421,7 +431,9 @@ fn principal_approval(
                     "{measured:#}"
                 );
                 assert!(
-                    text.contains("the user did not approve this call when asked (decline)"),
+                    text.contains(&format!(
+                        "the user did not approve this call when asked ({action})"
+                    )),
                     "the model is told: {text}"
                 );
             }
@@ -434,7 +446,7 @@ const CLAUDE_LOCAL: &str = r#"["Bash", "Edit", "Glob", "Grep", "NotebookEdit", "
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn claude_code_column() {
-    let Some((manifest, log, broker)) = column(Asked::Cannot(REVISION_2026), |port, h, _| {
+    let Some((manifest, log, broker)) = column(Asked::Declines("input_required", "cancel"), |port, h, _| {
         format!(
             r#"harness = "claude-code"
 harness_version = "{version}"
@@ -478,19 +490,21 @@ ENABLE_TOOL_SEARCH = "false"
         "claude-code",
         "mcp__sharedos__files_read",
         r#""files.read":"mcp__sharedos__files_read""#,
-        Asked::Cannot(REVISION_2026),
+        Asked::Declines("input_required", "cancel"),
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn codex_column() {
-    let Some((manifest, log, broker)) = column(Asked::Declines, |port, h, dir| {
-        let base = dir.join("codex-base.toml");
-        std::fs::write(
-            &base,
-            format!(
-                r#"check_for_update_on_startup = false
+    let Some((manifest, log, broker)) = column(
+        Asked::Declines("elicitation/create", "decline"),
+        |port, h, dir| {
+            let base = dir.join("codex-base.toml");
+            std::fs::write(
+                &base,
+                format!(
+                    r#"check_for_update_on_startup = false
 model = "fake-model"
 model_provider = "fake"
 approval_policy = "never"
@@ -508,11 +522,11 @@ stream_idle_timeout_ms = 30000
 [analytics]
 enabled = false
 "#
-            ),
-        )
-        .expect("base");
-        format!(
-            r#"harness = "codex"
+                ),
+            )
+            .expect("base");
+            format!(
+                r#"harness = "codex"
 harness_version = "{version}"
 declared_model = "fake-model (sharedos scripted-model on 127.0.0.1)"
 mcp_support = "native"
@@ -531,11 +545,12 @@ HOME = "{{workdir}}"
 CODEX_HOME = "{{workdir}}/codex"
 FAKE_API_KEY = "dummy"
 "#,
-            version = h["CODEX_VERSION"],
-            bin = h["CODEX_BIN"],
-            base = base.display(),
-        )
-    })
+                version = h["CODEX_VERSION"],
+                bin = h["CODEX_BIN"],
+                base = base.display(),
+            )
+        },
+    )
     .await
     else {
         return;
@@ -547,7 +562,7 @@ FAKE_API_KEY = "dummy"
         "codex",
         "mcp__sharedos/files_read",
         r#""namespace":"mcp__sharedos""#,
-        Asked::Declines,
+        Asked::Declines("elicitation/create", "decline"),
     );
 }
 
