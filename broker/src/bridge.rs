@@ -402,6 +402,88 @@ struct Harness {
     client: Mutex<Option<String>>,
 }
 
+/// Questions forwarded from brokered servers to this connection's shim
+/// ([`crate::upstream::relay`]), waiting for its [`BridgeRequest::Relayed`], by serial.
+#[derive(Default)]
+struct Relays {
+    waiting: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<Result<serde_json::Value, String>>>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+/// Takes a forwarded question out of the table when its asker stops waiting.
+struct RelayWait {
+    relays: Arc<Relays>,
+    relay: u64,
+}
+
+impl Drop for RelayWait {
+    fn drop(&mut self) {
+        if let Ok(mut w) = self.relays.waiting.lock() {
+            w.remove(&self.relay);
+        }
+    }
+}
+
+impl Relays {
+    /// The shim's answer to forwarded question `relay`; one not waited for is dropped.
+    fn answer(&self, relay: u64, result: Option<serde_json::Value>, error: Option<String>) {
+        let tx = self.waiting.lock().ok().and_then(|mut w| w.remove(&relay));
+        let Some(tx) = tx else {
+            tracing::info!(
+                relay,
+                "an answer to no forwarded question in flight: ignored"
+            );
+            return;
+        };
+        let answer = match (result, error) {
+            (Some(r), _) => Ok(r),
+            (None, Some(mut e)) => {
+                sharedos_proto::name::clip(&mut e, DECIDE_REASON_MAX_BYTES);
+                Err(e)
+            }
+            (None, None) => Err("the shim answered with neither a result nor an error".into()),
+        };
+        let _ = tx.send(answer);
+    }
+
+    /// The route to the person behind call `id` of this connection.
+    fn route(
+        self: &Arc<Self>,
+        turn: &Turn,
+        id: u64,
+        out: &Arc<tokio::sync::Mutex<Out>>,
+    ) -> crate::upstream::relay::Route {
+        let (relays, out) = (self.clone(), out.clone());
+        crate::upstream::relay::Route {
+            turn: turn.id.clone(),
+            principal: turn.context.principal.clone(),
+            ask: Arc::new(move |provider, request| {
+                let (relays, out) = (relays.clone(), out.clone());
+                Box::pin(async move {
+                    let relay = relays.next.fetch_add(1, Ordering::Relaxed);
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    if let Ok(mut w) = relays.waiting.lock() {
+                        w.insert(relay, tx);
+                    }
+                    let _wait = RelayWait {
+                        relays: relays.clone(),
+                        relay,
+                    };
+                    let event = BridgeEvent::Relay {
+                        id,
+                        relay,
+                        provider,
+                        request,
+                    };
+                    send_event(&out, event).await;
+                    rx.await
+                        .unwrap_or_else(|_| Err("the harness's shim went away".into()))
+                })
+            }),
+        }
+    }
+}
+
 /// Most capabilities, and options of one, a `bridge_client` line names.
 const CAPABILITY_NAMES_MAX: usize = 16;
 /// Longest capability or option name kept.
@@ -516,6 +598,7 @@ async fn run_connection(
     let conn = turn.cancel.child_token();
     let disconnected = Arc::new(AtomicBool::new(false));
     let inflight: Arc<Mutex<HashMap<u64, CancellationToken>>> = Arc::default();
+    let relays: Arc<Relays> = Arc::default();
     let limit = Arc::new(Semaphore::new(MAX_INFLIGHT_PER_BRIDGE));
     enum Event {
         Frame(Result<BridgeRequest, IpcError>),
@@ -578,6 +661,10 @@ async fn run_connection(
                                 Ok(BridgeRequest::Decide { approval, answer, reason, via }) => {
                                     decide(&broker, &turn, &harness, &out, approval, Principal { answer, reason, via }).await;
                                 }
+                                // So does the answer to a forwarded question.
+                                Ok(BridgeRequest::Relayed { relay, result, error }) => {
+                                    relays.answer(relay, result, error);
+                                }
                                 Ok(other) => held = Some(Ok(other)),
                                 // The shim is gone (or sent what ends the connection): its calls
                                 // end now, this one too, each recorded as cancelled.
@@ -606,61 +693,68 @@ async fn run_connection(
                     disconnected.clone(),
                     harness.serial,
                 );
-                turn.tracker.spawn(async move {
-                    let t = turn2.clone();
-                    let cause = move || {
-                        if t.cancel.is_cancelled() {
-                            CancelCode::TurnClosed
-                        } else if disc.load(Ordering::Relaxed) {
-                            CancelCode::Disconnected
-                        } else {
-                            CancelCode::ClientCancelled
+                let route = relays.route(&turn, id, &out);
+                turn.tracker
+                    .spawn(crate::upstream::relay::ROUTE.scope(route, async move {
+                        let t = turn2.clone();
+                        let cause = move || {
+                            if t.cancel.is_cancelled() {
+                                CancelCode::TurnClosed
+                            } else if disc.load(Ordering::Relaxed) {
+                                CancelCode::Disconnected
+                            } else {
+                                CancelCode::ClientCancelled
+                            }
+                        };
+                        // A call held for approval: the shim hears of it (and waits that much longer).
+                        let on_wait = |p: &PendingApproval, wait: Duration| {
+                            let event = BridgeEvent::Waiting {
+                                id,
+                                approval: p.id.clone(),
+                                expires_at: p.expires_at.clone(),
+                                timeout_ms: wait.as_millis() as u64,
+                            };
+                            let out = out.clone();
+                            tokio::spawn(async move { send_event(&out, event).await });
+                        };
+                        // A call held for its principal: the shim asks the person (after `Waiting`,
+                        // which the same ordered queue of writes delivers first).
+                        let on_ask = |p: &PendingApproval, question| {
+                            let event = BridgeEvent::Ask {
+                                id,
+                                approval: p.id.clone(),
+                                question,
+                            };
+                            let out = out.clone();
+                            tokio::spawn(async move { send_event(&out, event).await });
+                        };
+                        let site = CallSite {
+                            turn: &turn2.id,
+                            call_id: turn2.next_call_id(),
+                            context: &turn2.context,
+                            catalog: &turn2.catalog,
+                            identity: turn2.system_identity.as_ref(),
+                            blocking: Some(&turn2.blocking),
+                            budget: Some(&turn2.budget),
+                            on_wait: Some(&on_wait),
+                            ask: Some(Ask {
+                                bridge: serial,
+                                send: &on_ask,
+                            }),
+                        };
+                        let answer = broker.kernel.invoke(site, call, token, cause).await;
+                        if let Ok(mut m) = inflight.lock() {
+                            m.remove(&id);
                         }
-                    };
-                    // A call held for approval: the shim hears of it (and waits that much longer).
-                    let on_wait = |p: &PendingApproval, wait: Duration| {
-                        let event = BridgeEvent::Waiting {
-                            id,
-                            approval: p.id.clone(),
-                            expires_at: p.expires_at.clone(),
-                            timeout_ms: wait.as_millis() as u64,
-                        };
-                        let out = out.clone();
-                        tokio::spawn(async move { send_event(&out, event).await });
-                    };
-                    // A call held for its principal: the shim asks the person (after `Waiting`,
-                    // which the same ordered queue of writes delivers first).
-                    let on_ask = |p: &PendingApproval, question| {
-                        let event = BridgeEvent::Ask {
-                            id,
-                            approval: p.id.clone(),
-                            question,
-                        };
-                        let out = out.clone();
-                        tokio::spawn(async move { send_event(&out, event).await });
-                    };
-                    let site = CallSite {
-                        turn: &turn2.id,
-                        call_id: turn2.next_call_id(),
-                        context: &turn2.context,
-                        catalog: &turn2.catalog,
-                        identity: turn2.system_identity.as_ref(),
-                        blocking: Some(&turn2.blocking),
-                        budget: Some(&turn2.budget),
-                        on_wait: Some(&on_wait),
-                        ask: Some(Ask {
-                            bridge: serial,
-                            send: &on_ask,
-                        }),
-                    };
-                    let answer = broker.kernel.invoke(site, call, token, cause).await;
-                    if let Ok(mut m) = inflight.lock() {
-                        m.remove(&id);
-                    }
-                    send_event(&out, BridgeEvent::Answer { id, answer }).await;
-                    drop(permit);
-                });
+                        send_event(&out, BridgeEvent::Answer { id, answer }).await;
+                        drop(permit);
+                    }));
             }
+            Event::Frame(Ok(BridgeRequest::Relayed {
+                relay,
+                result,
+                error,
+            })) => relays.answer(relay, result, error),
             Event::Frame(Ok(BridgeRequest::Cancel { id })) => cancel_inflight(&inflight, id),
             Event::Frame(Ok(BridgeRequest::Decide {
                 approval,
@@ -728,6 +822,10 @@ async fn run_connection(
         }
     }
     malformed.write(&broker, &turn.id);
+    // Forwarded questions waiting for this shim end now (their servers are told why).
+    if let Ok(mut w) = relays.waiting.lock() {
+        w.clear();
+    }
     // The shim is gone (or the turn closed): in-flight calls end as cancelled, and are recorded.
     disconnected.store(true, Ordering::Relaxed);
     conn.cancel();

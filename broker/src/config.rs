@@ -156,6 +156,11 @@ pub struct McpProviderConfig {
     /// The walls the upstream runs in (`[providers.sandbox]`), or `sandbox = "none"`.
     #[serde(default)]
     pub sandbox: SandboxSetting,
+    /// What becomes of the server's questions to its client (`elicitation/create`): `refuse`
+    /// (the default: refused and recorded) or `forward` (put to the person behind the call in
+    /// flight, in their harness, and the answer returned; URL mode only for https).
+    #[serde(default)]
+    pub elicitation: ElicitationSetting,
     // A remote (`url`) provider only (checked by `McpProviderConfig::check`):
     /// Allow `http://` to a host that is not loopback (shown by `providers`, recorded).
     #[serde(default)]
@@ -224,6 +229,15 @@ pub enum OAuthAuthMethod {
     #[default]
     ClientSecretBasic,
     ClientSecretPost,
+}
+
+/// `elicitation = "refuse" | "forward"` on a provider.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ElicitationSetting {
+    #[default]
+    Refuse,
+    Forward,
 }
 
 /// `sandbox = "none"` (the upstream runs with the broker's authority: shown by `providers` and

@@ -87,6 +87,15 @@ pub enum BridgeRequest {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         via: Option<String>,
     },
+    /// The MCP client's result for [`BridgeEvent::Relay`] `relay` (an elicitation result:
+    /// `action`, `content`), or `error`: why it could not ask.
+    Relayed {
+        relay: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        result: Option<Value>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
     /// The MCP client introduced itself (after `initialize`): recorded for diagnostics only.
     ClientInfo {
         name: String,
@@ -175,6 +184,16 @@ pub enum BridgeEvent {
     DecideRefused {
         approval: String,
         message: String,
+    },
+    /// A brokered server asks a question while call `id` is in flight on its session, and its
+    /// provider forwards questions (`elicitation = "forward"`): the shim puts `request` (the
+    /// server's `elicitation/create` params, with `provider` named) to the person and answers
+    /// with [`BridgeRequest::Relayed`] for `relay`.
+    Relay {
+        id: u64,
+        relay: u64,
+        provider: String,
+        request: Value,
     },
 }
 

@@ -105,11 +105,17 @@ pub struct UpstreamRequest {
     /// Elicitation, URL mode: the URL's host only (and whether it is https).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
-    /// `refused` (a request), or `not_forwarded` (a notification).
+    /// `refused` (a request), `forwarded` (a question put to the person behind a call), or
+    /// `not_forwarded` (a notification).
     pub action: String,
     pub reason: String,
-    /// Always `null`: an upstream's request belongs to no turn the broker can name.
+    /// The turn of the call whose person was asked (`forwarded`); `null` otherwise: an
+    /// upstream's refused request belongs to no turn the broker can name.
     pub turn: Option<String>,
+    /// `forwarded`: what the person did (`accept`, `decline`, `cancel`); never the form's
+    /// values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
 }
 
 impl Event {

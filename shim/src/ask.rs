@@ -86,6 +86,8 @@ pub struct ClientCan {
     /// The client declared the `elicitation` capability with form mode (an empty
     /// `elicitation: {}` is form mode, as the 2025-11-25 revision says).
     form: Arc<AtomicBool>,
+    /// It declared URL mode (`elicitation: {url: {}}`).
+    url: Arc<AtomicBool>,
 }
 
 impl ClientCan {
@@ -93,6 +95,15 @@ impl ClientCan {
     pub fn settle(&self, capabilities: &Value) {
         let form = crate::guard::declares_form_elicitation(capabilities);
         self.form.store(form, Ordering::Relaxed);
+        let url = capabilities
+            .get("elicitation")
+            .and_then(|e| e.get("url"))
+            .is_some();
+        self.url.store(url, Ordering::Relaxed);
+    }
+
+    pub fn url(&self) -> bool {
+        self.url.load(Ordering::Relaxed)
     }
 
     pub fn form(&self) -> bool {
@@ -349,6 +360,31 @@ impl Asker {
                 "the MCP client did not declare the elicitation capability (form mode)",
             );
         }
+        let params = json!({"message": question.message, "requestedSchema": schema()});
+        tracing::info!(tool = %question.tool, "asking the person through the MCP client (elicitation/create)");
+        match self.request_client(params).await {
+            Err(Unasked::NotWritten) => {
+                Answer::unable("the question could not be written to the MCP client")
+            }
+            Err(Unasked::NoAnswer) => Answer {
+                answer: PrincipalAnswer::Cancel,
+                reason: Some("no answer".into()),
+                via: Some(VIA_REQUEST),
+            },
+            Ok(reply) => {
+                let (answer, reason) = read_answer(&reply);
+                Answer {
+                    answer,
+                    reason,
+                    via: Some(VIA_REQUEST),
+                }
+            }
+        }
+    }
+
+    /// Sends `elicitation/create` with `params` to the client; resolves with its whole
+    /// response (withdrawn with `notifications/cancelled` if dropped first).
+    async fn request_client(&self, params: Value) -> Result<Value, Unasked> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let id = format!("{ID_PREFIX}{n}");
         let (tx, rx) = oneshot::channel();
@@ -364,31 +400,73 @@ impl Asker {
             "jsonrpc": "2.0",
             "id": id,
             "method": "elicitation/create",
-            "params": {
-                "message": question.message,
-                "requestedSchema": schema(),
-            },
+            "params": params,
         });
         if !self.write(&request) {
-            return Answer::unable("the question could not be written to the MCP client");
+            return Err(Unasked::NotWritten);
         }
-        tracing::info!(tool = %question.tool, request = %id, "asking the person through the MCP client (elicitation/create)");
-        let Ok(reply) = rx.await else {
-            return Answer {
-                answer: PrincipalAnswer::Cancel,
-                reason: Some("no answer".into()),
-                via: Some(VIA_REQUEST),
-            };
-        };
+        let reply = rx.await.map_err(|_| Unasked::NoAnswer)?;
         outstanding.answered = true;
-        drop(outstanding);
-        let (answer, reason) = read_answer(&reply);
-        Answer {
-            answer,
-            reason,
-            via: Some(VIA_REQUEST),
-        }
+        Ok(reply)
     }
+
+    /// Puts a brokered server's question (`request`: its `elicitation/create` params) to the
+    /// person, named as `provider`'s; resolves with the client's result (`action`, `content`),
+    /// or why it could not ask. Only a client that declared the mode in `initialize` is asked
+    /// (a 2026-07-28 client is not asked a forwarded question yet).
+    pub async fn relay(&self, provider: &str, mut request: Value) -> Result<Value, String> {
+        let url = request.get("mode").and_then(Value::as_str) == Some("url");
+        let can = if url { self.can.url() } else { self.can.form() };
+        if !can {
+            return Err(format!(
+                "the MCP client did not declare elicitation ({} mode) in initialize",
+                if url { "url" } else { "form" }
+            ));
+        }
+        let message = request
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let mut shown = format!(
+            "`{provider}`, a server SharedOS runs for you, asks (it is not SharedOS asking): {message}"
+        );
+        sharedos_proto::name::clip(&mut shown, RELAY_MESSAGE_MAX_BYTES);
+        if let Some(m) = request.as_object_mut() {
+            m.insert("message".into(), Value::String(shown));
+            m.remove("_meta");
+        }
+        tracing::info!(
+            provider,
+            url,
+            "asking the person a brokered server's question (elicitation/create)"
+        );
+        let reply = self.request_client(request).await.map_err(|e| match e {
+            Unasked::NotWritten => "the question could not be written to the MCP client".to_owned(),
+            Unasked::NoAnswer => "the MCP client gave no answer".to_owned(),
+        })?;
+        if let Some(e) = reply.get("error") {
+            let mut why = format!(
+                "the MCP client answered elicitation/create with error {}",
+                e.get("code").map(Value::to_string).unwrap_or_default()
+            );
+            sharedos_proto::name::clip(&mut why, 300);
+            return Err(why);
+        }
+        reply
+            .get("result")
+            .cloned()
+            .ok_or_else(|| "the MCP client's answer has no result".to_owned())
+    }
+}
+
+/// Longest message of a forwarded question, as the person is shown it.
+pub const RELAY_MESSAGE_MAX_BYTES: usize = 2048;
+
+/// Why the client was not asked, or did not answer.
+enum Unasked {
+    NotWritten,
+    NoAnswer,
 }
 
 /// A fresh `requestState`: 128 random bits in hex, unguessable, so that only the client the

@@ -118,6 +118,19 @@ impl Answer {
         }
     }
 }
+/// Puts a brokered server's question (its provider, its `elicitation/create` params) to the
+/// person; resolves with the client's result or why not (the session's
+/// [`crate::ask::Asker::relay`]).
+pub type RelayFn = Arc<
+    dyn Fn(
+            String,
+            serde_json::Value,
+        )
+            -> Pin<Box<dyn std::future::Future<Output = Result<serde_json::Value, String>> + Send>>
+        + Send
+        + Sync,
+>;
+
 /// Asks the person a question (the session's [`crate::ask::Asker`]).
 pub type AskFn<'a> =
     &'a (dyn Fn(Question) -> Pin<Box<dyn std::future::Future<Output = Answer> + Send>> + Sync);
@@ -135,6 +148,8 @@ pub struct Link {
     pub end_reason: Arc<Mutex<Option<LinkDown>>>,
     /// How long one call waits for its answer.
     deadline: Duration,
+    /// Puts a brokered server's question to the person ([`BridgeEvent::Relay`]).
+    relay: std::sync::OnceLock<RelayFn>,
 }
 
 impl Link {
@@ -216,6 +231,7 @@ impl Link {
             ended: CancellationToken::new(),
             end_reason: Arc::default(),
             deadline,
+            relay: std::sync::OnceLock::new(),
         });
         // Reader: answers and the turn's end.
         let l = link.clone();
@@ -265,6 +281,34 @@ impl Link {
                         if let Some(tx) = tx {
                             let _ = tx.send(Ok(Reply::Ask(approval, Box::new(question), later)));
                         }
+                    }
+                    // A brokered server's question for the person behind call `id`: asked on a
+                    // task of its own (the reader goes on), answered with `relayed`.
+                    Ok(BridgeEvent::Relay {
+                        id,
+                        relay,
+                        provider,
+                        request,
+                    }) => {
+                        let l = l.clone();
+                        tokio::spawn(async move {
+                            tracing::info!(call = id, relay, %provider, "a brokered server asks the person");
+                            let answer = match l.relay.get() {
+                                Some(ask) => ask(provider, request).await,
+                                None => Err("this shim cannot ask".to_owned()),
+                            };
+                            let (result, error) = match answer {
+                                Ok(r) => (Some(r), None),
+                                Err(e) => (None, Some(e)),
+                            };
+                            let _ = l
+                                .send(&BridgeRequest::Relayed {
+                                    relay,
+                                    result,
+                                    error,
+                                })
+                                .await;
+                        });
                     }
                     Ok(BridgeEvent::DecideRefused { approval, message }) => {
                         tracing::warn!(%approval, %message, "the broker refused an answer");
@@ -420,6 +464,11 @@ impl Link {
                 count,
             })
             .await;
+    }
+
+    /// Where a brokered server's questions go (once, before calls are made).
+    pub fn set_relay(&self, relay: RelayFn) {
+        let _ = self.relay.set(relay);
     }
 
     /// Tells the broker which MCP client is on the other side (diagnostics only).

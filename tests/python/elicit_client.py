@@ -26,10 +26,29 @@ from mcp.types import ElicitResult
 questions = []
 
 
+def filled(schema):
+    """What the person types into a form that is not the approval's: true for a boolean, the
+    first option or "x" for a string."""
+    content = {}
+    for key, prop in (schema or {}).get("properties", {}).items():
+        if prop.get("type") == "boolean":
+            content[key] = True
+        elif prop.get("type") == "string":
+            content[key] = (prop.get("enum") or ["x"])[0]
+    return content
+
+
 async def person(ctx, params):
     answer = os.environ.get("ELICIT_ANSWER", "approve")
     dump = params.model_dump(mode="json", by_alias=True, exclude_none=True)
     questions.append(dump)
+    if dump.get("mode") == "url":
+        return ElicitResult(action="accept" if answer in ("approve", "slow") else answer)
+    if "decision" not in dump.get("requestedSchema", {}).get("properties", {}):
+        # A brokered server's own question.
+        if answer in ("approve", "slow"):
+            return ElicitResult(action="accept", content=filled(dump.get("requestedSchema")))
+        return ElicitResult(action=answer if answer in ("decline", "cancel") else "decline")
     if answer == "slow":
         await anyio.sleep(float(os.environ.get("ELICIT_SLOW_SECONDS", "5")))
         return ElicitResult(action="accept", content={"decision": "approve"})

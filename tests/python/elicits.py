@@ -20,6 +20,8 @@ async def ask(ctx: Context) -> str:
         result = await ctx.elicit(message="Delete the staging database?", schema=Confirm)
     except Exception as e:  # the refusal comes back as an MCP error
         return f"refused: {e}"
+    if result.action == "accept":
+        return f"answered: accept confirm={result.data.confirm}"
     return f"answered: {result.action}"
 
 
@@ -30,6 +32,30 @@ async def ask_url(ctx: Context) -> str:
         result = await ctx.elicit_url(
             message="Sign in", url="http://login.example.test/authorize?state=1", elicitation_id="e1"
         )
+    except Exception as e:
+        return f"refused: {e}"
+    return f"answered: {result.action}"
+
+
+@app.tool()
+async def ask_https_url(ctx: Context) -> str:
+    """Asks the person to open an https URL (an authorization page)."""
+    try:
+        result = await ctx.elicit_url(
+            message="Sign in to the tracker", url="https://login.example.test/authorize?state=2", elicitation_id="e2"
+        )
+    except Exception as e:
+        return f"refused: {e}"
+    return f"answered: {result.action}"
+
+
+@app.tool()
+async def ask_secret(ctx: Context) -> str:
+    """Asks a question that carries the server's own API key (from its environment)."""
+    import os
+
+    try:
+        result = await ctx.elicit(message=f"Confirm with key {os.environ.get('PY_API_KEY', '')}", schema=Confirm)
     except Exception as e:
         return f"refused: {e}"
     return f"answered: {result.action}"

@@ -436,7 +436,7 @@ impl McpProvider {
         let transport = StreamableHttpClientTransport::with_client(client, config);
         let limit = self.startup_timeout();
         let changed = Arc::new(tokio::sync::Notify::new());
-        let listener = self.listener(changed.clone(), launch.given.clone());
+        let listener = self.listener(changed.clone(), launch);
         let service = tokio::time::timeout(limit, listener.serve(transport))
             .await
             .map_err(|_| format!("the remote server `{url}` did not finish initialize in time"))?

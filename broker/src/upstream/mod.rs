@@ -43,6 +43,7 @@ mod http;
 mod instances;
 mod log;
 mod oauth;
+pub mod relay;
 pub mod sandbox;
 mod stdio;
 mod template;
@@ -124,6 +125,8 @@ pub struct Launch {
     pub given: Arc<[(String, Secret)]>,
     /// A principal's instance under a uid (= gid) of its own, instead of the provider's.
     pub run_as: Option<u32>,
+    /// Whose instance this is (`None`: the provider's own session).
+    pub principal: Option<String>,
 }
 
 /// One upstream tool this provider could not register, and why (a record type).
@@ -245,6 +248,8 @@ pub struct McpProvider {
     remote: http::Remote,
     /// `[providers.oauth]` tokens, per client secret owner.
     oauth: oauth::TokenCaches,
+    /// Calls in flight with a route to their person (`elicitation = "forward"` only).
+    in_flight: Arc<relay::InFlight>,
 }
 
 /// The broker's side of one upstream session: it hears the upstream's
@@ -252,11 +257,12 @@ pub struct McpProvider {
 /// takes its `notifications/message` as what it is, the server's log: written as the broker's
 /// own line, attributed to the provider, bounded ([`UpstreamLog`]).
 ///
-/// An upstream's requests to its client are refused and recorded (`upstream_request`), never
+/// An upstream's requests to its client are answered on record (`upstream_request`), never
 /// silently declined: a question for the person (`elicitation/create`, form or URL mode; the
-/// broker declares the capability so that the question reaches it and is on record), a model
-/// completion (`sampling/createMessage`), the client's roots (`roots/list`). Forwarding a
-/// question to the person in the harness is not built yet.
+/// broker declares the capability so that the question reaches it) is forwarded to the person
+/// behind the call in flight when the provider says `elicitation = "forward"` ([`relay`]), else
+/// refused; a model completion (`sampling/createMessage`) and the client's roots (`roots/list`)
+/// are refused.
 struct Listener {
     changed: Arc<tokio::sync::Notify>,
     log: Arc<UpstreamLog>,
@@ -267,6 +273,18 @@ struct Listener {
     /// Progress notifications this session sent (the broker asks for none): the first is
     /// recorded, the rest counted in the log.
     progress: Arc<std::sync::atomic::AtomicU64>,
+    /// `elicitation = "forward"`: where the session's questions go.
+    forward: Option<Forward>,
+}
+
+/// How one session's questions reach the person ([`relay`]).
+struct Forward {
+    in_flight: Arc<relay::InFlight>,
+    /// The principal whose instance this session is (`None`: the provider's shared session).
+    principal: Option<String>,
+    /// How long a question waits for the person (the provider's call time limit, at most
+    /// [`relay::FORWARD_WAIT`]).
+    wait: Duration,
 }
 
 /// Records an upstream's requests to the broker's client side.
@@ -301,6 +319,7 @@ impl UpstreamRequests {
             action: "not_forwarded".into(),
             reason,
             turn: None,
+            answer: None,
         })
         .await;
     }
@@ -314,15 +333,7 @@ impl UpstreamRequests {
         host: Option<String>,
         reason: String,
     ) -> rmcp::ErrorData {
-        let schema = schema.map(|s| {
-            let text = s.to_string();
-            if text.len() > UPSTREAM_REQUEST_MAX_SCHEMA_BYTES {
-                let d = record::Digest::of(text.as_bytes());
-                serde_json::json!({"schemaDigest": {"bytes": d.bytes, "sha256": d.sha256}})
-            } else {
-                s
-            }
-        });
+        let schema = schema.map(bounded_schema);
         self.append(record::UpstreamRequest {
             provider: self.provider.clone(),
             method: method.to_owned(),
@@ -332,10 +343,49 @@ impl UpstreamRequests {
             action: "refused".into(),
             reason: reason.clone(),
             turn: None,
+            answer: None,
         })
         .await;
         tracing::warn!(provider = %self.provider, method, reason, "an upstream's request to the client refused");
         rmcp::ErrorData::invalid_request(format!("refused by the SharedOS broker: {reason}"), None)
+    }
+}
+
+impl UpstreamRequests {
+    /// Records a question forwarded to the person behind `turn`, and what they did with it
+    /// (`answer`: the elicitation action; never the values of the form).
+    async fn forwarded(
+        &self,
+        mode: &str,
+        schema: Option<Value>,
+        host: Option<String>,
+        turn: String,
+        answer: String,
+    ) {
+        self.append(record::UpstreamRequest {
+            provider: self.provider.clone(),
+            method: "elicitation/create".into(),
+            mode: Some(mode.to_owned()),
+            schema: schema.map(bounded_schema),
+            host,
+            action: "forwarded".into(),
+            reason: "asked the person behind the call in flight, in their harness".into(),
+            turn: Some(turn),
+            answer: Some(answer),
+        })
+        .await;
+    }
+}
+
+/// A form's schema as an `upstream_request` line keeps it: whole up to
+/// [`UPSTREAM_REQUEST_MAX_SCHEMA_BYTES`], else its size and SHA-256.
+fn bounded_schema(s: Value) -> Value {
+    let text = s.to_string();
+    if text.len() > UPSTREAM_REQUEST_MAX_SCHEMA_BYTES {
+        let d = record::Digest::of(text.as_bytes());
+        serde_json::json!({"schemaDigest": {"bytes": d.bytes, "sha256": d.sha256}})
+    } else {
+        s
     }
 }
 
@@ -373,34 +423,80 @@ impl ClientHandler for Listener {
         request: rmcp::model::ElicitRequestParams,
         _context: rmcp::service::RequestContext<RoleClient>,
     ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
-        let refuse = "this broker does not forward questions from brokered servers to the person (upstream elicitation is refused and recorded)";
         let value = serde_json::to_value(&request).unwrap_or_default();
-        let err = match value.get("mode").and_then(Value::as_str) {
-            Some("url") => {
-                let url = value.get("url").and_then(Value::as_str).unwrap_or_default();
-                let (host, not_https) = url_host(url);
-                let reason = match not_https {
-                    Some(why) => format!("{refuse}; {why}"),
-                    None => refuse.to_owned(),
-                };
-                self.requests
-                    .refuse("elicitation/create", Some("url"), None, host, reason)
-                    .await
-            }
-            _ => {
-                let schema = value.get("requestedSchema").cloned();
-                self.requests
-                    .refuse(
-                        "elicitation/create",
-                        Some("form"),
-                        schema,
-                        None,
-                        refuse.into(),
-                    )
-                    .await
-            }
+        let url = value.get("mode").and_then(Value::as_str) == Some("url");
+        let (mode, schema, host, not_https) = if url {
+            let link = value.get("url").and_then(Value::as_str).unwrap_or_default();
+            let (host, not_https) = url_host(link);
+            ("url", None, host, not_https)
+        } else {
+            ("form", value.get("requestedSchema").cloned(), None, None)
         };
-        Err(err)
+        let refuse = |reason: String| {
+            self.requests.refuse(
+                "elicitation/create",
+                Some(mode),
+                schema.clone(),
+                host.clone(),
+                reason,
+            )
+        };
+        let Some(forward) = &self.forward else {
+            let mut reason = "this provider does not forward its questions to the person (`elicitation = \"forward\"` does): refused and recorded".to_owned();
+            if let Some(why) = not_https {
+                reason.push_str("; ");
+                reason.push_str(why);
+            }
+            return Err(refuse(reason).await);
+        };
+        if let Some(why) = not_https {
+            return Err(refuse(format!(
+                "{why}: a URL-mode question is forwarded only for https"
+            ))
+            .await);
+        }
+        let route = match forward.in_flight.route_for(forward.principal.as_deref()) {
+            Ok(r) => r,
+            Err(why) => return Err(refuse(why).await),
+        };
+        // A secret given to this server never reaches the person through its question.
+        let mut text = value.to_string();
+        crate::secrets::redact_with(&self.secrets, &mut text, &mut Default::default());
+        let value = serde_json::from_str(&text).unwrap_or(value);
+        tracing::info!(provider = %self.requests.provider, turn = %route.turn, principal = %route.principal, mode, "an upstream's question forwarded to the person");
+        let asked = tokio::time::timeout(
+            forward.wait,
+            (route.ask)(self.requests.provider.clone(), value),
+        )
+        .await;
+        let result = match asked {
+            Err(_) => {
+                return Err(refuse(format!(
+                    "the person did not answer within {} s",
+                    forward.wait.as_secs()
+                ))
+                .await);
+            }
+            Ok(Err(why)) => return Err(refuse(why).await),
+            Ok(Ok(result)) => result,
+        };
+        let parsed: Result<rmcp::model::ElicitResult, _> = serde_json::from_value(result);
+        match parsed {
+            Ok(answer) => {
+                let action = serde_json::to_value(&answer.action)
+                    .ok()
+                    .and_then(|a| a.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                self.requests
+                    .forwarded(mode, schema, host, route.turn.clone(), action)
+                    .await;
+                Ok(answer)
+            }
+            Err(e) => Err(refuse(format!(
+                "the harness's answer is not an elicitation result: {e}"
+            ))
+            .await),
+        }
     }
 
     #[expect(
@@ -633,6 +729,7 @@ impl McpProvider {
             relisting: tokio::sync::Mutex::new(()),
             remote: http::Remote::default(),
             oauth: oauth::TokenCaches::default(),
+            in_flight: Arc::default(),
         })
     }
 
@@ -756,6 +853,7 @@ impl McpProvider {
             oauth_secret,
             given,
             run_as: None,
+            principal: principal.map(str::to_owned),
         })
     }
 
@@ -841,20 +939,25 @@ impl McpProvider {
     }
 
     /// The client side the broker runs for one session with the upstream.
-    fn listener(
-        &self,
-        changed: Arc<tokio::sync::Notify>,
-        secrets: Arc<[(String, Secret)]>,
-    ) -> Listener {
+    fn listener(&self, changed: Arc<tokio::sync::Notify>, launch: &Launch) -> Listener {
+        let forward =
+            (self.config.elicitation == crate::config::ElicitationSetting::Forward).then(|| {
+                Forward {
+                    in_flight: self.in_flight.clone(),
+                    principal: launch.principal.clone(),
+                    wait: self.call_timeout().min(relay::FORWARD_WAIT),
+                }
+            });
         Listener {
             changed,
             log: self.log.clone(),
-            secrets,
+            secrets: launch.given.clone(),
             requests: UpstreamRequests {
                 provider: self.config.namespace.clone(),
                 recorder: self.recorder.clone(),
             },
             progress: Arc::default(),
+            forward,
         }
     }
 
@@ -1228,6 +1331,10 @@ impl McpProvider {
             params.meta = Some(meta.into());
         }
         let started = std::time::Instant::now();
+        // While it is in flight, a question the session asks may be this call's person's.
+        let _entered = (self.config.elicitation == crate::config::ElicitationSetting::Forward)
+            .then(|| self.in_flight.enter())
+            .flatten();
         let response = peer
             .call_tool_once(params)
             .await

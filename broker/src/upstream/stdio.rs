@@ -99,7 +99,7 @@ impl McpProvider {
         });
         let limit = self.startup_timeout();
         let changed = Arc::new(tokio::sync::Notify::new());
-        let listener = self.listener(changed.clone(), launch.given.clone());
+        let listener = self.listener(changed.clone(), launch);
         let service = match tokio::time::timeout(limit, listener.serve(transport)).await {
             Err(_) => return Err("the upstream did not finish initialize in time".to_owned()),
             Ok(Ok(service)) => service,

@@ -690,8 +690,8 @@ when { resource.name like "py.*" };
 /// An upstream that asks its client (a PyPI `mcp` MCPServer tool calling `ctx.elicit`, one that
 /// asks through URL mode with a plain-http URL, one that asks for roots): the broker refuses
 /// each with an MCP error the upstream sees (never a silent decline) and records it
-/// (`upstream_request`: the form's schema, a URL's host only, the reason). Forwarding to the
-/// person (`elicitation = "forward"`) is not built.
+/// (`upstream_request`: the form's schema, a URL's host only, the reason). Without
+/// `elicitation = "forward"` on the provider, nothing reaches the person.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
 async fn an_upstreams_questions_are_refused_and_recorded() {
@@ -761,4 +761,154 @@ async fn an_upstreams_questions_are_refused_and_recorded() {
     assert_eq!(lines[2]["method"], "roots/list");
     // Nothing of the questions reached the harness: the shim sent no elicitation.
     broker.close_turn(&turn.turn).await;
+}
+
+/// `elicitation = "forward"`: the same upstream's questions reach the person behind the call, in
+/// the harness (the PyPI `mcp` SDK client's elicitation callback), named as the server's, and the
+/// answer goes back to the server: accept with the form's values (the server reads
+/// `confirm=True`), decline, and a URL-mode question for an https page. Each is recorded
+/// `upstream_request` `action: forwarded` with the turn, the schema or host and the person's
+/// action, never the form's values. A secret given to the server never reaches the person in
+/// its question. A plain-http URL, and a 2026-07-28 client (which the shim does not ask a
+/// forwarded question yet), are still refused, on record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
+async fn a_forwarded_upstream_question_reaches_the_person_and_the_answer_the_server() {
+    let Some(python) = python() else { return };
+    let mut broker = TestBroker::start(Options {
+        policy: UPSTREAM_POLICY,
+        ..Options::default()
+    })
+    .await;
+    let key = "pk-3f9a1c77e2b54d0e9a";
+    crate::secrets::set_secret(&broker.config_path, "_shared", "py_key", key);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/elicits.py");
+    let cfg = std::fs::read_to_string(&broker.config_path).expect("cfg");
+    std::fs::write(
+        &broker.config_path,
+        format!("{cfg}\n[[providers]]\ntype = \"mcp\"\nnamespace = \"py\"\ncommand = {python:?}\nargs = [{script:?}]\nelicitation = \"forward\"\nenv = {{ PY_API_KEY = {{ secret = \"py_key\", shared = true }} }}\n[providers.sandbox]\nread = [{:?}]\n", concat!(env!("CARGO_MANIFEST_DIR"), "/python")),
+    )
+    .expect("w");
+    broker.restart().await;
+    let forwarded = |broker: &TestBroker, turn: &str| -> Vec<Value> {
+        broker
+            .records()
+            .into_iter()
+            .filter(|l| l["kind"] == "upstream_request" && l["turn"] == turn)
+            .collect()
+    };
+    for (answer, expected) in [
+        ("approve", "answered: accept confirm=True"),
+        ("decline", "answered: decline"),
+    ] {
+        let turn = broker.open_turn("alice").await;
+        let calls = json!([
+            ["py.ask", {}],
+            ["py.ask_https_url", {}],
+            ["py.ask_secret", {}]
+        ]);
+        let report = report_of(harness(
+            &python,
+            &broker,
+            turn.token.expose(),
+            "legacy",
+            answer,
+            &calls,
+        ))
+        .await;
+        assert_eq!(report["calls"][0][1], expected, "{answer}: {report}");
+        let questions = report["questions"].as_array().expect("questions");
+        assert_eq!(questions.len(), 3, "{answer}: {report}");
+        let message = questions[0]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains("`py`, a server SharedOS runs for you, asks")
+                && message.contains("Delete the staging database?"),
+            "{message}"
+        );
+        assert_eq!(
+            questions[0]["requestedSchema"]["properties"]["confirm"]["type"],
+            "boolean"
+        );
+        assert_eq!(questions[1]["mode"], "url");
+        assert_eq!(
+            questions[1]["url"],
+            "https://login.example.test/authorize?state=2"
+        );
+        // The server's key is not in the question the person saw.
+        let secret_question = questions[2]["message"].as_str().unwrap_or("");
+        assert!(!secret_question.contains(key), "{secret_question}");
+        assert!(
+            secret_question.contains("[redacted: py_key]"),
+            "{secret_question}"
+        );
+        let action = if answer == "approve" {
+            "accept"
+        } else {
+            "decline"
+        };
+        let lines = forwarded(&broker, &turn.turn);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        for l in &lines {
+            assert_eq!(
+                (&l["action"], &l["answer"], &l["provider"]),
+                (&json!("forwarded"), &json!(action), &json!("py")),
+                "{l}"
+            );
+        }
+        assert_eq!(
+            lines[0]["schema"]["properties"]["confirm"]["type"],
+            "boolean"
+        );
+        assert_eq!(lines[1]["host"], "login.example.test");
+        let text = serde_json::to_string(&broker.records()).expect("json");
+        assert!(!text.contains(key), "the key is on record");
+        assert!(
+            !text.contains("\"confirm\":true"),
+            "a form value is on record"
+        );
+        broker.close_turn(&turn.turn).await;
+    }
+    // Still refused: a plain-http URL, and a client that cannot be asked (2026-07-28).
+    let turn = broker.open_turn("alice").await;
+    let report = report_of(harness(
+        &python,
+        &broker,
+        turn.token.expose(),
+        "legacy",
+        "approve",
+        &json!([["py.ask_url", {}]]),
+    ))
+    .await;
+    assert!(
+        report["calls"][0][1]
+            .as_str()
+            .is_some_and(|t| t.starts_with("refused") && t.contains("not https")),
+        "{report}"
+    );
+    assert_eq!(report["questions"], json!([]));
+    broker.close_turn(&turn.turn).await;
+    let turn = broker.open_turn("alice").await;
+    let report = report_of(harness(
+        &python,
+        &broker,
+        turn.token.expose(),
+        "auto",
+        "approve",
+        &json!([["py.ask", {}]]),
+    ))
+    .await;
+    assert!(
+        report["calls"][0][1]
+            .as_str()
+            .is_some_and(|t| t.starts_with("refused") && t.contains("in initialize")),
+        "{report}"
+    );
+    assert_eq!(report["questions"], json!([]));
+    broker.close_turn(&turn.turn).await;
+    let refused: Vec<Value> = broker
+        .records()
+        .into_iter()
+        .filter(|l| l["kind"] == "upstream_request" && l["action"] == "refused")
+        .collect();
+    assert_eq!(refused.len(), 2, "{refused:?}");
 }

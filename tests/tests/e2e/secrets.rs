@@ -84,7 +84,7 @@ async fn broker(python: &str, top: &str, extra: &str) -> TestBroker {
 }
 
 /// `sharedos-broker secrets set --config CFG --principal P NAME`, the value on stdin.
-fn set_secret(config: &Path, principal: &str, name: &str, value: &str) {
+pub(crate) fn set_secret(config: &Path, principal: &str, name: &str, value: &str) {
     let mut child = std::process::Command::new(bin("sharedos-broker"))
         .args(["secrets", "set", "--config"])
         .arg(config)
