@@ -24,7 +24,8 @@
 //! The optional log (JSON Lines, appended, one flushed line at a time) is how tests see what the
 //! model saw: one `request` line per model request and one `tool_result` line per tool result the
 //! first time it appears (deduplicated by call id). Namespaced tools (Codex) are shown as
-//! `namespace/name` in the log.
+//! `namespace/name` in the log. `column run --model-log` reads the `request` lines back
+//! ([`LoggedRequest`]) to see what the harness offered its model and the model it asked for.
 //!
 //! Must never: listen on anything but a loopback address, reach the network, keep conversation
 //! state (the log's dedupe set is the only memory), or touch the broker's kernel, turns or record.
