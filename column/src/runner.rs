@@ -908,6 +908,39 @@ mod tests {
         assert!(std::error::Error::source(&e).is_some());
     }
 
+    /// Only the requests logged after the run began count; other lines and a cut line do not.
+    #[test]
+    fn model_log_from_the_offset() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let log = dir.path().join("model.jsonl");
+        assert_eq!(log_offset(&log).expect("absent"), 0);
+        assert!(logged_requests(&log, 0).expect("absent").is_empty());
+        let before = r#"{"kind":"request","api":"chat","model":"old","offered":["x"]}"#;
+        std::fs::write(&log, format!("{before}\n")).expect("w");
+        let offset = log_offset(&log).expect("offset");
+        let during = [
+            r#"{"kind":"request","api":"responses","model":"m","offered":["shell","mcp__sharedos/files_read"]}"#,
+            r#"{"kind":"tool_result","api":"responses","callId":"c","text":"t"}"#,
+            r#"{"kind":"request","api":"chat","model":"m","offe"#,
+        ];
+        std::fs::write(&log, format!("{before}\n{}", during.join("\n"))).expect("w");
+        let requests = logged_requests(&log, offset).expect("read");
+        assert_eq!(requests.len(), 1, "{requests:?}");
+        assert_eq!(requests[0].model.as_deref(), Some("m"));
+        assert_eq!(
+            requests[0].offered[1].namespace.as_deref(),
+            Some("mcp__sharedos")
+        );
+        let e = logged_requests(dir.path(), 0).expect_err("a folder");
+        assert!(
+            e.to_string().starts_with(&format!(
+                "cannot read the model log `{}`",
+                dir.path().display()
+            )),
+            "{e}"
+        );
+    }
+
     #[test]
     fn host_config_rules() {
         let dir = tempfile::tempdir().expect("tmp");
