@@ -587,6 +587,41 @@ mod tests {
         assert_eq!(o.offered.boundary["files.list"], "mcp__sharedos/files_list");
     }
 
+    /// The ADR's example: strict with an empty local surface, and the harness offered `Bash`.
+    /// (`column run` refuses to open such a turn for a CLI harness; the check says why.)
+    #[test]
+    fn strict_with_no_local_tools_that_offered_bash_is_misdeclared() {
+        let (cat, pol) = (catalogue(), policy(&[]));
+        let want = Expectation {
+            harness: Harness::ClaudeCode,
+            catalogue: &cat,
+            portable_names: false,
+            tool_policy: &pol,
+            other_servers: &[],
+            declared_model: "m",
+        };
+        let o = observe(
+            &want,
+            &[req(
+                "m",
+                &[
+                    "Bash",
+                    "mcp__sharedos__files_list",
+                    "mcp__sharedos__files_read",
+                ],
+            )],
+        );
+        assert_eq!(o.checks[0].grade, Grade::Pass);
+        assert_eq!(
+            o.checks[1],
+            Check {
+                id: TOOL_POLICY,
+                grade: Grade::Fail,
+                detail: "misdeclared: the strict ToolPolicy names 0 harness-local tool(s), but the harness also offered its model 1 undeclared: `Bash`".into()
+            }
+        );
+    }
+
     #[test]
     fn no_requests_with_tools_is_not_exercised() {
         let (cat, pol) = (catalogue(), policy(&["Bash"]));
