@@ -430,6 +430,50 @@ pub enum ColumnCommand {
         /// Keep the harness's work dir (config, logs) here instead of a temporary dir.
         #[arg(long, value_name = "DIR")]
         workdir: Option<PathBuf>,
+        /// The scripted model's log (`scripted-model --log FILE`) the harness's model requests
+        /// go to. The lines it gains during the run show what the harness offered its model and
+        /// the model it asked for: the manifest then lists the offered tools (the boundary's
+        /// mapped back to canonical names through the harness's alias rule, and every other one
+        /// as harness-local or another server's) and the model asked for beside the declared
+        /// one, and grades two more rows: `offered-catalogue` (the boundary's tools equal the
+        /// turn's catalogue in every request with tools) and `tool-policy` (every other offered
+        /// tool is declared harness-local; else `misdeclared`). Without it neither is observed.
+        #[arg(long, value_name = "FILE")]
+        model_log: Option<PathBuf>,
+    },
+    /// Compare two column manifests row by row.
+    ///
+    /// Each row's grade and recorded outcome, then the checks and the model asked for. Refusal behaviour is compared only between runs offered
+    /// the same catalogue: when the catalogHashes differ, nothing is compared and the tool-set
+    /// difference is printed instead. Exit status 0 when every row is the same, 4 when some row
+    /// differs, 5 when the catalogues differ. Reads files only; needs no broker.
+    Compare {
+        /// The first manifest (`column run --out`).
+        #[arg(value_name = "A.json")]
+        a: PathBuf,
+        /// The second manifest.
+        #[arg(value_name = "B.json")]
+        b: PathBuf,
+    },
+    /// Print the interop matrix (markdown) from manifests or their summaries.
+    ///
+    /// A line per harness: its version, the grade of every row and check, the model it asked
+    /// for; from column manifests or their
+    /// summaries (`column summary`); a folder stands for its `*.json` files in name order. The
+    /// README's matrix is this command's output over `tests/interop/matrix`. Needs no broker.
+    Matrix {
+        /// Manifests, summaries, or folders of them.
+        #[arg(value_name = "PATH", required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Print the summary of a column manifest (JSON).
+    ///
+    /// What the interop matrix keeps of a run: only what a rerun of the same pinned CLI reproduces (grades, outcomes, offered names, the
+    /// models; no times, paths or ids). Needs no broker.
+    Summary {
+        /// The manifest (`column run --out`).
+        #[arg(value_name = "MANIFEST.json")]
+        manifest: PathBuf,
     },
 }
 
@@ -604,6 +648,14 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Policy(PolicyCommand::Replay(args)) = cli.command {
         return crate::replay::run(*args, &default_dir(&runtime_dir));
     }
+    if let Command::Column(
+        c @ (ColumnCommand::Compare { .. }
+        | ColumnCommand::Matrix { .. }
+        | ColumnCommand::Summary { .. }),
+    ) = cli.command
+    {
+        return column_offline(c);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -741,12 +793,35 @@ fn unexpected(r: ControlResponse) -> anyhow::Error {
     anyhow::anyhow!("unexpected answer from the broker: {r:?}")
 }
 
+/// `column compare`, `column matrix` and `column summary`: files in, text out.
+fn column_offline(command: ColumnCommand) -> anyhow::Result<ExitCode> {
+    use sharedos_column::matrix;
+    match command {
+        ColumnCommand::Compare { a, b } => {
+            let (ma, mb) = (matrix::read_manifest(&a)?, matrix::read_manifest(&b)?);
+            let c = matrix::compare(&a.display().to_string(), &ma, &b.display().to_string(), &mb);
+            out!("{}", c.text);
+            Ok(ExitCode::from(c.exit))
+        }
+        ColumnCommand::Matrix { paths } => {
+            out!("{}", matrix::render(&matrix::read_summaries(&paths)?));
+            Ok(ExitCode::SUCCESS)
+        }
+        ColumnCommand::Summary { manifest } => {
+            crate::output::print_json(&matrix::summary(&matrix::read_manifest(&manifest)?))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        ColumnCommand::Run { .. } => bail!("`column run` needs the broker"),
+    }
+}
+
 async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<ExitCode> {
     if let Command::Column(ColumnCommand::Run {
         host_config,
         rows,
         out,
         workdir,
+        model_log,
     }) = command
     {
         let opts = sharedos_column::runner::RunOptions {
@@ -755,6 +830,7 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
             rows,
             out,
             workdir,
+            model_log,
         };
         let (manifest, all_passed) = sharedos_column::runner::run(&opts).await?;
         out!("{}", sharedos_column::runner::table(&manifest));

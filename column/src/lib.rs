@@ -6,9 +6,14 @@
 //!
 //! # Layout
 //! - [`runner`]: `column run`: open a turn, write the config, run the harness, grade.
+//! - [`observed`]: what the harness offered its model (from the scripted model's log), mapped
+//!   back to canonical names and graded (`offered-catalogue`, `tool-policy`).
+//! - [`matrix`]: manifest summaries, the README's interop matrix, and `column compare`.
 //! - [`scripted_model`]: a scripted model provider on loopback (Anthropic Messages, OpenAI
 //!   Responses and Chat Completions).
 
+pub mod matrix;
+pub mod observed;
 pub mod runner;
 pub mod scripted_model;
 

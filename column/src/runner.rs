@@ -25,6 +25,9 @@ use sharedos_host::client::{ClientError, ControlClient};
 use sharedos_host::harness_config::{self, HarnessConfigError, ShimLaunch, TokenSource};
 use sharedos_host::shim_path::ShimPathError;
 
+use crate::observed::{self, Expectation, Observed};
+use crate::scripted_model::LoggedRequest;
+
 /// Exit status of `column run` when some row did not pass.
 pub const EXIT_NOT_ALL_PASSED: u8 = 4;
 
@@ -104,6 +107,16 @@ pub enum ColumnError {
     #[error("cannot wait for the harness `{command}`")]
     Wait {
         command: String,
+        source: std::io::Error,
+    },
+    #[error("cannot read the model log `{}`", path.display())]
+    ModelLog {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot read the harness config `{}` back", path.display())]
+    ConfigReadBack {
+        path: PathBuf,
         source: std::io::Error,
     },
     #[error("cannot write manifest `{}`", path.display())]
@@ -199,7 +212,7 @@ pub struct Row {
     pub expect: Expect,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Grade {
     Pass,
@@ -208,7 +221,8 @@ pub enum Grade {
 }
 
 impl Grade {
-    fn word(self) -> &'static str {
+    /// As the table and the matrix show it.
+    pub fn word(self) -> &'static str {
         match self {
             Grade::Pass => "pass",
             Grade::Fail => "fail",
@@ -308,6 +322,44 @@ pub struct RunOptions {
     pub out: PathBuf,
     /// Keep the harness's work dir (its logs and config) here instead of a temp dir.
     pub workdir: Option<PathBuf>,
+    /// The scripted model's log (`scripted-model --log`): the lines it gains during the run
+    /// show what the harness offered its model and the model it asked for.
+    pub model_log: Option<PathBuf>,
+}
+
+/// The length of the model log before the run (0 when it does not exist yet).
+fn log_offset(path: &Path) -> Result<u64, ColumnError> {
+    match std::fs::metadata(path) {
+        Ok(m) => Ok(m.len()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(source) => Err(ColumnError::ModelLog {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// The model requests logged after `offset`. A line cut short by a writer still running, or
+/// not JSON, is no request.
+fn logged_requests(path: &Path, offset: u64) -> Result<Vec<LoggedRequest>, ColumnError> {
+    use std::io::{Read as _, Seek as _};
+    let error = |source| ColumnError::ModelLog {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+        Err(e) => return Err(error(e)),
+    };
+    file.seek(std::io::SeekFrom::Start(offset)).map_err(error)?;
+    let mut text = String::new();
+    file.read_to_string(&mut text).map_err(error)?;
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|l| LoggedRequest::from_log_line(&l))
+        .collect())
 }
 
 struct HarnessRun {
@@ -449,6 +501,7 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
         other => return Err(ClientError::unexpected("open_turn", other).into()),
     };
     let started_at = sharedos_proto::record::now_rfc3339();
+    let log_start = opts.model_log.as_deref().map(log_offset).transpose()?;
     let result = async {
         let workdir_s = workdir.display().to_string();
         let pre = [("workdir", workdir_s.as_str())];
@@ -485,7 +538,14 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
             ("config", config_s.as_str()),
             ("prompt", prompt.as_str()),
         ];
-        run_harness(&cfg, &vars, &workdir).await
+        let written = std::fs::read_to_string(&config_path).map_err(|source| {
+            ColumnError::ConfigReadBack {
+                path: config_path.clone(),
+                source,
+            }
+        })?;
+        let others = harness_config::other_servers(format, &written);
+        Ok::<_, ColumnError>((run_harness(&cfg, &vars, &workdir).await?, others))
     }
     .await;
     // Close the turn whatever happened: the shim exits, the token dies.
@@ -494,7 +554,7 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
             turn: turn.turn.clone(),
         })
         .await;
-    let harness_run = result?;
+    let (harness_run, other_servers) = result?;
     let finished_at = sharedos_proto::record::now_rfc3339();
 
     // The record of the turn.
@@ -524,13 +584,17 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
         }
     }
     let mut identity: Option<SystemIdentity> = None;
+    let mut catalogue: Vec<String> = Vec::new();
     let mut calls: Vec<(record::Call, bool)> = Vec::new();
     for line in lines {
         let seq = line.get("seq").and_then(Value::as_u64).unwrap_or(0);
         let line: RecordLine =
             serde_json::from_value(line).map_err(|e| ColumnError::RecordLine { seq, source: e })?;
         match line.event {
-            Event::TurnOpened(o) => identity = o.system_identity,
+            Event::TurnOpened(o) => {
+                identity = o.system_identity;
+                catalogue = o.tools;
+            }
             Event::Call(c) => calls.push((c, false)),
             _ => {}
         }
@@ -591,6 +655,31 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
                    "requirement": c.requirement, "outcome": c.outcome, "code": c.code})
         })
         .collect();
+    // What the harness offered its model, where the scripted model's log shows it.
+    let observed: Option<Observed> = match (&opts.model_log, log_start) {
+        (Some(path), Some(offset)) => {
+            let requests = logged_requests(path, offset)?;
+            Some(observed::observe(
+                &Expectation {
+                    harness: format,
+                    catalogue: &catalogue,
+                    portable_names: cfg.portable_names,
+                    tool_policy: &tool_policy,
+                    other_servers: &other_servers,
+                    declared_model: &cfg.declared_model,
+                },
+                &requests,
+            ))
+        }
+        _ => None,
+    };
+    for check in observed.iter().flat_map(|o| &o.checks) {
+        match check.grade {
+            Grade::Pass => pass += 1,
+            Grade::Fail => fail += 1,
+            Grade::NotExercised => not_exercised += 1,
+        }
+    }
     let all_passed = fail == 0 && not_exercised == 0;
     let manifest = json!({
         "kind": "sharedos.mcp-column",
@@ -600,6 +689,7 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
         "toolPolicy": tool_policy,
         "turn": turn.turn,
         "catalogHash": turn.catalog_hash,
+        "catalogue": catalogue,
         "principal": cfg.principal,
         "startedAt": started_at,
         "finishedAt": finished_at,
@@ -609,6 +699,13 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
             "stdout": workdir.join("harness.stdout.log"), "stderr": workdir.join("harness.stderr.log"),
         },
         "rows": graded,
+        "checks": observed.as_ref().map(|o| &o.checks),
+        "offered": observed.as_ref().map(|o| json!(o.offered)),
+        "model": observed.as_ref().map_or_else(
+            || json!({"declared": cfg.declared_model, "asked": null, "same": null}),
+            |o| json!(o.model),
+        ),
+        "modelLog": opts.model_log,
         "extraCalls": extra,
         "summary": {"pass": pass, "fail": fail, "notExercised": not_exercised, "allPassed": all_passed},
     });
@@ -638,7 +735,7 @@ pub fn table(manifest: &Value) -> String {
         manifest["catalogHash"].as_str().unwrap_or("?"),
     );
     out.push_str(&format!(
-        "{:<14} {:<14} {:<40} {:<8} {:<28} {}\n",
+        "{:<22} {:<14} {:<40} {:<8} {:<28} {}\n",
         "row", "tool", "arguments", "expect", "outcome", "grade"
     ));
     for r in manifest["rows"].as_array().into_iter().flatten() {
@@ -648,13 +745,9 @@ pub fn table(manifest: &Value) -> String {
         };
         let mut args = r["arguments"].to_string();
         sharedos_proto::name::clip(&mut args, 40);
-        let grade = match r["grade"].as_str() {
-            Some("pass") => Grade::Pass.word(),
-            Some("fail") => Grade::Fail.word(),
-            _ => Grade::NotExercised.word(),
-        };
+        let grade = grade_word(&r["grade"]);
         out.push_str(&format!(
-            "{:<14} {:<14} {:<40} {:<8} {:<28} {}\n",
+            "{:<22} {:<14} {:<40} {:<8} {:<28} {}\n",
             r["id"].as_str().unwrap_or(""),
             r["tool"].as_str().unwrap_or(""),
             args,
@@ -663,6 +756,7 @@ pub fn table(manifest: &Value) -> String {
             grade
         ));
     }
+    out.push_str(&observed_lines(manifest));
     let s = &manifest["summary"];
     out.push_str(&format!(
         "{} pass, {} fail, {} not exercised; {} extra call(s); harness exit {} {}\n",
@@ -676,6 +770,76 @@ pub fn table(manifest: &Value) -> String {
         } else {
             ""
         },
+    ));
+    out
+}
+
+/// The word for a grade as serialized (`not_exercised` → `not exercised`).
+pub fn grade_word(v: &Value) -> &'static str {
+    serde_json::from_value::<Grade>(v.clone()).map_or("-", Grade::word)
+}
+
+/// The table's lines for the checks, what was offered and the model asked for.
+fn observed_lines(manifest: &Value) -> String {
+    let mut out = String::new();
+    let model = &manifest["model"];
+    let Some(checks) = manifest["checks"].as_array() else {
+        out.push_str(&format!(
+            "offered to the model: not observed (no --model-log); declared model {}\n",
+            model["declared"]
+        ));
+        return out;
+    };
+    out.push_str(&format!("{:<22} {:<14} {}\n", "check", "grade", "detail"));
+    for c in checks {
+        out.push_str(&format!(
+            "{:<22} {:<14} {}\n",
+            c["id"].as_str().unwrap_or(""),
+            grade_word(&c["grade"]),
+            c["detail"].as_str().unwrap_or("")
+        ));
+    }
+    let o = &manifest["offered"];
+    let others = o["others"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    let count = |f: &dyn Fn(&Value) -> bool| others.iter().filter(|t| f(t)).count();
+    let servers: Vec<&str> = others
+        .iter()
+        .filter_map(|t| t["server"].as_str())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    out.push_str(&format!(
+        "offered to the model: {} boundary tool(s) in {} of {} request(s); {} other(s): {} declared harness-local, {} undeclared harness-local, {} from other server(s){}\n",
+        o["boundary"].as_object().map_or(0, serde_json::Map::len),
+        o["requestsWithTools"],
+        o["requests"],
+        others.len(),
+        count(&|t| t["declared"] == true),
+        count(&|t| t["declared"] != true && t["origin"] == "harness-local"),
+        count(&|t| t["origin"] == "other-server"),
+        if servers.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", servers.join(", "))
+        },
+    ));
+    let asked: Vec<String> = model["asked"]
+        .as_array()
+        .map(|a| a.iter().map(ToString::to_string).collect())
+        .unwrap_or_default();
+    out.push_str(&format!(
+        "model: declared {}, asked {}{}\n",
+        model["declared"],
+        if asked.is_empty() {
+            "none named".to_owned()
+        } else {
+            asked.join(", ")
+        },
+        match model["same"].as_bool() {
+            Some(true) => " (the same)",
+            Some(false) => " (MISMATCH: shown, not corrected)",
+            None => "",
+        }
     ));
     out
 }
@@ -742,6 +906,39 @@ mod tests {
         let e = read_rows(&rows).expect_err("parse");
         assert!(matches!(e, ColumnError::RowsParse { .. }), "{e:?}");
         assert!(std::error::Error::source(&e).is_some());
+    }
+
+    /// Only the requests logged after the run began count; other lines and a cut line do not.
+    #[test]
+    fn model_log_from_the_offset() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let log = dir.path().join("model.jsonl");
+        assert_eq!(log_offset(&log).expect("absent"), 0);
+        assert!(logged_requests(&log, 0).expect("absent").is_empty());
+        let before = r#"{"kind":"request","api":"chat","model":"old","offered":["x"]}"#;
+        std::fs::write(&log, format!("{before}\n")).expect("w");
+        let offset = log_offset(&log).expect("offset");
+        let during = [
+            r#"{"kind":"request","api":"responses","model":"m","offered":["shell","mcp__sharedos/files_read"]}"#,
+            r#"{"kind":"tool_result","api":"responses","callId":"c","text":"t"}"#,
+            r#"{"kind":"request","api":"chat","model":"m","offe"#,
+        ];
+        std::fs::write(&log, format!("{before}\n{}", during.join("\n"))).expect("w");
+        let requests = logged_requests(&log, offset).expect("read");
+        assert_eq!(requests.len(), 1, "{requests:?}");
+        assert_eq!(requests[0].model.as_deref(), Some("m"));
+        assert_eq!(
+            requests[0].offered[1].namespace.as_deref(),
+            Some("mcp__sharedos")
+        );
+        let e = logged_requests(dir.path(), 0).expect_err("a folder");
+        assert!(
+            e.to_string().starts_with(&format!(
+                "cannot read the model log `{}`",
+                dir.path().display()
+            )),
+            "{e}"
+        );
     }
 
     #[test]

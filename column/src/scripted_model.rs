@@ -24,7 +24,8 @@
 //! The optional log (JSON Lines, appended, one flushed line at a time) is how tests see what the
 //! model saw: one `request` line per model request and one `tool_result` line per tool result the
 //! first time it appears (deduplicated by call id). Namespaced tools (Codex) are shown as
-//! `namespace/name` in the log.
+//! `namespace/name` in the log. `column run --model-log` reads the `request` lines back
+//! ([`LoggedRequest`]) to see what the harness offered its model and the model it asked for.
 //!
 //! Must never: listen on anything but a loopback address, reach the network, keep conversation
 //! state (the log's dedupe set is the only memory), or touch the broker's kernel, turns or record.
@@ -239,10 +240,55 @@ impl OfferedTool {
         }
     }
 
+    /// The tool shown as `shown` in a log line of `api`: `namespace/name` for Responses (whose
+    /// function names cannot hold a `/`), else a flat name.
+    pub fn from_display(api: &str, shown: &str) -> Self {
+        match shown.split_once('/') {
+            Some((ns, name)) if api == Api::Responses.as_str() => OfferedTool {
+                namespace: Some(ns.to_owned()),
+                name: name.to_owned(),
+            },
+            _ => OfferedTool {
+                namespace: None,
+                name: shown.to_owned(),
+            },
+        }
+    }
+
     fn normalized(&self) -> String {
         let mut s = self.namespace.as_deref().map(normalize).unwrap_or_default();
         s.push_str(&normalize(strip_hash_suffix(&self.name)));
         s
+    }
+}
+
+/// One model request as the log has it: what the harness offered its model and the model it
+/// asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoggedRequest {
+    /// `anthropic`, `responses`, `chat` or `gemini`.
+    pub api: String,
+    pub model: Option<String>,
+    pub offered: Vec<OfferedTool>,
+}
+
+impl LoggedRequest {
+    /// A `request` line of the log, else `None` (tool results, 404s, bad requests).
+    pub fn from_log_line(line: &Value) -> Option<Self> {
+        if line.get("kind").and_then(Value::as_str) != Some("request") {
+            return None;
+        }
+        let api = line.get("api").and_then(Value::as_str)?.to_owned();
+        let offered = array(line.get("offered"))
+            .iter()
+            .filter_map(Value::as_str)
+            .map(|shown| OfferedTool::from_display(&api, shown))
+            .collect();
+        Some(LoggedRequest {
+            model: string(line.get("model")),
+            offered,
+            api,
+        })
     }
 }
 
@@ -362,6 +408,16 @@ impl Conversation {
                 for tool in tools {
                     match tool.get("type").and_then(Value::as_str) {
                         Some("function") => c.offered.extend(flat_tool("name")(tool)),
+                        // Codex's freeform tools (`apply_patch`) and the built-in ones a model
+                        // is offered by type (`web_search`, `local_shell`): tools the harness
+                        // offered too, shown by name, else by type.
+                        Some(kind) if kind != "namespace" => {
+                            c.offered
+                                .extend(flat_tool("name")(tool).or(Some(OfferedTool {
+                                    namespace: None,
+                                    name: kind.to_owned(),
+                                })));
+                        }
                         Some("namespace") => {
                             let Some(ns) = tool.get("name").and_then(Value::as_str) else {
                                 continue;
@@ -1591,6 +1647,8 @@ mod tests {
             "instructions": "you are codex",
             "tools": [
                 {"type": "function", "name": "shell", "parameters": {"type": "object"}},
+                {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}},
+                {"type": "web_search"},
                 {"type": "namespace", "name": "mcp__sharedos", "tools": [
                     {"type": "function", "name": "files_read", "parameters": {"type": "object"}},
                     {"type": "function", "name": "files_search", "parameters": {"type": "object"}}
@@ -1700,11 +1758,26 @@ mod tests {
             reqs[0]["offered"],
             json!([
                 "shell",
+                "apply_patch",
+                "web_search",
                 "mcp__sharedos/files_read",
                 "mcp__sharedos/files_search"
             ])
         );
         assert_eq!(reqs[0]["tool"], "mcp__sharedos/files_read");
+        // The column reads the log back: the namespace is kept apart from the name.
+        let back = LoggedRequest::from_log_line(reqs[0]).expect("a request line");
+        assert_eq!(back.api, "responses");
+        assert_eq!(back.model.as_deref(), Some("fake-model"));
+        assert_eq!(
+            back.offered[3],
+            OfferedTool {
+                namespace: Some("mcp__sharedos".into()),
+                name: "files_read".into()
+            }
+        );
+        assert_eq!(back.offered[0].namespace, None);
+        assert!(LoggedRequest::from_log_line(&json!({"kind": "tool_result"})).is_none());
         assert_eq!(reqs[1]["toolResults"], 1);
         assert_eq!(reqs[1]["tool"], "mcp__sharedos/files_search");
         assert_eq!(reqs[2]["reply"], "text");

@@ -242,6 +242,43 @@ pub fn render(
     }
 }
 
+/// The MCP servers a rendered config of `format` names besides `sharedos`, sorted: the keys
+/// under `mcpServers` (`mcp` for opencode, `mcp_servers` for Codex). A text that does not parse
+/// names none (the harness would not start those servers either); dsh's `cordis.yml` is written
+/// whole, with `sharedos` alone.
+pub fn other_servers(format: Harness, text: &str) -> Vec<String> {
+    let mut names: Vec<String> = match format {
+        Harness::Cordis => vec![],
+        Harness::Codex => text
+            .parse::<toml_edit::DocumentMut>()
+            .ok()
+            .and_then(|doc| {
+                doc.get("mcp_servers")
+                    .and_then(toml_edit::Item::as_table_like)
+                    .map(|t| t.iter().map(|(k, _)| k.to_owned()).collect())
+            })
+            .unwrap_or_default(),
+        _ => {
+            let key = if format == Harness::Opencode {
+                "mcp"
+            } else {
+                "mcpServers"
+            };
+            serde_json::from_str::<Value>(text)
+                .ok()
+                .and_then(|doc| {
+                    doc.get(key)
+                        .and_then(Value::as_object)
+                        .map(|o| o.keys().cloned().collect())
+                })
+                .unwrap_or_default()
+        }
+    };
+    names.retain(|n| n != SERVER_NAME);
+    names.sort();
+    names
+}
+
 /// Reads an existing config to merge into, never through a link; `None` when there is none.
 fn read_existing(path: &Path) -> Result<Option<String>, HarnessConfigError> {
     use rustix::fs::{Mode, OFlags};
@@ -310,6 +347,37 @@ mod tests {
             token,
             broker_uid: Some(1042),
         }
+    }
+
+    /// The servers a merged config names besides `sharedos`, per format.
+    #[test]
+    fn other_servers_of_each_format() {
+        let l = launch(TokenSource::Env("T".into()));
+        let p = Path::new("c");
+        for (format, existing) in [
+            (
+                Harness::ClaudeCode,
+                r#"{"mcpServers": {"time": {}, "a": {}}}"#,
+            ),
+            (
+                Harness::QwenCode,
+                r#"{"mcpServers": {"time": {}, "a": {}}}"#,
+            ),
+            (Harness::Opencode, r#"{"mcp": {"time": {}, "a": {}}}"#),
+            (
+                Harness::Codex,
+                "[mcp_servers.time]\ncommand = \"t\"\n[mcp_servers.a]\n",
+            ),
+        ] {
+            let text = render(format, &l, Some(existing), p).expect("render");
+            assert_eq!(other_servers(format, &text), ["a", "time"], "{format:?}");
+            let alone = render(format, &l, None, p).expect("render");
+            assert!(other_servers(format, &alone).is_empty(), "{format:?}");
+        }
+        // opencode's servers are under `mcp`, not `mcpServers`.
+        assert!(other_servers(Harness::Opencode, r#"{"mcpServers": {"x": {}}}"#).is_empty());
+        assert!(other_servers(Harness::Pi, "not json").is_empty());
+        assert!(other_servers(Harness::Cordis, "mcp_servers:\n  x: {}\n").is_empty());
     }
 
     #[test]

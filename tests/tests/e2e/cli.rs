@@ -395,3 +395,143 @@ async fn the_demo_runs_and_exits_zero() {
         "{out}"
     );
 }
+
+/// A column manifest as `column run` writes it (the fields `column compare` reads).
+fn column_manifest(hash: &str, tools: &[&str], denied: (&str, &str, &str)) -> Value {
+    json!({
+        "kind": "sharedos.mcp-column",
+        "version": 1,
+        "systemIdentity": {"harness": "pi", "harnessVersion": "0.86.1", "mcpSupport": "extension",
+                           "extension": "pi-mcp-adapter@2.36.0"},
+        "catalogHash": hash,
+        "catalogue": tools,
+        "rows": [
+            {"id": "allowed-read", "grade": "pass", "outcome": "succeeded", "code": "ok"},
+            {"id": "denied-read", "grade": denied.0, "outcome": denied.1, "code": denied.2},
+        ],
+        "checks": [{"id": "offered-catalogue", "grade": "pass", "detail": "d"},
+                   {"id": "tool-policy", "grade": "pass", "detail": "d"}],
+        "offered": {"boundary": {}, "missing": [], "extra": [], "renamed": [], "others": []},
+        "model": {"declared": "fake/fake-model", "asked": ["fake-model"], "same": true},
+        "summary": {"pass": 4, "fail": 0, "notExercised": 0, "allPassed": true},
+    })
+}
+
+/// `column compare`: 0 when every row is the same, 4 naming the row that differs, 5 with the
+/// tool-set difference (and no row compared) when the catalogue hashes differ; a file that is
+/// not a manifest is refused by name. `column summary` and `column matrix` read the same files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn column_compare_matrix_and_summary() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let write = |name: &str, v: &Value| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, v.to_string()).expect("write");
+        p
+    };
+    let a = write(
+        "a.json",
+        &column_manifest(
+            "h1",
+            &["files.list", "files.read"],
+            ("pass", "denied", "no_permit"),
+        ),
+    );
+    let same = write(
+        "same.json",
+        &column_manifest(
+            "h1",
+            &["files.list", "files.read"],
+            ("pass", "denied", "no_permit"),
+        ),
+    );
+    let differs = write(
+        "differs.json",
+        &column_manifest(
+            "h1",
+            &["files.list", "files.read"],
+            ("fail", "succeeded", "ok"),
+        ),
+    );
+    let other = write(
+        "other.json",
+        &column_manifest(
+            "h2",
+            &["files.read", "files.write"],
+            ("pass", "denied", "no_permit"),
+        ),
+    );
+    let compare = |x: &std::path::Path, y: &std::path::Path| {
+        let mut cmd = std::process::Command::new(bin("sharedos-broker"));
+        cmd.args(["column", "compare"]).arg(x).arg(y);
+        run(cmd)
+    };
+    let (code, out, err) = compare(&a, &same).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("every row the same"), "{out}");
+
+    let (code, out, _) = compare(&a, &differs).await;
+    assert_eq!(code, 4, "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("denied-read"))
+        .expect("the row");
+    assert!(
+        row.contains("pass denied/no_permit")
+            && row.contains("fail succeeded/ok")
+            && row.ends_with("DIFFERS"),
+        "{row}"
+    );
+    assert!(out.contains("1 row(s) differ"), "{out}");
+
+    let (code, out, _) = compare(&a, &other).await;
+    assert_eq!(code, 5, "{out}");
+    assert!(
+        out.contains("catalogue hashes differ (A h1, B h2): refusal behaviour is not compared"),
+        "{out}"
+    );
+    assert!(out.contains("tools only in A: `files.list`"), "{out}");
+    assert!(out.contains("tools only in B: `files.write`"), "{out}");
+    assert!(!out.contains("denied-read"), "no row compared: {out}");
+
+    let bad = write("bad.json", &json!({"kind": "something else"}));
+    let (code, _, err) = compare(&a, &bad).await;
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(&format!("`{}` is neither a column manifest", bad.display())),
+        "{err}"
+    );
+    let (code, _, err) = compare(&a, &dir.path().join("missing.json")).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("missing.json"), "{err}");
+
+    let mut cmd = std::process::Command::new(bin("sharedos-broker"));
+    cmd.args(["column", "summary"]).arg(&differs);
+    let (code, out, err) = run(cmd).await;
+    assert_eq!(code, 0, "{err}");
+    let summary: Value = serde_json::from_str(&out).expect("summary json");
+    assert_eq!(summary["kind"], "sharedos.mcp-column-summary");
+    assert_eq!(
+        summary["rows"][1],
+        json!({"id": "denied-read", "grade": "fail", "outcome": "succeeded/ok"})
+    );
+    let summaries = dir.path().join("matrix");
+    std::fs::create_dir(&summaries).expect("mkdir");
+    std::fs::write(summaries.join("pi.json"), &out).expect("write");
+    let mut cmd = std::process::Command::new(bin("sharedos-broker"));
+    cmd.args(["column", "matrix"]).arg(&summaries).arg(&a);
+    let (code, out, err) = run(cmd).await;
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    assert_eq!(
+        lines[2],
+        "| pi | 0.86.1 + pi-mcp-adapter@2.36.0 | pass | fail | pass | pass | `fake-model` (the declared one) |"
+    );
+    assert!(lines[3].contains("| pass | pass | pass | pass |"), "{out}");
+    let mut cmd = std::process::Command::new(bin("sharedos-broker"));
+    cmd.args(["column", "matrix"]).arg(dir.path().join("empty"));
+    std::fs::create_dir(dir.path().join("empty")).expect("mkdir");
+    let (code, _, err) = run(cmd).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("no summaries or manifests"), "{err}");
+}

@@ -126,10 +126,11 @@ async fn operator(
     approved
 }
 
-/// Runs one column: broker, scripted model, `sharedos-broker column run`. Returns the manifest,
-/// the model's log and the broker (for its record).
+/// Runs one column: broker, scripted model, `sharedos-broker column run --model-log`, which must
+/// exit `exit`. Returns the manifest, the model's log and the broker (for its record).
 async fn column(
     asked: Asked,
+    exit: i32,
     host_config: impl FnOnce(u16, &BTreeMap<String, String>, &std::path::Path) -> String,
 ) -> Option<(Value, Vec<Value>, TestBroker)> {
     let h = harnesses()?;
@@ -173,7 +174,9 @@ async fn column(
         .arg("--out")
         .arg(dir.join("manifest.json"))
         .arg("--workdir")
-        .arg(dir.join("work"));
+        .arg(dir.join("work"))
+        .arg("--model-log")
+        .arg(&model_log);
     let stop_operator = CancellationToken::new();
     let approver = {
         let runtime = broker.runtime.clone();
@@ -213,8 +216,8 @@ async fn column(
         .collect();
     let stderr = std::fs::read_to_string(dir.join("work/harness.stderr.log")).unwrap_or_default();
     assert_eq!(
-        code, 0,
-        "column run failed:\n{out}\n{err}\nharness stderr:\n{stderr}\nmodel log:\n{log:#?}"
+        code, exit,
+        "column run:\n{out}\n{err}\nharness stderr:\n{stderr}\nmodel log:\n{log:#?}"
     );
     println!("{out}");
     let manifest: Value = serde_json::from_str(
@@ -224,8 +227,42 @@ async fn column(
     Some((manifest, log, broker))
 }
 
+/// Where each harness's matrix summary is committed (`tests/interop/matrix/<harness>.json`).
+fn matrix_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("interop/matrix")
+}
+
+/// The run's summary (`column summary`, the README matrix's input) equals the committed one, so a
+/// change in any grade fails here; `SHAREDOS_GOLDEN_UPDATE=1` writes it instead, from this real
+/// run (the only way a summary is made).
+fn matrix_summary(manifest: &Value, harness: &str) {
+    let path = matrix_dir().join(format!("{harness}.json"));
+    let summary = sharedos_column::matrix::summary(manifest);
+    let text = serde_json::to_string_pretty(&summary).expect("json") + "\n";
+    if std::env::var_os("SHAREDOS_GOLDEN_UPDATE").is_some() {
+        std::fs::create_dir_all(matrix_dir()).expect("mkdir");
+        std::fs::write(&path, text).expect("write summary");
+        return;
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (write it from a real run with SHAREDOS_GOLDEN_UPDATE=1)",
+            path.display()
+        )
+    });
+    let committed: Value = serde_json::from_str(&committed).expect("committed summary");
+    assert_eq!(
+        summary,
+        committed,
+        "{harness}'s column differs from its committed matrix summary {}: review, then rerun with SHAREDOS_GOLDEN_UPDATE=1 and regenerate the README matrix",
+        path.display()
+    );
+}
+
 /// What every column must show: every row passed, the model saw each refusal as text it can act
-/// on, the record carries the system identity on every line and aliases only on the bridge.
+/// on, the record carries the system identity on every line and aliases only on the bridge; the
+/// harness offered its model exactly the turn's catalogue from the boundary and otherwise only its
+/// declared tools; its summary matches the committed matrix.
 fn check(
     manifest: &Value,
     log: &[Value],
@@ -241,6 +278,65 @@ fn check(
         assert_eq!(row["systemIdentity"]["harness"], harness);
     }
     assert_eq!(manifest["extraCalls"], json!([]), "{manifest:#}");
+    let checks: Vec<(&str, &str)> = manifest["checks"]
+        .as_array()
+        .expect("checks: the column read the model log")
+        .iter()
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap_or(""),
+                c["grade"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        checks,
+        [("offered-catalogue", "pass"), ("tool-policy", "pass")],
+        "{:#}",
+        manifest["checks"]
+    );
+    let catalogue: Vec<&str> = manifest["catalogue"]
+        .as_array()
+        .expect("catalogue")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(catalogue, ["files.list", "files.read", "files.search"]);
+    let offered = &manifest["offered"];
+    assert_eq!(
+        offered["boundary"]
+            .as_object()
+            .expect("boundary")
+            .keys()
+            .collect::<Vec<_>>(),
+        catalogue,
+        "{offered:#}"
+    );
+    assert!(
+        offered["boundary"]["files.read"]
+            .as_str()
+            .is_some_and(|a| a.contains(alias)),
+        "{offered:#}"
+    );
+    assert_eq!(offered["missing"], json!([]));
+    assert_eq!(offered["extra"], json!([]));
+    assert!(
+        offered["others"]
+            .as_array()
+            .expect("others")
+            .iter()
+            .all(|t| t["declared"] == true && t["origin"] == "harness-local"),
+        "{offered:#}"
+    );
+    let model_requests = log.iter().filter(|l| l["kind"] == "request").count();
+    assert_eq!(offered["requests"], model_requests, "{offered:#}");
+    assert!(
+        manifest["model"]["asked"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty()),
+        "{:#}",
+        manifest["model"]
+    );
     assert!(
         manifest["systemIdentity"]["catalogHash"]
             .as_str()
@@ -297,6 +393,7 @@ fn check(
         "{bridge}"
     );
     principal_approval(manifest, &results, &lines, harness, asked);
+    matrix_summary(manifest, harness);
 }
 
 /// Milliseconds from one record line's `at` to another's (RFC 3339, UTC, the same day or the next).
@@ -441,20 +538,26 @@ fn principal_approval(
     }
 }
 
-const CLAUDE_LOCAL: &str = r#"["Bash", "Edit", "Glob", "Grep", "NotebookEdit", "Read", "Task", "TodoWrite", "WebFetch", "WebSearch", "Write"]"#;
+/// Claude Code's own tools as offered in `-p` mode (measured by the column from the scripted
+/// model's log: 2.1.332 offers no Glob, Grep, Task or TodoWrite, which an earlier declaration
+/// named, and fourteen tools it did not).
+const CLAUDE_LOCAL: &str = r#"["Agent", "Bash", "CronCreate", "CronDelete", "CronList", "Edit", "EnterWorktree", "ExitWorktree", "ListAgents", "Monitor", "NotebookEdit", "Read", "ReportFindings", "ScheduleWakeup", "SendMessage", "Skill", "TaskStop", "WebFetch", "WebSearch", "Workflow", "Write"]"#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
-async fn claude_code_column() {
-    let Some((manifest, log, broker)) = column(Asked::Declines("input_required", "cancel"), |port, h, _| {
-        format!(
-            r#"harness = "claude-code"
+/// Claude Code's host config; `config_base`: the host's own MCP config the column merges the
+/// `sharedos` server into.
+fn claude_host_config(
+    port: u16,
+    h: &BTreeMap<String, String>,
+    config_base: Option<&std::path::Path>,
+) -> String {
+    format!(
+        r#"harness = "claude-code"
 harness_version = "{version}"
 declared_model = "sharedos scripted-model on 127.0.0.1"
 mcp_support = "native"
 config_format = "claude-code"
 config_path = "{{workdir}}/sharedos.mcp.json"
-command = "{bin}"
+{base}command = "{bin}"
 args = ["-p", "{{prompt}}", "--mcp-config", "{{config}}", "--strict-mcp-config", "--allowedTools", "mcp__sharedos__*", "--output-format", "stream-json", "--verbose"]
 env_remove = ["ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN"]
 timeout_seconds = 120
@@ -474,11 +577,23 @@ DISABLE_BUG_COMMAND = "1"
 DISABLE_NON_ESSENTIAL_MODEL_CALLS = "1"
 ENABLE_TOOL_SEARCH = "false"
 "#,
-            version = h["CLAUDE_VERSION"],
-            bin = h["CLAUDE_BIN"],
-            local = CLAUDE_LOCAL,
-        )
-    })
+        version = h["CLAUDE_VERSION"],
+        bin = h["CLAUDE_BIN"],
+        local = CLAUDE_LOCAL,
+        base = config_base
+            .map(|b| format!("config_base = \"{}\"\n", b.display()))
+            .unwrap_or_default(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
+async fn claude_code_column() {
+    let Some((manifest, log, broker)) = column(
+        Asked::Declines("input_required", "cancel"),
+        0,
+        |port, h, _| claude_host_config(port, h, None),
+    )
     .await
     else {
         return;
@@ -494,11 +609,124 @@ ENABLE_TOOL_SEARCH = "false"
     );
 }
 
+/// Issue 37: the host's Claude Code config also has a second MCP server (the real PyPI
+/// mcp-server-time), which the strict ToolPolicy does not declare. Every attempt still passes and
+/// the boundary's tools still equal the catalogue, but the column sees the time server's tools
+/// in what Claude Code offered its model, lists them as another server's, and grades the run
+/// `misdeclared` (exit 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
+async fn claude_code_with_a_second_mcp_server_is_misdeclared() {
+    let Some(servers) = crate::kit::installed("mcp-servers", ".ci/install-mcp-servers") else {
+        return;
+    };
+    let Some((manifest, log, _broker)) = column(
+        Asked::Declines("input_required", "cancel"),
+        sharedos_column::runner::EXIT_NOT_ALL_PASSED.into(),
+        |port, h, dir| {
+            let base = dir.join("claude-base.json");
+            std::fs::write(
+                &base,
+                json!({"mcpServers": {"time": {"type": "stdio", "command": servers["TIME_CMD"],
+                    "args": [servers["TIME_ARGS"]]}}})
+                .to_string(),
+            )
+            .expect("base");
+            claude_host_config(port, h, Some(&base))
+        },
+    )
+    .await
+    else {
+        return;
+    };
+    let rows = manifest["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 6);
+    assert!(rows.iter().all(|r| r["grade"] == "pass"), "{manifest:#}");
+    let checks = manifest["checks"].as_array().expect("checks");
+    assert_eq!(checks[0]["id"], "offered-catalogue");
+    assert_eq!(checks[0]["grade"], "pass", "{:#}", checks[0]);
+    assert_eq!(checks[1]["id"], "tool-policy");
+    assert_eq!(checks[1]["grade"], "fail", "{:#}", checks[1]);
+    let detail = checks[1]["detail"].as_str().expect("detail");
+    assert!(
+        detail.starts_with("misdeclared: the strict ToolPolicy"),
+        "{detail}"
+    );
+    let others = manifest["offered"]["others"].as_array().expect("others");
+    let time: Vec<&str> = others
+        .iter()
+        .filter(|t| t["origin"] == "other-server")
+        .map(|t| {
+            assert_eq!(t["server"], "time", "{t}");
+            assert_eq!(t["declared"], false, "{t}");
+            t["name"].as_str().expect("name")
+        })
+        .collect();
+    // mcp-server-time's two tools, under Claude Code's naming for a server called `time`.
+    assert_eq!(
+        time,
+        ["mcp__time__convert_time", "mcp__time__get_current_time"],
+        "{others:#?}"
+    );
+    for name in &time {
+        assert!(
+            detail.contains(&format!("`{name}` (server `time`)")),
+            "{detail}"
+        );
+    }
+    let local: Vec<String> = serde_json::from_str(CLAUDE_LOCAL).expect("local");
+    assert_eq!(
+        others.iter().filter(|t| t["declared"] == true).count(),
+        local.len(),
+        "{others:#?}"
+    );
+    // Claude Code's own MCP-resource tools, offered only once a server in its config has
+    // resources (the time server's SDK declares the capability; SharedOS's shim does not):
+    // harness-local, and undeclared too.
+    let undeclared_local: Vec<&str> = others
+        .iter()
+        .filter(|t| t["origin"] == "harness-local" && t["declared"] == false)
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(
+        undeclared_local,
+        [
+            "ListMcpResourcesTool",
+            "ReadMcpResourceDirTool",
+            "ReadMcpResourceTool"
+        ],
+        "{others:#?}"
+    );
+    assert!(
+        detail.contains("offered its model 5 undeclared"),
+        "{detail}"
+    );
+    assert_eq!(others.len(), local.len() + time.len() + 3, "{others:#?}");
+    assert_eq!(
+        manifest["summary"],
+        json!({"pass": 7, "fail": 1, "notExercised": 0, "allPassed": false})
+    );
+    // The model log agrees: every request with tools offered the time server's tools.
+    for r in log.iter().filter(|l| {
+        l["kind"] == "request" && l["offered"].as_array().is_some_and(|a| !a.is_empty())
+    }) {
+        let offered = r["offered"].to_string();
+        assert!(offered.contains("mcp__time__get_current_time"), "{offered}");
+    }
+}
+
+/// Codex's own tools as `exec` offers them (measured by the column from the scripted model's
+/// log; a namespaced one as `namespace/name`): 0.171.0 offers no `apply_patch`, `shell` or
+/// `update_plan`, which an earlier declaration named, and `exec_command`, `web_search`, its
+/// `multi_agent_v1` namespace and more that it did not.
+const CODEX_LOCAL: &str = r#"["create_goal", "exec_command", "get_goal", "list_mcp_resource_templates", "list_mcp_resources", "multi_agent_v1/close_agent", "multi_agent_v1/resume_agent", "multi_agent_v1/send_input", "multi_agent_v1/spawn_agent", "multi_agent_v1/wait_agent", "read_mcp_resource", "request_user_input", "update_goal", "view_image", "web_search", "write_stdin"]"#;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn codex_column() {
     let Some((manifest, log, broker)) = column(
         Asked::Declines("elicitation/create", "decline"),
+        0,
         |port, h, dir| {
             let base = dir.join("codex-base.toml");
             std::fs::write(
@@ -538,7 +766,7 @@ args = ["exec", "--skip-git-repo-check", "--json", "--ephemeral", "{{prompt}}"]
 env_remove = ["OPENAI_API_KEY", "OPENAI_BASE_URL"]
 timeout_seconds = 120
 principal = "alice"
-harness_local = ["apply_patch", "shell", "update_plan", "view_image"]
+harness_local = {local}
 
 [env]
 HOME = "{{workdir}}"
@@ -548,6 +776,7 @@ FAKE_API_KEY = "dummy"
                 version = h["CODEX_VERSION"],
                 bin = h["CODEX_BIN"],
                 base = base.display(),
+                local = CODEX_LOCAL,
             )
         },
     )
@@ -569,7 +798,7 @@ FAKE_API_KEY = "dummy"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn pi_column() {
-    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), |port, h, _| {
+    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), 0, |port, h, _| {
         let path = format!("{}:{}", h["NODE22_BIN_DIR"], std::env::var("PATH").unwrap_or_default());
         let models = json!({"providers": {"fake": {
             "baseUrl": format!("http://127.0.0.1:{port}/v1"), "api": "openai-completions", "apiKey": "dummy-key",
@@ -635,7 +864,7 @@ const QWEN_LOCAL: &str = r#"["agent", "cron_create", "cron_delete", "cron_list",
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn qwen_code_column() {
-    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), |port, h, dir| {
+    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), 0, |port, h, dir| {
         // The host's own settings, into which the column merges the `sharedos` server. Without
         // `tools.toolSearch.enabled = false`, Qwen Code offers MCP tools only behind its
         // tool_search/tool_call bridge (deferred), not by name.
@@ -739,7 +968,7 @@ const OPENCODE_LOCAL: &str = r#"["bash", "edit", "glob", "grep", "read", "skill"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn opencode_column() {
-    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), |port, h, dir| {
+    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), 0, |port, h, dir| {
         assert!(
             h.contains_key("OPENCODE_BIN"),
             "harnesses.env has no OPENCODE_BIN: run .ci/install-harnesses again"
@@ -879,7 +1108,7 @@ const GEMINI_LOCAL: &str = r#"["activate_skill", "enter_plan_mode", "glob", "goo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn gemini_cli_column() {
-    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), |port, h, dir| {
+    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), 0, |port, h, dir| {
         assert!(
             h.contains_key("GEMINI_BIN"),
             "harnesses.env has no GEMINI_BIN: run .ci/install-harnesses again"

@@ -65,6 +65,50 @@ fn the_readme_marks_its_runnable_blocks() {
     }
 }
 
+/// Always runs: the README's interop matrix (between `<!-- column-matrix: begin -->` and
+/// `<!-- column-matrix: end -->`) is exactly what `sharedos-broker column matrix
+/// tests/interop/matrix` renders from the committed summaries, and it has a line for every
+/// harness the README runs.
+#[test]
+fn the_readme_matrix_is_rendered_from_the_committed_summaries() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let text = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let (begin, end) = (
+        "<!-- column-matrix: begin -->\n",
+        "<!-- column-matrix: end -->",
+    );
+    let start = text.find(begin).expect("the README marks its matrix") + begin.len();
+    let stop = start + text[start..].find(end).expect("the matrix's end marker");
+    let out = std::process::Command::new(bin("sharedos-broker"))
+        .args(["column", "matrix", "tests/interop/matrix"])
+        .current_dir(&root)
+        .output()
+        .expect("column matrix");
+    let rendered = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        &text[start..stop],
+        rendered,
+        "the README's matrix is out of date with tests/interop/matrix: paste the output of `sharedos-broker column matrix tests/interop/matrix` between its markers"
+    );
+    let harnesses: Vec<&str> = rendered
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split('|').nth(1).map(str::trim))
+        .collect();
+    let mut want: Vec<&str> = NAMES
+        .iter()
+        .copied()
+        .filter(|n| !matches!(*n, "setup" | "teardown"))
+        .collect();
+    want.sort_unstable();
+    assert_eq!(harnesses, want);
+}
+
 fn ci_cache() -> PathBuf {
     match std::env::var_os("SHAREDOS_CI_CACHE") {
         Some(d) => PathBuf::from(d),
