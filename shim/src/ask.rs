@@ -35,19 +35,30 @@ pub const VIA_INPUT_REQUIRED: &str = "input_required";
 
 /// The key of the shim's question in an `input_required` result's `inputRequests`.
 pub const INPUT_KEY: &str = "sharedos-approval";
+/// The key of a brokered server's question forwarded in an `input_required` result.
+pub const RELAY_KEY: &str = "sharedos-question";
 
 /// What the held call behind a round ends with (its task's result).
 pub type Held = tokio::task::JoinHandle<Option<Result<CallAnswer, LinkDown>>>;
+
+/// Where a held call's `input_required` results go (its state and the result), to whoever
+/// waits on the held call: the call's own request first, then each retry.
+pub type Raise = mpsc::Sender<(String, Value)>;
+pub type Raised = mpsc::Receiver<(String, Value)>;
 
 /// A question put to a 2026-07-28 client in an `input_required` result, waiting for the retry
 /// that answers it.
 struct Round {
     /// The call it asks about: SHA-256 of the tool as sent and its arguments.
     call: [u8; 32],
-    /// Where the person's answer goes (to the held call's question).
-    answer: oneshot::Sender<Answer>,
-    /// The held call's task, once the `input_required` result is on its way to the client.
-    held: Option<Held>,
+    /// Its key in `inputRequests` (and the retry's `inputResponses`).
+    key: &'static str,
+    /// Where the client's response goes (to the held call's question); `None`: the retry
+    /// carried none.
+    answer: oneshot::Sender<Option<Value>>,
+    /// The held call's task, and where its further results are raised, once the
+    /// `input_required` result is on its way to the client.
+    held: Option<(Held, Raised)>,
     /// Stops the held call (the retry is cancelled).
     cancel: CancellationToken,
     /// When the question stopped waiting without a retry (the held call ended: timed out,
@@ -60,10 +71,20 @@ struct Round {
 /// retry (which then gets it, `denied/approval_timeout` say, instead of being asked anew).
 pub const LATE_RETRY_KEEP: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// A round taken by the retry that answers it.
+/// A round taken by the retry that answers it: the held call, to wait on (it may raise
+/// another round).
 pub struct Resumed {
     pub held: Held,
+    pub raised: Raised,
     pub cancel: CancellationToken,
+}
+
+/// How a held call asks in `input_required` rounds: the call they bind to, what stops it, and
+/// where its results go.
+pub struct RoundCtx {
+    pub call: [u8; 32],
+    pub cancel: CancellationToken,
+    pub raise: Raise,
 }
 
 /// The digest that binds a round to its call: the tool as sent and the arguments' canonical
@@ -230,31 +251,30 @@ impl Asker {
         }
     }
 
-    /// Asks the person about a held call in a 2026-07-28 `input_required` round: the result
-    /// (with a fresh `requestState`) goes to `raise`, for the caller to answer the call with;
-    /// resolves with the answer the retry carries, or `cancel` (no retry before the held call
-    /// ends: the future is dropped then). `call`: [`call_digest`] of the call asked about.
-    pub async fn ask_in_round(
+    /// Puts one question (`params` of an `elicitation/create`, under `key`) to a 2026-07-28
+    /// client in an `input_required` round of the held call `ctx` names: the result (with a
+    /// fresh `requestState`) is raised for whoever waits on the held call; resolves with the
+    /// response the retry carries (`None`: it carried none), or why there is none (no retry
+    /// before the held call ended: the future is dropped then).
+    async fn open_round(
         &self,
-        question: &Question,
-        call: [u8; 32],
-        cancel: CancellationToken,
-        raise: oneshot::Sender<(String, Value)>,
-    ) -> Answer {
-        let state = match request_state() {
-            Ok(s) => s,
-            Err(e) => return Answer::unable(format!("no random requestState: {e}")),
-        };
+        ctx: &RoundCtx,
+        key: &'static str,
+        params: Value,
+    ) -> Result<Option<Value>, Unraised> {
+        let state = request_state()
+            .map_err(|e| Unraised::NotRaised(format!("no random requestState: {e}")))?;
         let (tx, rx) = oneshot::channel();
         if let Ok(mut r) = self.rounds.lock() {
             r.retain(|_, round| round.ended.is_none_or(|e| e.elapsed() < LATE_RETRY_KEEP));
             r.insert(
                 state.clone(),
                 Round {
-                    call,
+                    call: ctx.call,
+                    key,
                     answer: tx,
                     held: None,
-                    cancel,
+                    cancel: ctx.cancel.clone(),
                     ended: None,
                 },
             );
@@ -265,30 +285,69 @@ impl Asker {
         };
         let result = json!({
             "resultType": "input_required",
-            "inputRequests": {
-                INPUT_KEY: {
-                    "method": "elicitation/create",
-                    "params": {"message": question.message, "requestedSchema": schema()},
-                }
-            },
+            "inputRequests": {key: {"method": "elicitation/create", "params": params}},
             "requestState": state,
         });
-        if raise.send((state, result)).is_err() {
-            return Answer::unable("the call ended before its question could be returned");
+        if ctx.raise.send((state, result)).await.is_err() {
+            return Err(Unraised::NotRaised(
+                "the call ended before its question could be returned".into(),
+            ));
         }
+        rx.await.map_err(|_| Unraised::NoRetry)
+    }
+
+    /// Asks the person about a held call in a 2026-07-28 `input_required` round (see
+    /// [`Asker::open_round`]).
+    pub async fn ask_in_round(&self, question: &Question, ctx: &RoundCtx) -> Answer {
         tracing::info!(tool = %question.tool, "asking the person through the MCP client (an input_required result)");
-        match rx.await {
-            Ok(answer) => answer,
-            Err(_) => Answer {
-                answer: PrincipalAnswer::Cancel,
-                reason: Some("no retry answered the question".into()),
-                via: Some(VIA_INPUT_REQUIRED),
-            },
+        let params = json!({"message": question.message, "requestedSchema": schema()});
+        let (answer, reason) = match self.open_round(ctx, INPUT_KEY, params).await {
+            Ok(Some(result)) => read_answer(&json!({"result": result})),
+            Ok(None) => (
+                PrincipalAnswer::Cancel,
+                Some(format!(
+                    "the retry carried no response for the question ({INPUT_KEY})"
+                )),
+            ),
+            Err(Unraised::NotRaised(why)) => return Answer::unable(why),
+            Err(Unraised::NoRetry) => (
+                PrincipalAnswer::Cancel,
+                Some("no retry answered the question".into()),
+            ),
+        };
+        Answer {
+            answer,
+            reason,
+            via: Some(VIA_INPUT_REQUIRED),
         }
     }
 
-    /// The held call of a round now on its way to the client as an `input_required` result.
-    pub fn attach(&self, state: &str, held: Held) -> Result<(), Held> {
+    /// Puts a brokered server's question to a 2026-07-28 client in an `input_required` round of
+    /// the held call (see [`Asker::relay`] for what the person is shown).
+    pub async fn relay_in_round(
+        &self,
+        provider: &str,
+        request: Value,
+        ctx: &RoundCtx,
+    ) -> Result<Value, String> {
+        let params = relay_params(provider, request);
+        tracing::info!(
+            provider,
+            "asking the person a brokered server's question (an input_required result)"
+        );
+        match self.open_round(ctx, RELAY_KEY, params).await {
+            Ok(Some(result)) => Ok(result),
+            Ok(None) => Err(format!(
+                "the retry carried no response for the question ({RELAY_KEY})"
+            )),
+            Err(Unraised::NotRaised(why)) => Err(why),
+            Err(Unraised::NoRetry) => Err("no retry answered the question".into()),
+        }
+    }
+
+    /// The held call of a round now on its way to the client as an `input_required` result,
+    /// with where it raises further rounds.
+    pub fn attach(&self, state: &str, held: Held, raised: Raised) -> Result<(), (Held, Raised)> {
         match self
             .rounds
             .lock()
@@ -297,15 +356,15 @@ impl Asker {
             .and_then(|r| r.get_mut(state))
         {
             Some(round) => {
-                round.held = Some(held);
+                round.held = Some((held, raised));
                 Ok(())
             }
-            None => Err(held),
+            None => Err((held, raised)),
         }
     }
 
     /// A retry with `state`: the round it answers, taken (once), when it asked about this very
-    /// call (`call`: [`call_digest`]); the person's answer from `responses` goes to the held
+    /// call (`call`: [`call_digest`]); the client's response from `responses` goes to the held
     /// call's question. `None` leaves the table as it was: the retry is a new call.
     pub fn resume(
         &self,
@@ -321,26 +380,12 @@ impl Asker {
             }
             rounds.remove(state)?
         };
-        let answer = match responses.and_then(|r| r.get(INPUT_KEY)) {
-            Some(result) => {
-                let (answer, reason) = read_answer(&json!({"result": result}));
-                Answer {
-                    answer,
-                    reason,
-                    via: Some(VIA_INPUT_REQUIRED),
-                }
-            }
-            None => Answer {
-                answer: PrincipalAnswer::Cancel,
-                reason: Some(format!(
-                    "the retry carried no response for the question ({INPUT_KEY})"
-                )),
-                via: Some(VIA_INPUT_REQUIRED),
-            },
-        };
-        let _ = round.answer.send(answer);
+        let response = responses.and_then(|r| r.get(round.key)).cloned();
+        let _ = round.answer.send(response);
+        let (held, raised) = round.held?;
         Some(Resumed {
-            held: round.held?,
+            held,
+            raised,
             cancel: round.cancel,
         })
     }
@@ -413,8 +458,8 @@ impl Asker {
     /// Puts a brokered server's question (`request`: its `elicitation/create` params) to the
     /// person, named as `provider`'s; resolves with the client's result (`action`, `content`),
     /// or why it could not ask. Only a client that declared the mode in `initialize` is asked
-    /// (a 2026-07-28 client is not asked a forwarded question yet).
-    pub async fn relay(&self, provider: &str, mut request: Value) -> Result<Value, String> {
+    /// this way (a 2026-07-28 client is asked in a round: [`Asker::relay_in_round`]).
+    pub async fn relay(&self, provider: &str, request: Value) -> Result<Value, String> {
         let url = request.get("mode").and_then(Value::as_str) == Some("url");
         let can = if url { self.can.url() } else { self.can.form() };
         if !can {
@@ -423,19 +468,7 @@ impl Asker {
                 if url { "url" } else { "form" }
             ));
         }
-        let message = request
-            .get("message")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
-        let mut shown = format!(
-            "`{provider}`, a server SharedOS runs for you, asks (it is not SharedOS asking): {message}"
-        );
-        sharedos_proto::name::clip(&mut shown, RELAY_MESSAGE_MAX_BYTES);
-        if let Some(m) = request.as_object_mut() {
-            m.insert("message".into(), Value::String(shown));
-            m.remove("_meta");
-        }
+        let request = relay_params(provider, request);
         tracing::info!(
             provider,
             url,
@@ -460,8 +493,34 @@ impl Asker {
     }
 }
 
+/// A brokered server's question as the person is shown it: its own, named as the server's
+/// (`provider`), its message bounded, its `_meta` left out.
+fn relay_params(provider: &str, mut request: Value) -> Value {
+    let message = request
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let mut shown = format!(
+        "`{provider}`, a server SharedOS runs for you, asks (it is not SharedOS asking): {message}"
+    );
+    sharedos_proto::name::clip(&mut shown, RELAY_MESSAGE_MAX_BYTES);
+    if let Some(m) = request.as_object_mut() {
+        m.insert("message".into(), Value::String(shown));
+        m.remove("_meta");
+    }
+    request
+}
+
 /// Longest message of a forwarded question, as the person is shown it.
 pub const RELAY_MESSAGE_MAX_BYTES: usize = 2048;
+
+/// Why an `input_required` round has no response: the question never went out, or no retry
+/// came before the held call ended.
+enum Unraised {
+    NotRaised(String),
+    NoRetry,
+}
 
 /// Why the client was not asked, or did not answer.
 enum Unasked {
@@ -547,6 +606,20 @@ mod tests {
         }
     }
 
+    fn ctx(call: [u8; 32]) -> (RoundCtx, Raised) {
+        let (raise, raised) = mpsc::channel(4);
+        let ctx = RoundCtx {
+            call,
+            cancel: CancellationToken::new(),
+            raise,
+        };
+        (ctx, raised)
+    }
+
+    fn held() -> Held {
+        tokio::spawn(async { None })
+    }
+
     /// A round is taken once, only by a retry of the same call, and hands the person's answer
     /// to the held call's question; a late retry still gets the held call's end.
     #[tokio::test]
@@ -559,16 +632,12 @@ mod tests {
             call_digest("files.write", Some(&json!({"a": 2, "b": 1})))
         );
         let other = call_digest("files.write", Some(&json!({"a": 3})));
-        let (raise, raised) = oneshot::channel();
+        let (ctx, mut raised) = ctx(call);
         let asking = {
             let asker = asker.clone();
-            tokio::spawn(async move {
-                asker
-                    .ask_in_round(&question(), call, CancellationToken::new(), raise)
-                    .await
-            })
+            tokio::spawn(async move { asker.ask_in_round(&question(), &ctx).await })
         };
-        let (state, result) = raised.await.expect("raised");
+        let (state, result) = raised.recv().await.expect("raised");
         assert_eq!(result["resultType"], "input_required");
         assert_eq!(result["requestState"], state.as_str());
         assert_eq!(state.len(), 32);
@@ -579,13 +648,11 @@ mod tests {
         // Not yet attached: no retry takes it.
         let approve = json!({INPUT_KEY: {"action": "accept", "content": {"decision": "approve"}}});
         assert!(asker.resume(&state, call, Some(&approve)).is_none());
-        let held: Held = tokio::spawn(async { None });
-        assert!(asker.attach(&state, held).is_ok());
+        assert!(asker.attach(&state, held(), raised).is_ok());
         // Another call's retry, or a state never given: nothing taken.
         assert!(asker.resume(&state, other, Some(&approve)).is_none());
         assert!(asker.resume("0123", call, Some(&approve)).is_none());
-        let resumed = asker.resume(&state, call, Some(&approve));
-        assert!(resumed.is_some());
+        assert!(asker.resume(&state, call, Some(&approve)).is_some());
         let answer = asking.await.expect("asked");
         assert_eq!(answer.answer, PrincipalAnswer::Approve);
         assert_eq!(answer.via, Some(VIA_INPUT_REQUIRED));
@@ -598,18 +665,13 @@ mod tests {
         let asker = Arc::new(Asker::default());
         let call = call_digest("files.write", None);
         for late in [false, true] {
-            let (raise, raised) = oneshot::channel();
+            let (ctx, mut raised) = ctx(call);
             let asking = {
                 let asker = asker.clone();
-                tokio::spawn(async move {
-                    asker
-                        .ask_in_round(&question(), call, CancellationToken::new(), raise)
-                        .await
-                })
+                tokio::spawn(async move { asker.ask_in_round(&question(), &ctx).await })
             };
-            let (state, _) = raised.await.expect("raised");
-            let held: Held = tokio::spawn(async { None });
-            assert!(asker.attach(&state, held).is_ok());
+            let (state, _) = raised.recv().await.expect("raised");
+            assert!(asker.attach(&state, held(), raised).is_ok());
             if late {
                 // The held call ends first (its question is dropped): the round stays for a
                 // late retry.
@@ -622,6 +684,42 @@ mod tests {
                 assert_eq!(answer.answer, PrincipalAnswer::Cancel);
             }
         }
+    }
+
+    /// A forwarded question goes under its own key, named as the server's, and the retry's
+    /// response for that key is the server's answer, as the client gave it.
+    #[tokio::test]
+    async fn a_forwarded_question_is_the_servers_and_its_answer_returns_whole() {
+        let asker = Arc::new(Asker::default());
+        let call = call_digest("py.ask", None);
+        let (ctx, mut raised) = ctx(call);
+        let request = json!({"message": "Delete it?", "requestedSchema": {"type": "object", "properties": {"confirm": {"type": "boolean"}}}, "_meta": {"x": 1}});
+        let relaying = {
+            let asker = asker.clone();
+            tokio::spawn(async move { asker.relay_in_round("py", request, &ctx).await })
+        };
+        let (state, result) = raised.recv().await.expect("raised");
+        let params = &result["inputRequests"][RELAY_KEY]["params"];
+        assert!(
+            params["message"].as_str().is_some_and(|m| m
+                .starts_with("`py`, a server SharedOS runs for you, asks")
+                && m.ends_with("Delete it?")),
+            "{params}"
+        );
+        assert_eq!(
+            params["requestedSchema"]["properties"]["confirm"]["type"],
+            "boolean"
+        );
+        assert!(params.get("_meta").is_none());
+        assert!(asker.attach(&state, held(), raised).is_ok());
+        let said = json!({"action": "accept", "content": {"confirm": true}});
+        // An approval's key does not answer the server's question.
+        assert!(
+            asker
+                .resume(&state, call, Some(&json!({RELAY_KEY: said})))
+                .is_some()
+        );
+        assert_eq!(relaying.await.expect("relayed"), Ok(said));
     }
 
     #[test]

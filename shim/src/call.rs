@@ -10,6 +10,7 @@ use sharedos_proto::alias::PortableNames;
 use sharedos_proto::ipc::CallAnswer;
 use tokio_util::sync::CancellationToken;
 
+use crate::ask::RoundCtx;
 use crate::guard::Referral;
 use crate::link::{Link, LinkDown, Waiting};
 use crate::render;
@@ -93,41 +94,59 @@ impl Caller {
         call.run(cancel).await.map(Reply::Answer)
     }
 
-    /// A call whose person may be asked in an `input_required` round: the held call runs on its
-    /// own task, so that this call can be answered with the question while it goes on waiting.
+    /// A call whose person may be asked in `input_required` rounds: the held call runs on its
+    /// own task, so that this call can be answered with a question while it goes on.
     async fn call_in_rounds(
         &self,
         referral: Referral,
         cancel: &CancellationToken,
     ) -> Option<Reply> {
         let digest = crate::ask::call_digest(&referral.tool, referral.arguments.as_ref());
-        let (raise, mut raised) = tokio::sync::oneshot::channel();
+        let (raise, raised) = tokio::sync::mpsc::channel(4);
         let held_cancel = CancellationToken::new();
-        let round = Round {
-            digest,
+        let round = RoundCtx {
+            call: digest,
             cancel: held_cancel.clone(),
-            raise: std::sync::Mutex::new(Some(raise)),
+            raise,
         };
         let call = self.held_call(referral, true, Some(round));
         let tool = call.tool.clone();
         let token = held_cancel.clone();
-        let mut held = tokio::spawn(async move { call.run_to_end(&token).await });
+        let held = tokio::spawn(async move { call.run_to_end(&token).await });
+        self.wait_held(&tool, held, raised, cancel, &held_cancel)
+            .await
+    }
+
+    /// Waits on a held call for the request waiting on it (the call's own, or a retry): its
+    /// answer, or the next `input_required` result it raises (the held call then waits for the
+    /// retry that answers it), or `None` when the request is cancelled (and the held call with
+    /// it).
+    async fn wait_held(
+        &self,
+        tool: &str,
+        mut held: crate::ask::Held,
+        mut raised: crate::ask::Raised,
+        cancel: &CancellationToken,
+        held_cancel: &CancellationToken,
+    ) -> Option<Reply> {
+        let answer = |r: Result<Option<Result<CallAnswer, LinkDown>>, tokio::task::JoinError>| {
+            r.ok().flatten().map(|r| {
+                Reply::Answer(match r {
+                    Ok(answer) => answer,
+                    Err(why) => render::local_answer(tool, &why),
+                })
+            })
+        };
         tokio::select! {
             biased;
-            done = &mut held => done.ok().flatten().map(|r| Reply::Answer(match r {
-                Ok(answer) => answer,
-                Err(why) => render::local_answer(&tool, &why),
-            })),
-            Ok((state, result)) = &mut raised => {
-                if let Err(held) = self.asker.attach(&state, held) {
+            done = &mut held => answer(done),
+            Some((state, result)) = raised.recv() => {
+                match self.asker.attach(&state, held, raised) {
+                    Ok(()) => Some(Reply::InputRequired(result)),
                     // The question ended before it could be returned (the held call ended
                     // with it): the call's own answer, then.
-                    return held.await.ok().flatten().map(|r| Reply::Answer(match r {
-                        Ok(answer) => answer,
-                        Err(why) => render::local_answer(&tool, &why),
-                    }));
+                    Err((held, _)) => answer(held.await),
                 }
-                Some(Reply::InputRequired(result))
             }
             () = cancel.cancelled() => {
                 held_cancel.cancel();
@@ -136,9 +155,9 @@ impl Caller {
         }
     }
 
-    /// A 2026-07-28 retry that answers a round: the person's answer goes to the held call's
-    /// question, and the held call's own answer answers the retry. `None` (in the outer option)
-    /// when the retry names no round of this call: it is a new call.
+    /// A 2026-07-28 retry that answers a round: the client's response goes to the held call's
+    /// question, and the held call's answer (or its next question) answers the retry. `None`
+    /// (in the outer option) when the retry names no round of this call: it is a new call.
     pub async fn resume(
         &self,
         referral: &Referral,
@@ -146,7 +165,7 @@ impl Caller {
     ) -> Option<Option<Reply>> {
         let resume = referral.resume()?;
         let digest = crate::ask::call_digest(&referral.tool, referral.arguments.as_ref());
-        let Some(mut resumed) = self
+        let Some(resumed) = self
             .asker
             .resume(&resume.state, digest, resume.responses.as_ref())
         else {
@@ -157,20 +176,14 @@ impl Caller {
             Some(p) => p.canonical(&referral.tool).to_owned(),
             None => referral.tool.clone(),
         };
-        tokio::select! {
-            done = &mut resumed.held => Some(done.ok().flatten().map(|r| Reply::Answer(match r {
-                Ok(answer) => answer,
-                Err(why) => render::local_answer(&tool, &why),
-            }))),
-            () = cancel.cancelled() => {
-                resumed.cancel.cancel();
-                Some(None)
-            }
-        }
+        Some(
+            self.wait_held(&tool, resumed.held, resumed.raised, cancel, &resumed.cancel)
+                .await,
+        )
     }
 
     /// A referred call, ready to go to the broker.
-    fn held_call(&self, referral: Referral, current: bool, round: Option<Round>) -> HeldCall {
+    fn held_call(&self, referral: Referral, current: bool, round: Option<RoundCtx>) -> HeldCall {
         let Referral {
             id,
             tool: sent,
@@ -215,14 +228,6 @@ pub enum Reply {
     InputRequired(Value),
 }
 
-/// How a held call asks in an `input_required` round.
-struct Round {
-    digest: [u8; 32],
-    cancel: CancellationToken,
-    /// Where the round's result goes, once (a call is asked once).
-    raise: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<(String, Value)>>>,
-}
-
 /// One call on its way to the broker, owning all it needs (it may run on a task of its own).
 struct HeldCall {
     link: Arc<Link>,
@@ -233,7 +238,8 @@ struct HeldCall {
     progress: Option<(Value, tokio::sync::mpsc::WeakSender<Vec<u8>>)>,
     asker: Arc<crate::ask::Asker>,
     current: bool,
-    round: Option<Arc<Round>>,
+    /// Its `input_required` rounds (a 2026-07-28 client that declares elicitation).
+    round: Option<Arc<RoundCtx>>,
 }
 
 impl HeldCall {
@@ -273,25 +279,34 @@ impl HeldCall {
                 let _ = notes.try_send(progress_line(token, w, n));
             }
         };
-        let ask = move |q: sharedos_proto::ipc::Question| {
-            let asker = asker.clone();
-            let round = round.clone();
-            Box::pin(async move {
-                let raise = round
-                    .as_ref()
-                    .and_then(|r| r.raise.lock().ok().and_then(|mut r| r.take()));
-                match (round, raise) {
-                    (Some(round), Some(raise)) => {
-                        asker
-                            .ask_in_round(&q, round.digest, round.cancel.clone(), raise)
-                            .await
+        let ask = {
+            let (asker, round) = (asker.clone(), round.clone());
+            move |q: sharedos_proto::ipc::Question| {
+                let (asker, round) = (asker.clone(), round.clone());
+                Box::pin(async move {
+                    match &round {
+                        Some(round) => asker.ask_in_round(&q, round).await,
+                        None => asker.ask(&q, current).await,
                     }
-                    _ => asker.ask(&q, current).await,
+                })
+                    as std::pin::Pin<
+                        Box<dyn std::future::Future<Output = crate::link::Answer> + Send>,
+                    >
+            }
+        };
+        let relay = move |provider: String, request: Value| {
+            let (asker, round) = (asker.clone(), round.clone());
+            Box::pin(async move {
+                match &round {
+                    Some(round) => asker.relay_in_round(&provider, request, round).await,
+                    None => asker.relay(&provider, request).await,
                 }
             })
-                as std::pin::Pin<Box<dyn std::future::Future<Output = crate::link::Answer> + Send>>
+                as std::pin::Pin<
+                    Box<dyn std::future::Future<Output = Result<Value, String>> + Send>,
+                >
         };
-        link.call(call, cancel, &mut progress, &ask).await
+        link.call(call, cancel, &mut progress, &ask, &relay).await
     }
 }
 

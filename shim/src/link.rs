@@ -97,6 +97,13 @@ enum Reply {
         Box<Question>,
         oneshot::Receiver<Result<Reply, LinkDown>>,
     ),
+    /// A brokered server asks the call's person (`relay`, `provider`, `request`).
+    Relay(
+        u64,
+        String,
+        serde_json::Value,
+        oneshot::Receiver<Result<Reply, LinkDown>>,
+    ),
 }
 
 /// The person's answer to a question, or why there is none, and how they were asked
@@ -118,18 +125,30 @@ impl Answer {
         }
     }
 }
+
 /// Puts a brokered server's question (its provider, its `elicitation/create` params) to the
 /// person; resolves with the client's result or why not (the session's
 /// [`crate::ask::Asker::relay`]).
-pub type RelayFn = Arc<
-    dyn Fn(
-            String,
-            serde_json::Value,
-        )
-            -> Pin<Box<dyn std::future::Future<Output = Result<serde_json::Value, String>> + Send>>
-        + Send
-        + Sync,
->;
+pub type RelayFn<'a> = &'a (
+        dyn Fn(
+    String,
+    serde_json::Value,
+) -> Pin<
+    Box<dyn std::future::Future<Output = Result<serde_json::Value, String>> + Send>,
+> + Sync
+    );
+
+/// A brokered server's question in flight, with its relay serial.
+type Relaying =
+    Pin<Box<dyn std::future::Future<Output = (u64, Result<serde_json::Value, String>)> + Send>>;
+
+/// The answer to the question in flight; never, without one.
+async fn relayed(relaying: &mut Option<Relaying>) -> (u64, Result<serde_json::Value, String>) {
+    match relaying {
+        Some(r) => r.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
 
 /// Asks the person a question (the session's [`crate::ask::Asker`]).
 pub type AskFn<'a> =
@@ -148,8 +167,6 @@ pub struct Link {
     pub end_reason: Arc<Mutex<Option<LinkDown>>>,
     /// How long one call waits for its answer.
     deadline: Duration,
-    /// Puts a brokered server's question to the person ([`BridgeEvent::Relay`]).
-    relay: std::sync::OnceLock<RelayFn>,
 }
 
 impl Link {
@@ -231,7 +248,6 @@ impl Link {
             ended: CancellationToken::new(),
             end_reason: Arc::default(),
             deadline,
-            relay: std::sync::OnceLock::new(),
         });
         // Reader: answers and the turn's end.
         let l = link.clone();
@@ -282,33 +298,38 @@ impl Link {
                             let _ = tx.send(Ok(Reply::Ask(approval, Box::new(question), later)));
                         }
                     }
-                    // A brokered server's question for the person behind call `id`: asked on a
-                    // task of its own (the reader goes on), answered with `relayed`.
+                    // A brokered server's question for the person behind call `id`: the call
+                    // asks it (in the form its protocol has); a call no longer here cannot.
                     Ok(BridgeEvent::Relay {
                         id,
                         relay,
                         provider,
                         request,
                     }) => {
-                        let l = l.clone();
-                        tokio::spawn(async move {
-                            tracing::info!(call = id, relay, %provider, "a brokered server asks the person");
-                            let answer = match l.relay.get() {
-                                Some(ask) => ask(provider, request).await,
-                                None => Err("this shim cannot ask".to_owned()),
-                            };
-                            let (result, error) = match answer {
-                                Ok(r) => (Some(r), None),
-                                Err(e) => (None, Some(e)),
-                            };
-                            let _ = l
-                                .send(&BridgeRequest::Relayed {
-                                    relay,
-                                    result,
-                                    error,
-                                })
-                                .await;
+                        let (next, later) = oneshot::channel();
+                        let tx = l.pending.lock().ok().and_then(|mut m| {
+                            let tx = m.remove(&id)?;
+                            m.insert(id, next);
+                            Some(tx)
                         });
+                        match tx {
+                            Some(tx) => {
+                                let _ = tx.send(Ok(Reply::Relay(relay, provider, request, later)));
+                            }
+                            None => {
+                                let l = l.clone();
+                                tokio::spawn(async move {
+                                    let error = Some("the call it belongs to has ended".to_owned());
+                                    let _ = l
+                                        .send(&BridgeRequest::Relayed {
+                                            relay,
+                                            result: None,
+                                            error,
+                                        })
+                                        .await;
+                                });
+                            }
+                        }
                     }
                     Ok(BridgeEvent::DecideRefused { approval, message }) => {
                         tracing::warn!(%approval, %message, "the broker refused an answer");
@@ -375,6 +396,7 @@ impl Link {
         cancel: &CancellationToken,
         progress: &mut (dyn FnMut(&Waiting, u64) + Send),
         ask: AskFn<'_>,
+        relay: RelayFn<'_>,
     ) -> Option<Result<CallAnswer, LinkDown>> {
         if let Some(why) = self.end_reason.lock().ok().and_then(|r| r.clone()) {
             return Some(Err(why));
@@ -398,6 +420,8 @@ impl Link {
         // The question to the person in flight, with its approval id; dropped (and withdrawn
         // from the client) when the answer comes first.
         let mut asking: Option<Asking> = None;
+        // A brokered server's question in flight (one at a time).
+        let mut relaying: Option<Relaying> = None;
         loop {
             tokio::select! {
                 // An answer (or the link's end) wins over a cancellation that arrives with it: the
@@ -418,9 +442,27 @@ impl Link {
                         let answer = ask(*question);
                         asking = Some(Box::pin(async move { (approval, answer.await) }));
                     }
+                    Ok(Ok(Reply::Relay(serial, provider, request, later))) => {
+                        rx = later;
+                        if relaying.is_some() {
+                            let error = Some("the person is already being asked another question of this call".to_owned());
+                            let _ = self.send(&BridgeRequest::Relayed { relay: serial, result: None, error }).await;
+                        } else {
+                            let answer = relay(provider, request);
+                            relaying = Some(Box::pin(async move { (serial, answer.await) }));
+                        }
+                    }
                     Ok(Err(why)) => return Some(Err(why)),
                     Err(_) => return Some(Err(LinkDown::BrokerGone("the broker link dropped the call".into()))),
                 },
+                (serial, answer) = relayed(&mut relaying), if relaying.is_some() => {
+                    relaying = None;
+                    let (result, error) = match answer {
+                        Ok(r) => (Some(r), None),
+                        Err(e) => (None, Some(e)),
+                    };
+                    let _ = self.send(&BridgeRequest::Relayed { relay: serial, result, error }).await;
+                }
                 (approval, Answer { answer, reason, via }) = asked(&mut asking), if asking.is_some() => {
                     asking = None;
                     let via = via.map(str::to_owned);
@@ -464,11 +506,6 @@ impl Link {
                 count,
             })
             .await;
-    }
-
-    /// Where a brokered server's questions go (once, before calls are made).
-    pub fn set_relay(&self, relay: RelayFn) {
-        let _ = self.relay.set(relay);
     }
 
     /// Tells the broker which MCP client is on the other side (diagnostics only).

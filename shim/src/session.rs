@@ -159,11 +159,6 @@ impl Session {
         };
         let protocol = server::Negotiated::default();
         let asker = Arc::new(crate::ask::Asker::default());
-        let relay = asker.clone();
-        link.set_relay(Arc::new(move |provider, request| {
-            let asker = relay.clone();
-            Box::pin(async move { asker.relay(&provider, request).await })
-        }));
         let handler = server::Shim::new(
             link.clone(),
             welcome,

@@ -769,8 +769,8 @@ async fn an_upstreams_questions_are_refused_and_recorded() {
 /// `confirm=True`), decline, and a URL-mode question for an https page. Each is recorded
 /// `upstream_request` `action: forwarded` with the turn, the schema or host and the person's
 /// action, never the form's values. A secret given to the server never reaches the person in
-/// its question. A plain-http URL, and a 2026-07-28 client (which the shim does not ask a
-/// forwarded question yet), are still refused, on record.
+/// its question. A 2026-07-28 client is asked in an `input_required` round of the call. A
+/// plain-http URL is still refused, on record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
 async fn a_forwarded_upstream_question_reaches_the_person_and_the_answer_the_server() {
@@ -868,7 +868,7 @@ async fn a_forwarded_upstream_question_reaches_the_person_and_the_answer_the_ser
         );
         broker.close_turn(&turn.turn).await;
     }
-    // Still refused: a plain-http URL, and a client that cannot be asked (2026-07-28).
+    // Still refused: a plain-http URL.
     let turn = broker.open_turn("alice").await;
     let report = report_of(harness(
         &python,
@@ -887,6 +887,8 @@ async fn a_forwarded_upstream_question_reaches_the_person_and_the_answer_the_ser
     );
     assert_eq!(report["questions"], json!([]));
     broker.close_turn(&turn.turn).await;
+    // A 2026-07-28 client is asked in an input_required round of the call, and its retry's
+    // response is the server's answer.
     let turn = broker.open_turn("alice").await;
     let report = report_of(harness(
         &python,
@@ -897,18 +899,28 @@ async fn a_forwarded_upstream_question_reaches_the_person_and_the_answer_the_ser
         &json!([["py.ask", {}]]),
     ))
     .await;
-    assert!(
-        report["calls"][0][1]
-            .as_str()
-            .is_some_and(|t| t.starts_with("refused") && t.contains("in initialize")),
+    assert_eq!(report["protocol"], "2026-07-28", "{report}");
+    assert_eq!(
+        report["calls"][0][1], "answered: accept confirm=True",
         "{report}"
     );
-    assert_eq!(report["questions"], json!([]));
+    assert_eq!(report["questions"].as_array().map(Vec::len), Some(1));
+    let lines = forwarded(&broker, &turn.turn);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(
+        (&lines[0]["action"], &lines[0]["answer"]),
+        (&json!("forwarded"), &json!("accept"))
+    );
+    assert_eq!(
+        broker.calls_of(&turn.turn).len(),
+        1,
+        "one attempt on record"
+    );
     broker.close_turn(&turn.turn).await;
     let refused: Vec<Value> = broker
         .records()
         .into_iter()
         .filter(|l| l["kind"] == "upstream_request" && l["action"] == "refused")
         .collect();
-    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert_eq!(refused.len(), 1, "{refused:?}");
 }
