@@ -924,3 +924,84 @@ async fn a_forwarded_upstream_question_reaches_the_person_and_the_answer_the_ser
         .collect();
     assert_eq!(refused.len(), 1, "{refused:?}");
 }
+
+/// The TypeScript SDK client (npm `@modelcontextprotocol/sdk`, the version installed with
+/// server-everything) as the harness, with a real `elicitation/create` handler: it declares form
+/// mode in `initialize`, is asked, and its answer decides: approve runs the call once, decline
+/// refuses it `denied/approval_denied`, both `by: principal` via `elicitation/create`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs npm @modelcontextprotocol/sdk: bash .ci/install-mcp-servers installs it and .ci/run runs this"]
+async fn the_typescript_sdk_client_is_asked_and_its_answer_decides() {
+    let Some(servers) = crate::kit::installed("mcp-servers", ".ci/install-mcp-servers") else {
+        return;
+    };
+    let everything = std::path::PathBuf::from(&servers["EVERYTHING_ARGS"]);
+    // .../node_modules/@modelcontextprotocol/server-everything/dist/index.js → .../sdk
+    let sdk = everything
+        .ancestors()
+        .nth(3)
+        .expect("@modelcontextprotocol")
+        .join("sdk");
+    assert!(sdk.join("package.json").exists(), "{}", sdk.display());
+    let broker = broker(30).await;
+    for (answer, written, code) in [
+        ("approve", true, "ok"),
+        ("decline", false, "approval_denied"),
+    ] {
+        let turn = broker.open_turn("alice").await;
+        let path = format!("/public/ts-{answer}.txt");
+        let mut cmd = std::process::Command::new(&servers["EVERYTHING_CMD"]);
+        cmd.arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/node/elicit_client.cjs"
+        ))
+        .env("MCP_SDK_DIR", &sdk)
+        .env("SHAREDOS_SHIM", bin("sharedos-mcp-shim"))
+        .env("SHAREDOS_TURN_TOKEN", turn.token.expose())
+        .env("SHAREDOS_BROKER", broker.bridge())
+        .env("ELICIT_ANSWER", answer)
+        .env(
+            "ELICIT_CALLS",
+            json!([["files.write", {"path": path, "content": "from ts"}]]).to_string(),
+        );
+        let report = report_of(cmd).await;
+        assert_eq!(report["calls"][0][2], code, "{answer}: {report}");
+        assert_eq!(
+            report["questions"].as_array().map(Vec::len),
+            Some(1),
+            "{report}"
+        );
+        assert!(
+            report["questions"][0]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("`files.write`") && m.contains(&path)),
+            "{report}"
+        );
+        assert_eq!(
+            broker.dir.path().join(format!("data{path}")).exists(),
+            written,
+            "{answer}"
+        );
+        let decided = lines_of(&broker, &turn.turn, "approval_decided");
+        assert_eq!(decided.len(), 1, "{decided:?}");
+        assert_eq!(decided[0]["by"], "principal");
+        assert_eq!(decided[0]["session"]["via"], "elicitation/create");
+        let clients = lines_of(&broker, &turn.turn, "bridge_client");
+        assert_eq!(
+            clients[0]["client"]["name"], "ts-sdk-harness",
+            "{clients:?}"
+        );
+        assert_eq!(
+            clients[0]["client"]["capabilities"]["elicitation"],
+            json!(["form"]),
+            "{clients:?}"
+        );
+        println!(
+            "MEASURED ts-sdk {} protocol {} answer {answer}: {}",
+            servers["MCP_SDK_VERSION"],
+            clients[0]["client"]["protocolVersion"],
+            decided[0]["decision"],
+        );
+        broker.close_turn(&turn.turn).await;
+    }
+}
