@@ -1258,6 +1258,11 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                         if let Some(e) = p["lastError"].as_str() {
                             outln!("  last error: {e}");
                         }
+                        if p["elicitation"] == "forward" {
+                            outln!(
+                                "  elicitation: forward (its server's questions go to the person behind the call)"
+                            );
+                        }
                         let sb = &p["sandbox"];
                         if sb == "none" {
                             outln!(

@@ -197,6 +197,8 @@ pub struct Status {
     pub last_error: Option<String>,
     /// The sandbox its upstream runs in (`"none"`, or the plan), as recorded.
     pub sandbox: Value,
+    /// What becomes of its server's questions: `refuse` or `forward`.
+    pub elicitation: &'static str,
     /// A `per_principal` provider's running instances.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instances: Option<Vec<instances::InstanceStatus>>,
@@ -780,6 +782,10 @@ impl McpProvider {
             restarts: self.restarts.load(Ordering::Relaxed),
             last_error: inner.last_error.clone(),
             sandbox: self.sandbox_shown(),
+            elicitation: match self.config.elicitation {
+                crate::config::ElicitationSetting::Refuse => "refuse",
+                crate::config::ElicitationSetting::Forward => "forward",
+            },
             instances: self.instances.as_ref().map(instances::Pool::status),
             remote: self.remote_status(inner.peer.is_some()),
         }
