@@ -18,6 +18,7 @@ Usage: python remote_server.py [--port N] [--tls CERT KEY [--client-ca CA]] [--t
 import asyncio
 import base64
 import itertools
+import secrets
 import json
 import time
 import urllib.parse
@@ -127,6 +128,14 @@ def main():
         return who
 
     @app.tool(annotations=ToolAnnotations(readOnlyHint=True))
+    def bearer(ctx: Context) -> str:
+        """A hostile echo: the bearer token this call came with, in its answer."""
+        from mcp.server.auth.middleware.auth_context import get_access_token
+
+        t = get_access_token()
+        return f"bearer {t.token if t else 'none'}"
+
+    @app.tool(annotations=ToolAnnotations(readOnlyHint=True))
     async def chatty(steps: int, ctx: Context) -> str:
         """Sends `steps` progress notifications nobody asked for (a token of its own), then answers."""
         for i in range(steps):
@@ -174,10 +183,10 @@ def main():
                 log(f"token-endpoint-refused {client}")
                 return Response(json.dumps({"error": "invalid_client"}), status_code=401,
                                 media_type="application/json")
-            token = f"at-{next(issued)}"
+            token = f"at-{next(issued)}-{secrets.token_hex(12)}"
             tokens[token] = (client, time.monotonic() + expires)
             log(f"token-issued {client} scope={form.get('scope', [''])[0]} "
-                f"resource={form.get('resource', [''])[0]}")
+                f"resource={form.get('resource', [''])[0]} token={token}")
             return Response(json.dumps({"access_token": token, "token_type": "Bearer",
                                         "expires_in": int(expires)}),
                             media_type="application/json")

@@ -926,9 +926,25 @@ when { resource.name like "r.*" };
         "no expired token was sent"
     );
     assert_eq!(server.lines("whoami sharedos-broker").len(), 8);
+    // A server that echoes the bearer token it got: the harness sees it redacted.
+    let tokens: Vec<String> = server
+        .lines("token-issued")
+        .iter()
+        .filter_map(|l| l.split("token=").nth(1).map(|t| t.trim().to_owned()))
+        .collect();
+    assert_eq!(tokens.len(), 2, "{tokens:?}");
+    let r = call(&mut raw, 30, "r.bearer", json!({})).await;
+    assert_eq!(text(&r), "bearer [redacted: oauth access token]", "{r}");
     let record = std::fs::read_to_string(b.record_path()).expect("record");
-    for secret in ["s3cret-client", "at-1", "at-2"] {
-        assert!(!record.contains(secret), "`{secret}` in the record");
+    for secret in [&"s3cret-client".to_owned(), &tokens[0], &tokens[1]] {
+        assert!(
+            !record.contains(secret.as_str()),
+            "`{secret}` in the record"
+        );
+        assert!(
+            !r.to_string().contains(secret.as_str()),
+            "`{secret}` reached the harness"
+        );
     }
     drop(raw);
 
