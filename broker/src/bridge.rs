@@ -392,6 +392,10 @@ async fn hung_up(watch: Option<&sharedos_ipc::HangUp>) {
 /// session a principal's answer came from, and binds each question to the connection asked.
 static BRIDGE_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
+/// How long a closing turn's bridge waits for its calls in flight to send their answers before
+/// it tells the shim the turn closed.
+const CLOSE_ANSWERS_WAIT: Duration = Duration::from_secs(2);
+
 /// Longest elicitation `reason` kept from a shim (why its client could not ask).
 const DECIDE_REASON_MAX_BYTES: usize = 512;
 
@@ -633,6 +637,16 @@ async fn run_connection(
         match event {
             Event::ClientGone => gone(),
             Event::TurnEnded => {
+                // The calls in flight end with the turn (cancelled, or done just before): their
+                // answers go out first, so the harness gets what the record says, not "the turn
+                // closed" for a call already decided. Bounded: a call that does not end in time
+                // is answered by the shim when the link ends.
+                let settled = tokio::time::timeout(
+                    CLOSE_ANSWERS_WAIT,
+                    limit.acquire_many(MAX_INFLIGHT_PER_BRIDGE as u32),
+                )
+                .await;
+                drop(settled);
                 let reason = turn.closed_reason().unwrap_or_else(|| "closed".into());
                 send_event(&out, BridgeEvent::TurnClosed { reason }).await;
                 break;

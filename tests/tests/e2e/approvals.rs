@@ -477,6 +477,12 @@ async fn closing_the_turn_ends_the_wait() {
     broker.close_turn(&turn.turn).await;
     let calls = broker.calls_of(&turn.turn);
     assert_eq!(calls.len(), 1, "recorded before the close returned");
+    // The answer on record is the one the harness got, before the turn's end.
+    let r = raw.response(1).await;
+    assert_eq!(
+        r["result"]["_meta"]["sharedos"]["callId"], calls[0]["callId"],
+        "{r}"
+    );
     assert_eq!(
         (calls[0]["outcome"].as_str(), calls[0]["code"].as_str()),
         (Some("cancelled"), Some("turn_closed"))

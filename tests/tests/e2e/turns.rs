@@ -223,6 +223,9 @@ async fn a_turn_closed_mid_call_answers_the_call_and_records_it() {
         call < closed,
         "the call is recorded before the turn's close"
     );
+    // The harness got the broker's answer, the one on record (not the shim's own "the turn
+    // closed" for a call it never heard the end of).
+    assert_eq!(meta(&r["result"])["callId"], lines[call]["callId"], "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
