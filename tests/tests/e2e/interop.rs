@@ -4,7 +4,9 @@
 //!
 //! `.ci/install-harnesses` installs the pinned CLIs and writes `harnesses.env`. If the registry
 //! could not be reached it leaves a SKIPPED marker and these tests say they are skipped; under
-//! CI=true a missing install without that marker fails.
+//! CI=true a missing install without that marker fails. Every column also needs the PyPI
+//! mcp-server-time from `.ci/install-mcp-servers` (the brokered provider of the `long-name` row),
+//! skipped and failed the same way.
 
 use std::collections::BTreeMap;
 
@@ -41,6 +43,10 @@ permit(principal == SharedOS::User::"alice",
        action == SharedOS::Action::"read",
        resource is SharedOS::File)
 when { resource.path like "/asks/*" };
+
+@id("alice-long-name")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool)
+when { resource.name == "a_namespace_near_limits.get_current_time" };
 
 @id("alice-asks-alice-or-operator")
 @approval("principal_or_operator")
@@ -86,6 +92,7 @@ fn rows(asked: Asked) -> Value {
         {"id": "principal-or-operator", "tool": "files.read", "arguments": {"path": "/held/plan.txt"}, "expect": held},
         {"id": "search", "tool": "files.search", "arguments": {"path": "/public", "query": "hello"}, "expect": "allowed"},
         {"id": "budget-refusal", "tool": "files.search", "arguments": {"path": "/public", "query": "world"}, "expect": "denied", "code": "budget_exhausted"},
+        {"id": "long-name", "tool": LONG_NAME, "arguments": {"timezone": "UTC"}, "expect": "allowed"},
         {"id": "turn-closed", "tool": "files.read", "arguments": {"path": "/public/hello.txt"}, "expect": "turn_closed"},
     ])
 }
@@ -100,7 +107,33 @@ const BUDGETS: &str = "[[budgets]]\ntool = \"files.search\"\ncalls_per_turn = 1\
 const CLOSE_DELAY_MS: u64 = 2000;
 
 /// The rows that run while the turn is open (all but `turn-closed`), which every column passes.
-const OPEN_ROWS: usize = 8;
+const OPEN_ROWS: usize = 9;
+
+/// The namespace of a brokered provider (the PyPI mcp-server-time), 23 characters: its
+/// `get_current_time` is `mcp__sharedos__a_namespace_near_limits_get_current_time` (55 of Claude
+/// Code's 64 characters) and, in Qwen Code, that name plus its 8-character hash suffix, 63: its
+/// limit exactly (`proto::alias`). Longer, Qwen Code would cut the tool's own name short.
+const LONG_NAMESPACE: &str = "a_namespace_near_limits";
+const LONG_NAME: &str = "a_namespace_near_limits.get_current_time";
+
+/// The turn's catalogue in every column: the files tools and the long-named one (only
+/// `get_current_time` is permitted of the time server's two tools).
+const CATALOGUE: [&str; 4] = [
+    "a_namespace_near_limits.get_current_time",
+    "files.list",
+    "files.read",
+    "files.search",
+];
+
+/// The `[[providers]]` table of the time server under [`LONG_NAMESPACE`].
+fn long_named_provider(servers: &BTreeMap<String, String>) -> String {
+    let q = |s: &str| serde_json::to_string(s).expect("quote");
+    format!(
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"{LONG_NAMESPACE}\"\ncommand = {}\nargs = [{}]\n",
+        q(&servers["TIME_CMD"]),
+        q(&servers["TIME_ARGS"])
+    )
+}
 
 /// Approves, as an operator over `control.sock` (`sharedos-broker approvals approve`), every
 /// held read of `/held/*` it sees, until stopped. Returns the approval ids it approved.
@@ -150,10 +183,11 @@ async fn column(
     host_config: impl FnOnce(u16, &BTreeMap<String, String>, &std::path::Path) -> String,
 ) -> Option<(Value, Vec<Value>, TestBroker)> {
     let h = harnesses()?;
+    let servers = crate::kit::installed("mcp-servers", ".ci/install-mcp-servers")?;
     let broker = TestBroker::start(Options {
         policy: POLICY,
         top: format!("approval_timeout_seconds = {APPROVAL_TIMEOUT_SECONDS}\n"),
-        tables: BUDGETS.to_owned(),
+        tables: format!("{BUDGETS}{}", long_named_provider(&servers)),
         ..Options::default()
     })
     .await;
@@ -337,7 +371,7 @@ fn check(
         .iter()
         .filter_map(Value::as_str)
         .collect();
-    assert_eq!(catalogue, ["files.list", "files.read", "files.search"]);
+    assert_eq!(catalogue, CATALOGUE);
     let offered = &manifest["offered"];
     assert_eq!(
         offered["boundary"]
@@ -402,6 +436,13 @@ fn check(
                 && t.contains("exhausted (1 of 1 calls used in this turn)")),
         "the model sees the budget refusal: {:?}",
         results[7]
+    );
+    assert!(
+        results[8]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("UTC") && !t.contains("denied:")),
+        "the long-named tool's answer: {:?}",
+        results[8]
     );
     assert!(
         results[0]["text"]
@@ -815,7 +856,7 @@ async fn claude_code_with_a_second_mcp_server_is_misdeclared() {
     assert_eq!(others.len(), local.len() + time.len() + 3, "{others:#?}");
     assert_eq!(
         manifest["summary"],
-        json!({"pass": 10, "fail": 1, "notExercised": 0, "allPassed": false})
+        json!({"pass": 11, "fail": 1, "notExercised": 0, "allPassed": false})
     );
     // The model log agrees: every request with tools offered the time server's tools.
     for r in log.iter().filter(|l| {
@@ -1027,7 +1068,23 @@ OPENAI_MODEL = "fake-model"
         .alias("sharedos", "files.read")
         .expect("qwen alias");
     assert_eq!(sent, "mcp__sharedos__files_read_1rtbejb");
-    // What Qwen Code offered its model on the first request: the boundary's three tools under
+    // The long-named tool, as Qwen Code offered it: its rewritten name with the hash suffix is
+    // exactly its 63-character limit, the tool's own name whole.
+    let long = sharedos_proto::alias::Harness::QwenCode
+        .alias("sharedos", LONG_NAME)
+        .expect("qwen alias");
+    assert_eq!(
+        long,
+        "mcp__sharedos__a_namespace_near_limits_get_current_time_0gfqgqp"
+    );
+    assert_eq!(long.len(), sharedos_proto::alias::QWEN_NAME_MAX);
+    assert!(
+        log.iter().any(|l| l["kind"] == "request"
+            && l["reply"] == "tool_call"
+            && l["tool"] == long.as_str()),
+        "Qwen Code called it by that name: {log:#?}"
+    );
+    // What Qwen Code offered its model on the first request: the boundary's four tools under
     // their measured aliases, and exactly the declared harness-local tools besides.
     let first = log
         .iter()
@@ -1044,7 +1101,7 @@ OPENAI_MODEL = "fake-model"
         .copied()
         .filter(|t| t.starts_with("mcp__sharedos__"))
         .collect();
-    let want: Vec<String> = ["files.list", "files.read", "files.search"]
+    let want: Vec<String> = CATALOGUE
         .iter()
         .map(|t| {
             sharedos_proto::alias::Harness::QwenCode
@@ -1160,12 +1217,13 @@ npm_config_offline = "true"
             &sent,
             "sharedos_files_search",
             "sharedos_files_search",
+            "sharedos_a_namespace_near_limits_get_current_time",
             &sent
         ],
         "{log:#?}"
     );
     // opencode's first request is its own title request, with no tools; every other one until
-    // the turn closed offers the boundary's three tools under their measured aliases and exactly
+    // the turn closed offers the boundary's four tools under their measured aliases and exactly
     // the declared harness-local tools besides.
     let (open, _) = sharedos_column::runner::split_at_step(&log, OPEN_ROWS);
     let requests: Vec<&Value> = open.iter().filter(|l| l["kind"] == "request").collect();
@@ -1174,7 +1232,7 @@ npm_config_offline = "true"
         .filter(|l| l["offered"].as_array().is_some_and(Vec::is_empty))
         .count();
     assert!(toolless <= 1, "{log:#?}");
-    let want: std::collections::BTreeSet<String> = ["files.list", "files.read", "files.search"]
+    let want: std::collections::BTreeSet<String> = CATALOGUE
         .iter()
         .map(|t| {
             sharedos_proto::alias::Harness::Opencode
@@ -1295,13 +1353,14 @@ GEMINI_API_KEY = "dummy"
             &sent,
             "mcp_sharedos_files.search",
             "mcp_sharedos_files.search",
+            "mcp_sharedos_a_namespace_near_limits.get_current_time",
             &sent
         ],
         "{log:#?}"
     );
-    // Every request until the turn closed offers the boundary's three tools under their measured aliases and exactly
+    // Every request until the turn closed offers the boundary's four tools under their measured aliases and exactly
     // the declared harness-local tools besides, and asks for the declared model.
-    let want: std::collections::BTreeSet<String> = ["files.list", "files.read", "files.search"]
+    let want: std::collections::BTreeSet<String> = CATALOGUE
         .iter()
         .map(|t| {
             sharedos_proto::alias::Harness::GeminiCli
