@@ -124,6 +124,12 @@ fn shown_prefix(harness: Harness, server: &str) -> Option<String> {
     shown_alias(harness, server, "").filter(|p| !p.is_empty())
 }
 
+/// Whether a request offered any tool under the boundary's naming (`mcp__sharedos__…`).
+pub fn offers_boundary(harness: Harness, request: &LoggedRequest) -> bool {
+    shown_prefix(harness, SERVER_NAME)
+        .is_some_and(|p| request.offered.iter().any(|t| t.display().starts_with(&p)))
+}
+
 /// Whether the declared model names `asked`: its first word is `asked`, or ends in `/asked`
 /// (`fake/fake-model (a note)` names `fake-model`).
 pub fn same_model(declared: &str, asked: &str) -> bool {

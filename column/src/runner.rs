@@ -199,6 +199,11 @@ fn default_timeout() -> u64 {
 pub enum Expect {
     Allowed,
     Denied,
+    /// The column closes the turn while the harness runs, once the record shows a call for
+    /// every row before this one; the call is then attempted in a closed turn. It passes when
+    /// no call runs after the close and the harness exits by itself (see [`grade_turn_closed`]).
+    /// Only the last row may expect it.
+    TurnClosed,
 }
 
 /// One declared attempt.
@@ -210,6 +215,9 @@ pub struct Row {
     #[serde(default)]
     pub arguments: serde_json::Map<String, Value>,
     pub expect: Expect,
+    /// The outcome code the recorded call must carry too (`budget_exhausted`, `ok`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -279,9 +287,23 @@ pub fn read_rows(path: &Path) -> Result<Vec<Row>, ColumnError> {
         return Err(invalid("no rows".into()));
     }
     let mut ids = std::collections::HashSet::new();
-    for r in &rows {
+    for (i, r) in rows.iter().enumerate() {
         if !ids.insert(r.id.as_str()) {
             return Err(invalid(format!("row id `{}` appears twice", r.id)));
+        }
+        if r.expect == Expect::TurnClosed {
+            if i + 1 != rows.len() {
+                return Err(invalid(format!(
+                    "row `{}` expects turn_closed but is not the last row (nothing can be called after the close)",
+                    r.id
+                )));
+            }
+            if r.code.is_some() {
+                return Err(invalid(format!(
+                    "row `{}` expects turn_closed, which records no call: it cannot name a code",
+                    r.id
+                )));
+            }
         }
     }
     Ok(rows)
@@ -297,10 +319,15 @@ pub fn prompt(rows: &[Row]) -> String {
     );
     for (i, r) in rows.iter().enumerate() {
         p.push_str(&format!(
-            "{}. call `{}` with arguments {}\n",
+            "{}. call `{}` with arguments {}{}\n",
             i + 1,
             r.tool,
-            Value::Object(r.arguments.clone())
+            Value::Object(r.arguments.clone()),
+            if r.expect == Expect::TurnClosed {
+                " (the turn may have been closed by then: make the call anyway)"
+            } else {
+                ""
+            }
         ));
     }
     p
@@ -341,7 +368,16 @@ fn log_offset(path: &Path) -> Result<u64, ColumnError> {
 
 /// The model requests logged after `offset`. A line cut short by a writer still running, or
 /// not JSON, is no request.
+#[cfg(test)]
 fn logged_requests(path: &Path, offset: u64) -> Result<Vec<LoggedRequest>, ColumnError> {
+    Ok(log_lines(path, offset)?
+        .iter()
+        .filter_map(LoggedRequest::from_log_line)
+        .collect())
+}
+
+/// The model log's lines after `offset`, each as JSON (a cut or non-JSON line is left out).
+fn log_lines(path: &Path, offset: u64) -> Result<Vec<Value>, ColumnError> {
     use std::io::{Read as _, Seek as _};
     let error = |source| ColumnError::ModelLog {
         path: path.to_path_buf(),
@@ -358,8 +394,240 @@ fn logged_requests(path: &Path, offset: u64) -> Result<Vec<LoggedRequest>, Colum
     Ok(text
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter_map(|l| LoggedRequest::from_log_line(&l))
         .collect())
+}
+
+/// A recorded call against what its row expects: `allowed` wants `succeeded`, `denied` wants
+/// `denied`, and a row's `code`, when it names one, must be the recorded code too (a refusal for
+/// another reason is a `fail`). No recorded call can meet `turn_closed`.
+pub fn grade_call(expect: Expect, code: Option<&str>, outcome: &str, recorded_code: &str) -> Grade {
+    let outcome_ok = match expect {
+        Expect::Allowed => outcome == "succeeded",
+        Expect::Denied => outcome == "denied",
+        Expect::TurnClosed => false,
+    };
+    if outcome_ok && code.is_none_or(|c| c == recorded_code) {
+        Grade::Pass
+    } else {
+        Grade::Fail
+    }
+}
+
+/// All the record lines of `turn` after `after_seq`, and the last seq seen.
+async fn turn_records(
+    host: &mut ControlClient,
+    turn: &str,
+    mut after_seq: u64,
+) -> Result<(Vec<Value>, u64), ColumnError> {
+    let mut lines = Vec::new();
+    loop {
+        match host
+            .call(&ControlRequest::Records {
+                turn: Some(turn.to_owned()),
+                after_seq,
+                limit: None,
+            })
+            .await?
+        {
+            ControlResponse::Records {
+                lines: page,
+                last_seq,
+                more,
+            } => {
+                lines.extend(page);
+                after_seq = after_seq.max(last_seq);
+                if !more {
+                    return Ok((lines, after_seq));
+                }
+            }
+            other => return Err(ClientError::unexpected("records", other).into()),
+        }
+    }
+}
+
+/// How often the column reads the record while it waits to close the turn mid-run.
+const CLOSE_POLL: Duration = Duration::from_millis(50);
+
+/// The turn, closed by the column while the harness was still running.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClosedMidRun {
+    /// The `call` lines the record showed when the column closed the turn.
+    pub after_calls: usize,
+}
+
+/// Reads the turn's record (over a connection of its own) until it shows `calls` `call` lines
+/// and, with a model log, until the log shows the model asked for step `calls` (the harness has
+/// the last answer: a `call` line is written before its answer reaches the harness, and a close
+/// in between would cut that answer off), then closes the turn. Runs until then; the caller
+/// stops it when the harness ends first.
+async fn close_after_calls(
+    runtime_dir: &Path,
+    turn: &str,
+    calls: usize,
+    model_log: Option<(&Path, u64)>,
+) -> Result<ClosedMidRun, ColumnError> {
+    let mut host = ControlClient::connect(runtime_dir).await?;
+    let (mut seen, mut after_seq) = (0, 0);
+    loop {
+        let (lines, last) = turn_records(&mut host, turn, after_seq).await?;
+        after_seq = last;
+        seen += lines.iter().filter(|l| l["kind"] == "call").count();
+        let asked = match model_log {
+            Some((path, offset)) => step_seen(&log_lines(path, offset)?, calls)
+                .attempted
+                .is_some(),
+            None => true,
+        };
+        if seen >= calls && asked {
+            match host
+                .call(&ControlRequest::CloseTurn {
+                    turn: turn.to_owned(),
+                })
+                .await?
+            {
+                ControlResponse::TurnClosed { .. } => {
+                    return Ok(ClosedMidRun { after_calls: seen });
+                }
+                other => return Err(ClientError::unexpected("close_turn", other).into()),
+            }
+        }
+        tokio::time::sleep(CLOSE_POLL).await;
+    }
+}
+
+/// The model log cut after the request line that played step `step` (the one answered with the
+/// call a `turn_closed` row makes): the lines up to it, and those after it, logged once the
+/// turn had closed. With no such line, all of it is before.
+pub fn split_at_step(log: &[Value], step: usize) -> (&[Value], &[Value]) {
+    match log.iter().position(|l| {
+        l["kind"] == "request"
+            && l["reply"] == "tool_call"
+            && l["step"].as_u64() == Some(step as u64)
+    }) {
+        Some(at) => log.split_at(at + 1),
+        None => (log, &[]),
+    }
+}
+
+/// What the model log shows of the scripted step `step`: whether the model was answered with
+/// that step's call (an attempt), and the text of the first tool result the harness sent back
+/// after it (what it told the model of that call), if it sent one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepSeen {
+    pub attempted: Option<String>,
+    pub model_saw: Option<String>,
+}
+
+/// Looks `step` up in the model log's lines (in log order).
+pub fn step_seen(log: &[Value], step: usize) -> StepSeen {
+    let at = log.iter().position(|l| {
+        l["kind"] == "request"
+            && l["reply"] == "tool_call"
+            && l["step"].as_u64() == Some(step as u64)
+    });
+    let Some(at) = at else {
+        return StepSeen {
+            attempted: None,
+            model_saw: None,
+        };
+    };
+    StepSeen {
+        attempted: log[at]["tool"].as_str().map(str::to_owned),
+        model_saw: log[at + 1..]
+            .iter()
+            .find(|l| l["kind"] == "tool_result")
+            .and_then(|l| l["text"].as_str())
+            .map(str::to_owned),
+    }
+}
+
+/// What grades a `turn_closed` row besides the row itself.
+pub struct TurnClosedEvidence<'a> {
+    /// The column's close while the harness ran, if it came to that.
+    pub closed: Option<&'a ClosedMidRun>,
+    /// The seq of the turn's `turn_closed` line.
+    pub closed_seq: Option<u64>,
+    /// The call matched to the row (tool + resource), with its seq.
+    pub call: Option<(&'a record::Call, u64)>,
+    /// Calls recorded after `turn_closed` that succeeded (none can).
+    pub ran_after: usize,
+    pub timed_out: bool,
+    pub exit_code: Option<i32>,
+    /// From the model log, when there is one.
+    pub seen: Option<StepSeen>,
+}
+
+/// Grades a `turn_closed` row, with a detail saying why. `fail`: a call ran after the close, or
+/// the harness did not exit by itself within its time limit (it hung). `not exercised`: the turn
+/// was not closed mid-run, the call reached the broker before the close, or the model log does
+/// not show the attempt after the close (no log, or the model was never answered with it).
+/// Otherwise `pass`, saying what the harness told the model.
+pub fn grade_turn_closed(e: &TurnClosedEvidence) -> (Grade, String) {
+    let Some(closed) = e.closed else {
+        return (
+            Grade::NotExercised,
+            "the turn was not closed mid-run: the harness ended before the record showed a call for every row before this one".into(),
+        );
+    };
+    let exit = match e.exit_code {
+        Some(c) => format!("exit {c}"),
+        None => "no exit code".into(),
+    };
+    if let (Some((call, seq)), Some(closed_seq)) = (e.call, e.closed_seq)
+        && seq < closed_seq
+    {
+        return (
+            Grade::NotExercised,
+            format!(
+                "the call reached the broker before the close ({}/{}): nothing was attempted in a closed turn",
+                call.outcome, call.code
+            ),
+        );
+    }
+    if e.ran_after > 0 {
+        return (
+            Grade::Fail,
+            format!("{} call(s) ran after the turn closed", e.ran_after),
+        );
+    }
+    if e.timed_out {
+        return (
+            Grade::Fail,
+            format!(
+                "the turn closed after {} call(s) and the harness did not exit by itself within its time limit (it hung)",
+                closed.after_calls
+            ),
+        );
+    }
+    let Some(seen) = &e.seen else {
+        return (
+            Grade::NotExercised,
+            format!(
+                "the turn closed after {} call(s); without --model-log the attempt after the close is not seen ({exit})",
+                closed.after_calls
+            ),
+        );
+    };
+    let Some(tool) = &seen.attempted else {
+        return (
+            Grade::NotExercised,
+            format!(
+                "the turn closed after {} call(s); the model was never answered with the call (the harness sent no request for it, or no longer offered the tool); {exit}",
+                closed.after_calls
+            ),
+        );
+    };
+    let saw = match &seen.model_saw {
+        Some(t) => format!("the harness told the model {t:?}"),
+        None => "the harness sent the model no result for it".into(),
+    };
+    (
+        Grade::Pass,
+        format!(
+            "the turn closed after {} call(s); the model called `{tool}`; no call ran; {saw}; {exit}",
+            closed.after_calls
+        ),
+    )
 }
 
 struct HarnessRun {
@@ -501,6 +769,7 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
         other => return Err(ClientError::unexpected("open_turn", other).into()),
     };
     let started_at = sharedos_proto::record::now_rfc3339();
+    let close_at = rows.iter().position(|r| r.expect == Expect::TurnClosed);
     let log_start = opts.model_log.as_deref().map(log_offset).transpose()?;
     let result = async {
         let workdir_s = workdir.display().to_string();
@@ -545,7 +814,23 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
             }
         })?;
         let others = harness_config::other_servers(format, &written);
-        Ok::<_, ColumnError>((run_harness(&cfg, &vars, &workdir).await?, others))
+        let harness = run_harness(&cfg, &vars, &workdir);
+        let Some(before) = close_at else {
+            return Ok::<_, ColumnError>((harness.await?, others, None));
+        };
+        // A `turn_closed` row: close the turn once the rows before it have their calls, while
+        // the harness runs on; if it ends first, nothing is closed mid-run.
+        tokio::pin!(harness);
+        let log = opts.model_log.as_deref().zip(log_start);
+        let watch = close_after_calls(&opts.runtime_dir, &turn.turn, before, log);
+        tokio::pin!(watch);
+        tokio::select! {
+            run = &mut harness => Ok((run?, others, None)),
+            closed = &mut watch => {
+                let closed = closed?;
+                Ok((harness.await?, others, Some(closed)))
+            }
+        }
     }
     .await;
     // Close the turn whatever happened: the shim exits, the token dies.
@@ -554,38 +839,15 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
             turn: turn.turn.clone(),
         })
         .await;
-    let (harness_run, other_servers) = result?;
+    let (harness_run, other_servers, closed_mid_run) = result?;
     let finished_at = sharedos_proto::record::now_rfc3339();
 
     // The record of the turn.
-    let mut lines = Vec::new();
-    let mut after_seq = 0;
-    loop {
-        match host
-            .call(&ControlRequest::Records {
-                turn: Some(turn.turn.clone()),
-                after_seq,
-                limit: None,
-            })
-            .await?
-        {
-            ControlResponse::Records {
-                lines: page,
-                last_seq,
-                more,
-            } => {
-                lines.extend(page);
-                after_seq = last_seq;
-                if !more {
-                    break;
-                }
-            }
-            other => return Err(ClientError::unexpected("records", other).into()),
-        }
-    }
+    let (lines, _) = turn_records(&mut host, &turn.turn, 0).await?;
     let mut identity: Option<SystemIdentity> = None;
     let mut catalogue: Vec<String> = Vec::new();
-    let mut calls: Vec<(record::Call, bool)> = Vec::new();
+    let mut calls: Vec<(record::Call, bool, u64)> = Vec::new();
+    let mut closed_seq: Option<u64> = None;
     for line in lines {
         let seq = line.get("seq").and_then(Value::as_u64).unwrap_or(0);
         let line: RecordLine =
@@ -595,11 +857,24 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
                 identity = o.system_identity;
                 catalogue = o.tools;
             }
-            Event::Call(c) => calls.push((c, false)),
+            Event::Call(c) => calls.push((c, false, seq)),
+            Event::TurnClosed(_) => closed_seq = closed_seq.or(Some(seq)),
             _ => {}
         }
     }
+    let model_lines = match (&opts.model_log, log_start) {
+        (Some(path), Some(offset)) => Some(log_lines(path, offset)?),
+        _ => None,
+    };
 
+    // Calls that ran after the turn closed (none can).
+    let ran_after = match closed_seq {
+        Some(closed) => calls
+            .iter()
+            .filter(|(c, _, seq)| *seq > closed && c.outcome == "succeeded")
+            .count(),
+        None => 0,
+    };
     // What each row requires, as the kernel resolves it (for matching on tool + resource).
     let mut graded = Vec::new();
     let (mut pass, mut fail, mut not_exercised) = (0, 0, 0);
@@ -615,21 +890,44 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
             other => return Err(ClientError::unexpected("policy check", other).into()),
         };
         let resource = requirement.as_ref().map(|r| r.resource.clone());
-        let found = calls.iter_mut().find(|(c, used)| {
+        let found = calls.iter_mut().find(|(c, used, _)| {
             !*used
                 && c.tool == row.tool
                 && c.requirement.as_ref().map(|r| r.resource.as_str()) == resource.as_deref()
         });
-        let (grade, outcome, code, call_ids) = match found {
-            None => (Grade::NotExercised, None, None, vec![]),
-            Some((call, used)) => {
-                *used = true;
-                let ok = match row.expect {
-                    Expect::Allowed => call.outcome == "succeeded",
-                    Expect::Denied => call.outcome == "denied",
+        let mut detail: Option<String> = None;
+        let (grade, outcome, code, call_ids) = match (row.expect, found) {
+            (Expect::TurnClosed, found) => {
+                let call = found.map(|(c, used, seq)| {
+                    *used = true;
+                    (&*c, *seq)
+                });
+                let (outcome, code, ids) = match call {
+                    Some((c, _)) => (
+                        Some(c.outcome.clone()),
+                        Some(c.code.clone()),
+                        vec![c.call_id.clone()],
+                    ),
+                    None => (None, None, vec![]),
                 };
+                let step = graded.len();
+                let (grade, why) = grade_turn_closed(&TurnClosedEvidence {
+                    closed: closed_mid_run.as_ref(),
+                    closed_seq,
+                    call,
+                    ran_after,
+                    timed_out: harness_run.timed_out,
+                    exit_code: harness_run.exit_code,
+                    seen: model_lines.as_deref().map(|l| step_seen(l, step)),
+                });
+                detail = Some(why);
+                (grade, outcome, code, ids)
+            }
+            (_, None) => (Grade::NotExercised, None, None, vec![]),
+            (expect, Some((call, used, _))) => {
+                *used = true;
                 (
-                    if ok { Grade::Pass } else { Grade::Fail },
+                    grade_call(expect, row.code.as_deref(), &call.outcome, &call.code),
                     Some(call.outcome.clone()),
                     Some(call.code.clone()),
                     vec![call.call_id.clone()],
@@ -641,24 +939,48 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
             Grade::Fail => fail += 1,
             Grade::NotExercised => not_exercised += 1,
         }
-        graded.push(json!({
+        let mut line = json!({
             "id": row.id, "tool": row.tool, "arguments": row.arguments, "expect": row.expect,
             "requirement": requirement, "grade": grade, "outcome": outcome, "code": code,
             "matchedCallIds": call_ids, "systemIdentity": identity,
-        }));
+        });
+        if let Some(c) = &row.code {
+            line["expectCode"] = json!(c);
+        }
+        if let Some(d) = detail {
+            line["detail"] = json!(d);
+        }
+        graded.push(line);
     }
     let extra: Vec<Value> = calls
         .into_iter()
-        .filter(|(_, used)| !used)
-        .map(|(c, _)| {
+        .filter(|(_, used, _)| !used)
+        .map(|(c, _, _)| {
             json!({"callId": c.call_id, "tool": c.tool, "arguments": c.kept_arguments(),
                    "requirement": c.requirement, "outcome": c.outcome, "code": c.code})
         })
         .collect();
     // What the harness offered its model, where the scripted model's log shows it.
-    let observed: Option<Observed> = match (&opts.model_log, log_start) {
-        (Some(path), Some(offset)) => {
-            let requests = logged_requests(path, offset)?;
+    // A harness rightly stops offering a server's tools once the turn closed under it: the
+    // requests after the close are counted apart, not held against the catalogue.
+    let (before_close, after_close) = match (&model_lines, closed_mid_run.as_ref(), close_at) {
+        (Some(lines), Some(_), Some(step)) => {
+            let (before, after) = split_at_step(lines, step);
+            (Some(before), after)
+        }
+        (Some(lines), _, _) => (Some(lines.as_slice()), &[][..]),
+        (None, _, _) => (None, &[][..]),
+    };
+    let after_close: Vec<LoggedRequest> = after_close
+        .iter()
+        .filter_map(LoggedRequest::from_log_line)
+        .collect();
+    let observed: Option<Observed> = match before_close {
+        Some(lines) => {
+            let requests: Vec<LoggedRequest> = lines
+                .iter()
+                .filter_map(LoggedRequest::from_log_line)
+                .collect();
             Some(observed::observe(
                 &Expectation {
                     harness: format,
@@ -696,6 +1018,7 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
         "harnessRun": {
             "command": cfg.command, "exitCode": harness_run.exit_code, "timedOut": harness_run.timed_out,
             "durationMs": harness_run.duration.as_millis() as u64,
+            "turnClosedMidRun": closed_mid_run.as_ref().map(|c| json!({"afterCalls": c.after_calls})),
             "stdout": workdir.join("harness.stdout.log"), "stderr": workdir.join("harness.stderr.log"),
         },
         "rows": graded,
@@ -706,6 +1029,10 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
             |o| json!(o.model),
         ),
         "modelLog": opts.model_log,
+        "afterClose": closed_mid_run.as_ref().map(|_| json!({
+            "requests": after_close.len(),
+            "withBoundaryTools": after_close.iter().filter(|r| observed::offers_boundary(format, r)).count(),
+        })),
         "extraCalls": extra,
         "summary": {"pass": pass, "fail": fail, "notExercised": not_exercised, "allPassed": all_passed},
     });
@@ -755,6 +1082,9 @@ pub fn table(manifest: &Value) -> String {
             outcome,
             grade
         ));
+        if let Some(d) = r["detail"].as_str() {
+            out.push_str(&format!("{:<22} {d}\n", ""));
+        }
     }
     out.push_str(&observed_lines(manifest));
     let s = &manifest["summary"];
@@ -870,6 +1200,210 @@ mod tests {
         );
         std::fs::write(&p, r#"[{"id":"a","tool":"t","expect":"maybe"}]"#).expect("w");
         assert!(read_rows(&p).is_err());
+    }
+
+    /// A row's code is asserted beside its outcome: a refusal for another reason fails.
+    #[test]
+    fn a_row_code_must_match_the_recorded_one() {
+        use Expect::*;
+        assert_eq!(grade_call(Denied, None, "denied", "no_permit"), Grade::Pass);
+        assert_eq!(
+            grade_call(
+                Denied,
+                Some("budget_exhausted"),
+                "denied",
+                "budget_exhausted"
+            ),
+            Grade::Pass
+        );
+        assert_eq!(
+            grade_call(Denied, Some("budget_exhausted"), "denied", "no_permit"),
+            Grade::Fail
+        );
+        assert_eq!(
+            grade_call(Denied, Some("budget_exhausted"), "succeeded", "ok"),
+            Grade::Fail
+        );
+        assert_eq!(
+            grade_call(Allowed, Some("ok"), "succeeded", "ok"),
+            Grade::Pass
+        );
+        assert_eq!(
+            grade_call(Allowed, None, "denied", "no_permit"),
+            Grade::Fail
+        );
+        assert_eq!(
+            grade_call(TurnClosed, None, "cancelled", "turn_closed"),
+            Grade::Fail
+        );
+    }
+
+    /// A `turn_closed` row is the last, names no code, and is said so in the prompt.
+    #[test]
+    fn turn_closed_rows() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("rows.json");
+        std::fs::write(&p, r#"[{"id":"a","tool":"files.read","expect":"allowed"},{"id":"late","tool":"files.read","expect":"turn_closed"}]"#).expect("w");
+        let rows = read_rows(&p).expect("rows");
+        assert_eq!(rows[1].expect, Expect::TurnClosed);
+        assert!(prompt(&rows).contains("2. call `files.read` with arguments {} (the turn may have been closed by then: make the call anyway)"));
+        std::fs::write(&p, r#"[{"id":"late","tool":"files.read","expect":"turn_closed"},{"id":"a","tool":"files.read","expect":"allowed"}]"#).expect("w");
+        assert_eq!(
+            read_rows(&p).expect_err("not last").to_string(),
+            format!(
+                "rows `{}`: row `late` expects turn_closed but is not the last row (nothing can be called after the close)",
+                p.display()
+            )
+        );
+        std::fs::write(
+            &p,
+            r#"[{"id":"late","tool":"files.read","expect":"turn_closed","code":"turn_closed"}]"#,
+        )
+        .expect("w");
+        assert!(
+            read_rows(&p)
+                .expect_err("code")
+                .to_string()
+                .contains("cannot name a code")
+        );
+        std::fs::write(
+            &p,
+            r#"[{"id":"b","tool":"files.search","expect":"denied","code":"budget_exhausted"}]"#,
+        )
+        .expect("w");
+        assert_eq!(
+            read_rows(&p).expect("rows")[0].code.as_deref(),
+            Some("budget_exhausted")
+        );
+    }
+
+    /// The attempt of a step and what the harness told the model of it, from the model log.
+    #[test]
+    fn a_step_as_the_model_log_shows_it() {
+        let log: Vec<Value> = [
+            r#"{"kind":"request","reply":"tool_call","tool":"mcp__s__files_read","step":0}"#,
+            r#"{"kind":"tool_result","callId":"c0","text":"hello"}"#,
+            r#"{"kind":"request","reply":"tool_call","tool":"mcp__s__files_read","step":1}"#,
+            r#"{"kind":"tool_result","callId":"c1","text":"MCP error -32000: Connection closed"}"#,
+            r#"{"kind":"request","reply":"text","tool":null,"step":null}"#,
+        ]
+        .iter()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+        assert_eq!(
+            step_seen(&log, 1),
+            StepSeen {
+                attempted: Some("mcp__s__files_read".into()),
+                model_saw: Some("MCP error -32000: Connection closed".into())
+            }
+        );
+        assert_eq!(
+            step_seen(&log[..3], 1),
+            StepSeen {
+                attempted: Some("mcp__s__files_read".into()),
+                model_saw: None
+            }
+        );
+        assert_eq!(
+            step_seen(&log, 2),
+            StepSeen {
+                attempted: None,
+                model_saw: None
+            }
+        );
+        let (before, after) = split_at_step(&log, 1);
+        assert_eq!((before.len(), after.len()), (3, 2));
+        assert_eq!(split_at_step(&log, 2), (&log[..], &[][..]));
+    }
+
+    /// Every way a `turn_closed` row is graded, each with its reason.
+    #[test]
+    fn turn_closed_grades() {
+        let closed = ClosedMidRun { after_calls: 8 };
+        let seen = StepSeen {
+            attempted: Some("t".into()),
+            model_saw: Some("cancelled: gone".into()),
+        };
+        let base = || TurnClosedEvidence {
+            closed: Some(&closed),
+            closed_seq: Some(40),
+            call: None,
+            ran_after: 0,
+            timed_out: false,
+            exit_code: Some(0),
+            seen: Some(seen.clone()),
+        };
+        let (g, d) = grade_turn_closed(&base());
+        assert_eq!(g, Grade::Pass);
+        assert_eq!(
+            d,
+            "the turn closed after 8 call(s); the model called `t`; no call ran; the harness told the model \"cancelled: gone\"; exit 0"
+        );
+        let (g, d) = grade_turn_closed(&TurnClosedEvidence {
+            closed: None,
+            ..base()
+        });
+        assert_eq!(g, Grade::NotExercised);
+        assert!(d.starts_with("the turn was not closed mid-run"), "{d}");
+        let call: record::Call = serde_json::from_value(json!({"turn": "t", "callId": "c", "requestId": null, "tool": "files.read", "requirement": null, "outcome": "succeeded", "code": "ok"})).expect("call");
+        let (g, d) = grade_turn_closed(&TurnClosedEvidence {
+            call: Some((&call, 39)),
+            ..base()
+        });
+        assert_eq!(g, Grade::NotExercised);
+        assert!(d.contains("before the close (succeeded/ok)"), "{d}");
+        // A call line after the close (the broker's own cancel) is no reason to fail.
+        assert_eq!(
+            grade_turn_closed(&TurnClosedEvidence {
+                call: Some((&call, 41)),
+                ..base()
+            })
+            .0,
+            Grade::Pass
+        );
+        let (g, d) = grade_turn_closed(&TurnClosedEvidence {
+            ran_after: 1,
+            ..base()
+        });
+        assert_eq!(
+            (g, d.as_str()),
+            (Grade::Fail, "1 call(s) ran after the turn closed")
+        );
+        let (g, d) = grade_turn_closed(&TurnClosedEvidence {
+            timed_out: true,
+            exit_code: None,
+            ..base()
+        });
+        assert_eq!(g, Grade::Fail);
+        assert!(d.contains("(it hung)"), "{d}");
+        let (g, d) = grade_turn_closed(&TurnClosedEvidence {
+            seen: None,
+            ..base()
+        });
+        assert_eq!(g, Grade::NotExercised);
+        assert!(d.contains("without --model-log"), "{d}");
+        let (g, d) = grade_turn_closed(&TurnClosedEvidence {
+            seen: Some(StepSeen {
+                attempted: None,
+                model_saw: None,
+            }),
+            exit_code: Some(1),
+            ..base()
+        });
+        assert_eq!(g, Grade::NotExercised);
+        assert!(
+            d.contains("never answered with the call") && d.ends_with("exit 1"),
+            "{d}"
+        );
+        let (g, d) = grade_turn_closed(&TurnClosedEvidence {
+            seen: Some(StepSeen {
+                attempted: Some("t".into()),
+                model_saw: None,
+            }),
+            ..base()
+        });
+        assert_eq!(g, Grade::Pass);
+        assert!(d.contains("sent the model no result for it"), "{d}");
     }
 
     /// Each failure names its file, and its cause as the CLI prints the chain.

@@ -119,6 +119,10 @@ pub struct Step {
     /// The call's arguments (a JSON object).
     #[serde(default)]
     pub arguments: Map<String, Value>,
+    /// Milliseconds the model "thinks" before answering with this call: the reply waits that
+    /// long (e.g. so that a column can close the turn between the previous call and this one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
 }
 
 fn default_final() -> String {
@@ -688,15 +692,24 @@ impl Shared {
 }
 
 async fn anthropic(State(s): State<Arc<Shared>>, uri: Uri, body: Bytes) -> Response {
-    turn(&s, Api::Anthropic, &uri, &body)
+    turn(&s, Api::Anthropic, &uri, &body).await
 }
 
 async fn responses(State(s): State<Arc<Shared>>, uri: Uri, body: Bytes) -> Response {
-    turn(&s, Api::Responses, &uri, &body)
+    turn(&s, Api::Responses, &uri, &body).await
 }
 
 async fn chat(State(s): State<Arc<Shared>>, uri: Uri, body: Bytes) -> Response {
-    turn(&s, Api::Chat, &uri, &body)
+    turn(&s, Api::Chat, &uri, &body).await
+}
+
+/// Waits the step's `delay_ms` before a reply that plays it.
+async fn think(script: &Script, reply: &Reply) {
+    if let Reply::ToolCall { step, .. } = reply
+        && let Some(ms) = script.steps.get(*step).and_then(|s| s.delay_ms)
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    }
 }
 
 /// `POST /v1beta/models/MODEL:METHOD`: `generateContent`, `streamGenerateContent` (SSE when
@@ -723,7 +736,7 @@ async fn gemini(State(s): State<Arc<Shared>>, uri: Uri, body: Bytes) -> Response
                 (_, true) => GeminiMode::Sse,
                 (_, false) => GeminiMode::JsonArray,
             };
-            gemini_turn(&s, &uri, &body, model, mode)
+            gemini_turn(&s, &uri, &body, model, mode).await
         }
         _ => not_found(State(s), Method::POST, uri).await,
     }
@@ -814,7 +827,13 @@ fn error_response(api: Api, status: StatusCode, message: String) -> Response {
 }
 
 /// One Gemini model request: the model comes from the path, streaming from the method.
-fn gemini_turn(s: &Shared, uri: &Uri, body: &[u8], model: &str, mode: GeminiMode) -> Response {
+async fn gemini_turn(
+    s: &Shared,
+    uri: &Uri,
+    body: &[u8],
+    model: &str,
+    mode: GeminiMode,
+) -> Response {
     let (conversation, reply) = match understand(s, Api::Gemini, uri, body, |c| {
         c.model = Some(model.to_owned());
         c.stream = mode != GeminiMode::Json;
@@ -822,6 +841,7 @@ fn gemini_turn(s: &Shared, uri: &Uri, body: &[u8], model: &str, mode: GeminiMode
         Ok(x) => x,
         Err(r) => return *r,
     };
+    think(&s.script, &reply).await;
     let usage = Usage {
         input: estimate_tokens(body.len()),
         output: estimate_tokens(reply_len(&reply)),
@@ -892,11 +912,12 @@ fn understand(
 }
 
 /// One model request: read it, log it, answer it.
-fn turn(s: &Shared, api: Api, uri: &Uri, body: &[u8]) -> Response {
+async fn turn(s: &Shared, api: Api, uri: &Uri, body: &[u8]) -> Response {
     let (conversation, reply) = match understand(s, api, uri, body, |_| {}) {
         Ok(x) => x,
         Err(r) => return *r,
     };
+    think(&s.script, &reply).await;
     let model = conversation
         .model
         .clone()
@@ -2005,6 +2026,35 @@ mod tests {
         let reqs = requests(&lines);
         assert_eq!(reqs[0]["reply"], "text");
         assert_eq!(reqs[0]["notOffered"], "files.read");
+        m.stop().await;
+    }
+
+    /// A step's `delay_ms` holds the reply that plays it, and only that one; the request is
+    /// logged at once.
+    #[tokio::test]
+    async fn scripted_model_step_delay_holds_its_reply() {
+        let m = Running::start(
+            Script::from_json(
+                r#"{"steps": [{"tool": "files.read", "arguments": {}, "delay_ms": 600}], "final": "F"}"#,
+            )
+            .unwrap(),
+        )
+        .await;
+        let tools = json!([{"type": "function", "function": {"name": "sharedos_files_read"}}]);
+        let first =
+            json!({"model": "m", "tools": tools, "messages": [{"role": "user", "content": "hi"}]});
+        let started = std::time::Instant::now();
+        let (status, _, _) = m.post("/v1/chat/completions", &first).await;
+        assert_eq!(status, 200);
+        assert!(started.elapsed() >= std::time::Duration::from_millis(600));
+        assert_eq!(requests(&m.log_lines())[0]["step"], 0);
+        let done = json!({"model": "m", "tools": tools, "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "sharedos_files_read", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "ok"}]});
+        let started = std::time::Instant::now();
+        m.post("/v1/chat/completions", &done).await;
+        assert!(started.elapsed() < std::time::Duration::from_millis(600));
         m.stop().await;
     }
 

@@ -4,7 +4,9 @@
 //!
 //! `.ci/install-harnesses` installs the pinned CLIs and writes `harnesses.env`. If the registry
 //! could not be reached it leaves a SKIPPED marker and these tests say they are skipped; under
-//! CI=true a missing install without that marker fails.
+//! CI=true a missing install without that marker fails. Every column also needs the PyPI
+//! mcp-server-time from `.ci/install-mcp-servers` (the brokered provider of the `long-name` row),
+//! skipped and failed the same way.
 
 use std::collections::BTreeMap;
 
@@ -41,6 +43,10 @@ permit(principal == SharedOS::User::"alice",
        action == SharedOS::Action::"read",
        resource is SharedOS::File)
 when { resource.path like "/asks/*" };
+
+@id("alice-long-name")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool)
+when { resource.name == "a_namespace_near_limits.get_current_time" };
 
 @id("alice-asks-alice-or-operator")
 @approval("principal_or_operator")
@@ -84,7 +90,49 @@ fn rows(asked: Asked) -> Value {
         {"id": "denied-list", "tool": "files.list", "arguments": {"path": "/private"}, "expect": "denied"},
         {"id": "principal-approval", "tool": "files.read", "arguments": {"path": "/asks/plan.txt"}, "expect": "denied"},
         {"id": "principal-or-operator", "tool": "files.read", "arguments": {"path": "/held/plan.txt"}, "expect": held},
+        {"id": "search", "tool": "files.search", "arguments": {"path": "/public", "query": "hello"}, "expect": "allowed"},
+        {"id": "budget-refusal", "tool": "files.search", "arguments": {"path": "/public", "query": "world"}, "expect": "denied", "code": "budget_exhausted"},
+        {"id": "long-name", "tool": LONG_NAME, "arguments": {"timezone": "UTC"}, "expect": "allowed"},
+        {"id": "turn-closed", "tool": "files.read", "arguments": {"path": "/public/hello.txt"}, "expect": "turn_closed"},
     ])
+}
+
+/// The turn's budget: one `files.search` per turn, so the second (`budget-refusal`) is refused
+/// `denied/budget_exhausted`.
+const BUDGETS: &str = "[[budgets]]\ntool = \"files.search\"\ncalls_per_turn = 1\n";
+
+/// How long the scripted model "thinks" before the `turn-closed` call: the column closes the
+/// turn as soon as the record shows the calls before it (it reads the record every 50 ms), so
+/// the call is made in a closed turn.
+const CLOSE_DELAY_MS: u64 = 2000;
+
+/// The rows that run while the turn is open (all but `turn-closed`), which every column passes.
+const OPEN_ROWS: usize = 9;
+
+/// The namespace of a brokered provider (the PyPI mcp-server-time), 23 characters: its
+/// `get_current_time` is `mcp__sharedos__a_namespace_near_limits_get_current_time` (55 of Claude
+/// Code's 64 characters) and, in Qwen Code, that name plus its 8-character hash suffix, 63: its
+/// limit exactly (`proto::alias`). Longer, Qwen Code would cut the tool's own name short.
+const LONG_NAMESPACE: &str = "a_namespace_near_limits";
+const LONG_NAME: &str = "a_namespace_near_limits.get_current_time";
+
+/// The turn's catalogue in every column: the files tools and the long-named one (only
+/// `get_current_time` is permitted of the time server's two tools).
+const CATALOGUE: [&str; 4] = [
+    "a_namespace_near_limits.get_current_time",
+    "files.list",
+    "files.read",
+    "files.search",
+];
+
+/// The `[[providers]]` table of the time server under [`LONG_NAMESPACE`].
+fn long_named_provider(servers: &BTreeMap<String, String>) -> String {
+    let q = |s: &str| serde_json::to_string(s).expect("quote");
+    format!(
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"{LONG_NAMESPACE}\"\ncommand = {}\nargs = [{}]\n",
+        q(&servers["TIME_CMD"]),
+        q(&servers["TIME_ARGS"])
+    )
 }
 
 /// Approves, as an operator over `control.sock` (`sharedos-broker approvals approve`), every
@@ -127,16 +175,19 @@ async fn operator(
 }
 
 /// Runs one column: broker, scripted model, `sharedos-broker column run --model-log`, which must
-/// exit `exit`. Returns the manifest, the model's log and the broker (for its record).
+/// exit `exit` (`None`: 0 when every row and check passed, else 4, as its manifest says).
+/// Returns the manifest, the model's log and the broker (for its record).
 async fn column(
     asked: Asked,
-    exit: i32,
+    exit: Option<i32>,
     host_config: impl FnOnce(u16, &BTreeMap<String, String>, &std::path::Path) -> String,
 ) -> Option<(Value, Vec<Value>, TestBroker)> {
     let h = harnesses()?;
+    let servers = crate::kit::installed("mcp-servers", ".ci/install-mcp-servers")?;
     let broker = TestBroker::start(Options {
         policy: POLICY,
         top: format!("approval_timeout_seconds = {APPROVAL_TIMEOUT_SECONDS}\n"),
+        tables: format!("{BUDGETS}{}", long_named_provider(&servers)),
         ..Options::default()
     })
     .await;
@@ -147,7 +198,13 @@ async fn column(
     }
     let rows = rows(asked);
     let script: Script = serde_json::from_value(json!({
-        "steps": rows.as_array().expect("rows").iter().map(|r| json!({"tool": r["tool"], "arguments": r["arguments"]})).collect::<Vec<_>>(),
+        "steps": rows.as_array().expect("rows").iter().map(|r| {
+            let mut step = json!({"tool": r["tool"], "arguments": r["arguments"]});
+            if r["expect"] == "turn_closed" {
+                step["delay_ms"] = json!(CLOSE_DELAY_MS);
+            }
+            step
+        }).collect::<Vec<_>>(),
         "final": "DONE",
     }))
     .expect("script");
@@ -215,15 +272,22 @@ async fn column(
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
     let stderr = std::fs::read_to_string(dir.join("work/harness.stderr.log")).unwrap_or_default();
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("manifest.json")).unwrap_or_else(|e| {
+            panic!("manifest: {e}\ncolumn run:\n{out}\n{err}\nharness stderr:\n{stderr}")
+        }),
+    )
+    .expect("json");
+    let exit = exit.unwrap_or(if manifest["summary"]["allPassed"] == true {
+        0
+    } else {
+        sharedos_column::runner::EXIT_NOT_ALL_PASSED.into()
+    });
     assert_eq!(
         code, exit,
         "column run:\n{out}\n{err}\nharness stderr:\n{stderr}\nmodel log:\n{log:#?}"
     );
     println!("{out}");
-    let manifest: Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("manifest.json")).expect("manifest"),
-    )
-    .expect("json");
     Some((manifest, log, broker))
 }
 
@@ -272,11 +336,17 @@ fn check(
     bridge_alias: &str,
     asked: Asked,
 ) {
-    assert_eq!(manifest["summary"]["allPassed"], true, "{manifest:#}");
-    for row in manifest["rows"].as_array().expect("rows") {
-        assert_eq!(row["grade"], "pass", "{row}");
+    let rows = manifest["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), OPEN_ROWS + 1, "{manifest:#}");
+    for row in rows {
         assert_eq!(row["systemIdentity"]["harness"], harness);
     }
+    // Every row of the open turn passes; `turn-closed` is graded per harness (its committed
+    // summary holds the grade) and checked against the record in `turn_closed`.
+    for row in &rows[..OPEN_ROWS] {
+        assert_eq!(row["grade"], "pass", "{row}");
+    }
+    assert_eq!(rows[7]["code"], "budget_exhausted", "{:#}", rows[7]);
     assert_eq!(manifest["extraCalls"], json!([]), "{manifest:#}");
     let checks: Vec<(&str, &str)> = manifest["checks"]
         .as_array()
@@ -301,7 +371,7 @@ fn check(
         .iter()
         .filter_map(Value::as_str)
         .collect();
-    assert_eq!(catalogue, ["files.list", "files.read", "files.search"]);
+    assert_eq!(catalogue, CATALOGUE);
     let offered = &manifest["offered"];
     assert_eq!(
         offered["boundary"]
@@ -328,8 +398,14 @@ fn check(
             .all(|t| t["declared"] == true && t["origin"] == "harness-local"),
         "{offered:#}"
     );
+    // The requests after the turn closed are counted apart (`afterClose`).
     let model_requests = log.iter().filter(|l| l["kind"] == "request").count();
-    assert_eq!(offered["requests"], model_requests, "{offered:#}");
+    let after_close = manifest["afterClose"]["requests"].as_u64().unwrap_or(0);
+    assert_eq!(
+        offered["requests"].as_u64().map(|n| n + after_close),
+        Some(model_requests as u64),
+        "{offered:#}"
+    );
     assert!(
         manifest["model"]["asked"]
             .as_array()
@@ -343,7 +419,31 @@ fn check(
             .is_some_and(|h| h.len() == 64)
     );
     let results: Vec<&Value> = log.iter().filter(|l| l["kind"] == "tool_result").collect();
-    assert_eq!(results.len(), 6, "{log:#?}");
+    assert!(results.len() >= OPEN_ROWS, "{log:#?}");
+    assert!(
+        results[6]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("hello.txt")),
+        "the search's hits: {:?}",
+        results[6]
+    );
+    assert!(
+        // Qwen Code passes it on inside a JSON text, its quotes escaped.
+        results[7]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("denied: files.search of /public — budget")
+                && t.contains("files.search calls_per_turn=1")
+                && t.contains("exhausted (1 of 1 calls used in this turn)")),
+        "the model sees the budget refusal: {:?}",
+        results[7]
+    );
+    assert!(
+        results[8]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("UTC") && !t.contains("denied:")),
+        "the long-named tool's answer: {:?}",
+        results[8]
+    );
     assert!(
         results[0]["text"]
             .as_str()
@@ -393,7 +493,60 @@ fn check(
         "{bridge}"
     );
     principal_approval(manifest, &results, &lines, harness, asked);
+    turn_closed(manifest, log, &lines);
     matrix_summary(manifest, harness);
+}
+
+/// The `turn-closed` row against the record and the model log: the column closed the turn
+/// (`turn_closed`, reason `host`) after the eight calls of the open turn, no call ran after it,
+/// and the row's grade and detail agree with what the harness did. Prints what was measured.
+fn turn_closed(manifest: &Value, log: &[Value], lines: &[Value]) {
+    let row = &manifest["rows"][OPEN_ROWS];
+    assert_eq!(row["id"], "turn-closed");
+    let run = &manifest["harnessRun"];
+    let closed = lines
+        .iter()
+        .position(|l| l["kind"] == "turn_closed")
+        .expect("turn_closed");
+    assert_eq!(lines[closed]["reason"], "host", "{}", lines[closed]);
+    let calls_before = lines[..closed]
+        .iter()
+        .filter(|l| l["kind"] == "call")
+        .count();
+    assert_eq!(
+        run["turnClosedMidRun"],
+        json!({"afterCalls": OPEN_ROWS}),
+        "{run:#}"
+    );
+    assert_eq!(calls_before, OPEN_ROWS, "{lines:#?}");
+    assert!(
+        lines[closed..]
+            .iter()
+            .all(|l| l["kind"] != "call" || l["outcome"] != "succeeded"),
+        "nothing runs after the close: {lines:#?}"
+    );
+    let seen = sharedos_column::runner::step_seen(log, OPEN_ROWS);
+    println!(
+        "MEASURED turn-closed {}",
+        json!({"grade": row["grade"], "detail": row["detail"], "exit": run["exitCode"],
+               "afterClose": manifest["afterClose"],
+               "timedOut": run["timedOut"], "ms": run["durationMs"], "attempted": seen.attempted,
+               "modelSaw": seen.model_saw})
+    );
+    match row["grade"].as_str() {
+        Some("pass") => {
+            assert_eq!(run["timedOut"], false);
+            assert!(seen.attempted.is_some(), "{row:#}");
+        }
+        Some("fail") => assert!(
+            run["timedOut"] == true || row["detail"].to_string().contains("ran after"),
+            "{row:#}"
+        ),
+        _ => assert!(
+            seen.attempted.is_none() || row["detail"].to_string().contains("before the close"),
+            "{row:#}"
+        ),
+    }
 }
 
 /// Milliseconds from one record line's `at` to another's (RFC 3339, UTC, the same day or the next).
@@ -467,7 +620,6 @@ fn principal_approval(
     println!("MEASURED {measured}");
 
     assert_eq!(run["timedOut"], false, "{measured:#}");
-    assert_eq!(run["exitCode"], 0, "{measured:#}");
     let (p, o) = (&measured["principal"], &measured["principalOrOperator"]);
     assert_eq!(p["requested"], 1, "{measured:#}");
     assert_eq!(o["requested"], 1, "{measured:#}");
@@ -591,7 +743,7 @@ ENABLE_TOOL_SEARCH = "false"
 async fn claude_code_column() {
     let Some((manifest, log, broker)) = column(
         Asked::Declines("input_required", "cancel"),
-        0,
+        None,
         |port, h, _| claude_host_config(port, h, None),
     )
     .await
@@ -622,7 +774,7 @@ async fn claude_code_with_a_second_mcp_server_is_misdeclared() {
     };
     let Some((manifest, log, _broker)) = column(
         Asked::Declines("input_required", "cancel"),
-        sharedos_column::runner::EXIT_NOT_ALL_PASSED.into(),
+        Some(sharedos_column::runner::EXIT_NOT_ALL_PASSED.into()),
         |port, h, dir| {
             let base = dir.join("claude-base.json");
             std::fs::write(
@@ -640,7 +792,7 @@ async fn claude_code_with_a_second_mcp_server_is_misdeclared() {
         return;
     };
     let rows = manifest["rows"].as_array().expect("rows");
-    assert_eq!(rows.len(), 6);
+    assert_eq!(rows.len(), OPEN_ROWS + 1);
     assert!(rows.iter().all(|r| r["grade"] == "pass"), "{manifest:#}");
     let checks = manifest["checks"].as_array().expect("checks");
     assert_eq!(checks[0]["id"], "offered-catalogue");
@@ -704,7 +856,7 @@ async fn claude_code_with_a_second_mcp_server_is_misdeclared() {
     assert_eq!(others.len(), local.len() + time.len() + 3, "{others:#?}");
     assert_eq!(
         manifest["summary"],
-        json!({"pass": 7, "fail": 1, "notExercised": 0, "allPassed": false})
+        json!({"pass": 11, "fail": 1, "notExercised": 0, "allPassed": false})
     );
     // The model log agrees: every request with tools offered the time server's tools.
     for r in log.iter().filter(|l| {
@@ -726,7 +878,7 @@ const CODEX_LOCAL: &str = r#"["create_goal", "exec_command", "get_goal", "list_m
 async fn codex_column() {
     let Some((manifest, log, broker)) = column(
         Asked::Declines("elicitation/create", "decline"),
-        0,
+        None,
         |port, h, dir| {
             let base = dir.join("codex-base.toml");
             std::fs::write(
@@ -763,7 +915,7 @@ config_path = "{{workdir}}/codex/config.toml"
 config_base = "{base}"
 command = "{bin}"
 args = ["exec", "--skip-git-repo-check", "--json", "--ephemeral", "{{prompt}}"]
-env_remove = ["OPENAI_API_KEY", "OPENAI_BASE_URL"]
+env_remove = ["OPENAI_API_KEY", "OPENAI_BASE_URL", "RUST_BACKTRACE"]
 timeout_seconds = 120
 principal = "alice"
 harness_local = {local}
@@ -798,7 +950,7 @@ FAKE_API_KEY = "dummy"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn pi_column() {
-    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), 0, |port, h, _| {
+    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), None, |port, h, _| {
         let path = format!("{}:{}", h["NODE22_BIN_DIR"], std::env::var("PATH").unwrap_or_default());
         let models = json!({"providers": {"fake": {
             "baseUrl": format!("http://127.0.0.1:{port}/v1"), "api": "openai-completions", "apiKey": "dummy-key",
@@ -864,23 +1016,24 @@ const QWEN_LOCAL: &str = r#"["agent", "cron_create", "cron_delete", "cron_list",
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn qwen_code_column() {
-    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), 0, |port, h, dir| {
-        // The host's own settings, into which the column merges the `sharedos` server. Without
-        // `tools.toolSearch.enabled = false`, Qwen Code offers MCP tools only behind its
-        // tool_search/tool_call bridge (deferred), not by name.
-        let base = dir.join("qwen-base.json");
-        std::fs::write(
-            &base,
-            json!({
-                "tools": {"toolSearch": {"enabled": false}},
-                "privacy": {"usageStatisticsEnabled": false},
-                "telemetry": {"enabled": false},
-            })
-            .to_string(),
-        )
-        .expect("base");
-        format!(
-            r#"harness = "qwen-code"
+    let Some((manifest, log, broker)) =
+        column(Asked::Cannot(NO_CAPABILITY), None, |port, h, dir| {
+            // The host's own settings, into which the column merges the `sharedos` server. Without
+            // `tools.toolSearch.enabled = false`, Qwen Code offers MCP tools only behind its
+            // tool_search/tool_call bridge (deferred), not by name.
+            let base = dir.join("qwen-base.json");
+            std::fs::write(
+                &base,
+                json!({
+                    "tools": {"toolSearch": {"enabled": false}},
+                    "privacy": {"usageStatisticsEnabled": false},
+                    "telemetry": {"enabled": false},
+                })
+                .to_string(),
+            )
+            .expect("base");
+            format!(
+                r#"harness = "qwen-code"
 harness_version = "{version}"
 declared_model = "fake-model (sharedos scripted-model on 127.0.0.1)"
 mcp_support = "native"
@@ -900,14 +1053,14 @@ OPENAI_BASE_URL = "http://127.0.0.1:{port}/v1"
 OPENAI_API_KEY = "dummy"
 OPENAI_MODEL = "fake-model"
 "#,
-            version = h["QWEN_VERSION"],
-            node = h["NODE22"],
-            bin = h["QWEN_BIN"],
-            base = base.display(),
-            local = QWEN_LOCAL,
-        )
-    })
-    .await
+                version = h["QWEN_VERSION"],
+                node = h["NODE22"],
+                bin = h["QWEN_BIN"],
+                base = base.display(),
+                local = QWEN_LOCAL,
+            )
+        })
+        .await
     else {
         return;
     };
@@ -915,7 +1068,23 @@ OPENAI_MODEL = "fake-model"
         .alias("sharedos", "files.read")
         .expect("qwen alias");
     assert_eq!(sent, "mcp__sharedos__files_read_1rtbejb");
-    // What Qwen Code offered its model on the first request: the boundary's three tools under
+    // The long-named tool, as Qwen Code offered it: its rewritten name with the hash suffix is
+    // exactly its 63-character limit, the tool's own name whole.
+    let long = sharedos_proto::alias::Harness::QwenCode
+        .alias("sharedos", LONG_NAME)
+        .expect("qwen alias");
+    assert_eq!(
+        long,
+        "mcp__sharedos__a_namespace_near_limits_get_current_time_0gfqgqp"
+    );
+    assert_eq!(long.len(), sharedos_proto::alias::QWEN_NAME_MAX);
+    assert!(
+        log.iter().any(|l| l["kind"] == "request"
+            && l["reply"] == "tool_call"
+            && l["tool"] == long.as_str()),
+        "Qwen Code called it by that name: {log:#?}"
+    );
+    // What Qwen Code offered its model on the first request: the boundary's four tools under
     // their measured aliases, and exactly the declared harness-local tools besides.
     let first = log
         .iter()
@@ -932,7 +1101,7 @@ OPENAI_MODEL = "fake-model"
         .copied()
         .filter(|t| t.starts_with("mcp__sharedos__"))
         .collect();
-    let want: Vec<String> = ["files.list", "files.read", "files.search"]
+    let want: Vec<String> = CATALOGUE
         .iter()
         .map(|t| {
             sharedos_proto::alias::Harness::QwenCode
@@ -968,7 +1137,7 @@ const OPENCODE_LOCAL: &str = r#"["bash", "edit", "glob", "grep", "read", "skill"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn opencode_column() {
-    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), 0, |port, h, dir| {
+    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), None, |port, h, dir| {
         assert!(
             h.contains_key("OPENCODE_BIN"),
             "harnesses.env has no OPENCODE_BIN: run .ci/install-harnesses again"
@@ -1045,20 +1214,25 @@ npm_config_offline = "true"
             &sent,
             "sharedos_files_list",
             &sent,
+            &sent,
+            "sharedos_files_search",
+            "sharedos_files_search",
+            "sharedos_a_namespace_near_limits_get_current_time",
             &sent
         ],
         "{log:#?}"
     );
-    // opencode's first request is its own title request, with no tools; every other one offers
-    // the boundary's three tools under their measured aliases and exactly the declared
-    // harness-local tools besides.
-    let requests: Vec<&Value> = log.iter().filter(|l| l["kind"] == "request").collect();
+    // opencode's first request is its own title request, with no tools; every other one until
+    // the turn closed offers the boundary's four tools under their measured aliases and exactly
+    // the declared harness-local tools besides.
+    let (open, _) = sharedos_column::runner::split_at_step(&log, OPEN_ROWS);
+    let requests: Vec<&Value> = open.iter().filter(|l| l["kind"] == "request").collect();
     let toolless = requests
         .iter()
         .filter(|l| l["offered"].as_array().is_some_and(Vec::is_empty))
         .count();
     assert!(toolless <= 1, "{log:#?}");
-    let want: std::collections::BTreeSet<String> = ["files.list", "files.read", "files.search"]
+    let want: std::collections::BTreeSet<String> = CATALOGUE
         .iter()
         .map(|t| {
             sharedos_proto::alias::Harness::Opencode
@@ -1072,7 +1246,7 @@ npm_config_offline = "true"
         .iter()
         .filter(|l| l["offered"].as_array().is_some_and(|a| !a.is_empty()))
         .collect();
-    assert_eq!(with_tools.len(), 7, "{log:#?}");
+    assert_eq!(with_tools.len(), OPEN_ROWS + 1, "{log:#?}");
     for r in with_tools {
         let offered: std::collections::BTreeSet<String> =
             serde_json::from_value(r["offered"].clone()).expect("offered");
@@ -1108,7 +1282,7 @@ const GEMINI_LOCAL: &str = r#"["activate_skill", "enter_plan_mode", "glob", "goo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn gemini_cli_column() {
-    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), 0, |port, h, dir| {
+    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), None, |port, h, dir| {
         assert!(
             h.contains_key("GEMINI_BIN"),
             "harnesses.env has no GEMINI_BIN: run .ci/install-harnesses again"
@@ -1176,13 +1350,17 @@ GEMINI_API_KEY = "dummy"
             &sent,
             "mcp_sharedos_files.list",
             &sent,
+            &sent,
+            "mcp_sharedos_files.search",
+            "mcp_sharedos_files.search",
+            "mcp_sharedos_a_namespace_near_limits.get_current_time",
             &sent
         ],
         "{log:#?}"
     );
-    // Every request offers the boundary's three tools under their measured aliases and exactly
+    // Every request until the turn closed offers the boundary's four tools under their measured aliases and exactly
     // the declared harness-local tools besides, and asks for the declared model.
-    let want: std::collections::BTreeSet<String> = ["files.list", "files.read", "files.search"]
+    let want: std::collections::BTreeSet<String> = CATALOGUE
         .iter()
         .map(|t| {
             sharedos_proto::alias::Harness::GeminiCli
@@ -1192,8 +1370,9 @@ GEMINI_API_KEY = "dummy"
         .collect();
     let local: std::collections::BTreeSet<String> =
         serde_json::from_str(GEMINI_LOCAL).expect("local");
-    let requests: Vec<&Value> = log.iter().filter(|l| l["kind"] == "request").collect();
-    assert_eq!(requests.len(), 7, "{log:#?}");
+    let (open, _) = sharedos_column::runner::split_at_step(&log, OPEN_ROWS);
+    let requests: Vec<&Value> = open.iter().filter(|l| l["kind"] == "request").collect();
+    assert_eq!(requests.len(), OPEN_ROWS + 1, "{log:#?}");
     for r in requests {
         let offered: std::collections::BTreeSet<String> =
             serde_json::from_value(r["offered"].clone()).expect("offered");
