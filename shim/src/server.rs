@@ -111,9 +111,8 @@ impl Shim {
             return;
         }
         let protocol = meta.protocol_version().map(|v| v.as_str().to_owned());
-        let capabilities = meta
-            .client_capabilities()
-            .and_then(|c| serde_json::to_value(c).ok());
+        // As sent (the record keeps names only): no typed decode and re-encode of them.
+        let capabilities = meta.get(crate::guard::CAPABILITIES_META_KEY).cloned();
         match meta.client_info() {
             Some(info) => {
                 self.announce(info.name, info.version, protocol, capabilities)
