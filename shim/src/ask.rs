@@ -478,12 +478,7 @@ impl Asker {
             Unasked::NotWritten => "the question could not be written to the MCP client".to_owned(),
             Unasked::NoAnswer => "the MCP client gave no answer".to_owned(),
         })?;
-        if let Some(e) = reply.get("error") {
-            let mut why = format!(
-                "the MCP client answered elicitation/create with error {}",
-                e.get("code").map(Value::to_string).unwrap_or_default()
-            );
-            sharedos_proto::name::clip(&mut why, 300);
+        if let Some(why) = client_error(&reply) {
             return Err(why);
         }
         reply
@@ -536,18 +531,25 @@ fn request_state() -> Result<String, getrandom::Error> {
     Ok(sharedos_proto::catalog::hex(&bytes))
 }
 
+/// Why the client answered `elicitation/create` with a JSON-RPC error (its code and message,
+/// bounded), if it did.
+fn client_error(reply: &Value) -> Option<String> {
+    let e = reply.get("error")?;
+    let mut why = format!(
+        "the MCP client answered elicitation/create with error {}",
+        e.get("code").map(Value::to_string).unwrap_or_default()
+    );
+    if let Some(m) = e.get("message").and_then(Value::as_str) {
+        why.push_str(": ");
+        why.push_str(m);
+    }
+    sharedos_proto::name::clip(&mut why, 300);
+    Some(why)
+}
+
 /// The person's answer in an `elicitation/create` response.
 fn read_answer(reply: &Value) -> (PrincipalAnswer, Option<String>) {
-    if let Some(e) = reply.get("error") {
-        let mut why = format!(
-            "the MCP client answered elicitation/create with error {}",
-            e.get("code").map(Value::to_string).unwrap_or_default()
-        );
-        if let Some(m) = e.get("message").and_then(Value::as_str) {
-            why.push_str(": ");
-            why.push_str(m);
-        }
-        sharedos_proto::name::clip(&mut why, 300);
+    if let Some(why) = client_error(reply) {
         return (PrincipalAnswer::Unable, Some(why));
     }
     let result = reply.get("result");

@@ -154,7 +154,23 @@ async fn relayed(relaying: &mut Option<Relaying>) -> (u64, Result<serde_json::Va
 pub type AskFn<'a> =
     &'a (dyn Fn(Question) -> Pin<Box<dyn std::future::Future<Output = Answer> + Send>> + Sync);
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Reply, LinkDown>>>>>;
+/// Where the reader tells a call what it heard of it.
+type ToCall = oneshot::Sender<Result<Reply, LinkDown>>;
+/// Where a call hears it.
+type FromReader = oneshot::Receiver<Result<Reply, LinkDown>>;
+
+type Pending = Arc<Mutex<HashMap<u64, ToCall>>>;
+
+/// Call `id`'s place for what the reader hears of it, handed on: the sender to tell it now, and
+/// the receiver its next news (its answer, or a question) will come on. `None` when the call is
+/// no longer waiting.
+fn hand_on(pending: &Pending, id: u64) -> Option<(ToCall, FromReader)> {
+    let (next, later) = oneshot::channel();
+    let mut m = pending.lock().ok()?;
+    let tx = m.remove(&id)?;
+    m.insert(id, next);
+    Some((tx, later))
+}
 
 pub struct Link {
     /// The write half; each caller writes its own frame under the lock. `None` once the link
@@ -268,13 +284,7 @@ impl Link {
                         expires_at,
                         timeout_ms,
                     }) => {
-                        let (next, later) = oneshot::channel();
-                        let tx = l.pending.lock().ok().and_then(|mut m| {
-                            let tx = m.remove(&id)?;
-                            m.insert(id, next);
-                            Some(tx)
-                        });
-                        if let Some(tx) = tx {
+                        if let Some((tx, later)) = hand_on(&l.pending, id) {
                             let waiting = Waiting {
                                 approval,
                                 expires_at,
@@ -288,13 +298,7 @@ impl Link {
                         approval,
                         question,
                     }) => {
-                        let (next, later) = oneshot::channel();
-                        let tx = l.pending.lock().ok().and_then(|mut m| {
-                            let tx = m.remove(&id)?;
-                            m.insert(id, next);
-                            Some(tx)
-                        });
-                        if let Some(tx) = tx {
+                        if let Some((tx, later)) = hand_on(&l.pending, id) {
                             let _ = tx.send(Ok(Reply::Ask(approval, Box::new(question), later)));
                         }
                     }
@@ -305,32 +309,24 @@ impl Link {
                         relay,
                         provider,
                         request,
-                    }) => {
-                        let (next, later) = oneshot::channel();
-                        let tx = l.pending.lock().ok().and_then(|mut m| {
-                            let tx = m.remove(&id)?;
-                            m.insert(id, next);
-                            Some(tx)
-                        });
-                        match tx {
-                            Some(tx) => {
-                                let _ = tx.send(Ok(Reply::Relay(relay, provider, request, later)));
-                            }
-                            None => {
-                                let l = l.clone();
-                                tokio::spawn(async move {
-                                    let error = Some("the call it belongs to has ended".to_owned());
-                                    let _ = l
-                                        .send(&BridgeRequest::Relayed {
-                                            relay,
-                                            result: None,
-                                            error,
-                                        })
-                                        .await;
-                                });
-                            }
+                    }) => match hand_on(&l.pending, id) {
+                        Some((tx, later)) => {
+                            let _ = tx.send(Ok(Reply::Relay(relay, provider, request, later)));
                         }
-                    }
+                        None => {
+                            let l = l.clone();
+                            tokio::spawn(async move {
+                                let error = Some("the call it belongs to has ended".to_owned());
+                                let _ = l
+                                    .send(&BridgeRequest::Relayed {
+                                        relay,
+                                        result: None,
+                                        error,
+                                    })
+                                    .await;
+                            });
+                        }
+                    },
                     Ok(BridgeEvent::DecideRefused { approval, message }) => {
                         tracing::warn!(%approval, %message, "the broker refused an answer");
                     }
