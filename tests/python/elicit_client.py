@@ -42,6 +42,9 @@ async def person(ctx, params):
     answer = os.environ.get("ELICIT_ANSWER", "approve")
     dump = params.model_dump(mode="json", by_alias=True, exclude_none=True)
     questions.append(dump)
+    if answer == "slow" and "decision" not in dump.get("requestedSchema", {}).get("properties", {}):
+        # A brokered server's question, answered late too.
+        await anyio.sleep(float(os.environ.get("ELICIT_SLOW_SECONDS", "5")))
     if dump.get("mode") == "url":
         return ElicitResult(action="accept" if answer in ("approve", "slow") else answer)
     if "decision" not in dump.get("requestedSchema", {}).get("properties", {}):

@@ -61,6 +61,48 @@ async def ask_secret(ctx: Context) -> str:
     return f"answered: {result.action}"
 
 
+in_flight = 0
+
+
+@app.tool()
+async def ask_when_two(ctx: Context) -> str:
+    """Waits (up to 20 s) until two calls of this tool are in flight on this server, then asks."""
+    import asyncio
+
+    global in_flight
+    in_flight += 1
+    try:
+        for _ in range(400):
+            if in_flight >= 2:
+                break
+            await asyncio.sleep(0.05)
+        try:
+            result = await ctx.elicit(message="Which of you is this for?", schema=Confirm)
+        except Exception as e:
+            return f"refused: {e}"
+        return f"answered: {result.action}"
+    finally:
+        # Stays counted until both have asked.
+        await asyncio.sleep(1)
+        in_flight -= 1
+
+
+@app.tool()
+async def ask_twice(ctx: Context) -> str:
+    """Asks two questions at once within one call."""
+    import asyncio
+
+    async def one(message):
+        try:
+            r = await ctx.elicit(message=message, schema=Confirm)
+            return f"answered: {r.action}"
+        except Exception as e:
+            return f"refused: {e}"
+
+    first, second = await asyncio.gather(one("First question?"), one("Second question?"))
+    return f"{first} | {second}"
+
+
 @app.tool()
 async def roots(ctx: Context) -> str:
     """Asks the client for its roots."""

@@ -763,6 +763,26 @@ async fn an_upstreams_questions_are_refused_and_recorded() {
     broker.close_turn(&turn.turn).await;
 }
 
+/// A broker with the PyPI `MCPServer` of `elicits.py` as the shared provider `py`, forwarding
+/// its questions, with the shared secret `py_key` = `key` in its environment.
+async fn forwarding_broker(python: &str, key: &str) -> TestBroker {
+    let mut broker = TestBroker::start(Options {
+        policy: UPSTREAM_POLICY,
+        ..Options::default()
+    })
+    .await;
+    crate::secrets::set_secret(&broker.config_path, "_shared", "py_key", key);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/elicits.py");
+    let cfg = std::fs::read_to_string(&broker.config_path).expect("cfg");
+    std::fs::write(
+        &broker.config_path,
+        format!("{cfg}\n[[providers]]\ntype = \"mcp\"\nnamespace = \"py\"\ncommand = {python:?}\nargs = [{script:?}]\nelicitation = \"forward\"\nenv = {{ PY_API_KEY = {{ secret = \"py_key\", shared = true }} }}\n[providers.sandbox]\nread = [{:?}]\n", concat!(env!("CARGO_MANIFEST_DIR"), "/python")),
+    )
+    .expect("w");
+    broker.restart().await;
+    broker
+}
+
 /// `elicitation = "forward"`: the same upstream's questions reach the person behind the call, in
 /// the harness (the PyPI `mcp` SDK client's elicitation callback), named as the server's, and the
 /// answer goes back to the server: accept with the form's values (the server reads
@@ -775,21 +795,8 @@ async fn an_upstreams_questions_are_refused_and_recorded() {
 #[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
 async fn a_forwarded_upstream_question_reaches_the_person_and_the_answer_the_server() {
     let Some(python) = python() else { return };
-    let mut broker = TestBroker::start(Options {
-        policy: UPSTREAM_POLICY,
-        ..Options::default()
-    })
-    .await;
     let key = "pk-3f9a1c77e2b54d0e9a";
-    crate::secrets::set_secret(&broker.config_path, "_shared", "py_key", key);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/elicits.py");
-    let cfg = std::fs::read_to_string(&broker.config_path).expect("cfg");
-    std::fs::write(
-        &broker.config_path,
-        format!("{cfg}\n[[providers]]\ntype = \"mcp\"\nnamespace = \"py\"\ncommand = {python:?}\nargs = [{script:?}]\nelicitation = \"forward\"\nenv = {{ PY_API_KEY = {{ secret = \"py_key\", shared = true }} }}\n[providers.sandbox]\nread = [{:?}]\n", concat!(env!("CARGO_MANIFEST_DIR"), "/python")),
-    )
-    .expect("w");
-    broker.restart().await;
+    let broker = forwarding_broker(&python, key).await;
     let forwarded = |broker: &TestBroker, turn: &str| -> Vec<Value> {
         broker
             .records()
@@ -1004,4 +1011,89 @@ async fn the_typescript_sdk_client_is_asked_and_its_answer_decides() {
         );
         broker.close_turn(&turn.turn).await;
     }
+}
+
+/// Attacks on forwarding: a question from the shared session while two people's calls are in
+/// flight on it (the server waits until both are) is refused with why, and nobody is asked; a
+/// server that asks two questions at once inside one call gets the first put to the person and
+/// the second refused (one question at a time per call), each on record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
+async fn a_forwarded_question_is_never_a_guess_and_one_at_a_time() {
+    let Some(python) = python() else { return };
+    let broker = forwarding_broker(&python, "pk-unused-7e1d").await;
+    let (first, second) = (
+        broker.open_turn("alice").await,
+        broker.open_turn("alice").await,
+    );
+    let calls = json!([["py.ask_when_two", {}]]);
+    let (a, b) = tokio::join!(
+        report_of(harness(
+            &python,
+            &broker,
+            first.token.expose(),
+            "legacy",
+            "approve",
+            &calls
+        )),
+        report_of(harness(
+            &python,
+            &broker,
+            second.token.expose(),
+            "legacy",
+            "approve",
+            &calls
+        )),
+    );
+    for report in [&a, &b] {
+        assert!(
+            report["calls"][0][1]
+                .as_str()
+                .is_some_and(|t| t.starts_with("refused") && t.contains("2 calls are in flight")),
+            "{report}"
+        );
+        assert_eq!(report["questions"], json!([]), "nobody is asked: {report}");
+    }
+    let refused: Vec<Value> = broker
+        .records()
+        .into_iter()
+        .filter(|l| l["kind"] == "upstream_request" && l["action"] == "refused")
+        .collect();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    broker.close_turn(&first.turn).await;
+    broker.close_turn(&second.turn).await;
+
+    let turn = broker.open_turn("alice").await;
+    let mut cmd = harness(
+        &python,
+        &broker,
+        turn.token.expose(),
+        "legacy",
+        "slow",
+        &json!([["py.ask_twice", {}]]),
+    );
+    cmd.env("ELICIT_SLOW_SECONDS", "1");
+    let report = report_of(cmd).await;
+    let text = report["calls"][0][1].as_str().unwrap_or("");
+    let answered = text.matches("answered: accept").count();
+    let refused_here = text.matches("already being asked another question").count();
+    assert_eq!((answered, refused_here), (1, 1), "{report}");
+    assert_eq!(
+        report["questions"].as_array().map(Vec::len),
+        Some(1),
+        "{report}"
+    );
+    let lines: Vec<Value> = broker
+        .records()
+        .into_iter()
+        .filter(|l| l["kind"] == "upstream_request" && l["method"] == "elicitation/create")
+        .skip(2)
+        .collect();
+    let actions: Vec<&str> = lines.iter().filter_map(|l| l["action"].as_str()).collect();
+    assert_eq!(actions.len(), 2, "{lines:?}");
+    assert!(
+        actions.contains(&"forwarded") && actions.contains(&"refused"),
+        "{lines:?}"
+    );
+    broker.close_turn(&turn.turn).await;
 }
