@@ -43,6 +43,11 @@ fn error(code: &str, message: impl Into<String>) -> ControlResponse {
     }
 }
 
+type Reader = FrameReader<tokio::io::ReadHalf<Stream>>;
+type Sender = tokio::io::WriteHalf<Stream>;
+
+/// One host connection: a peer that is not a host is refused; a host says hello (with the
+/// control key when it shares the broker's uid), then its requests are answered in order.
 pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admission::PendingHello) {
     let creds = stream.peer_creds().ok();
     let uid = creds.as_ref().and_then(|c| c.euid());
@@ -58,22 +63,7 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             ?pid,
             "control connection from a uid that is not a host uid, or from a brokered upstream: refused"
         );
-        // Read the hello first (bounded), so the refusal is not lost to a reset on close.
-        tokio::select! {
-            _ = tokio::time::timeout(
-                pending.within(std::time::Duration::from_secs(1)),
-                reader.next::<ControlRequest>(),
-            ) => {}
-            () = pending.evicted() => return,
-        }
-        let _ = write_frame(
-            &mut send,
-            &error(
-                "forbidden",
-                "this uid may not use the control socket (or this process is a brokered upstream's)",
-            ),
-        )
-        .await;
+        refuse_non_host(&mut reader, &mut send, &pending).await;
         return;
     }
     // A newcomer may take this connection's place while it is silent: it is then closed.
@@ -84,47 +74,14 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             return;
         }
     };
-    match hello {
-        Ok(Ok(ControlRequest::Hello { protocol, key }))
-            if protocol == PROTOCOL_VERSION && !broker.control_key_ok(uid, key.as_ref()) =>
-        {
-            refused("bad_control_key");
-            tracing::warn!(
-                ?uid,
-                ?pid,
-                "control connection under the broker's uid without the control key: refused"
-            );
-            let msg = "a peer under the broker's uid must present the key in the runtime dir's control.key: this process may not read it";
-            let _ = write_frame(&mut send, &error("forbidden", msg)).await;
-            return;
+    let greeted = match hello {
+        Ok(Ok(ControlRequest::Hello { protocol, key })) => {
+            greet(&broker, protocol, key.as_ref(), uid, pid)
         }
-        Ok(Ok(ControlRequest::Hello { protocol, .. })) if protocol == PROTOCOL_VERSION => {
-            drop(pending);
-            let welcome = ControlResponse::Welcome {
-                protocol: PROTOCOL_VERSION,
-                broker_version: env!("CARGO_PKG_VERSION").into(),
-            };
-            if write_frame(&mut send, &welcome).await.is_err() {
-                return;
-            }
-        }
-        Ok(Ok(ControlRequest::Hello { protocol, .. })) => {
-            refused("protocol_version");
-            let msg = format!(
-                "protocol version {protocol} is not supported; this broker speaks {PROTOCOL_VERSION}"
-            );
-            let _ = write_frame(&mut send, &error("protocol_version", msg)).await;
-            return;
-        }
-        Ok(Ok(_)) => {
-            refused("not_hello");
-            let _ = write_frame(
-                &mut send,
-                &error("not_hello", "the first frame must be hello"),
-            )
-            .await;
-            return;
-        }
+        Ok(Ok(_)) => Err((
+            "not_hello",
+            Refusal("not_hello", "the first frame must be hello".into()),
+        )),
         Ok(Err(IpcError::Closed)) => return,
         Ok(Err(e)) => {
             if let Some(reason) = crate::admission::hello_error_reason(&e) {
@@ -137,17 +94,86 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             refused("hello_too_slow");
             return;
         }
+    };
+    match greeted {
+        Ok(welcome) => {
+            drop(pending);
+            if write_frame(&mut send, &welcome).await.is_ok() {
+                answer(&broker, &mut reader, &mut send, uid).await;
+            }
+        }
+        Err((reason, response)) => {
+            refused(reason);
+            let _ = write_frame(&mut send, &ControlResponse::from(response)).await;
+        }
     }
+}
+
+/// A peer that is not a host: its hello is read first (bounded), so the refusal is not lost to
+/// a reset on close.
+async fn refuse_non_host(
+    reader: &mut Reader,
+    send: &mut Sender,
+    pending: &crate::admission::PendingHello,
+) {
+    tokio::select! {
+        _ = tokio::time::timeout(
+            pending.within(std::time::Duration::from_secs(1)),
+            reader.next::<ControlRequest>(),
+        ) => {}
+        () = pending.evicted() => return,
+    }
+    let _ = write_frame(
+        send,
+        &error(
+            "forbidden",
+            "this uid may not use the control socket (or this process is a brokered upstream's)",
+        ),
+    )
+    .await;
+}
+
+/// A host's hello: the welcome, or why not (the admission reason and the `error` response).
+fn greet(
+    broker: &Broker,
+    protocol: u32,
+    key: Option<&sharedos_proto::ipc::TurnToken>,
+    uid: Option<u32>,
+    pid: Option<i32>,
+) -> Result<ControlResponse, (&'static str, Refusal)> {
+    if protocol != PROTOCOL_VERSION {
+        let msg = format!(
+            "protocol version {protocol} is not supported; this broker speaks {PROTOCOL_VERSION}"
+        );
+        return Err(("protocol_version", Refusal("protocol_version", msg)));
+    }
+    if !broker.control_key_ok(uid, key) {
+        tracing::warn!(
+            ?uid,
+            ?pid,
+            "control connection under the broker's uid without the control key: refused"
+        );
+        let msg = "a peer under the broker's uid must present the key in the runtime dir's control.key: this process may not read it";
+        return Err(("bad_control_key", Refusal("forbidden", msg.into())));
+    }
+    Ok(ControlResponse::Welcome {
+        protocol: PROTOCOL_VERSION,
+        broker_version: env!("CARGO_PKG_VERSION").into(),
+    })
+}
+
+/// The host's requests, answered in order until it closes or sends a bad frame.
+async fn answer(broker: &Arc<Broker>, reader: &mut Reader, send: &mut Sender, uid: Option<u32>) {
     loop {
         let response = match reader.next::<ControlRequest>().await {
-            Ok(req) => handle(&broker, req, uid).await,
+            Ok(req) => handle(broker, req, uid).await,
             Err(IpcError::Closed) => return,
             Err(e) => {
-                let _ = write_frame(&mut send, &error("bad_frame", e.to_string())).await;
+                let _ = write_frame(send, &error("bad_frame", e.to_string())).await;
                 return;
             }
         };
-        if write_frame(&mut send, &response).await.is_err() {
+        if write_frame(send, &response).await.is_err() {
             return;
         }
     }
@@ -228,6 +254,8 @@ fn turn_context(open: &OpenTurn) -> Result<AccessContext, Refusal> {
 pub const MAX_APPROVAL_REASON_BYTES: usize = 500;
 
 /// `uid`: the peer, a host uid (recorded as who decided an approval).
+///
+/// One function per request kind; this only dispatches.
 async fn handle(broker: &Arc<Broker>, req: ControlRequest, uid: Option<u32>) -> ControlResponse {
     match req {
         ControlRequest::Hello { .. } => error("hello_again", "hello was already said"),
@@ -235,163 +263,27 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest, uid: Option<u32>) -> 
             Ok(r) => r,
             Err(r) => r.into(),
         },
-        ControlRequest::CloseTurn { turn } => {
-            if let Some(closed) = broker.close_turn(&turn, "host").await {
-                ControlResponse::TurnClosed {
-                    turn,
-                    token_file: closed.token_file.as_ref().map(|p| p.display().to_string()),
-                }
-            } else {
-                error(
-                    "no_such_turn",
-                    format!("no open turn `{}`", sharedos_proto::name::shown(&turn)),
-                )
-            }
-        }
-        ControlRequest::ListTurns => ControlResponse::Turns {
-            turns: broker
-                .turns
-                .list()
-                .iter()
-                .map(|t| t.summary(&broker.kernel.budgets))
-                .collect(),
-        },
-        ControlRequest::Catalog { principal, agent } => {
-            match context(&principal, agent.as_deref()) {
-                Ok(ctx) => {
-                    let c = broker.kernel.catalog(&ctx);
-                    ControlResponse::Catalog {
-                        catalog_hash: c.hash.clone(),
-                        tools: c.tools.clone(),
-                        budgets: broker
-                            .kernel
-                            .budgets
-                            .left(None, &ctx.principal, c.namespaces()),
-                    }
-                }
-                Err(e) => e.into(),
-            }
-        }
+        ControlRequest::CloseTurn { turn } => close_turn(broker, turn).await,
+        ControlRequest::ListTurns => list_turns(broker),
+        ControlRequest::Catalog { principal, agent } => catalog(broker, &principal, agent),
         ControlRequest::Records {
             turn,
             after_seq,
             limit,
-        } => {
-            let limit = limit.unwrap_or(RECORDS_PAGE_MAX).clamp(1, RECORDS_PAGE_MAX) as usize;
-            let path = broker.kernel.recorder.path().to_path_buf();
-            let bounds = PageBounds {
-                lines: limit,
-                bytes: RECORDS_PAGE_MAX_BYTES,
-                depth: RECORDS_LINE_MAX_DEPTH,
-            };
-            let read = tokio::task::spawn_blocking(move || {
-                read_records_page(&path, turn.as_deref(), after_seq, &bounds)
-            })
-            .await;
-            match read {
-                Ok(Ok((lines, more))) => {
-                    let last_seq = lines
-                        .last()
-                        .and_then(|l| l.get("seq"))
-                        .and_then(Value::as_u64)
-                        .unwrap_or(after_seq);
-                    ControlResponse::Records {
-                        lines,
-                        last_seq,
-                        more,
-                    }
-                }
-                Ok(Err(e)) => error("record", e.to_string()),
-                Err(e) => error("internal", e.to_string()),
-            }
-        }
+        } => records(broker, turn, after_seq, limit).await,
         ControlRequest::PolicyCheck {
             principal,
             agent,
             tool,
             arguments,
-        } => {
-            let ctx = match context(&principal, agent.as_deref()) {
-                Ok(c) => c,
-                Err(e) => return e.into(),
-            };
-            let catalog = broker.kernel.catalog(&ctx);
-            match broker
-                .kernel
-                .check(&ctx, &catalog, &tool, arguments.as_ref())
-            {
-                Verdict::Refused {
-                    outcome,
-                    message,
-                    requirement,
-                    policies,
-                } => ControlResponse::Decision {
-                    decision: if matches!(outcome, Outcome::Denied(_)) {
-                        "deny"
-                    } else {
-                        "not_decided"
-                    }
-                    .into(),
-                    // A check has no turn: the catalogue is the principal's.
-                    message: if outcome == Outcome::Denied(DenyCode::UnpublishedTool) {
-                        format!(
-                            "denied: `{}` is not a tool in the catalogue of {principal}{}; `sharedos-broker catalog --principal {principal}` lists what is",
-                            sharedos_proto::name::shown(&tool),
-                            agent
-                                .as_deref()
-                                .map(|a| format!(" with agent {a}"))
-                                .unwrap_or_default(),
-                        )
-                    } else {
-                        message
-                    },
-                    outcome,
-                    requirement,
-                    policies,
-                },
-                Verdict::Permitted {
-                    resolved,
-                    policies,
-                    approval,
-                    ..
-                } => ControlResponse::Decision {
-                    decision: "allow".into(),
-                    outcome: Outcome::Succeeded,
-                    message: format!(
-                        "allow: {tool} of {} — permitted by {}{}",
-                        resolved.resource.short(),
-                        policies.join(", "),
-                        match approval {
-                            Some(crate::policy::Approver::Operator) =>
-                                ", once a person approves it (@approval(\"required\"))",
-                            Some(crate::policy::Approver::Principal) =>
-                                ", once its principal approves it in the harness (@approval(\"principal\"))",
-                            Some(crate::policy::Approver::PrincipalOrOperator) =>
-                                ", once its principal (in the harness) or an operator approves it (@approval(\"principal_or_operator\"))",
-                            None => "",
-                        }
-                    ),
-                    requirement: Some(resolved.resource.requirement(&resolved.action)),
-                    policies,
-                },
-            }
-        }
-        ControlRequest::Telemetry => {
-            let mut stats = broker.kernel.telemetry.stats();
-            if let Some(w) = broker.kernel.recorder.witness()
-                && w.enabled()
-            {
-                let (queued, witnessed, failed, dropped) = w.counts();
-                stats.witness = sharedos_proto::ipc::WitnessCounts {
-                    enabled: true,
-                    queued,
-                    witnessed,
-                    failed,
-                    dropped,
-                };
-            }
-            ControlResponse::Telemetry(stats)
-        }
+        } => policy_check(
+            broker,
+            &principal,
+            agent.as_deref(),
+            &tool,
+            arguments.as_ref(),
+        ),
+        ControlRequest::Telemetry => telemetry(broker),
         ControlRequest::Approvals => {
             let (approvals, not_shown) = broker.kernel.approvals.listed();
             ControlResponse::Approvals {
@@ -399,205 +291,340 @@ async fn handle(broker: &Arc<Broker>, req: ControlRequest, uid: Option<u32>) -> 
                 not_shown,
             }
         }
-        ControlRequest::ApprovalArguments { id, offset } => {
-            let shown = sharedos_proto::name::shown(&id);
-            let Some(text) = broker.kernel.approvals.arguments_text(&id) else {
-                return error(
-                    "no_such_approval",
-                    format!(
-                        "no call is waiting for approval `{shown}` (`sharedos-broker approvals` lists those that are)"
-                    ),
-                );
-            };
-            if offset > text.len() || !text.is_char_boundary(offset) {
-                return error(
-                    "bad_offset",
-                    format!(
-                        "offset {offset} is not where a part of approval `{shown}`'s arguments starts ({} bytes)",
-                        text.len()
-                    ),
-                );
-            }
-            let mut end = (offset + crate::approval::APPROVAL_ARGUMENTS_PART_BYTES).min(text.len());
-            while !text.is_char_boundary(end) {
-                end -= 1;
-            }
-            ControlResponse::ApprovalArguments {
-                id,
-                offset,
-                text: text[offset..end].to_owned(),
-                bytes: text.len(),
-                sha256: sharedos_proto::catalog::sha256_hex(text.as_bytes()),
-                more: end < text.len(),
-            }
-        }
+        ControlRequest::ApprovalArguments { id, offset } => approval_arguments(broker, id, offset),
         ControlRequest::DecideApproval {
             id,
             approve,
-            mut reason,
-        } => {
-            if let Some(r) = reason.as_mut() {
-                sharedos_proto::name::clip(r, MAX_APPROVAL_REASON_BYTES);
-            }
-            let decision = crate::approval::Decision::operator(approve, uid, reason);
-            let shown = sharedos_proto::name::shown(&id);
-            match broker.kernel.approvals.decide(&id, decision) {
-                Ok(()) => ControlResponse::ApprovalDecided {
-                    id,
-                    decision: if approve { "approved" } else { "denied" }.into(),
-                },
-                Err(crate::approval::DecideError::AlreadyDecided(_)) => error(
-                    "approval_decided",
-                    format!("approval `{shown}` was already decided: an approval id is used once"),
-                ),
-                Err(crate::approval::DecideError::PrincipalOnly(_)) => error(
-                    "principal_only",
-                    format!(
-                        "approval `{shown}` is for the call's principal to give in the harness (`@approval(\"principal\")`): an operator cannot decide it"
-                    ),
-                ),
-                Err(
-                    crate::approval::DecideError::Unknown(_)
-                    | crate::approval::DecideError::NotAsked(_),
-                ) => error(
-                    "no_such_approval",
-                    format!(
-                        "no call is waiting for approval `{shown}` (`sharedos-broker approvals` lists those that are)"
-                    ),
-                ),
-            }
-        }
+            reason,
+        } => decide_approval(broker, id, approve, reason, uid),
         ControlRequest::Providers => ControlResponse::Providers {
             providers: broker.kernel.provider_statuses(),
         },
-        ControlRequest::PinProviders => {
-            let registry = broker.kernel.registry();
-            let pins: BTreeMap<String, String> = registry
-                .providers
-                .iter()
-                .filter_map(|p| Some((p.namespace().to_owned(), p.upstream_hash()?)))
-                .collect();
-            let Some(pin_store) = registry.pins.as_ref() else {
-                return error("no_providers", "no brokered providers are configured");
-            };
-            let pin_file = pin_store.path.clone();
-            match pin_store.write(&pins) {
-                Ok(all) => {
-                    for p in &registry.providers {
-                        p.clone().repin().await;
-                    }
-                    let line = Event::ProvidersPinned(record::ProvidersPinned {
-                        pins: all.clone(),
-                        turn: None,
-                    });
-                    if let Err(e) = broker.kernel.recorder.append(&line).await {
-                        tracing::error!(error = %e, "providers_pinned not recorded");
-                    }
-                    ControlResponse::Pinned {
-                        path: pin_file
-                            .map(|p| p.display().to_string())
-                            .unwrap_or_default(),
-                        pins: all,
-                    }
-                }
-                Err(e) => error("pins", e.to_string()),
+        ControlRequest::PinProviders => pin_providers(broker).await,
+        ControlRequest::PolicyReload => policy_reload(broker).await,
+    }
+}
+
+async fn close_turn(broker: &Arc<Broker>, turn: String) -> ControlResponse {
+    if let Some(closed) = broker.close_turn(&turn, "host").await {
+        ControlResponse::TurnClosed {
+            turn,
+            token_file: closed.token_file.as_ref().map(|p| p.display().to_string()),
+        }
+    } else {
+        error(
+            "no_such_turn",
+            format!("no open turn `{}`", sharedos_proto::name::shown(&turn)),
+        )
+    }
+}
+
+fn list_turns(broker: &Arc<Broker>) -> ControlResponse {
+    ControlResponse::Turns {
+        turns: broker
+            .turns
+            .list()
+            .iter()
+            .map(|t| t.summary(&broker.kernel.budgets))
+            .collect(),
+    }
+}
+
+fn catalog(broker: &Arc<Broker>, principal: &str, agent: Option<String>) -> ControlResponse {
+    match context(principal, agent.as_deref()) {
+        Ok(ctx) => {
+            let c = broker.kernel.catalog(&ctx);
+            ControlResponse::Catalog {
+                catalog_hash: c.hash.clone(),
+                tools: c.tools.clone(),
+                budgets: broker
+                    .kernel
+                    .budgets
+                    .left(None, &ctx.principal, c.namespaces()),
             }
         }
-        ControlRequest::PolicyReload => match broker.kernel.policy.reload() {
-            Ok(pv) => {
-                let line = Event::PolicyReloaded(record::PolicyReloaded {
-                    version: pv.version,
-                    policies: pv.count,
-                    path: broker.kernel.policy.policy_path().display().to_string(),
-                    turn: None,
-                });
-                if let Err(e) = broker.kernel.recorder.append(&line).await {
-                    tracing::error!(error = %e, "policy_reloaded not recorded");
-                }
-                ControlResponse::PolicyReloaded {
-                    version: pv.version,
-                    policies: pv.count,
-                }
+        Err(e) => e.into(),
+    }
+}
+
+/// One page of the record, read off the runtime's threads.
+async fn records(
+    broker: &Arc<Broker>,
+    turn: Option<String>,
+    after_seq: u64,
+    limit: Option<u32>,
+) -> ControlResponse {
+    let limit = limit.unwrap_or(RECORDS_PAGE_MAX).clamp(1, RECORDS_PAGE_MAX) as usize;
+    let path = broker.kernel.recorder.path().to_path_buf();
+    let bounds = PageBounds {
+        lines: limit,
+        bytes: RECORDS_PAGE_MAX_BYTES,
+        depth: RECORDS_LINE_MAX_DEPTH,
+    };
+    let read = tokio::task::spawn_blocking(move || {
+        read_records_page(&path, turn.as_deref(), after_seq, &bounds)
+    })
+    .await;
+    match read {
+        Ok(Ok((lines, more))) => {
+            let last_seq = lines
+                .last()
+                .and_then(|l| l.get("seq"))
+                .and_then(Value::as_u64)
+                .unwrap_or(after_seq);
+            ControlResponse::Records {
+                lines,
+                last_seq,
+                more,
             }
-            Err(e) => error(
-                "policy_invalid",
-                format!("{e}\nthe previous policy set stays in force"),
+        }
+        Ok(Err(e)) => error("record", e.to_string()),
+        Err(e) => error("internal", e.to_string()),
+    }
+}
+
+/// `policy check`: the decision a call would get, without running it. A check has no turn: the
+/// catalogue is the principal's.
+fn policy_check(
+    broker: &Arc<Broker>,
+    principal: &str,
+    agent: Option<&str>,
+    tool: &str,
+    arguments: Option<&Value>,
+) -> ControlResponse {
+    let ctx = match context(principal, agent) {
+        Ok(c) => c,
+        Err(e) => return e.into(),
+    };
+    let catalog = broker.kernel.catalog(&ctx);
+    match broker.kernel.check(&ctx, &catalog, tool, arguments) {
+        Verdict::Refused {
+            outcome,
+            message,
+            requirement,
+            policies,
+        } => ControlResponse::Decision {
+            decision: if matches!(outcome, Outcome::Denied(_)) {
+                "deny"
+            } else {
+                "not_decided"
+            }
+            .into(),
+            message: if outcome == Outcome::Denied(DenyCode::UnpublishedTool) {
+                unpublished_message(principal, agent, tool)
+            } else {
+                message
+            },
+            outcome,
+            requirement,
+            policies,
+        },
+        Verdict::Permitted {
+            resolved,
+            policies,
+            approval,
+            ..
+        } => ControlResponse::Decision {
+            decision: "allow".into(),
+            outcome: Outcome::Succeeded,
+            message: format!(
+                "allow: {tool} of {} — permitted by {}{}",
+                resolved.resource.short(),
+                policies.join(", "),
+                approval_words(approval)
             ),
+            requirement: Some(resolved.resource.requirement(&resolved.action)),
+            policies,
         },
     }
 }
 
-async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlResponse, Refusal> {
-    let ctx = turn_context(&open)?;
-    let token_file = open
-        .token_file
-        .as_deref()
-        .map(TokenFileTemplate::parse)
-        .transpose()
-        .map_err(|e| Refusal("invalid_token_file", e))?;
-    // Attributes the schema does not declare, or an owner it has no place for, are refused
-    // here by name, rather than denying every call of the turn.
-    broker
-        .kernel
-        .check_context(&ctx)
-        .map_err(|e| Refusal("invalid_attributes", e))?;
-    if let Some(policy) = &open.tool_policy {
-        policy
-            .validate(open.harness.is_some() || open.system_identity.is_some())
-            .map_err(|e| Refusal("invalid_tool_policy", e.to_string()))?;
-    }
-    if let Some(identity) = &open.system_identity {
-        identity
-            .validate()
-            .map_err(|e| Refusal("invalid_system_identity", e.to_string()))?;
-    }
-    let ttl = match open.ttl_seconds {
-        Some(0) => {
-            return Err(Refusal(
-                "invalid_ttl",
-                "ttl must be at least 1 second".into(),
-            ));
+fn unpublished_message(principal: &str, agent: Option<&str>, tool: &str) -> String {
+    format!(
+        "denied: `{}` is not a tool in the catalogue of {principal}{}; `sharedos-broker catalog --principal {principal}` lists what is",
+        sharedos_proto::name::shown(tool),
+        agent
+            .map(|a| format!(" with agent {a}"))
+            .unwrap_or_default(),
+    )
+}
+
+/// What a permit that holds the call for approval adds to `policy check`'s answer.
+fn approval_words(approval: Option<crate::policy::Approver>) -> &'static str {
+    match approval {
+        Some(crate::policy::Approver::Operator) => {
+            ", once a person approves it (@approval(\"required\"))"
         }
-        Some(s) => Duration::from_secs(s).min(MAX_TTL),
-        None => broker.config.default_ttl,
+        Some(crate::policy::Approver::Principal) => {
+            ", once its principal approves it in the harness (@approval(\"principal\"))"
+        }
+        Some(crate::policy::Approver::PrincipalOrOperator) => {
+            ", once its principal (in the harness) or an operator approves it (@approval(\"principal_or_operator\"))"
+        }
+        None => "",
+    }
+}
+
+fn telemetry(broker: &Arc<Broker>) -> ControlResponse {
+    let mut stats = broker.kernel.telemetry.stats();
+    if let Some(w) = broker.kernel.recorder.witness()
+        && w.enabled()
+    {
+        let (queued, witnessed, failed, dropped) = w.counts();
+        stats.witness = sharedos_proto::ipc::WitnessCounts {
+            enabled: true,
+            queued,
+            witnessed,
+            failed,
+            dropped,
+        };
+    }
+    ControlResponse::Telemetry(stats)
+}
+
+fn no_such_approval(shown: &str) -> ControlResponse {
+    error(
+        "no_such_approval",
+        format!(
+            "no call is waiting for approval `{shown}` (`sharedos-broker approvals` lists those that are)"
+        ),
+    )
+}
+
+/// A part of a waiting call's arguments, from `offset`, cut at a character boundary.
+fn approval_arguments(broker: &Arc<Broker>, id: String, offset: usize) -> ControlResponse {
+    let shown = sharedos_proto::name::shown(&id);
+    let Some(text) = broker.kernel.approvals.arguments_text(&id) else {
+        return no_such_approval(&shown);
     };
+    if offset > text.len() || !text.is_char_boundary(offset) {
+        return error(
+            "bad_offset",
+            format!(
+                "offset {offset} is not where a part of approval `{shown}`'s arguments starts ({} bytes)",
+                text.len()
+            ),
+        );
+    }
+    let mut end = (offset + crate::approval::APPROVAL_ARGUMENTS_PART_BYTES).min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    ControlResponse::ApprovalArguments {
+        id,
+        offset,
+        text: text[offset..end].to_owned(),
+        bytes: text.len(),
+        sha256: sharedos_proto::catalog::sha256_hex(text.as_bytes()),
+        more: end < text.len(),
+    }
+}
+
+/// An operator's decision (`approvals approve|deny`); `uid` is recorded as who decided.
+fn decide_approval(
+    broker: &Arc<Broker>,
+    id: String,
+    approve: bool,
+    mut reason: Option<String>,
+    uid: Option<u32>,
+) -> ControlResponse {
+    use crate::approval::DecideError;
+    if let Some(r) = reason.as_mut() {
+        sharedos_proto::name::clip(r, MAX_APPROVAL_REASON_BYTES);
+    }
+    let decision = crate::approval::Decision::operator(approve, uid, reason);
+    let shown = sharedos_proto::name::shown(&id);
+    match broker.kernel.approvals.decide(&id, decision) {
+        Ok(()) => ControlResponse::ApprovalDecided {
+            id,
+            decision: if approve { "approved" } else { "denied" }.into(),
+        },
+        Err(DecideError::AlreadyDecided(_)) => error(
+            "approval_decided",
+            format!("approval `{shown}` was already decided: an approval id is used once"),
+        ),
+        Err(DecideError::PrincipalOnly(_)) => error(
+            "principal_only",
+            format!(
+                "approval `{shown}` is for the call's principal to give in the harness (`@approval(\"principal\")`): an operator cannot decide it"
+            ),
+        ),
+        Err(DecideError::Unknown(_) | DecideError::NotAsked(_)) => no_such_approval(&shown),
+    }
+}
+
+/// `providers pin`: the brokered providers' current upstream hashes written to the pins file,
+/// each provider told, and the pins recorded.
+async fn pin_providers(broker: &Arc<Broker>) -> ControlResponse {
+    let registry = broker.kernel.registry();
+    let pins: BTreeMap<String, String> = registry
+        .providers
+        .iter()
+        .filter_map(|p| Some((p.namespace().to_owned(), p.upstream_hash()?)))
+        .collect();
+    let Some(pin_store) = registry.pins.as_ref() else {
+        return error("no_providers", "no brokered providers are configured");
+    };
+    let pin_file = pin_store.path.clone();
+    match pin_store.write(&pins) {
+        Ok(all) => {
+            for p in &registry.providers {
+                p.clone().repin().await;
+            }
+            let line = Event::ProvidersPinned(record::ProvidersPinned {
+                pins: all.clone(),
+                turn: None,
+            });
+            if let Err(e) = broker.kernel.recorder.append(&line).await {
+                tracing::error!(error = %e, "providers_pinned not recorded");
+            }
+            ControlResponse::Pinned {
+                path: pin_file
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                pins: all,
+            }
+        }
+        Err(e) => error("pins", e.to_string()),
+    }
+}
+
+/// `policy reload`: a new policy set in force, recorded; an invalid one leaves the old in force.
+async fn policy_reload(broker: &Arc<Broker>) -> ControlResponse {
+    match broker.kernel.policy.reload() {
+        Ok(pv) => {
+            let line = Event::PolicyReloaded(record::PolicyReloaded {
+                version: pv.version,
+                policies: pv.count,
+                path: broker.kernel.policy.policy_path().display().to_string(),
+                turn: None,
+            });
+            if let Err(e) = broker.kernel.recorder.append(&line).await {
+                tracing::error!(error = %e, "policy_reloaded not recorded");
+            }
+            ControlResponse::PolicyReloaded {
+                version: pv.version,
+                policies: pv.count,
+            }
+        }
+        Err(e) => error(
+            "policy_invalid",
+            format!("{e}\nthe previous policy set stays in force"),
+        ),
+    }
+}
+
+/// `turn open`: the request checked, the turn's catalogue computed and named for its harness, the
+/// turn inserted and recorded, its TTL armed.
+async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlResponse, Refusal> {
+    let (ctx, token_file, ttl) = checked_open(broker, &open)?;
     let catalog = broker.kernel.catalog(&ctx);
     let mut identity = open.system_identity.clone();
     if let Some(id) = identity.as_mut() {
         id.catalog_hash = Some(catalog.hash.clone());
         id.broker_version = Some(env!("CARGO_PKG_VERSION").into());
     }
-    let names: Vec<&sharedos_proto::ToolName> = catalog.tools.iter().map(|t| &t.name).collect();
-    if open.portable_names {
-        PortableNames::new(names.iter().copied()).map_err(|e| {
-            Refusal(
-                "portable_names",
-                format!("{e}; portable names cannot be used for this catalogue"),
-            )
-        })?;
-    }
-    // Aliases for the named harness, or for every harness whose naming is known.
-    let harnesses: Vec<Harness> = match open.harness.as_deref().map(Harness::parse) {
-        Some(Some(h)) => vec![h],
-        _ => Harness::ALL.to_vec(),
-    };
-    let mut aliases = BTreeMap::new();
-    let mut warnings = Vec::new();
-    if catalog.tools.is_empty() {
-        warnings.push(format!(
-            "the catalogue of {} is empty: no policy permits any of the {} registered tools, so the harness will see none",
-            ctx.principal,
-            broker.kernel.registry().len()
-        ));
-    }
-    for h in harnesses {
-        if h.alias(SERVER_NAME, "x").is_none() {
-            continue;
-        }
-        let report = alias::aliases(h, SERVER_NAME, names.iter().copied());
-        warnings.extend(report.problems.iter().cloned());
-        aliases.insert(h.as_str().to_owned(), report);
-    }
+    let (aliases, warnings) = harness_names(broker, &open, &ctx, &catalog)?;
     let new = NewTurn {
         context: ctx,
         catalog,
@@ -635,4 +662,86 @@ async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlRespon
         warnings,
         token_file: turn.token_file.as_ref().map(|p| p.display().to_string()),
     }))
+}
+
+/// What `turn open` asks for, checked: the access context, the token file's template and the
+/// TTL. Attributes the schema does not declare, or an owner it has no place for, are refused
+/// here by name, rather than denying every call of the turn.
+fn checked_open(
+    broker: &Broker,
+    open: &OpenTurn,
+) -> Result<(AccessContext, Option<TokenFileTemplate>, Duration), Refusal> {
+    let ctx = turn_context(open)?;
+    let token_file = open
+        .token_file
+        .as_deref()
+        .map(TokenFileTemplate::parse)
+        .transpose()
+        .map_err(|e| Refusal("invalid_token_file", e))?;
+    broker
+        .kernel
+        .check_context(&ctx)
+        .map_err(|e| Refusal("invalid_attributes", e))?;
+    if let Some(policy) = &open.tool_policy {
+        policy
+            .validate(open.harness.is_some() || open.system_identity.is_some())
+            .map_err(|e| Refusal("invalid_tool_policy", e.to_string()))?;
+    }
+    if let Some(identity) = &open.system_identity {
+        identity
+            .validate()
+            .map_err(|e| Refusal("invalid_system_identity", e.to_string()))?;
+    }
+    let ttl = match open.ttl_seconds {
+        Some(0) => {
+            return Err(Refusal(
+                "invalid_ttl",
+                "ttl must be at least 1 second".into(),
+            ));
+        }
+        Some(s) => Duration::from_secs(s).min(MAX_TTL),
+        None => broker.config.default_ttl,
+    };
+    Ok((ctx, token_file, ttl))
+}
+
+/// The catalogue's names as the turn's harness will show them (or every harness whose naming is
+/// known), with what the host should hear about them.
+fn harness_names(
+    broker: &Broker,
+    open: &OpenTurn,
+    ctx: &AccessContext,
+    catalog: &crate::kernel::Catalog,
+) -> Result<(BTreeMap<String, alias::AliasReport>, Vec<String>), Refusal> {
+    let names: Vec<&sharedos_proto::ToolName> = catalog.tools.iter().map(|t| &t.name).collect();
+    if open.portable_names {
+        PortableNames::new(names.iter().copied()).map_err(|e| {
+            Refusal(
+                "portable_names",
+                format!("{e}; portable names cannot be used for this catalogue"),
+            )
+        })?;
+    }
+    let harnesses: Vec<Harness> = match open.harness.as_deref().map(Harness::parse) {
+        Some(Some(h)) => vec![h],
+        _ => Harness::ALL.to_vec(),
+    };
+    let mut aliases = BTreeMap::new();
+    let mut warnings = Vec::new();
+    if catalog.tools.is_empty() {
+        warnings.push(format!(
+            "the catalogue of {} is empty: no policy permits any of the {} registered tools, so the harness will see none",
+            ctx.principal,
+            broker.kernel.registry().len()
+        ));
+    }
+    for h in harnesses {
+        if h.alias(SERVER_NAME, "x").is_none() {
+            continue;
+        }
+        let report = alias::aliases(h, SERVER_NAME, names.iter().copied());
+        warnings.extend(report.problems.iter().cloned());
+        aliases.insert(h.as_str().to_owned(), report);
+    }
+    Ok((aliases, warnings))
 }
