@@ -457,14 +457,19 @@ pub enum ColumnCommand {
     },
     /// Print the interop matrix (markdown) from manifests or their summaries.
     ///
-    /// A line per harness: its version, the grade of every row and check, the model it asked
-    /// for; from column manifests or their
+    /// A line per harness: its version (declared, and measured where they differ), its
+    /// catalogue hash, the grade of every row and check (an approval row with what the approval
+    /// came to), the model it asked for; from column manifests or their
     /// summaries (`column summary`); a folder stands for its `*.json` files in name order. The
-    /// README's matrix is this command's output over `tests/interop/matrix`. Needs no broker.
+    /// README's matrix is this command's output over `tests/interop/matrix`. Refused when the
+    /// columns' catalogue hashes differ (they were not offered the same tools). Needs no broker.
     Matrix {
         /// Manifests, summaries, or folders of them.
         #[arg(value_name = "PATH", required = true)]
         paths: Vec<PathBuf>,
+        /// Print the matrix even when the catalogue hashes differ, the odd lines marked.
+        #[arg(long)]
+        show_anyway: bool,
     },
     /// Print the summary of a column manifest (JSON).
     ///
@@ -803,8 +808,11 @@ fn column_offline(command: ColumnCommand) -> anyhow::Result<ExitCode> {
             out!("{}", c.text);
             Ok(ExitCode::from(c.exit))
         }
-        ColumnCommand::Matrix { paths } => {
-            out!("{}", matrix::render(&matrix::read_summaries(&paths)?));
+        ColumnCommand::Matrix { paths, show_anyway } => {
+            out!(
+                "{}",
+                matrix::render(&matrix::read_summaries(&paths)?, show_anyway)?
+            );
             Ok(ExitCode::SUCCESS)
         }
         ColumnCommand::Summary { manifest } => {

@@ -39,6 +39,12 @@ pub enum MatrixError {
     Kind { path: PathBuf, kind: String },
     #[error("no summaries or manifests (*.json) in `{}`", path.display())]
     Empty { path: PathBuf },
+    /// The columns were not offered the same tools, so their lines are not comparable (the ADR's
+    /// condition); `column matrix --show-anyway` prints them, marked.
+    #[error(
+        "the columns were not given the same catalogue, so the matrix would compare unlike runs: {detail} (regenerate the summaries from runs of the same catalogue, or pass --show-anyway to print it with the differing lines marked)"
+    )]
+    CatalogsDiffer { detail: String },
 }
 
 /// What a column's run shows in the matrix, from its manifest.
@@ -53,7 +59,11 @@ pub fn summary(manifest: &Value) -> Value {
                 (Some(o), Some(c)) => json!(format!("{o}/{c}")),
                 _ => Value::Null,
             };
-            json!({"id": r["id"], "grade": r["grade"], "outcome": outcome})
+            let mut row = json!({"id": r["id"], "grade": r["grade"], "outcome": outcome});
+            if let Some(said) = r["approval"]["said"].as_str() {
+                row["approval"] = json!(said);
+            }
+            row
         })
         .collect();
     let checks: Vec<Value> = manifest["checks"]
@@ -84,11 +94,15 @@ pub fn summary(manifest: &Value) -> Value {
         Value::Null
     };
     let m = &manifest["model"];
+    let measured = &manifest["harnessVersionMeasured"];
     json!({
         "kind": SUMMARY_KIND,
-        "version": 1,
+        "version": 2,
+        "systemIdentity": id,
         "harness": id["harness"],
         "harnessVersion": id["harnessVersion"],
+        "harnessVersionMeasured": measured["version"],
+        "harnessVersionOutput": measured["output"],
         "mcpSupport": id["mcpSupport"],
         "extension": id["extension"],
         "rows": rows,
@@ -183,12 +197,65 @@ fn grade_of<'a>(s: &'a Value, key: &str, id: &str) -> Option<&'a Value> {
         .find(|r| r["id"] == id)
 }
 
+/// The declared version, and the measured one beside it when they differ (shown, never
+/// corrected) or when none was measured.
 fn version(s: &Value) -> String {
-    let mut v = s["harnessVersion"].as_str().unwrap_or("?").to_owned();
+    let declared = s["harnessVersion"].as_str().unwrap_or("?");
+    let mut v = match s["harnessVersionMeasured"].as_str() {
+        Some(m) if m == declared => declared.to_owned(),
+        Some(m) => format!("{declared} (measured {m}: MISMATCH)"),
+        None => format!("{declared} (declared; not measured)"),
+    };
     if let Some(ext) = s["extension"].as_str() {
         v.push_str(&format!(" + {ext}"));
     }
     v
+}
+
+/// A summary's catalogue hash (its SystemIdentity's `catalogHash`).
+fn catalog_hash(s: &Value) -> Option<&str> {
+    s["systemIdentity"]["catalogHash"].as_str()
+}
+
+/// The hash most summaries carry (the first seen on a tie), and the harnesses whose hash is
+/// another or missing.
+fn catalog_odd_ones(summaries: &[Value]) -> (Option<String>, Vec<String>) {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for h in summaries.iter().filter_map(catalog_hash) {
+        match counts.iter_mut().find(|(x, _)| x == h) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((h.to_owned(), 1)),
+        }
+    }
+    let mut common: Option<(String, usize)> = None;
+    for (h, n) in counts {
+        if common.as_ref().is_none_or(|(_, m)| n > *m) {
+            common = Some((h, n));
+        }
+    }
+    let common = common.map(|(h, _)| h);
+    let odd = summaries
+        .iter()
+        .filter(|s| catalog_hash(s) != common.as_deref())
+        .map(|s| {
+            format!(
+                "{} has {}",
+                s["harness"].as_str().unwrap_or("?"),
+                catalog_hash(s).map_or("no catalogHash".to_owned(), |h| format!("catalogHash {h}"))
+            )
+        })
+        .collect();
+    (common, odd)
+}
+
+/// A row's cell: its grade, and for a row whose call waited for an approval, what the approval
+/// came to (`fail: declined by the client`, `pass: no question shown: operator approved`).
+fn row_cell(r: &Value) -> String {
+    let grade = grade_word(&r["grade"]);
+    match r["approval"].as_str() {
+        Some(said) => format!("{grade}: {said}"),
+        None => grade.to_owned(),
+    }
 }
 
 fn asked(model: &Value) -> String {
@@ -210,31 +277,63 @@ fn asked(model: &Value) -> String {
     format!("{} ({verdict})", asked.join(", "))
 }
 
-/// The markdown matrix: a line per harness (its version, each row's and check's grade, the
-/// model it asked for), a column per row id and check id as first seen.
-pub fn render(summaries: &[Value]) -> String {
+/// The markdown matrix: a line per harness (its version, declared and measured, its catalogue
+/// hash, each row's and check's grade, with what an approval came to, the model it asked for), a
+/// column per row id and check id as first seen, and under the table the catalogue hash in full.
+/// Refused ([`MatrixError::CatalogsDiffer`]) when the summaries' catalogue hashes differ or one
+/// has none, unless `show_anyway`: then the odd lines' hash cells say `DIFFERS`.
+pub fn render(summaries: &[Value], show_anyway: bool) -> Result<String, MatrixError> {
+    let (common, odd) = catalog_odd_ones(summaries);
+    if !odd.is_empty() && !show_anyway {
+        return Err(MatrixError::CatalogsDiffer {
+            detail: format!(
+                "{} (most carry {})",
+                odd.join("; "),
+                common.as_deref().unwrap_or("none")
+            ),
+        });
+    }
     let rows = ids(summaries, "rows");
     let checks = ids(summaries, "checks");
-    let mut head = vec!["harness".to_owned(), "version".to_owned()];
+    let mut head = vec![
+        "harness".to_owned(),
+        "version".to_owned(),
+        "catalogue".to_owned(),
+    ];
     head.extend(rows.iter().chain(&checks).map(|id| format!("`{id}`")));
     head.push("model asked for".to_owned());
     let mut out = format!("| {} |\n", head.join(" | "));
     out.push_str(&format!("|{}\n", " --- |".repeat(head.len())));
     for s in summaries {
-        let mut cells = vec![s["harness"].as_str().unwrap_or("?").to_owned(), version(s)];
+        let short = |h: &str| h.chars().take(12).collect::<String>();
+        let hash = match catalog_hash(s) {
+            Some(h) if Some(h) == common.as_deref() => format!("`{}`", short(h)),
+            Some(h) => format!("`{}` DIFFERS", short(h)),
+            None => "none: DIFFERS".to_owned(),
+        };
+        let mut cells = vec![
+            s["harness"].as_str().unwrap_or("?").to_owned(),
+            version(s),
+            hash,
+        ];
         for (key, list) in [("rows", &rows), ("checks", &checks)] {
             for id in list {
-                cells.push(
-                    grade_of(s, key, id)
-                        .map_or("—", |r| grade_word(&r["grade"]))
-                        .to_owned(),
-                );
+                cells.push(grade_of(s, key, id).map_or("—".to_owned(), row_cell));
             }
         }
         cells.push(asked(&s["model"]));
         out.push_str(&format!("| {} |\n", cells.join(" | ")));
     }
-    out
+    match (&common, odd.is_empty()) {
+        (Some(h), true) => out.push_str(&format!(
+            "\nEvery column was given the same catalogue: catalogHash `{h}`.\n"
+        )),
+        _ => out.push_str(&format!(
+            "\nNOT the same catalogue: {} (shown anyway).\n",
+            odd.join("; ")
+        )),
+    }
+    Ok(out)
 }
 
 /// The outcome of `column compare`.
@@ -378,7 +477,8 @@ mod tests {
     fn manifest(harness: &str, hash: &str, tools: &[&str], denied: (&str, &str)) -> Value {
         json!({
             "kind": MANIFEST_KIND,
-            "systemIdentity": {"harness": harness, "harnessVersion": "1.0", "mcpSupport": "native", "extension": null},
+            "systemIdentity": {"harness": harness, "harnessVersion": "1.0", "mcpSupport": "native", "extension": null, "catalogHash": hash},
+            "harnessVersionMeasured": {"version": "1.0", "output": "1.0 (x)"},
             "catalogHash": hash,
             "catalogue": tools,
             "rows": [
@@ -421,21 +521,89 @@ mod tests {
         ));
         b["extension"] = json!("ext@2");
         b["model"] = json!({"declared": "m", "asked": ["other"], "same": false});
-        let t = render(&[a, b]);
+        let t = render(&[a, b], false).expect("same catalogue");
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(
             lines[0],
-            "| harness | version | `allowed-read` | `denied-read` | `never` | `offered-catalogue` | model asked for |"
+            "| harness | version | catalogue | `allowed-read` | `denied-read` | `never` | `offered-catalogue` | model asked for |"
         );
-        assert_eq!(lines[1], "| --- | --- | --- | --- | --- | --- | --- |");
+        assert_eq!(
+            lines[1],
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"
+        );
         assert_eq!(
             lines[2],
-            "| pi | 1.0 | pass | pass | not exercised | pass | `m` (the declared one) |"
+            "| pi | 1.0 | `h` | pass | pass | not exercised | pass | `m` (the declared one) |"
         );
         assert_eq!(
             lines[3],
-            "| codex | 1.0 + ext@2 | pass | fail | not exercised | pass | `other` (not the declared one) |"
+            "| codex | 1.0 + ext@2 | `h` | pass | fail | not exercised | pass | `other` (not the declared one) |"
         );
+        assert_eq!(
+            lines[5],
+            "Every column was given the same catalogue: catalogHash `h`."
+        );
+        assert_eq!(lines.len(), 6, "{t}");
+    }
+
+    /// Issue 47: a summary carries the SystemIdentity with its catalogHash; the matrix refuses
+    /// lines of another catalogue (or none) unless shown anyway, marked.
+    #[test]
+    fn render_refuses_unlike_catalogues_unless_shown_anyway() {
+        let a = summary(&manifest("pi", "h1", &["files.read"], ("pass", "denied")));
+        assert_eq!(a["systemIdentity"]["catalogHash"], "h1");
+        let b = summary(&manifest(
+            "codex",
+            "h1",
+            &["files.read"],
+            ("pass", "denied"),
+        ));
+        let c = summary(&manifest("qwen", "h2", &["files.read"], ("pass", "denied")));
+        let e = render(&[a.clone(), b.clone(), c.clone()], false).expect_err("differs");
+        let text = e.to_string();
+        assert!(
+            text.contains("qwen has catalogHash h2 (most carry h1)"),
+            "{text}"
+        );
+        assert!(text.contains("--show-anyway"), "{text}");
+        let t = render(&[a.clone(), b, c], true).expect("anyway");
+        let qwen = t.lines().find(|l| l.starts_with("| qwen")).expect("line");
+        assert!(qwen.contains("| `h2` DIFFERS |"), "{qwen}");
+        assert!(
+            t.contains("NOT the same catalogue: qwen has catalogHash h2 (shown anyway)."),
+            "{t}"
+        );
+        let mut old = a.clone();
+        old["systemIdentity"]
+            .as_object_mut()
+            .expect("id")
+            .remove("catalogHash");
+        let e = render(&[a, old], false).expect_err("none");
+        assert!(e.to_string().contains("pi has no catalogHash"), "{e}");
+    }
+
+    /// Issue 47: the measured version beside the declared one, a mismatch shown, never
+    /// corrected; an approval row's cell says what the approval came to.
+    #[test]
+    fn render_shows_measured_versions_and_approval_outcomes() {
+        let mut m = manifest("pi", "h", &["files.read"], ("fail", "denied"));
+        m["harnessVersionMeasured"] = json!({"version": "1.1", "output": "pi 1.1"});
+        m["rows"][1]["approval"] = json!({"said": "declined by the client", "decision": "denied"});
+        let s = summary(&m);
+        assert_eq!(s["harnessVersion"], "1.0");
+        assert_eq!(s["harnessVersionMeasured"], "1.1");
+        assert_eq!(s["rows"][1]["approval"], "declined by the client");
+        assert!(s["rows"][0].get("approval").is_none());
+        let t = render(&[s], false).expect("render");
+        assert!(
+            t.contains(
+                "| pi | 1.0 (measured 1.1: MISMATCH) | `h` | pass | fail: declined by the client |"
+            ),
+            "{t}"
+        );
+        m["harnessVersionMeasured"] = json!({"version": null, "error": "cannot start it"});
+        let t = render(&[summary(&m)], false).expect("render");
+        assert!(t.contains("| 1.0 (declared; not measured) |"), "{t}");
     }
 
     #[test]

@@ -22,6 +22,8 @@ use crate::scripted_model::{LoggedRequest, OfferedTool, match_tool};
 pub const OFFERED_CATALOGUE: &str = "offered-catalogue";
 /// The id of the check that every other offered tool is declared by the ToolPolicy.
 pub const TOOL_POLICY: &str = "tool-policy";
+/// The id of the check of the ToolPolicy's `externalDirect` entries (only when it has some).
+pub const EXTERNAL_DIRECT: &str = "external-direct";
 
 /// A graded check of the whole run (not of one attempt).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -258,7 +260,11 @@ pub fn observe(want: &Expectation<'_>, requests: &[LoggedRequest]) -> Observed {
                 .map(|(_, s)| (*s).clone());
             let declared = want.tool_policy.harness_local.contains(&shown)
                 || (want.tool_policy.mode == PolicyMode::Open
-                    && want.tool_policy.external_direct.contains(&shown));
+                    && want
+                        .tool_policy
+                        .external_direct
+                        .iter()
+                        .any(|e| *e == shown || server.as_ref() == Some(e)));
             others.insert(OtherTool {
                 name: shown,
                 origin: if server.is_some() {
@@ -399,6 +405,80 @@ fn policy_check(o: &Offered, policy: &ToolPolicy) -> Check {
         grade,
         detail,
     }
+}
+
+/// The `external-direct` check, when the ToolPolicy declares external entries: each entry (an
+/// offered tool's name, or a server in the harness's config) was offered to the model as
+/// declared, and no call through the boundary named it (`called`: the tools of the turn's
+/// recorded calls). `None` without entries.
+pub fn external_check(o: &Offered, policy: &ToolPolicy, called: &[String]) -> Option<Check> {
+    if policy.external_direct.is_empty() {
+        return None;
+    }
+    let not_offered: Vec<String> = policy
+        .external_direct
+        .iter()
+        .filter(|e| {
+            !o.others
+                .iter()
+                .any(|t| t.name == **e || t.server.as_ref() == Some(*e))
+        })
+        .cloned()
+        .collect();
+    let through: Vec<String> = called
+        .iter()
+        .filter(|c| {
+            policy
+                .external_direct
+                .iter()
+                .any(|e| *c == e || c.starts_with(&format!("{e}.")))
+        })
+        .cloned()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let offered: usize = o
+        .others
+        .iter()
+        .filter(|t| {
+            policy
+                .external_direct
+                .iter()
+                .any(|e| t.name == *e || t.server.as_ref() == Some(e))
+        })
+        .count();
+    let (grade, detail) = if o.requests_with_tools == 0 {
+        (
+            Grade::NotExercised,
+            "the harness offered its model no tools".to_owned(),
+        )
+    } else if not_offered.is_empty() && through.is_empty() {
+        (
+            Grade::Pass,
+            format!(
+                "{} declared external entr(ies) ({}) offered to the model as {offered} tool(s), none called through the boundary",
+                policy.external_direct.len(),
+                list(&policy.external_direct)
+            ),
+        )
+    } else {
+        let mut parts = vec![];
+        if !not_offered.is_empty() {
+            parts.push(format!(
+                "declared externalDirect but never offered: {}",
+                list(&not_offered)
+            ));
+        }
+        if !through.is_empty() {
+            parts.push(format!("called through the boundary: {}", list(&through)));
+        }
+        (Grade::Fail, parts.join("; "))
+    };
+    Some(Check {
+        id: EXTERNAL_DIRECT,
+        grade,
+        detail,
+    })
 }
 
 #[cfg(test)]

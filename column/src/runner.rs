@@ -173,8 +173,24 @@ pub struct HostConfig {
     pub principal: String,
     #[serde(default)]
     pub agent: Option<String>,
-    /// The harness's own tools, named one by one (ToolPolicy strict).
+    /// The harness's own tools, named one by one.
     pub harness_local: Vec<String>,
+    /// The ToolPolicy's mode: `strict` (the default: every tool the harness offers is the
+    /// boundary's or declared harness-local) or `open` (tools of servers configured in the
+    /// harness outside SharedOS may be declared in `external_direct`).
+    #[serde(default)]
+    pub tool_policy: PolicyMode,
+    /// Tools the harness reaches outside SharedOS, each an offered tool name or the name of a
+    /// server in its config (all that server's tools). Only under `tool_policy = "open"`: a
+    /// strict policy with external entries is refused. Graded by the `external-direct` check:
+    /// offered as declared, never called through the boundary.
+    #[serde(default)]
+    pub external_direct: Vec<String>,
+    /// The arguments after `command` that print the harness's version (default `["--version"]`;
+    /// placeholders allowed, e.g. `["{pi}", "--version"]` where the command is an interpreter).
+    /// The column runs it itself and records what it printed beside the declared version.
+    #[serde(default)]
+    pub version_args: Option<Vec<String>>,
     #[serde(default)]
     pub portable_names: bool,
     /// Extra files to write before the run (e.g. pi's models.json).
@@ -702,22 +718,116 @@ async fn run_harness(
     })
 }
 
+/// The host config's ToolPolicy, checked: a strict one with `external_direct` entries is refused
+/// naming the host config.
+pub fn tool_policy(path: &Path, cfg: &HostConfig) -> Result<ToolPolicy, ColumnError> {
+    let policy = ToolPolicy {
+        mode: cfg.tool_policy,
+        harness_local: cfg.harness_local.clone(),
+        external_direct: cfg.external_direct.clone(),
+    };
+    policy
+        .validate(true)
+        .map_err(|source| ColumnError::HarnessLocal {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Ok(policy)
+}
+
+/// The version a harness printed: the first word of its output's first non-empty line that
+/// starts with a digit and holds a dot (`2.1.332 (Claude Code)`, `codex-cli 0.171.0`), a leading
+/// `v` dropped.
+pub fn version_in(output: &str) -> Option<String> {
+    let line = output.lines().find(|l| !l.trim().is_empty())?;
+    line.split_whitespace()
+        .map(|w| w.strip_prefix('v').unwrap_or(w))
+        .map(|w| w.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '.' && c != '-'))
+        .find(|w| w.starts_with(|c: char| c.is_ascii_digit()) && w.contains('.'))
+        .map(str::to_owned)
+}
+
+/// Runs the harness's version command (`command` + `version_args`, the run's env and cwd, 30 s
+/// at most) and says what it printed: `{"version", "output", "exitCode", "args"}`, `version`
+/// null (with `error`) when it printed none. Measured, never used to correct the declaration.
+async fn measure_version(cfg: &HostConfig, vars: &[(&str, &str)], cwd: &Path) -> Value {
+    let args: Vec<String> = cfg
+        .version_args
+        .clone()
+        .unwrap_or_else(|| vec!["--version".to_owned()])
+        .iter()
+        .map(|a| expand(a, vars))
+        .collect();
+    let mut cmd = tokio::process::Command::new(expand(&cfg.command, vars));
+    cmd.args(&args);
+    for k in &cfg.env_remove {
+        cmd.env_remove(k);
+    }
+    for (k, v) in &cfg.env {
+        cmd.env(k, expand(v, vars));
+    }
+    cmd.current_dir(cwd)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .process_group(0);
+    let shown = args.join(" ");
+    match tokio::time::timeout(Duration::from_secs(30), cmd.output()).await {
+        Ok(Ok(o)) => {
+            let stdout = String::from_utf8_lossy(&o.stdout);
+            let stderr = String::from_utf8_lossy(&o.stderr);
+            let text = if stdout.trim().is_empty() {
+                stderr
+            } else {
+                stdout
+            };
+            let mut first = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim()
+                .to_owned();
+            sharedos_proto::name::clip(&mut first, 200);
+            let version = version_in(&first);
+            let mut v = json!({"args": shown, "exitCode": o.status.code(), "output": first, "version": version});
+            if version.is_none() {
+                v["error"] = json!("it printed no version");
+            }
+            v
+        }
+        Ok(Err(e)) => {
+            json!({"args": shown, "version": null, "error": format!("cannot start it: {e}")})
+        }
+        Err(_) => json!({"args": shown, "version": null, "error": "no answer within 30 s"}),
+    }
+}
+
+/// What a row's approval came to, in words a matrix cell can hold: `asked, approved`,
+/// `declined by the client`, `cancelled by the client`, `no question shown: operator approved`,
+/// `no question shown: the harness cannot ask`, `asked, no answer (timed out)`, ... From the
+/// `approval_decided` line of the row's call.
+pub fn approval_said(d: &record::ApprovalDecided) -> String {
+    let by = d.by.as_deref();
+    let action = d.session.as_ref().map(|s| s.action.as_str());
+    match (d.decision.as_str(), by, action) {
+        ("approved", Some("principal"), _) => "asked, approved".to_owned(),
+        ("approved", Some("operator"), _) => "no question shown: operator approved".to_owned(),
+        ("denied", Some("principal"), Some("decline")) => "declined by the client".to_owned(),
+        ("denied", Some("principal"), Some("cancel")) => "cancelled by the client".to_owned(),
+        ("denied", Some("principal"), _) => "asked, denied".to_owned(),
+        ("denied", Some("operator"), _) => "no question shown: operator denied".to_owned(),
+        ("unavailable", _, _) => "no question shown: the harness cannot ask".to_owned(),
+        ("timeout", _, _) => "nobody answered (timed out)".to_owned(),
+        ("cancelled", _, _) => "cancelled before an answer".to_owned(),
+        (other, by, _) => format!("{other} (by {})", by.unwrap_or("nobody")),
+    }
+}
+
 /// Runs the column; returns the manifest and whether every row passed.
 pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
     let cfg = read_host_config(&opts.host_config)?;
     let rows = read_rows(&opts.rows)?;
     let format = config_format(&opts.host_config, &cfg)?;
-    let tool_policy = ToolPolicy {
-        mode: PolicyMode::Strict,
-        harness_local: cfg.harness_local.clone(),
-        external_direct: vec![],
-    };
-    tool_policy
-        .validate(true)
-        .map_err(|source| ColumnError::HarnessLocal {
-            path: opts.host_config.clone(),
-            source,
-        })?;
+    let tool_policy = tool_policy(&opts.host_config, &cfg)?;
     let identity = SystemIdentity {
         harness: cfg.harness.clone(),
         harness_version: cfg.harness_version.clone(),
@@ -814,9 +924,18 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
             }
         })?;
         let others = harness_config::other_servers(format, &written);
+        let cwd = cfg
+            .cwd
+            .as_deref()
+            .map_or_else(|| workdir.clone(), |c| PathBuf::from(expand(c, &vars)));
+        std::fs::create_dir_all(&cwd).map_err(|source| ColumnError::Create {
+            path: cwd.clone(),
+            source,
+        })?;
+        let measured = measure_version(&cfg, &vars, &cwd).await;
         let harness = run_harness(&cfg, &vars, &workdir);
         let Some(before) = close_at else {
-            return Ok::<_, ColumnError>((harness.await?, others, None));
+            return Ok::<_, ColumnError>((harness.await?, others, None, measured));
         };
         // A `turn_closed` row: close the turn once the rows before it have their calls, while
         // the harness runs on; if it ends first, nothing is closed mid-run.
@@ -825,10 +944,10 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
         let watch = close_after_calls(&opts.runtime_dir, &turn.turn, before, log);
         tokio::pin!(watch);
         tokio::select! {
-            run = &mut harness => Ok((run?, others, None)),
+            run = &mut harness => Ok((run?, others, None, measured)),
             closed = &mut watch => {
                 let closed = closed?;
-                Ok((harness.await?, others, Some(closed)))
+                Ok((harness.await?, others, Some(closed), measured))
             }
         }
     }
@@ -839,7 +958,7 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
             turn: turn.turn.clone(),
         })
         .await;
-    let (harness_run, other_servers, closed_mid_run) = result?;
+    let (harness_run, other_servers, closed_mid_run, measured) = result?;
     let finished_at = sharedos_proto::record::now_rfc3339();
 
     // The record of the turn.
@@ -848,6 +967,7 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
     let mut catalogue: Vec<String> = Vec::new();
     let mut calls: Vec<(record::Call, bool, u64)> = Vec::new();
     let mut closed_seq: Option<u64> = None;
+    let mut decided: BTreeMap<String, record::ApprovalDecided> = BTreeMap::new();
     for line in lines {
         let seq = line.get("seq").and_then(Value::as_u64).unwrap_or(0);
         let line: RecordLine =
@@ -859,6 +979,9 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
             }
             Event::Call(c) => calls.push((c, false, seq)),
             Event::TurnClosed(_) => closed_seq = closed_seq.or(Some(seq)),
+            Event::ApprovalDecided(d) => {
+                decided.insert(d.call_id.clone(), d);
+            }
             _ => {}
         }
     }
@@ -950,8 +1073,16 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
         if let Some(d) = detail {
             line["detail"] = json!(d);
         }
+        if let Some(d) = call_ids.first().and_then(|id| decided.get(id)) {
+            line["approval"] = json!({
+                "said": approval_said(d), "decision": d.decision, "by": d.by,
+                "via": d.session.as_ref().and_then(|s| s.via.clone()),
+                "action": d.session.as_ref().map(|s| s.action.clone()),
+            });
+        }
         graded.push(line);
     }
+    let calls_tools: Vec<String> = calls.iter().map(|(c, _, _)| c.tool.clone()).collect();
     let extra: Vec<Value> = calls
         .into_iter()
         .filter(|(_, used, _)| !used)
@@ -975,7 +1106,7 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
         .iter()
         .filter_map(LoggedRequest::from_log_line)
         .collect();
-    let observed: Option<Observed> = match before_close {
+    let mut observed: Option<Observed> = match before_close {
         Some(lines) => {
             let requests: Vec<LoggedRequest> = lines
                 .iter()
@@ -995,6 +1126,11 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
         }
         _ => None,
     };
+    if let Some(o) = observed.as_mut()
+        && let Some(c) = observed::external_check(&o.offered, &tool_policy, &calls_tools)
+    {
+        o.checks.push(c);
+    }
     for check in observed.iter().flat_map(|o| &o.checks) {
         match check.grade {
             Grade::Pass => pass += 1,
@@ -1008,6 +1144,7 @@ pub async fn run(opts: &RunOptions) -> Result<(Value, bool), ColumnError> {
         "version": 1,
         "reportedSeparately": "an MCP column is reported apart from committed manifests: its calls are the harness's and its model's choices, matched on tool + resource",
         "systemIdentity": identity,
+        "harnessVersionMeasured": measured,
         "toolPolicy": tool_policy,
         "turn": turn.turn,
         "catalogHash": turn.catalog_hash,
@@ -1472,6 +1609,91 @@ mod tests {
                 dir.path().display()
             )),
             "{e}"
+        );
+    }
+
+    /// Issue 47: `external_direct` entries under an open ToolPolicy; strict with them refused,
+    /// naming the host config and the entry.
+    #[test]
+    fn external_direct_only_under_an_open_tool_policy() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("host.toml");
+        let base = "harness = \"claude-code\"\ndeclared_model = \"m\"\nmcp_support = \"native\"\nconfig_format = \"claude-code\"\ncommand = \"claude\"\nprincipal = \"alice\"\nharness_local = [\"Bash\"]\nexternal_direct = [\"time\"]\n";
+        std::fs::write(&p, format!("{base}tool_policy = \"open\"\n")).expect("w");
+        let c = read_host_config(&p).expect("config");
+        let policy = tool_policy(&p, &c).expect("open with external entries");
+        assert_eq!(policy.mode, PolicyMode::Open);
+        assert_eq!(policy.external_direct, ["time"]);
+        std::fs::write(&p, base).expect("w");
+        let c = read_host_config(&p).expect("config");
+        assert_eq!(c.tool_policy, PolicyMode::Strict);
+        let e = tool_policy(&p, &c).expect_err("strict with external");
+        assert_eq!(
+            format!("{:#}", anyhow::Error::from(e)),
+            format!(
+                "host config `{}`: harness_local: a strict tool policy cannot list externalDirect tools (`time`)",
+                p.display()
+            )
+        );
+    }
+
+    #[test]
+    fn version_as_printed() {
+        for (out, v) in [
+            ("2.1.332 (Claude Code)\n", Some("2.1.332")),
+            ("codex-cli 0.171.0\n", Some("0.171.0")),
+            ("\nv22.23.5\n", Some("22.23.5")),
+            ("0.61.0", Some("0.61.0")),
+            ("usage: x [--help]\n", None),
+            ("", None),
+        ] {
+            assert_eq!(version_in(out).as_deref(), v, "{out:?}");
+        }
+    }
+
+    #[test]
+    fn what_an_approval_came_to() {
+        let d =
+            |v: Value| -> record::ApprovalDecided { serde_json::from_value(v).expect("decided") };
+        let base = json!({"turn": "t", "callId": "c", "approval": "a", "decidedBy": null});
+        let with = |extra: Value| {
+            let mut v = base.clone();
+            for (k, x) in extra.as_object().expect("obj") {
+                v[k] = x.clone();
+            }
+            d(v)
+        };
+        assert_eq!(
+            approval_said(&with(
+                json!({"decision": "approved", "by": "principal", "session": {"bridge": 1, "action": "accept"}})
+            )),
+            "asked, approved"
+        );
+        assert_eq!(
+            approval_said(&with(
+                json!({"decision": "denied", "by": "principal", "session": {"bridge": 1, "action": "decline", "via": "elicitation/create"}})
+            )),
+            "declined by the client"
+        );
+        assert_eq!(
+            approval_said(&with(
+                json!({"decision": "denied", "by": "principal", "session": {"bridge": 1, "action": "cancel"}})
+            )),
+            "cancelled by the client"
+        );
+        assert_eq!(
+            approval_said(&with(
+                json!({"decision": "approved", "by": "operator", "decidedBy": 0})
+            )),
+            "no question shown: operator approved"
+        );
+        assert_eq!(
+            approval_said(&with(json!({"decision": "unavailable"}))),
+            "no question shown: the harness cannot ask"
+        );
+        assert_eq!(
+            approval_said(&with(json!({"decision": "timeout"}))),
+            "nobody answered (timed out)"
         );
     }
 

@@ -3,7 +3,8 @@
 //! Owns rendering (Claude Code `--mcp-config` JSON, Codex `config.toml`, pi-mcp-adapter
 //! `.mcp.json`, Qwen Code `settings.json`, opencode `opencode.json`, dsh `cordis.yml`) and writing
 //! them 0600 (they hold, or point at, the turn's bearer token). An existing Claude Code, Codex, pi,
-//! Qwen Code or opencode file is merged: only the `sharedos` server entry is replaced. It never
+//! Qwen Code, opencode, Gemini CLI or dsh file is merged: only the `sharedos` server entry is
+//! replaced (dsh's YAML line by line, its comments kept; see [`merge_cordis`]). It never
 //! decides anything about the turn.
 
 use std::path::{Path, PathBuf};
@@ -215,40 +216,230 @@ pub fn render(
         }
         Harness::Cordis => {
             let q = |s: &str| serde_json::to_string(s).unwrap_or_default();
-            let mut y = String::from(
-                "# dsh (DeepSeek Harness) cordis.yml: SharedOS as a stdio MCP server.\n\
-                 # UNTESTED: the dsh CLI is not on any registry reachable where this was built; this\n\
-                 # follows the generic MCP stdio server shape (command, args, env).\n",
-            );
-            y.push_str(&format!(
-                "mcp_servers:\n  {SERVER_NAME}:\n    transport: stdio\n    command: {}\n",
-                q(&shim)
-            ));
-            y.push_str("    args: [");
-            y.push_str(
-                &launch
-                    .args()
-                    .iter()
-                    .map(|a| q(a))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            );
-            y.push_str("]\n    env:\n");
+            // The `sharedos` entry's lines, without indentation (the merge indents them).
+            let mut entry = vec![
+                format!("{SERVER_NAME}:"),
+                "  transport: stdio".to_owned(),
+                format!("  command: {}", q(&shim)),
+                format!(
+                    "  args: [{}]",
+                    launch
+                        .args()
+                        .iter()
+                        .map(|a| q(a))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                "  env:".to_owned(),
+            ];
             for (k, v) in launch.env() {
-                y.push_str(&format!("      {k}: {}\n", q(&v)));
+                entry.push(format!("    {k}: {}", q(&v)));
             }
-            Ok(y)
+            match existing {
+                Some(text) if !text.trim().is_empty() => merge_cordis(text, path, &entry),
+                _ => {
+                    let mut y = String::from(
+                        "# dsh (DeepSeek Harness) cordis.yml: SharedOS as a stdio MCP server.\n\
+                         # UNTESTED: the dsh CLI is not on any registry reachable where this was built; this\n\
+                         # follows the generic MCP stdio server shape (command, args, env).\n\
+                         mcp_servers:\n",
+                    );
+                    for l in &entry {
+                        y.push_str(&format!("  {l}\n"));
+                    }
+                    Ok(y)
+                }
+            }
         }
     }
 }
 
+/// Merges the `sharedos` entry (`entry`: its lines, unindented) into an existing dsh `cordis.yml`,
+/// keeping every other line as it is (other servers, other keys, comments, blank lines). No YAML
+/// library in this workspace keeps comments, so this edits lines, and only a layout it can read
+/// unambiguously: a top-level block mapping whose `mcp_servers:` (at column 0, nothing after it
+/// but a comment) holds a block mapping. The `sharedos:` entry at its children's indentation is
+/// replaced (with its own lines, comments inside it included), else the entry is added after the
+/// last server; without `mcp_servers:` the block is appended. Anything else (tabs, flow style
+/// `mcp_servers: {...}`, several documents, an entry indented unlike its siblings) is refused
+/// naming the file and the line, never guessed at.
+fn merge_cordis(text: &str, path: &Path, entry: &[String]) -> Result<String, HarnessConfigError> {
+    let refuse = |line: usize, detail: &str| HarnessConfigError::Existing {
+        path: path.display().to_string(),
+        format: "YAML (as `--write-config cordis` merges it)",
+        detail: format!("line {line}: {detail}"),
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let indent = |l: &str| l.len() - l.trim_start_matches(' ').len();
+    let is_blank_or_comment = |l: &str| {
+        let t = l.trim();
+        t.is_empty() || t.starts_with('#')
+    };
+    let mut servers_at: Option<usize> = None;
+    let mut content_seen = false;
+    for (i, l) in lines.iter().enumerate() {
+        if l.contains('\t') {
+            return Err(refuse(
+                i + 1,
+                "a tab in the indentation or a value: indent with spaces",
+            ));
+        }
+        if l.starts_with("---") || l.starts_with("...") {
+            if content_seen {
+                return Err(refuse(
+                    i + 1,
+                    "a second YAML document: keep cordis.yml to one",
+                ));
+            }
+            continue;
+        }
+        if is_blank_or_comment(l) {
+            continue;
+        }
+        content_seen = true;
+        if indent(l) == 0 {
+            let key = l.split('#').next().unwrap_or("").trim_end();
+            if key == "mcp_servers:" {
+                if servers_at.is_some() {
+                    return Err(refuse(i + 1, "`mcp_servers` appears twice"));
+                }
+                servers_at = Some(i);
+            } else if key.starts_with("mcp_servers:") {
+                return Err(refuse(
+                    i + 1,
+                    "`mcp_servers` is written inline (flow style): write it as a block mapping, one server per indented key",
+                ));
+            } else if key.starts_with(['{', '[', '-']) {
+                return Err(refuse(i + 1, "the top level is not a block mapping"));
+            }
+        }
+    }
+    let mut out: Vec<String> = lines.iter().map(|l| (*l).to_owned()).collect();
+    let Some(start) = servers_at else {
+        if out.last().is_some_and(|l| !l.trim().is_empty()) {
+            out.push(String::new());
+        }
+        out.push("mcp_servers:".to_owned());
+        out.extend(entry.iter().map(|l| format!("  {l}")));
+        return Ok(out.join("\n") + "\n");
+    };
+    // The block: the lines after `mcp_servers:` until the next one at column 0 (blank lines and
+    // comments inside it belong to it; trailing ones, to whatever follows).
+    let mut end = start + 1;
+    let mut last_content = start;
+    while end < lines.len() {
+        let l = lines[end];
+        if !is_blank_or_comment(l) {
+            if indent(l) == 0 {
+                break;
+            }
+            last_content = end;
+        }
+        end += 1;
+    }
+    let children: Vec<usize> = (start + 1..=last_content)
+        .filter(|&i| !is_blank_or_comment(lines[i]))
+        .collect();
+    let child_indent = children.first().map_or(2, |&i| indent(lines[i]));
+    // Every entry at the children's indentation must be a key (`name:` or `name: value`).
+    let mut ours: Option<usize> = None;
+    for &i in &children {
+        let l = lines[i];
+        let n = indent(l);
+        if n < child_indent {
+            return Err(refuse(
+                i + 1,
+                "indented less than the first server under `mcp_servers`",
+            ));
+        }
+        if n == child_indent {
+            let t = l.trim_start();
+            if t.starts_with('-') {
+                return Err(refuse(
+                    i + 1,
+                    "`mcp_servers` holds a list: it must be a mapping of server names",
+                ));
+            }
+            let key = t
+                .split(':')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .trim_matches(['"', '\'']);
+            if key == SERVER_NAME {
+                if ours.is_some() {
+                    return Err(refuse(
+                        i + 1,
+                        "`sharedos` appears twice under `mcp_servers`",
+                    ));
+                }
+                ours = Some(i);
+            }
+        }
+    }
+    // The entry at the children's indentation, nested by the same step (its lines step by 2).
+    let block: Vec<String> = entry
+        .iter()
+        .map(|l| {
+            let lead = l.len() - l.trim_start_matches(' ').len();
+            let depth = 1 + lead / 2;
+            format!("{}{}", " ".repeat(depth * child_indent), l.trim_start())
+        })
+        .collect();
+    match ours {
+        Some(first) => {
+            // Its lines: up to the next key at the children's indentation (or the block's end).
+            let next = children
+                .iter()
+                .copied()
+                .find(|&i| i > first && indent(lines[i]) == child_indent)
+                .unwrap_or(last_content + 1);
+            // Keep comments and blank lines just before the next key (they describe it).
+            let mut stop = next;
+            while stop > first + 1 && is_blank_or_comment(lines[stop - 1]) {
+                stop -= 1;
+            }
+            out.splice(first..stop, block);
+        }
+        None => {
+            out.splice(last_content + 1..last_content + 1, block);
+        }
+    }
+    Ok(out.join("\n") + "\n")
+}
+
+/// The keys under a `cordis.yml`'s block `mcp_servers:` (the layout [`merge_cordis`] reads).
+fn cordis_servers(text: &str) -> Vec<String> {
+    let indent = |l: &str| l.len() - l.trim_start_matches(' ').len();
+    let mut names = vec![];
+    let mut inside = false;
+    let mut child: Option<usize> = None;
+    for l in text.lines() {
+        let t = l.trim();
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        if indent(l) == 0 {
+            inside = l.split('#').next().unwrap_or("").trim_end() == "mcp_servers:";
+            continue;
+        }
+        if inside
+            && *child.get_or_insert(indent(l)) == indent(l)
+            && let Some((key, _)) = t.split_once(':')
+        {
+            names.push(key.trim().trim_matches(['"', '\'']).to_owned());
+        }
+    }
+    names
+}
+
 /// The MCP servers a rendered config of `format` names besides `sharedos`, sorted: the keys
 /// under `mcpServers` (`mcp` for opencode, `mcp_servers` for Codex). A text that does not parse
-/// names none (the harness would not start those servers either); dsh's `cordis.yml` is written
-/// whole, with `sharedos` alone.
+/// names none (the harness would not start those servers either); for dsh's `cordis.yml`, the
+/// keys under its block `mcp_servers:`.
 pub fn other_servers(format: Harness, text: &str) -> Vec<String> {
     let mut names: Vec<String> = match format {
-        Harness::Cordis => vec![],
+        Harness::Cordis => cordis_servers(text),
         Harness::Codex => text
             .parse::<toml_edit::DocumentMut>()
             .ok()
@@ -328,10 +519,7 @@ pub fn write(
     path: &Path,
     owner: Option<FileOwner>,
 ) -> Result<(), HarnessConfigError> {
-    let existing = match format {
-        Harness::Cordis => None,
-        _ => read_existing(path)?,
-    };
+    let existing = read_existing(path)?;
     let text = render(format, launch, existing.as_deref(), path)?;
     Ok(write_private(path, &text, owner)?)
 }
@@ -377,7 +565,13 @@ mod tests {
         // opencode's servers are under `mcp`, not `mcpServers`.
         assert!(other_servers(Harness::Opencode, r#"{"mcpServers": {"x": {}}}"#).is_empty());
         assert!(other_servers(Harness::Pi, "not json").is_empty());
-        assert!(other_servers(Harness::Cordis, "mcp_servers:\n  x: {}\n").is_empty());
+        assert_eq!(
+            other_servers(
+                Harness::Cordis,
+                "# c\nmodel: x\nmcp_servers:\n  # jira\n  x: {}\n  sharedos:\n    command: s\n  jira:\n    command: j\nother: 1\n"
+            ),
+            ["jira", "x"]
+        );
     }
 
     #[test]
@@ -538,6 +732,131 @@ mod tests {
                 .expect("read")
                 .contains("UNTESTED")
         );
+    }
+
+    /// Issue 47: `--write-config cordis` merges into an existing cordis.yml: two other servers,
+    /// other keys and every comment kept, the `sharedos` entry added, then replaced in place on the
+    /// next write (its old lines gone, the comment before the next server kept).
+    #[test]
+    fn cordis_merges_keeping_other_servers_keys_and_comments() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("cordis.yml");
+        let original = "\
+# dsh settings (mine)
+model: deepseek-chat   # the default model
+mcp_servers:
+    # the issue tracker
+    jira:
+        transport: stdio
+        command: jira-mcp   # pinned
+        env:
+            JIRA_URL: https://jira.example
+    files:
+        transport: stdio
+        command: files-mcp
+
+# keys after the servers
+theme: dark
+";
+        std::fs::write(&path, original).expect("w");
+        let first = launch(TokenSource::Env("T1".into()));
+        write(Harness::Cordis, &first, &path, None).expect("merge");
+        let merged = std::fs::read_to_string(&path).expect("r");
+        for kept in original.lines() {
+            assert!(merged.contains(kept), "`{kept}` kept:\n{merged}");
+        }
+        assert!(
+            merged.contains("        command: files-mcp\n    sharedos:\n        transport: stdio\n        command: \"/opt/sharedos/bin/sharedos-mcp-shim\"\n"),
+            "added after the last server at its siblings' indentation:\n{merged}"
+        );
+        assert!(
+            merged.contains("            SHAREDOS_TURN_TOKEN: \"T1\"\n"),
+            "{merged}"
+        );
+        assert!(
+            merged.ends_with("\n# keys after the servers\ntheme: dark\n"),
+            "{merged}"
+        );
+        assert_eq!(other_servers(Harness::Cordis, &merged), ["files", "jira"]);
+        // Written again (a new turn): replaced, not added twice.
+        write(
+            Harness::Cordis,
+            &launch(TokenSource::Env("T2".into())),
+            &path,
+            None,
+        )
+        .expect("merge again");
+        let again = std::fs::read_to_string(&path).expect("r");
+        assert_eq!(again.matches("sharedos:").count(), 1, "{again}");
+        assert!(!again.contains("T1") && again.contains("T2"), "{again}");
+        assert_eq!(again, merged.replace("T1", "T2"));
+        // `sharedos` first, with a comment before the next server: that comment stays.
+        let path2 = dir.path().join("c2.yml");
+        std::fs::write(
+            &path2,
+            "mcp_servers:\n  sharedos:\n    command: old\n    args: [\"--x\"]\n  # the tracker\n  jira:\n    command: j\n",
+        )
+        .expect("w");
+        write(Harness::Cordis, &first, &path2, None).expect("merge");
+        let t = std::fs::read_to_string(&path2).expect("r");
+        assert!(!t.contains("old") && !t.contains("--x"), "{t}");
+        assert!(
+            t.contains(
+                "    SHAREDOS_TURN_TOKEN: \"T1\"\n  # the tracker\n  jira:\n    command: j\n"
+            ),
+            "{t}"
+        );
+        // No `mcp_servers` yet: appended, the rest kept.
+        std::fs::write(&path2, "# only a model\nmodel: m\n").expect("w");
+        write(Harness::Cordis, &first, &path2, None).expect("merge");
+        let t = std::fs::read_to_string(&path2).expect("r");
+        assert!(
+            t.starts_with("# only a model\nmodel: m\n\nmcp_servers:\n  sharedos:\n"),
+            "{t}"
+        );
+    }
+
+    /// Layouts the line merge cannot read unambiguously are refused naming the file and line,
+    /// and the file is left as it was.
+    #[test]
+    fn cordis_layouts_it_cannot_merge_are_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("cordis.yml");
+        for (text, says) in [
+            (
+                "mcp_servers: {jira: {command: j}}\n",
+                "line 1: `mcp_servers` is written inline",
+            ),
+            ("mcp_servers:\n\tjira: {}\n", "line 2: a tab"),
+            (
+                "mcp_servers:\n  - jira\n",
+                "line 2: `mcp_servers` holds a list",
+            ),
+            (
+                "mcp_servers:\n    jira: {}\n  files: {}\n",
+                "line 3: indented less",
+            ),
+            ("a: 1\n---\nb: 2\n", "line 2: a second YAML document"),
+            (
+                "mcp_servers:\n  a: {}\nmcp_servers:\n  b: {}\n",
+                "line 3: `mcp_servers` appears twice",
+            ),
+        ] {
+            std::fs::write(&path, text).expect("w");
+            let e = write(
+                Harness::Cordis,
+                &launch(TokenSource::Env("T".into())),
+                &path,
+                None,
+            )
+            .expect_err(text);
+            let m = e.to_string();
+            assert!(
+                m.contains(&path.display().to_string()) && m.contains(says),
+                "{text:?}: {m}"
+            );
+            assert_eq!(std::fs::read_to_string(&path).expect("r"), text);
+        }
     }
 
     /// An existing config that is a link is not read through (nor written through).

@@ -78,18 +78,21 @@ enum Asked {
 /// The shim's recorded reasons for not asking.
 const NO_CAPABILITY: &str = "the MCP client did not declare the elicitation capability (form mode)";
 
-fn rows(asked: Asked) -> Value {
-    let held = match asked {
-        Asked::Cannot(_) => "allowed",
-        Asked::Declines(..) => "denied",
-    };
+/// The rows, the same for every harness: each row's expectation is its own claim, never set
+/// per harness from what one was measured to do (issue 47). The two approval rows claim the
+/// read runs once someone with the right approves it: `principal-approval` only when the
+/// principal, asked in the harness, approves; `principal-or-operator` when the principal or an
+/// operator does. In these non-interactive runs nobody can approve in the harness, so the first
+/// fails everywhere and the second passes only where the operator was asked; the cell says what
+/// happened (`fail: declined by the client`, `pass: no question shown: operator approved`).
+fn rows() -> Value {
     json!([
         {"id": "allowed-read", "tool": "files.read", "arguments": {"path": "/public/hello.txt"}, "expect": "allowed"},
         {"id": "denied-read", "tool": "files.read", "arguments": {"path": "/private/secret.txt"}, "expect": "denied"},
         {"id": "traversal", "tool": "files.read", "arguments": {"path": "/public/../private/secret.txt"}, "expect": "denied"},
         {"id": "denied-list", "tool": "files.list", "arguments": {"path": "/private"}, "expect": "denied"},
-        {"id": "principal-approval", "tool": "files.read", "arguments": {"path": "/asks/plan.txt"}, "expect": "denied"},
-        {"id": "principal-or-operator", "tool": "files.read", "arguments": {"path": "/held/plan.txt"}, "expect": held},
+        {"id": "principal-approval", "tool": "files.read", "arguments": {"path": "/asks/plan.txt"}, "expect": "allowed"},
+        {"id": "principal-or-operator", "tool": "files.read", "arguments": {"path": "/held/plan.txt"}, "expect": "allowed"},
         {"id": "search", "tool": "files.search", "arguments": {"path": "/public", "query": "hello"}, "expect": "allowed"},
         {"id": "budget-refusal", "tool": "files.search", "arguments": {"path": "/public", "query": "world"}, "expect": "denied", "code": "budget_exhausted"},
         {"id": "long-name", "tool": LONG_NAME, "arguments": {"timezone": "UTC"}, "expect": "allowed"},
@@ -178,7 +181,6 @@ async fn operator(
 /// exit `exit` (`None`: 0 when every row and check passed, else 4, as its manifest says).
 /// Returns the manifest, the model's log and the broker (for its record).
 async fn column(
-    asked: Asked,
     exit: Option<i32>,
     host_config: impl FnOnce(u16, &BTreeMap<String, String>, &std::path::Path) -> String,
 ) -> Option<(Value, Vec<Value>, TestBroker)> {
@@ -196,7 +198,7 @@ async fn column(
         std::fs::create_dir_all(dir.join("data").join(folder)).expect("mkdir");
         std::fs::write(dir.join("data").join(folder).join("plan.txt"), text).expect("write");
     }
-    let rows = rows(asked);
+    let rows = rows();
     let script: Script = serde_json::from_value(json!({
         "steps": rows.as_array().expect("rows").iter().map(|r| {
             let mut step = json!({"tool": r["tool"], "arguments": r["arguments"]});
@@ -302,6 +304,11 @@ fn matrix_dir() -> std::path::PathBuf {
 fn matrix_summary(manifest: &Value, harness: &str) {
     let path = matrix_dir().join(format!("{harness}.json"));
     let summary = sharedos_column::matrix::summary(manifest);
+    // The summary carries the column's SystemIdentity with the catalogue it was given.
+    assert_eq!(
+        summary["systemIdentity"]["catalogHash"], manifest["catalogHash"],
+        "{summary:#}"
+    );
     let text = serde_json::to_string_pretty(&summary).expect("json") + "\n";
     if std::env::var_os("SHAREDOS_GOLDEN_UPDATE").is_some() {
         std::fs::create_dir_all(matrix_dir()).expect("mkdir");
@@ -341,11 +348,44 @@ fn check(
     for row in rows {
         assert_eq!(row["systemIdentity"]["harness"], harness);
     }
-    // Every row of the open turn passes; `turn-closed` is graded per harness (its committed
-    // summary holds the grade) and checked against the record in `turn_closed`.
-    for row in &rows[..OPEN_ROWS] {
-        assert_eq!(row["grade"], "pass", "{row}");
+    // Every row of the open turn but the two approval rows passes; `turn-closed` is graded from
+    // what the harness did (its committed summary holds the grade) and checked against the record
+    // in `turn_closed`.
+    for (i, row) in rows[..OPEN_ROWS].iter().enumerate() {
+        if i != 4 && i != 5 {
+            assert_eq!(row["grade"], "pass", "{row}");
+            assert!(row.get("approval").is_none(), "{row}");
+        }
     }
+    // The approval rows claim the read runs once approved: they pass only where it did, and say
+    // what the approval came to.
+    let (asks, held) = (&rows[4], &rows[5]);
+    let said = |r: &Value| r["approval"]["said"].as_str().unwrap_or("").to_owned();
+    assert_eq!(asks["grade"], "fail", "{asks}");
+    match asked {
+        Asked::Cannot(_) => {
+            assert_eq!(said(asks), "no question shown: the harness cannot ask");
+            assert_eq!(held["grade"], "pass", "{held}");
+            assert_eq!(said(held), "no question shown: operator approved");
+        }
+        Asked::Declines(_, action) => {
+            let words = match action {
+                "decline" => "declined by the client",
+                _ => "cancelled by the client",
+            };
+            for r in [asks, held] {
+                assert_eq!(r["grade"], "fail", "{r}");
+                assert_eq!(said(r), words, "{r}");
+            }
+        }
+    }
+    // The version the column measured (`--version`) is the one declared (pinned by the install).
+    let measured = &manifest["harnessVersionMeasured"];
+    assert_eq!(
+        measured["version"], manifest["systemIdentity"]["harnessVersion"],
+        "measured beside the declared one: {measured:#}"
+    );
+    assert_eq!(measured["exitCode"], 0, "{measured:#}");
     assert_eq!(rows[7]["code"], "budget_exhausted", "{:#}", rows[7]);
     assert_eq!(manifest["extraCalls"], json!([]), "{manifest:#}");
     let checks: Vec<(&str, &str)> = manifest["checks"]
@@ -741,12 +781,8 @@ ENABLE_TOOL_SEARCH = "false"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn claude_code_column() {
-    let Some((manifest, log, broker)) = column(
-        Asked::Declines("input_required", "cancel"),
-        None,
-        |port, h, _| claude_host_config(port, h, None),
-    )
-    .await
+    let Some((manifest, log, broker)) =
+        column(None, |port, h, _| claude_host_config(port, h, None)).await
     else {
         return;
     };
@@ -773,7 +809,6 @@ async fn claude_code_with_a_second_mcp_server_is_misdeclared() {
         return;
     };
     let Some((manifest, log, _broker)) = column(
-        Asked::Declines("input_required", "cancel"),
         Some(sharedos_column::runner::EXIT_NOT_ALL_PASSED.into()),
         |port, h, dir| {
             let base = dir.join("claude-base.json");
@@ -793,7 +828,12 @@ async fn claude_code_with_a_second_mcp_server_is_misdeclared() {
     };
     let rows = manifest["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), OPEN_ROWS + 1);
-    assert!(rows.iter().all(|r| r["grade"] == "pass"), "{manifest:#}");
+    assert!(
+        rows.iter()
+            .enumerate()
+            .all(|(i, r)| (r["grade"] == "pass") == (i != 4 && i != 5)),
+        "{manifest:#}"
+    );
     let checks = manifest["checks"].as_array().expect("checks");
     assert_eq!(checks[0]["id"], "offered-catalogue");
     assert_eq!(checks[0]["grade"], "pass", "{:#}", checks[0]);
@@ -854,9 +894,11 @@ async fn claude_code_with_a_second_mcp_server_is_misdeclared() {
         "{detail}"
     );
     assert_eq!(others.len(), local.len() + time.len() + 3, "{others:#?}");
+    // The two approval rows fail (Claude Code's client cancels every question itself) and the
+    // tool policy is misdeclared.
     assert_eq!(
         manifest["summary"],
-        json!({"pass": 11, "fail": 1, "notExercised": 0, "allPassed": false})
+        json!({"pass": 9, "fail": 3, "notExercised": 0, "allPassed": false})
     );
     // The model log agrees: every request with tools offered the time server's tools.
     for r in log.iter().filter(|l| {
@@ -865,6 +907,155 @@ async fn claude_code_with_a_second_mcp_server_is_misdeclared() {
         let offered = r["offered"].to_string();
         assert!(offered.contains("mcp__time__get_current_time"), "{offered}");
     }
+}
+
+/// Issue 47: the same host config with the time server, but its ToolPolicy is open and declares
+/// the server `externalDirect` (and Claude Code's three MCP-resource tools, which it offers once
+/// a server has resources, harness-local): graded on it, the column passes its checks: the time
+/// server's tools were offered as declared (`external-direct`), and no call reached the boundary
+/// for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
+async fn claude_code_with_a_declared_external_server_passes_its_checks() {
+    let Some(servers) = crate::kit::installed("mcp-servers", ".ci/install-mcp-servers") else {
+        return;
+    };
+    let Some((manifest, _log, broker)) = column(None, |port, h, dir| {
+        let base = dir.join("claude-base.json");
+        std::fs::write(
+            &base,
+            json!({"mcpServers": {"time": {"type": "stdio", "command": servers["TIME_CMD"],
+                "args": [servers["TIME_ARGS"]]}}})
+            .to_string(),
+        )
+        .expect("base");
+        let mut local: Vec<String> = serde_json::from_str(CLAUDE_LOCAL).expect("local");
+        local.extend(
+            [
+                "ListMcpResourcesTool",
+                "ReadMcpResourceDirTool",
+                "ReadMcpResourceTool",
+            ]
+            .map(String::from),
+        );
+        let strict = format!("harness_local = {CLAUDE_LOCAL}\n");
+        let text = claude_host_config(port, h, Some(&base));
+        assert!(text.contains(&strict));
+        text.replace(
+            &strict,
+            &format!(
+                "harness_local = {}\ntool_policy = \"open\"\nexternal_direct = [\"time\"]\n",
+                json!(local)
+            ),
+        )
+    })
+    .await
+    else {
+        return;
+    };
+    assert_eq!(
+        manifest["toolPolicy"],
+        json!({"mode": "open", "harnessLocal": manifest["toolPolicy"]["harnessLocal"], "externalDirect": ["time"]})
+    );
+    let checks: Vec<(&str, &str)> = manifest["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap_or(""),
+                c["grade"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        checks,
+        [
+            ("offered-catalogue", "pass"),
+            ("tool-policy", "pass"),
+            ("external-direct", "pass")
+        ],
+        "{:#}",
+        manifest["checks"]
+    );
+    let detail = manifest["checks"][2]["detail"].as_str().expect("detail");
+    assert!(
+        detail.contains(
+            "(`time`) offered to the model as 2 tool(s), none called through the boundary"
+        ),
+        "{detail}"
+    );
+    let time: Vec<&Value> = manifest["offered"]["others"]
+        .as_array()
+        .expect("others")
+        .iter()
+        .filter(|t| t["origin"] == "other-server")
+        .collect();
+    assert_eq!(time.len(), 2, "{time:#?}");
+    assert!(
+        time.iter()
+            .all(|t| t["server"] == "time" && t["declared"] == true)
+    );
+    // Only the two approval rows fail (nobody can approve in `-p` mode); the checks all pass.
+    assert_eq!(
+        manifest["summary"],
+        json!({"pass": 11, "fail": 2, "notExercised": 0, "allPassed": false})
+    );
+    // Nothing of the time server went through the boundary: every recorded call is a catalogue
+    // tool's.
+    let turn = manifest["turn"].as_str().expect("turn");
+    let calls: Vec<Value> = broker
+        .records()
+        .into_iter()
+        .filter(|l| l["turn"] == turn && l["kind"] == "call")
+        .collect();
+    assert_eq!(calls.len(), OPEN_ROWS, "{calls:#?}");
+    assert!(
+        calls
+            .iter()
+            .all(|c| CATALOGUE.contains(&c["tool"].as_str().unwrap_or(""))),
+        "{calls:#?}"
+    );
+}
+
+/// Issue 47: a strict ToolPolicy with an `externalDirect` entry stays refused: `column run`
+/// exits non-zero before it opens a turn, naming the host config and the entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_tool_policy_with_an_external_server_is_refused() {
+    let broker = TestBroker::start(Options::default()).await;
+    let dir = broker.dir.path();
+    let host = dir.join("host.toml");
+    std::fs::write(
+        &host,
+        "harness = \"claude-code\"\ndeclared_model = \"m\"\nmcp_support = \"native\"\nconfig_format = \"claude-code\"\ncommand = \"/bin/true\"\nprincipal = \"alice\"\nharness_local = [\"Bash\"]\nexternal_direct = [\"time\"]\n",
+    )
+    .expect("host");
+    std::fs::write(
+        dir.join("rows.json"),
+        json!([{"id": "a", "tool": "files.read", "arguments": {"path": "/public/hello.txt"}, "expect": "allowed"}]).to_string(),
+    )
+    .expect("rows");
+    let mut cmd = broker.cli();
+    cmd.args(["column", "run", "--host-config"])
+        .arg(&host)
+        .arg("--rows")
+        .arg(dir.join("rows.json"))
+        .arg("--out")
+        .arg(dir.join("manifest.json"));
+    let (code, out, err) = run(cmd).await;
+    assert_ne!(code, 0, "{out}\n{err}");
+    assert!(
+        err.contains(&format!("host config `{}`", host.display()))
+            && err.contains("a strict tool policy cannot list externalDirect tools (`time`)"),
+        "{err}"
+    );
+    assert!(!dir.join("manifest.json").exists());
+    let turns = broker
+        .records()
+        .into_iter()
+        .filter(|l| l["kind"] == "turn_opened")
+        .count();
+    assert_eq!(turns, 0, "no turn was opened");
 }
 
 /// Codex's own tools as `exec` offers them (measured by the column from the scripted model's
@@ -876,15 +1067,12 @@ const CODEX_LOCAL: &str = r#"["create_goal", "exec_command", "get_goal", "list_m
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn codex_column() {
-    let Some((manifest, log, broker)) = column(
-        Asked::Declines("elicitation/create", "decline"),
-        None,
-        |port, h, dir| {
-            let base = dir.join("codex-base.toml");
-            std::fs::write(
-                &base,
-                format!(
-                    r#"check_for_update_on_startup = false
+    let Some((manifest, log, broker)) = column(None, |port, h, dir| {
+        let base = dir.join("codex-base.toml");
+        std::fs::write(
+            &base,
+            format!(
+                r#"check_for_update_on_startup = false
 model = "fake-model"
 model_provider = "fake"
 approval_policy = "never"
@@ -902,11 +1090,11 @@ stream_idle_timeout_ms = 30000
 [analytics]
 enabled = false
 "#
-                ),
-            )
-            .expect("base");
-            format!(
-                r#"harness = "codex"
+            ),
+        )
+        .expect("base");
+        format!(
+            r#"harness = "codex"
 harness_version = "{version}"
 declared_model = "fake-model (sharedos scripted-model on 127.0.0.1)"
 mcp_support = "native"
@@ -925,13 +1113,12 @@ HOME = "{{workdir}}"
 CODEX_HOME = "{{workdir}}/codex"
 FAKE_API_KEY = "dummy"
 "#,
-                version = h["CODEX_VERSION"],
-                bin = h["CODEX_BIN"],
-                base = base.display(),
-                local = CODEX_LOCAL,
-            )
-        },
-    )
+            version = h["CODEX_VERSION"],
+            bin = h["CODEX_BIN"],
+            base = base.display(),
+            local = CODEX_LOCAL,
+        )
+    })
     .await
     else {
         return;
@@ -950,7 +1137,7 @@ FAKE_API_KEY = "dummy"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn pi_column() {
-    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), None, |port, h, _| {
+    let Some((manifest, log, broker)) = column(None, |port, h, _| {
         let path = format!("{}:{}", h["NODE22_BIN_DIR"], std::env::var("PATH").unwrap_or_default());
         let models = json!({"providers": {"fake": {
             "baseUrl": format!("http://127.0.0.1:{port}/v1"), "api": "openai-completions", "apiKey": "dummy-key",
@@ -967,6 +1154,7 @@ config_format = "pi"
 config_path = "{{workdir}}/.mcp.json"
 command = "{node}"
 args = ["{pi}", "{flag}", "{adapter}", "-p", "--mode", "json", "--no-session", "--provider", "fake", "--model", "fake-model", "--approve", "{{prompt}}"]
+version_args = ["{pi}", "--version"]
 timeout_seconds = 120
 principal = "alice"
 harness_local = ["bash", "edit", "mcp", "mcpScript", "read", "write"]
@@ -1016,24 +1204,23 @@ const QWEN_LOCAL: &str = r#"["agent", "cron_create", "cron_delete", "cron_list",
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn qwen_code_column() {
-    let Some((manifest, log, broker)) =
-        column(Asked::Cannot(NO_CAPABILITY), None, |port, h, dir| {
-            // The host's own settings, into which the column merges the `sharedos` server. Without
-            // `tools.toolSearch.enabled = false`, Qwen Code offers MCP tools only behind its
-            // tool_search/tool_call bridge (deferred), not by name.
-            let base = dir.join("qwen-base.json");
-            std::fs::write(
-                &base,
-                json!({
-                    "tools": {"toolSearch": {"enabled": false}},
-                    "privacy": {"usageStatisticsEnabled": false},
-                    "telemetry": {"enabled": false},
-                })
-                .to_string(),
-            )
-            .expect("base");
-            format!(
-                r#"harness = "qwen-code"
+    let Some((manifest, log, broker)) = column(None, |port, h, dir| {
+        // The host's own settings, into which the column merges the `sharedos` server. Without
+        // `tools.toolSearch.enabled = false`, Qwen Code offers MCP tools only behind its
+        // tool_search/tool_call bridge (deferred), not by name.
+        let base = dir.join("qwen-base.json");
+        std::fs::write(
+            &base,
+            json!({
+                "tools": {"toolSearch": {"enabled": false}},
+                "privacy": {"usageStatisticsEnabled": false},
+                "telemetry": {"enabled": false},
+            })
+            .to_string(),
+        )
+        .expect("base");
+        format!(
+            r#"harness = "qwen-code"
 harness_version = "{version}"
 declared_model = "fake-model (sharedos scripted-model on 127.0.0.1)"
 mcp_support = "native"
@@ -1042,6 +1229,7 @@ config_path = "{{workdir}}/.qwen/settings.json"
 config_base = "{base}"
 command = "{node}"
 args = ["{bin}", "-p", "{{prompt}}", "--yolo", "--output-format", "json"]
+version_args = ["{bin}", "--version"]
 env_remove = ["OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_MODEL", "DASHSCOPE_API_KEY"]
 timeout_seconds = 120
 principal = "alice"
@@ -1053,14 +1241,14 @@ OPENAI_BASE_URL = "http://127.0.0.1:{port}/v1"
 OPENAI_API_KEY = "dummy"
 OPENAI_MODEL = "fake-model"
 "#,
-                version = h["QWEN_VERSION"],
-                node = h["NODE22"],
-                bin = h["QWEN_BIN"],
-                base = base.display(),
-                local = QWEN_LOCAL,
-            )
-        })
-        .await
+            version = h["QWEN_VERSION"],
+            node = h["NODE22"],
+            bin = h["QWEN_BIN"],
+            base = base.display(),
+            local = QWEN_LOCAL,
+        )
+    })
+    .await
     else {
         return;
     };
@@ -1137,7 +1325,7 @@ const OPENCODE_LOCAL: &str = r#"["bash", "edit", "glob", "grep", "read", "skill"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn opencode_column() {
-    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), None, |port, h, dir| {
+    let Some((manifest, log, broker)) = column(None, |port, h, dir| {
         assert!(
             h.contains_key("OPENCODE_BIN"),
             "harnesses.env has no OPENCODE_BIN: run .ci/install-harnesses again"
@@ -1282,7 +1470,7 @@ const GEMINI_LOCAL: &str = r#"["activate_skill", "enter_plan_mode", "glob", "goo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn gemini_cli_column() {
-    let Some((manifest, log, broker)) = column(Asked::Cannot(NO_CAPABILITY), None, |port, h, dir| {
+    let Some((manifest, log, broker)) = column(None, |port, h, dir| {
         assert!(
             h.contains_key("GEMINI_BIN"),
             "harnesses.env has no GEMINI_BIN: run .ci/install-harnesses again"
@@ -1311,6 +1499,7 @@ config_path = "{{workdir}}/home/.gemini/settings.json"
 config_base = "{base}"
 command = "{node}"
 args = ["{bin}", "-p", "{{prompt}}", "--yolo", "--skip-trust", "--output-format", "json", "-m", "fake-model"]
+version_args = ["{bin}", "--version"]
 env_remove = ["GEMINI_API_KEY", "GOOGLE_API_KEY", "GOOGLE_GEMINI_BASE_URL", "GOOGLE_GENAI_USE_VERTEXAI", "GOOGLE_GENAI_USE_GCA", "GOOGLE_CLOUD_PROJECT"]
 timeout_seconds = 120
 principal = "alice"

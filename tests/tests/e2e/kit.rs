@@ -475,6 +475,7 @@ pub fn installed(folder: &str, script: &str) -> Option<std::collections::BTreeMa
         ),
         Err(_) if dir.join("SKIPPED").exists() => {
             eprintln!("SKIPPED: {folder}: {script} could not reach the registry");
+            note_registry_skip(folder);
             None
         }
         Err(_) => {
@@ -487,6 +488,37 @@ pub fn installed(folder: &str, script: &str) -> Option<std::collections::BTreeMa
             None
         }
     }
+}
+
+/// The file `.ci/run` names in this variable: one line per test skipped because an install
+/// could not reach its registry, counted at the end of the run (a green run says what it did
+/// not run).
+pub const SKIP_LOG_VAR: &str = "SHAREDOS_SKIP_LOG";
+
+/// Appends `<test>\t<folder>` to the file named by [`SKIP_LOG_VAR`], when it is set. The test's
+/// name is its thread's (libtest names each test's thread after it). Under CI=true the variable
+/// must be set (`.ci/run` sets both), so no skip goes uncounted.
+fn note_registry_skip(folder: &str) {
+    use std::io::Write;
+    let Some(path) = std::env::var_os(SKIP_LOG_VAR) else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI skips {folder} (registry unreachable) but {SKIP_LOG_VAR} is not set to count it: run .ci/run"
+        );
+        return;
+    };
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("unnamed test")
+        .to_owned();
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{SKIP_LOG_VAR}={}: {e}", path.to_string_lossy()));
+    // One write per line: appends from tests running at once do not interleave.
+    f.write_all(format!("{test}\t{folder}\n").as_bytes())
+        .unwrap_or_else(|e| panic!("{SKIP_LOG_VAR}={}: {e}", path.to_string_lossy()));
 }
 
 /// A connection straight to the bridge socket at `bridge` (no shim) that has said hello with
