@@ -140,6 +140,12 @@ pub const REFUSAL_RECORD_INTERVAL: Duration = Duration::from_secs(10);
 /// Most (peer, reason) pairs whose refusals are held back for their next line; past it, the
 /// refusals of new peers are counted under one pair with no pid and no uid.
 pub const MAX_REFUSAL_PEERS: usize = 1024;
+/// Processes of one uid whose refusals get lines of their own at once: a further process of
+/// that uid (a uid forking a process per connection) is counted under one line for the uid
+/// (`pid: null`, with `processes`), for as long as that line's refusals keep coming.
+pub const MAX_REFUSAL_PIDS_PER_UID: usize = 4;
+/// Distinct processes a uid's grouped line counts exactly; past it, `processes` is a lower bound.
+pub const MAX_GROUPED_PIDS: usize = 4096;
 
 /// The `reason` of a hello that could not be read: too large, or not a hello; `None` for a
 /// connection that ended before it sent one (nothing was refused).
@@ -167,12 +173,34 @@ type PeerReason = (&'static str, Option<u32>, Option<i32>);
 struct Tally {
     held: u64,
     last: Option<Instant>,
+    /// On a uid's grouped tally: the processes its held refusals came from.
+    pids: std::collections::HashSet<i32>,
+}
+
+impl Tally {
+    fn count(&mut self, pid: Option<i32>) {
+        self.held += 1;
+        if let Some(p) = pid
+            && self.pids.len() < MAX_GROUPED_PIDS
+        {
+            self.pids.insert(p);
+        }
+    }
+
+    /// The held refusals, and the processes they came from on a grouped tally, for a line.
+    fn take(&mut self) -> (u64, Option<u64>) {
+        let pids = std::mem::take(&mut self.pids);
+        let processes = (!pids.is_empty()).then_some(pids.len() as u64);
+        self.last = Some(Instant::now());
+        (std::mem::take(&mut self.held), processes)
+    }
 }
 
 /// The refused connections of one socket, on record: aggregated per peer and reason, at most
 /// one line per [`REFUSAL_RECORD_INTERVAL`] (the first refusal at once, the rest held and
 /// written by the next refusal after the interval, by [`HelloGate::flush_refusals`], or when the
-/// gate goes at shutdown).
+/// gate goes at shutdown). A uid's processes past [`MAX_REFUSAL_PIDS_PER_UID`] share one peer
+/// (the uid, no pid), so a uid forking a process per connection costs a few lines per interval.
 struct Refusals {
     recorder: crate::record::Recorder,
     socket: Socket,
@@ -186,18 +214,33 @@ impl Refusals {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut key = (reason, uid, pid);
+        let mut grouped = false;
+        if !t.contains_key(&key) && pid.is_some() && uid.is_some() {
+            // A uid with more than a few refused processes (or already grouped for this reason)
+            // is counted per uid: a process per connection costs a line per interval, not one
+            // per process.
+            let group = (reason, uid, None);
+            let processes = t
+                .keys()
+                .filter(|(_, u, p)| *u == uid && p.is_some())
+                .count();
+            if t.contains_key(&group) || processes >= MAX_REFUSAL_PIDS_PER_UID {
+                key = group;
+                grouped = true;
+            }
+        }
         if !t.contains_key(&key) && t.len() >= MAX_REFUSAL_PEERS {
             key = (reason, None, None);
+            grouped = false;
         }
         let tally = t.entry(key).or_default();
-        tally.held += 1;
+        tally.count(if grouped { pid } else { None });
         if tally
             .last
             .is_none_or(|l| l.elapsed() >= REFUSAL_RECORD_INTERVAL)
         {
-            let n = std::mem::take(&mut tally.held);
-            tally.last = Some(Instant::now());
-            self.write(key, n);
+            let (n, processes) = tally.take();
+            self.write(key, n, processes);
         }
     }
 
@@ -212,23 +255,24 @@ impl Refusals {
         let mut written = Vec::new();
         for (key, tally) in t.iter_mut() {
             if tally.held > 0 && (all || due(tally.last)) {
-                written.push((*key, std::mem::take(&mut tally.held)));
-                tally.last = Some(Instant::now());
+                let (n, processes) = tally.take();
+                written.push((*key, n, processes));
             }
         }
         t.retain(|_, tally| tally.held > 0 || !due(tally.last));
-        for (key, n) in written {
-            self.write(key, n);
+        for (key, n, processes) in written {
+            self.write(key, n, processes);
         }
     }
 
-    fn write(&self, (reason, uid, pid): PeerReason, count: u64) {
+    fn write(&self, (reason, uid, pid): PeerReason, count: u64, processes: Option<u64>) {
         use sharedos_proto::record::{ConnectionRefused, Event};
         let line = ConnectionRefused {
             reason: reason.to_owned(),
             pid,
             uid,
             count,
+            processes,
             turn: None,
         };
         let event = match self.socket {
@@ -557,6 +601,60 @@ mod tests {
         let s = gate.state.lock().unwrap();
         assert_eq!(s.fast, MAX_FAST_HELLO);
         assert_eq!(s.entries.len(), MAX_PENDING_HELLO + MAX_FAST_HELLO);
+    }
+
+    /// The `bridge_refused` lines of a record: (pid, uid, count, processes).
+    fn refused_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(path)
+            .expect("record")
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json"))
+            .filter(|l| l["kind"] == "bridge_refused")
+            .collect()
+    }
+
+    #[test]
+    fn a_uid_forking_a_process_per_connection_is_grouped_and_counted() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("record.jsonl");
+        let (recorder, _) =
+            crate::record::Recorder::open(&path, crate::record::RecordSync::Always).expect("open");
+        let gate = Arc::new(HelloGate::recorded(recorder, Socket::Bridge));
+        // 1,000 processes of uid 1001, one refused connection each; and one process of uid 1002.
+        for pid in 0..1000 {
+            gate.refused("uid_not_listed", Some(1001), Some(10_000 + pid));
+        }
+        gate.refused("uid_not_listed", Some(1002), Some(7));
+        let lines = refused_lines(&path);
+        // Four processes on lines of their own, then the uid's line (its first refusal at once),
+        // and the other uid's process.
+        assert_eq!(lines.len(), MAX_REFUSAL_PIDS_PER_UID + 2, "{lines:?}");
+        let grouped: Vec<_> = lines.iter().filter(|l| l["pid"].is_null()).collect();
+        assert_eq!(grouped.len(), 1);
+        assert_eq!(grouped[0]["uid"], 1001);
+        assert_eq!(grouped[0]["processes"], 1);
+        gate.flush_refusals(true);
+        let lines = refused_lines(&path);
+        assert_eq!(lines.len(), MAX_REFUSAL_PIDS_PER_UID + 3, "{lines:?}");
+        let last = lines.last().expect("the held refusals");
+        assert_eq!(
+            (last["uid"].as_u64(), last["pid"].is_null()),
+            (Some(1001), true)
+        );
+        assert_eq!(
+            last["processes"],
+            1000 - MAX_REFUSAL_PIDS_PER_UID as u64 - 1
+        );
+        // Nothing lost: the counts add up to every refusal.
+        let total: u64 = lines.iter().filter_map(|l| l["count"].as_u64()).sum();
+        assert_eq!(total, 1001);
+        // Individual lines name no `processes`.
+        assert!(
+            lines
+                .iter()
+                .filter(|l| !l["pid"].is_null())
+                .all(|l| l.get("processes").is_none())
+        );
     }
 
     #[test]

@@ -92,6 +92,85 @@ impl Malformed {
     }
 }
 
+/// A turn's bridge connections over time: as many as `per_minute` at once, then one every
+/// `60 s / per_minute` (a generic cell rate: one instant kept, no timer).
+#[derive(Default)]
+pub struct ConnectRate {
+    /// When the next connection would be on time.
+    next: Option<std::time::Instant>,
+}
+
+impl ConnectRate {
+    /// Takes a place for one connection now, or `false` when the turn has used its rate.
+    pub fn admit(&mut self, per_minute: u32, now: std::time::Instant) -> bool {
+        let per_minute = per_minute.max(1);
+        let every = Duration::from_secs(60) / per_minute;
+        let burst = every * (per_minute - 1);
+        let due = self.next.map_or(now, |t| t.max(now));
+        if due.saturating_duration_since(now) > burst {
+            return false;
+        }
+        self.next = Some(due + every);
+        true
+    }
+}
+
+/// What a bridge's MCP client said of itself (`client_info`), on record once, and again only
+/// when it changes, at most once per `REFUSAL_RECORD_INTERVAL`. Frames without a line of their
+/// own are counted into the bridge's next `bridge_client` line (`suppressed`): a change after
+/// the interval, a roll-up once the interval is over when more than one is held, or the last
+/// one when the bridge ends.
+#[derive(Default)]
+struct Clients {
+    /// The client as the bridge's last line shows it.
+    shown: Option<record::ClientInfo>,
+    /// The latest frame, not yet on a line, with its cuts.
+    latest: Option<(record::ClientInfo, Option<record::Cuts>)>,
+    /// Frames since the last line.
+    held: u64,
+    last: Option<std::time::Instant>,
+}
+
+impl Clients {
+    fn note(
+        &mut self,
+        broker: &Broker,
+        turn: &Turn,
+        client: record::ClientInfo,
+        cut: Option<record::Cuts>,
+    ) {
+        self.held = self.held.saturating_add(1);
+        let changed = self.shown.as_ref() != Some(&client);
+        self.latest = Some((client, cut));
+        let due = self
+            .last
+            .is_none_or(|l| l.elapsed() >= crate::admission::REFUSAL_RECORD_INTERVAL);
+        if due && (changed || self.held > 1) {
+            self.write(broker, turn);
+        }
+    }
+
+    fn write(&mut self, broker: &Broker, turn: &Turn) {
+        let Some((client, cut)) = self.latest.take() else {
+            return;
+        };
+        let suppressed = std::mem::take(&mut self.held).saturating_sub(1);
+        tracing::info!(turn = %turn.id, name = %client.name, version = %client.version, protocol_version = ?client.protocol_version, suppressed, "MCP client on bridge");
+        self.shown = Some(client.clone());
+        self.last = Some(std::time::Instant::now());
+        let line = record::Event::BridgeClient(record::BridgeClient {
+            turn: turn.id.clone(),
+            client,
+            cut,
+            suppressed: (suppressed > 0).then_some(suppressed),
+            system_identity: turn.system_identity.clone(),
+        });
+        if let Err(e) = broker.kernel.recorder.append_written(&line) {
+            tracing::error!(turn = %turn.id, error = %e, "bridge_client not recorded");
+        }
+    }
+}
+
 pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admission::PendingHello) {
     let creds = stream.peer_creds().ok();
     let uid = creds.as_ref().and_then(|c| c.euid());
@@ -253,6 +332,33 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
         });
         return;
     }
+    // And makes a bounded number of connections over time: a loop of connections is refused
+    // (and counted on `bridge_refused`), not recorded one line each.
+    let rate = broker.config.max_bridge_connects_per_minute;
+    let admitted = turn
+        .connects
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .admit(rate, std::time::Instant::now());
+    if !admitted {
+        turn.bridges.fetch_sub(1, Ordering::Relaxed);
+        refused("connect_rate");
+        let _ = write_frame(
+            &mut send,
+            &refuse(
+                RefusalCode::Busy,
+                &format!(
+                    "turn {} made {rate} bridge connections within a minute (max_bridge_connects_per_minute); connect again in a few seconds",
+                    turn.id
+                ),
+            ),
+        )
+        .await;
+        refused_hello(|n| {
+            tracing::warn!(turn = %turn.id, ?pid, refused = n, "bridge refused: the turn is over max_bridge_connects_per_minute");
+        });
+        return;
+    }
     let welcome = BridgeEvent::Welcome {
         protocol: PROTOCOL_VERSION,
         turn: turn.id.clone(),
@@ -266,13 +372,15 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
         turn.bridges.fetch_sub(1, Ordering::Relaxed);
         return;
     }
-    // Harness aliases are recorded here, on the bridge, and never on a call.
+    // Harness aliases are recorded here, on the turn's first bridge, and never on a call; later
+    // bridges of the turn name the same catalogue by its hash.
+    let first = !turn.aliases_recorded.swap(true, Ordering::Relaxed);
     let connected = record::Event::BridgeConnected(record::BridgeConnected {
         turn: turn.id.clone(),
         peer: record::Peer { pid, uid },
         shim: client,
         catalog_hash: turn.catalog.hash.clone(),
-        aliases: turn.aliases.clone(),
+        aliases: first.then(|| turn.aliases.clone()),
         system_identity: turn.system_identity.clone(),
     });
     // Written in order, not waited on: the next call's sync covers it.
@@ -623,6 +731,8 @@ async fn run_connection(
     // Unparsable stdin lines the shim reported: on record at most once per
     // `REFUSAL_RECORD_INTERVAL` (the rest counted into the next line, or the last at the end).
     let mut malformed = Malformed::default();
+    // What the client said of itself: once, and again when it changes (see `Clients`).
+    let mut clients = Clients::default();
     loop {
         let event = match held.take() {
             Some(f) => Event::Frame(f),
@@ -800,24 +910,16 @@ async fn run_connection(
                     "client.protocolVersion",
                     &mut cut,
                 );
-                tracing::info!(turn = %turn.id, %name, %version, ?protocol_version, "MCP client on bridge");
                 if let Ok(mut c) = harness.client.lock() {
                     *c = Some(format!("{name} {version}"));
                 }
-                let line = record::Event::BridgeClient(record::BridgeClient {
-                    turn: turn.id.clone(),
-                    client: record::ClientInfo {
-                        name,
-                        version,
-                        protocol_version,
-                        capabilities: capabilities.as_ref().map(capability_names),
-                    },
-                    cut,
-                    system_identity: turn.system_identity.clone(),
-                });
-                if let Err(e) = broker.kernel.recorder.append_written(&line) {
-                    tracing::error!(turn = %turn.id, error = %e, "bridge_client not recorded");
-                }
+                let client = record::ClientInfo {
+                    name,
+                    version,
+                    protocol_version,
+                    capabilities: capabilities.as_ref().map(capability_names),
+                };
+                clients.note(&broker, &turn, client, cut);
             }
             Event::Frame(Ok(BridgeRequest::MalformedFrame {
                 bytes,
@@ -836,6 +938,7 @@ async fn run_connection(
         }
     }
     malformed.write(&broker, &turn.id);
+    clients.write(&broker, &turn);
     // Forwarded questions waiting for this shim end now (their servers are told why).
     if let Ok(mut w) = relays.waiting.lock() {
         w.clear();
@@ -850,6 +953,28 @@ async fn run_connection(
 #[cfg(test)]
 mod tests {
     use serde_json::json;
+
+    #[test]
+    fn a_turns_connections_are_a_burst_then_a_steady_rate() {
+        use std::time::{Duration, Instant};
+        let mut rate = super::ConnectRate::default();
+        let t0 = Instant::now();
+        let burst = (0..200).filter(|_| rate.admit(120, t0)).count();
+        assert_eq!(burst, 120);
+        // One more every 500 ms.
+        assert!(!rate.admit(120, t0 + Duration::from_millis(499)));
+        assert!(rate.admit(120, t0 + Duration::from_millis(500)));
+        assert!(!rate.admit(120, t0 + Duration::from_millis(600)));
+        let later = t0 + Duration::from_secs(10);
+        assert_eq!((0..100).filter(|_| rate.admit(120, later)).count(), 19);
+        // A quiet minute gives the whole burst back.
+        let quiet = later + Duration::from_secs(70);
+        assert_eq!((0..200).filter(|_| rate.admit(120, quiet)).count(), 120);
+        let mut one = super::ConnectRate::default();
+        assert!(one.admit(1, t0));
+        assert!(!one.admit(1, t0 + Duration::from_secs(59)));
+        assert!(one.admit(1, t0 + Duration::from_secs(60)));
+    }
 
     #[test]
     fn capability_names_keep_names_only_and_are_bounded() {

@@ -810,6 +810,10 @@ pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(120);
 /// Most bridges one turn may have open at once, by default.
 pub const DEFAULT_MAX_BRIDGES_PER_TURN: usize = 8;
 
+/// Bridge connections one turn may make per minute, by default (as many at once, then one every
+/// `60 s / N`): a harness connects a few times a turn; a loop of connections is refused.
+pub const DEFAULT_MAX_BRIDGE_CONNECTS_PER_MINUTE: u32 = 120;
+
 /// Arguments longer than this (as JSON text) are recorded by size and SHA-256, not inline.
 pub const DEFAULT_RECORD_MAX_ARGUMENT_BYTES: usize = 64 * 1024;
 
@@ -907,6 +911,8 @@ struct RawConfig {
     #[serde(default)]
     max_bridges_per_turn: Option<usize>,
     #[serde(default)]
+    max_bridge_connects_per_minute: Option<u32>,
+    #[serde(default)]
     host_uids: Vec<u32>,
     #[serde(default)]
     harness_uids: Vec<u32>,
@@ -977,6 +983,9 @@ pub struct Config {
     pub witness_command: Vec<String>,
     /// Most bridges (shim connections) one turn may have open at once.
     pub max_bridges_per_turn: usize,
+    /// Bridge connections one turn may make per minute (a burst of as many, then one every
+    /// `60 s / N`); the excess is refused (`connect_rate`).
+    pub max_bridge_connects_per_minute: u32,
     /// Uids allowed on the control socket (empty: the broker's own uid).
     pub host_uids: Vec<u32>,
     /// Uids allowed on the bridge socket (empty: the broker's own uid).
@@ -1161,6 +1170,10 @@ impl Config {
                 .max_bridges_per_turn
                 .unwrap_or(DEFAULT_MAX_BRIDGES_PER_TURN)
                 .max(1),
+            max_bridge_connects_per_minute: raw
+                .max_bridge_connects_per_minute
+                .unwrap_or(DEFAULT_MAX_BRIDGE_CONNECTS_PER_MINUTE)
+                .max(1),
             host_uids: raw.host_uids,
             harness_uids: raw.harness_uids,
             harness_group,
@@ -1272,6 +1285,7 @@ impl Config {
             redact_arguments: false,
             record_max_argument_bytes: DEFAULT_RECORD_MAX_ARGUMENT_BYTES,
             max_bridges_per_turn: DEFAULT_MAX_BRIDGES_PER_TURN,
+            max_bridge_connects_per_minute: DEFAULT_MAX_BRIDGE_CONNECTS_PER_MINUTE,
             host_uids: vec![],
             harness_uids: vec![],
             harness_group: None,

@@ -57,6 +57,10 @@ pub struct Turn {
     pub portable_names: bool,
     /// Harness aliases of this catalogue (diagnostics for `bridge_connected`; never on a call).
     pub aliases: BTreeMap<String, AliasReport>,
+    /// Set by the turn's first `bridge_connected` line, the one that carries `aliases`.
+    pub aliases_recorded: std::sync::atomic::AtomicBool,
+    /// The turn's bridge connections over time (`max_bridge_connects_per_minute`).
+    pub connects: std::sync::Mutex<crate::bridge::ConnectRate>,
     /// Why it closed, once it has.
     pub close_reason: RwLock<Option<String>>,
     /// This turn's token file (the host writes it; removed when the turn closes).
@@ -214,6 +218,8 @@ impl Turns {
             harness: new.harness,
             portable_names: new.portable_names,
             aliases: new.aliases,
+            aliases_recorded: std::sync::atomic::AtomicBool::new(false),
+            connects: std::sync::Mutex::default(),
             close_reason: RwLock::new(None),
             token_file: new.token_file.map(|t| t.for_turn(&id)),
             budget: TurnUse::new(new.budget_slots),

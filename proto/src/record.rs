@@ -225,8 +225,11 @@ pub struct BridgeConnected {
     pub peer: Peer,
     pub shim: ShimInfo,
     pub catalog_hash: CatalogHash,
-    /// Each harness's aliases for this catalogue (recorded here, never on a call).
-    pub aliases: BTreeMap<String, AliasReport>,
+    /// Each harness's aliases for this catalogue (recorded here, never on a call): on the turn's
+    /// first `bridge_connected` line only. Later lines of the turn leave it out; their
+    /// `catalogHash` names the same catalogue, whose aliases that first line carries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aliases: Option<BTreeMap<String, AliasReport>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_identity: Option<SystemIdentity>,
 }
@@ -254,6 +257,11 @@ pub struct BridgeClient {
     /// The client's strings cut to [`RECORD_MAX_STRING_BYTES`] (`client.name`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cut: Option<Cuts>,
+    /// `client_info` frames of this bridge since its previous `bridge_client` line that have no
+    /// line of their own (repeats, or changes within `REFUSAL_RECORD_INTERVAL`): the bridge's
+    /// frames are its lines plus the sum of their `suppressed`. Absent when none were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suppressed: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_identity: Option<SystemIdentity>,
 }
@@ -627,13 +635,18 @@ pub fn checkpoint_message(seq: u64, prev: &str, at: &str, reason: &str) -> Vec<u
 #[serde(rename_all = "camelCase")]
 pub struct ConnectionRefused {
     /// `bad_token`, `uid_not_listed`, `bad_control_key`, `upstream_lineage`, `cap_reached`,
-    /// `hello_too_large`, `hello_too_slow`, `not_hello`, `protocol_version`.
+    /// `connect_rate`, `hello_too_large`, `hello_too_slow`, `not_hello`, `protocol_version`.
     pub reason: String,
-    /// The peer process, as the kernel reported it for the connection (`SO_PEERCRED`).
+    /// The peer process, as the kernel reported it for the connection (`SO_PEERCRED`); `null`
+    /// on a line that stands for many processes of the uid (see `processes`).
     pub pid: Option<i32>,
     pub uid: Option<u32>,
     /// Refusals this line stands for.
     pub count: u64,
+    /// On a line grouped per uid (`pid: null`, a uid with more than a few refused processes at
+    /// once): how many distinct processes its refusals came from (a lower bound past 4,096).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<u64>,
     /// Always `null`.
     pub turn: Option<String>,
 }
@@ -790,12 +803,39 @@ mod tests {
                 capabilities: None,
             },
             cut: Some(cuts),
+            suppressed: None,
             system_identity: None,
         }))
         .expect("ser");
         assert!(
             line.contains(r#""cut":{"requestId":{"bytes":2000,"sha256":""#),
             "{line}"
+        );
+    }
+
+    #[test]
+    fn flood_roll_ups_round_trip_and_old_lines_still_read() {
+        // A turn's later bridge names its catalogue by hash only; its first carries the aliases.
+        let l = round_trip(
+            r#"{"seq":1,"at":"A","kind":"bridge_connected","turn":"t","peer":{"pid":7,"uid":0},"shim":{},"catalogHash":"h"}"#,
+        );
+        assert!(matches!(l.event, Event::BridgeConnected(ref b) if b.aliases.is_none()));
+        let l = round_trip(
+            r#"{"seq":2,"at":"A","kind":"bridge_connected","turn":"t","peer":{"pid":7,"uid":0},"shim":{},"catalogHash":"h","aliases":{}}"#,
+        );
+        assert!(
+            matches!(l.event, Event::BridgeConnected(ref b) if b.aliases == Some(BTreeMap::new()))
+        );
+        let l = round_trip(
+            r#"{"seq":3,"at":"A","kind":"bridge_client","turn":"t","client":{"name":"n","version":"1","protocolVersion":null},"suppressed":41}"#,
+        );
+        assert!(matches!(l.event, Event::BridgeClient(ref c) if c.suppressed == Some(41)));
+        let l = round_trip(
+            r#"{"seq":4,"at":"A","kind":"bridge_refused","reason":"uid_not_listed","pid":null,"uid":1001,"count":900,"processes":899,"turn":null}"#,
+        );
+        assert!(matches!(l.event, Event::BridgeRefused(ref r) if r.processes == Some(899)));
+        round_trip(
+            r#"{"seq":5,"at":"A","kind":"bridge_refused","reason":"connect_rate","pid":7,"uid":0,"count":3,"turn":null}"#,
         );
     }
 

@@ -17,6 +17,7 @@ mod deploy_planted;
 mod elicitation;
 mod evidence;
 mod faults;
+mod floods;
 mod golden;
 mod hello_gate;
 mod hostile;
