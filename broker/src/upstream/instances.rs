@@ -602,3 +602,41 @@ impl Pool {
         Ok(InUse(instance))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Uids are given lowest-first, kept across a reload of the file (a broker restart) whatever
+    /// order principals come in, never given twice; a full range and a kept uid outside a
+    /// changed range are refused, naming the file.
+    #[test]
+    fn uids_are_kept_across_a_reload_and_never_given_twice() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = uid_map_path(&dir.path().join("record.jsonl"));
+        let map = UidMap::load(&path).expect("load");
+        assert_eq!(map.uid("p", "bob", [100, 101]), Ok(100));
+        assert_eq!(map.uid("p", "bob", [100, 101]), Ok(100));
+        let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // A restart, alice first: not bob's uid.
+        let map = UidMap::load(&path).expect("reload");
+        assert_eq!(map.uid("p", "alice", [100, 101]), Ok(101));
+        assert_eq!(map.uid("p", "bob", [100, 101]), Ok(100));
+        let full = map.uid("q", "carol", [100, 101]).expect_err("full");
+        assert!(full.contains("given to other principals"), "{full}");
+        assert!(full.contains(&path.display().to_string()), "{full}");
+        let moved = map.uid("p", "bob", [200, 210]).expect_err("outside");
+        assert!(moved.contains("outside the range"), "{moved}");
+        assert_eq!(map.principals("p"), ["bob", "alice"]);
+        // A looser file is made 0600 at load; a broken one is refused naming it.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        UidMap::load(&path).expect("load");
+        let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        std::fs::write(&path, "{").expect("w");
+        let err = UidMap::load(&path).err().expect("refused");
+        assert!(err.contains("is not valid"), "{err}");
+    }
+}
