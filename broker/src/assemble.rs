@@ -99,9 +99,24 @@ pub(crate) async fn build(
     }
     // Per-principal instances' uids from the top-level range, shared by the providers without
     // their own.
-    let instance_uids = config
-        .instance_uids
-        .map(|r| crate::upstream::UidPool::new(r, "instance_uids"));
+    // The uids given to them are kept for good, beside the record: loaded (and checked like
+    // its key) when any range is set.
+    let uid_map = if config.instance_uids.is_some()
+        || config.providers.iter().any(|p| {
+            matches!(p, ProviderConfig::Mcp(c) if matches!(&c.sandbox, crate::config::SandboxSetting::On(sb) if sb.instance_uids.is_some()))
+        }) {
+        let path = crate::upstream::uid_map_path(&config.record);
+        Some(
+            crate::upstream::UidMap::load(&path).map_err(StartError::InstanceUids)?,
+        )
+    } else {
+        None
+    };
+    let instance_uids = config.instance_uids.and_then(|r| {
+        uid_map
+            .clone()
+            .map(|map| crate::upstream::UidPool::new(r, "instance_uids", map))
+    });
     let mut starting = Vec::new();
     for provider in &config.providers {
         let ProviderConfig::Mcp(cfg) = provider else {
@@ -118,6 +133,7 @@ pub(crate) async fn build(
             root.child_token(),
             secrets.clone(),
             instance_uids.clone(),
+            uid_map.clone(),
         );
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(p.clone().supervise(tx));

@@ -57,6 +57,9 @@ pub enum StartError {
         path: String,
         source: std::io::Error,
     },
+    /// The uids given to per-principal instances (`instance_uids`) could not be read or kept.
+    #[error("instance_uids: {0}")]
+    InstanceUids(String),
     #[error("the broker task failed: {0}")]
     Task(String),
 }

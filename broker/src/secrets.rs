@@ -15,7 +15,7 @@ use std::future::Future;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use rustix::fd::AsFd;
@@ -411,11 +411,16 @@ impl SecretStore for CommandStore {
     }
 }
 
-/// The secret values given to instances, by principal ([`SHARED`]: given to a shared instance,
-/// redacted for everyone), for redaction of what leaves the broker and what it records.
+/// The secret values given to instances, by principal ([`SHARED`]: given to a shared instance),
+/// for redaction of what leaves the broker and what it records. Every principal's values are
+/// redacted from every answer, whoever asked: an upstream that read another principal's value
+/// (a file an instance left, a value it kept) cannot hand it to this caller. The list redacted
+/// is made when a value is learned, not per call.
 #[derive(Default)]
 pub struct Known {
     by_principal: RwLock<HashMap<String, Vec<(String, Secret)>>>,
+    /// Every value known, longest first (each with its name), rebuilt by [`Known::add`].
+    all: RwLock<Arc<[(String, Secret)]>>,
 }
 
 impl Known {
@@ -428,46 +433,41 @@ impl Known {
         let list = m.entry(principal.to_owned()).or_default();
         if !list.iter().any(|(n, v)| n == name && v == value) {
             list.push((name.to_owned(), value.clone()));
+            let mut all: Vec<(String, Secret)> = m.values().flatten().cloned().collect();
             // Longest first: a value inside another is replaced after it.
-            list.sort_by_key(|(_, v)| std::cmp::Reverse(v.0.len()));
+            all.sort_by_key(|(_, v)| std::cmp::Reverse(v.0.len()));
+            all.dedup_by(|a, b| a.1 == b.1);
+            *self
+                .all
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = all.into();
         }
     }
 
-    fn for_principal(&self, principal: &str) -> Vec<(String, Secret)> {
-        let m = self
-            .by_principal
+    /// Every value known (any principal's), longest first.
+    fn every(&self) -> Arc<[(String, Secret)]> {
+        self.all
             .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut all: Vec<(String, Secret)> = m.get(principal).cloned().unwrap_or_default();
-        if principal != SHARED {
-            all.extend(m.get(SHARED).cloned().unwrap_or_default());
-        }
-        all.sort_by_key(|(_, v)| std::cmp::Reverse(v.0.len()));
-        all
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_principal
-            .read()
-            .map(|m| m.is_empty())
-            .unwrap_or(false)
+        self.every().is_empty()
     }
 
-    /// Replaces every literal value known for `principal` in `text` by `[redacted: NAME]`;
-    /// the names replaced are added to `names`.
-    pub fn redact_text(&self, principal: &str, text: &mut String, names: &mut BTreeSet<String>) {
-        if self.is_empty() {
-            return;
+    /// Replaces every literal value known (for any principal: `_principal` is the caller) in
+    /// `text` by `[redacted: NAME]`; the names replaced are added to `names`.
+    pub fn redact_text(&self, _principal: &str, text: &mut String, names: &mut BTreeSet<String>) {
+        let known = self.every();
+        if !known.is_empty() {
+            redact_with(&known, text, names);
         }
-        redact_with(&self.for_principal(principal), text, names);
     }
 
     /// The same in every string (and key) of a JSON value.
-    pub fn redact_value(&self, principal: &str, value: &mut Value, names: &mut BTreeSet<String>) {
-        if self.is_empty() {
-            return;
-        }
-        let known = self.for_principal(principal);
+    pub fn redact_value(&self, _principal: &str, value: &mut Value, names: &mut BTreeSet<String>) {
+        let known = self.every();
         if !known.is_empty() {
             redact_json(&known, value, names);
         }
@@ -559,11 +559,12 @@ mod tests {
             serde_json::json!({"a": ["[redacted: long] and [redacted: short]", {"[redacted: shared]": 1}]})
         );
         assert_eq!(names.len(), 3);
+        // Another principal's values are redacted from bob's answers too.
         let mut names = BTreeSet::new();
-        let mut t = "xxabcxx".to_owned();
+        let mut t = "xxabcxx and plain".to_owned();
         k.redact_text("bob", &mut t, &mut names);
-        assert_eq!(t, "xxabcxx");
-        assert!(names.is_empty());
+        assert_eq!(t, "[redacted: long] and plain");
+        assert_eq!(names.len(), 1);
         assert_eq!(
             format!("{:?}", Secret::new("abc".into())),
             "Secret(3 bytes)"

@@ -490,17 +490,34 @@ impl McpProvider {
         })
     }
 
-    /// The failure of a call whose request did not get an answer: a remote server's refusal of
-    /// the broker's credentials is `upstream_unauthorized` (never retried), a response over the
-    /// limit `too_large`, anything else `upstream_unavailable`. A session the server ended is
-    /// ended here too, so the supervisor (or, for `instance`, the principal's next call) opens a
-    /// new one.
+    /// The failure of a call whose request did not get a result: a JSON-RPC error the server
+    /// answered with is `upstream_error` with its code and message (bounded; the kernel redacts
+    /// it): the server is up and said no, nothing restarts. Without an answer: a remote server's
+    /// refusal of the broker's credentials is `upstream_unauthorized` (never retried), a
+    /// response over the limit `too_large`, anything else `upstream_unavailable`. A session the
+    /// server ended is ended here too, so the supervisor (or, for `instance`, the principal's
+    /// next call) opens a new one.
     pub(super) fn call_failure(
         &self,
         e: &ServiceError,
         instance: Option<&super::instances::Instance>,
     ) -> super::Attempt {
         let ns = &self.config.namespace;
+        if let ServiceError::McpError(error) = e {
+            // Redacted before it is cut: a value cut in two would no longer be found.
+            let mut message = error.message.to_string();
+            self.secrets
+                .known
+                .redact_text("", &mut message, &mut Default::default());
+            return super::Attempt::Failed(Failure::new(
+                FailCode::UpstreamError,
+                format!(
+                    "the upstream server of `{ns}` answered the call with JSON-RPC error {}: {}",
+                    error.code.0,
+                    super::bounded_message(&message)
+                ),
+            ));
+        }
         super::Attempt::Failed(match self.is_remote().then(|| classify(e)) {
             Some(HttpFailure::Unauthorized(status)) => Failure::new(
                 FailCode::UpstreamUnauthorized,

@@ -48,7 +48,7 @@ pub mod sandbox;
 mod stdio;
 mod template;
 
-pub use instances::UidPool;
+pub use instances::{UidMap, UidPool, uid_map_path};
 pub use log::UpstreamLog;
 use log::upstream_text;
 use template::fill_template;
@@ -125,6 +125,9 @@ pub struct Launch {
     pub given: Arc<[(String, Secret)]>,
     /// A principal's instance under a uid (= gid) of its own, instead of the provider's.
     pub run_as: Option<u32>,
+    /// With `run_as`: each write rule (as the plan has it) and the instance's own folder in it,
+    /// its write rule instead (and its `HOME`, the first, unless `home` is set).
+    pub write_folders: Vec<(String, String)>,
     /// Whose instance this is (`None`: the provider's own session).
     pub principal: Option<String>,
 }
@@ -163,6 +166,36 @@ impl From<Failure> for Attempt {
     fn from(f: Failure) -> Self {
         Self::Failed(f)
     }
+}
+
+/// The plan of one principal's instance under `uid`, its own: each write rule in `folders`
+/// replaced by the instance's own folder in it.
+fn instance_plan(plan: &sandbox::Plan, uid: u32, folders: &[(String, String)]) -> sandbox::Plan {
+    let mut p = plan.as_instance(uid);
+    for (rule, own) in folders {
+        for w in p.write.iter_mut().filter(|w| *w == rule) {
+            w.clone_from(own);
+        }
+    }
+    p
+}
+
+/// At most this many characters of an upstream's error message go into the call's message.
+pub const MAX_UPSTREAM_MESSAGE_CHARS: usize = 500;
+
+/// An upstream's error message as a call's message carries it: control characters as spaces,
+/// at most [`MAX_UPSTREAM_MESSAGE_CHARS`] characters (`...` when cut). Secrets are redacted
+/// later, by the kernel, with the rest of the answer.
+pub(super) fn bounded_message(text: &str) -> String {
+    let mut out: String = text
+        .chars()
+        .take(MAX_UPSTREAM_MESSAGE_CHARS)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if text.chars().nth(MAX_UPSTREAM_MESSAGE_CHARS).is_some() {
+        out.push_str("...");
+    }
+    out
 }
 
 /// A registered upstream tool's authority.
@@ -326,7 +359,8 @@ impl UpstreamRequests {
         .await;
     }
 
-    /// Records the refusal of `method` and returns the error the upstream gets.
+    /// Records the refusal of `method` (`turn`: the call in flight it was refused in, when
+    /// one is known) and returns the error the upstream gets.
     async fn refuse(
         &self,
         method: &str,
@@ -334,6 +368,7 @@ impl UpstreamRequests {
         schema: Option<Value>,
         host: Option<String>,
         reason: String,
+        turn: Option<String>,
     ) -> rmcp::ErrorData {
         let schema = schema.map(bounded_schema);
         self.append(record::UpstreamRequest {
@@ -344,7 +379,7 @@ impl UpstreamRequests {
             host,
             action: "refused".into(),
             reason: reason.clone(),
-            turn: None,
+            turn,
             answer: None,
         })
         .await;
@@ -434,13 +469,14 @@ impl ClientHandler for Listener {
         } else {
             ("form", value.get("requestedSchema").cloned(), None, None)
         };
-        let refuse = |reason: String| {
+        let refuse = |reason: String, turn: Option<&str>| {
             self.requests.refuse(
                 "elicitation/create",
                 Some(mode),
                 schema.clone(),
                 host.clone(),
                 reason,
+                turn.map(str::to_owned),
             )
         };
         let Some(forward) = &self.forward else {
@@ -449,18 +485,22 @@ impl ClientHandler for Listener {
                 reason.push_str("; ");
                 reason.push_str(why);
             }
-            return Err(refuse(reason).await);
+            return Err(refuse(reason, None).await);
         };
+        // The call it belongs to first: a refusal during a call is on record with its turn.
+        let route = forward.in_flight.route_for(forward.principal.as_deref());
         if let Some(why) = not_https {
-            return Err(refuse(format!(
-                "{why}: a URL-mode question is forwarded only for https"
-            ))
+            return Err(refuse(
+                format!("{why}: a URL-mode question is forwarded only for https"),
+                route.as_ref().ok().map(|r| r.turn.as_str()),
+            )
             .await);
         }
-        let route = match forward.in_flight.route_for(forward.principal.as_deref()) {
+        let route = match route {
             Ok(r) => r,
-            Err(why) => return Err(refuse(why).await),
+            Err(why) => return Err(refuse(why, None).await),
         };
+        let turn = Some(route.turn.as_str());
         // A secret given to this server never reaches the person through its question.
         let mut text = value.to_string();
         crate::secrets::redact_with(&self.secrets, &mut text, &mut Default::default());
@@ -473,13 +513,16 @@ impl ClientHandler for Listener {
         .await;
         let result = match asked {
             Err(_) => {
-                return Err(refuse(format!(
-                    "the person did not answer within {} s",
-                    forward.wait.as_secs()
-                ))
+                return Err(refuse(
+                    format!(
+                        "the person did not answer within {} s",
+                        forward.wait.as_secs()
+                    ),
+                    turn,
+                )
                 .await);
             }
-            Ok(Err(why)) => return Err(refuse(why).await),
+            Ok(Err(why)) => return Err(refuse(why, turn).await),
             Ok(Ok(result)) => result,
         };
         let parsed: Result<rmcp::model::ElicitResult, _> = serde_json::from_value(result);
@@ -494,9 +537,10 @@ impl ClientHandler for Listener {
                     .await;
                 Ok(answer)
             }
-            Err(e) => Err(refuse(format!(
-                "the harness's answer is not an elicitation result: {e}"
-            ))
+            Err(e) => Err(refuse(
+                format!("the harness's answer is not an elicitation result: {e}"),
+                turn,
+            )
             .await),
         }
     }
@@ -518,6 +562,7 @@ impl ClientHandler for Listener {
                 None,
                 None,
                 "a brokered server may not use the person's model (sampling is refused)".into(),
+                None,
             )
             .await)
     }
@@ -538,6 +583,7 @@ impl ClientHandler for Listener {
                 None,
                 None,
                 "the broker shows a brokered server no roots of the client (its files are the broker's to authorize)".into(),
+                None,
             )
             .await)
     }
@@ -632,6 +678,7 @@ impl McpProvider {
         shutdown: CancellationToken,
         secrets: Secrets,
         instance_uids: Option<Arc<instances::UidPool>>,
+        uid_map: Option<Arc<instances::UidMap>>,
     ) -> Arc<Self> {
         let log = Arc::new(UpstreamLog::new(&config.namespace));
         let sandbox = match &config.sandbox {
@@ -676,13 +723,16 @@ impl McpProvider {
                     Some(r) => (
                         Some(r),
                         "[providers.sandbox] instance_uids",
-                        Some(instances::UidPool::new(
-                            r,
-                            &format!(
-                                "provider `{}`: [providers.sandbox] instance_uids",
-                                config.namespace
-                            ),
-                        )),
+                        uid_map.map(|map| {
+                            instances::UidPool::new(
+                                r,
+                                &format!(
+                                    "provider `{}`: [providers.sandbox] instance_uids",
+                                    config.namespace
+                                ),
+                                map,
+                            )
+                        }),
                     ),
                     None => (
                         instance_uids.as_ref().map(|p| p.range()),
@@ -690,7 +740,7 @@ impl McpProvider {
                         instance_uids,
                     ),
                 };
-                let plan = plan.with_instances(&config.namespace, range, setting);
+                let mut plan = plan.with_instances(&config.namespace, range, setting);
                 if matches!(
                     &plan,
                     Ok(sandbox::Plan {
@@ -698,7 +748,27 @@ impl McpProvider {
                         ..
                     })
                 ) {
-                    uids = pool;
+                    // Each instance gets a folder of its own in each `write` rule; a writing
+                    // template's `file_root` is one folder the broker names to every instance,
+                    // which would be every principal's at once.
+                    if let Some((tool, root)) = config.tools.iter().find_map(|(name, t)| {
+                        (t.action == "write")
+                            .then_some(())
+                            .and(t.file_root.as_ref().map(|r| (name, r)))
+                    }) {
+                        plan = Err(format!(
+                            "provider `{}`: the sandbox cannot be applied: {setting} gives each principal's instance a uid of its own, and what an instance writes must be its principal's alone, but tool `{tool}` writes under file_root `{}`, one folder for every principal's instance; use a `write` rule (each instance gets its own folder in it) or drop {setting}",
+                            config.namespace,
+                            root.display()
+                        ));
+                    } else if pool.is_none() {
+                        plan = Err(format!(
+                            "provider `{}`: the sandbox cannot be applied: {setting} needs the broker's instance uid map, which this broker has not loaded",
+                            config.namespace
+                        ));
+                    } else {
+                        uids = pool;
+                    }
                 }
                 Some(plan)
             }
@@ -859,6 +929,7 @@ impl McpProvider {
             oauth_secret,
             given,
             run_as: None,
+            write_folders: Vec::new(),
             principal: principal.map(str::to_owned),
         })
     }
@@ -915,11 +986,26 @@ impl McpProvider {
 
     /// The sandbox of one principal's instance: the provider's, under the instance's own uid
     /// when it has one.
-    fn instance_sandbox(&self, uid: Option<u32>) -> Value {
+    fn instance_sandbox(&self, uid: Option<u32>, folders: &[(String, String)]) -> Value {
         match (&self.sandbox, uid) {
-            (Some(Ok(plan)), Some(uid)) => plan.as_instance(uid).shown(),
+            (Some(Ok(plan)), Some(uid)) => instance_plan(plan, uid, folders).shown(),
             _ => self.sandbox_shown(),
         }
+    }
+
+    /// `principal`'s own folder (under `uid`) in each of the provider's `write` rules: (the
+    /// rule as the plan has it, the folder).
+    fn own_folders(&self, principal: &str, uid: u32) -> Result<Vec<(String, String)>, String> {
+        let crate::config::SandboxSetting::On(sb) = &self.config.sandbox else {
+            return Ok(Vec::new());
+        };
+        sb.write
+            .iter()
+            .map(|rule| {
+                let own = instances::own_folder(rule, principal, uid)?;
+                Ok((rule.display().to_string(), own.display().to_string()))
+            })
+            .collect()
     }
 
     /// A `provider_state` line with the sandbox it ran in (an instance's own).
@@ -1738,6 +1824,7 @@ mod tests {
             Duration::from_secs(1),
             CancellationToken::new(),
             Secrets::folder(dir.join("secrets")),
+            None,
             None,
         )
     }

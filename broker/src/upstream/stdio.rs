@@ -52,7 +52,7 @@ impl McpProvider {
             Some(Err(e)) => return Err(e.clone()),
             Some(Ok(plan)) => {
                 let plan = match launch.run_as {
-                    Some(uid) => &plan.as_instance(uid),
+                    Some(uid) => &super::instance_plan(plan, uid, &launch.write_folders),
                     None => plan,
                 };
                 let plan_json = serde_json::to_string(plan)
@@ -70,6 +70,8 @@ impl McpProvider {
                             crate::config::SandboxSetting::On(sb) => sb.home.as_deref(),
                             crate::config::SandboxSetting::Off(_) => None,
                         }
+                        // An instance of its own: its own folder, where it may keep files.
+                        .or(launch.write_folders.first().map(|(_, own)| own.as_str()))
                         .unwrap_or(sandbox::DEFAULT_HOME),
                     )
                     .current_dir("/");

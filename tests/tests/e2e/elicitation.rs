@@ -893,6 +893,17 @@ async fn a_forwarded_upstream_question_reaches_the_person_and_the_answer_the_ser
         "{report}"
     );
     assert_eq!(report["questions"], json!([]));
+    // Its refusal is on record with the turn of the call it came in (issue 42, item 14).
+    let refused: Vec<Value> = broker
+        .records()
+        .into_iter()
+        .filter(|l| {
+            l["kind"] == "upstream_request" && l["action"] == "refused" && l["mode"] == "url"
+        })
+        .collect();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0]["turn"], turn.turn.as_str(), "{}", refused[0]);
+    assert_eq!(refused[0]["host"], "login.example.test", "{}", refused[0]);
     broker.close_turn(&turn.turn).await;
     // A 2026-07-28 client is asked in an input_required round of the call, and its retry's
     // response is the server's answer.

@@ -1057,3 +1057,216 @@ async fn without_root_and_without_user_namespaces_network_off_is_refused() {
     );
     child.kill().await.expect("kill");
 }
+
+impl Served {
+    /// Stops this broker (SIGTERM, waited for) and starts another on the same config, runtime
+    /// dir and record, served once its `broker_started` line is on record.
+    async fn restarted(mut self) -> Self {
+        let pid = self.child.id().expect("pid") as i32;
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid).expect("pid"),
+            rustix::process::Signal::TERM,
+        )
+        .expect("term");
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(20), self.child.wait()).await;
+        let _ = self.child.start_kill();
+        let started = |s: &Served| {
+            s.records()
+                .iter()
+                .filter(|l| l["kind"] == "broker_started")
+                .count()
+        };
+        let before = started(&self);
+        let cfg = self.path("broker.toml");
+        let uid = self.uid;
+        let s = Self::spawn_as(self.dir, &cfg, uid);
+        eventually("the broker serves again", || started(&s) > before).await;
+        s
+    }
+}
+
+/// Issue 42, item 4. As root, a `per_principal` provider with `instance_uids` and a `write` rule:
+/// bob's instance (a real Python upstream, `tests/python/token_cache.py`) writes its token cache
+/// (0600) in its `HOME`, which is bob's own folder in the write rule (`<rule>/bob`, 0700, his
+/// uid's). The broker restarts, and alice calls first: her instance gets a uid of her own, not
+/// bob's former one (the uids are kept in `<record>.instance-uids.json`, 0600), her own folder,
+/// and reads nothing of bob's (his folder, his file, the write rule itself); bob's token, sent
+/// back by her upstream, reaches her agent redacted, and is nowhere in her answers or on
+/// record. Bob, after the restart, has his uid and his cache back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root (CI runs --include-ignored as root): instances get uids of their own"]
+async fn as_root_a_principals_uid_and_files_stay_theirs_across_a_restart() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    if !crate::deploy::need_root("as_root_a_principals_uid_and_files_stay_theirs_across_a_restart")
+    {
+        return;
+    }
+    const SHARED: u32 = 64280;
+    // The write rule: a folder other uids may enter (the broker's temp dir is 0700).
+    let rule = tempfile::Builder::new()
+        .prefix("sharedos-caches-")
+        .tempdir()
+        .expect("tmp");
+    std::fs::set_permissions(rule.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let w = rule.path().display().to_string();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/token_cache.py");
+    let provider = format!(
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"tc\"\ncommand = \"python3\"\nargs = [{}]\nenv = {{ TOKEN = {{ secret = \"token\" }} }}\ninstances = \"per_principal\"\ncall_timeout_seconds = 20\n[providers.sandbox]\nread = [{}]\nwrite = [{}]\nrun_as = \"{SHARED}\"\ninstance_uids = [64281, 64289]\n",
+        q(script),
+        q(python_dir()),
+        q(&w)
+    );
+    let b = Served::start("", &provider).await;
+    let cfg = b.path("broker.toml");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos();
+    let bob_token = format!("tok-bob-{nanos:x}");
+    let alice_token = format!("tok-alice-{nanos:x}");
+    crate::secrets::set_secret(&cfg, "bob", "token", &bob_token);
+    crate::secrets::set_secret(&cfg, "alice", "token", &alice_token);
+
+    // Bob first: his cache, in his own folder, his only.
+    let mut bob = b.raw_as("bob").await;
+    let first = escape(&mut bob, 1, "tc.cache", json!({})).await;
+    let bob_uid = first["uid"].as_u64().expect("uid") as u32;
+    let bob_home = rule.path().join("bob");
+    assert_eq!(first["home"], bob_home.display().to_string(), "{first}");
+    let cache = bob_home.join("cache.json");
+    assert_eq!(
+        first["wrote"],
+        format!("ok: {}", cache.display()),
+        "{first}"
+    );
+    assert!((64281..=64289).contains(&bob_uid), "{bob_uid}");
+    let meta_of = |p: &Path| std::fs::symlink_metadata(p).expect("meta");
+    assert_eq!(
+        (meta_of(&bob_home).uid(), meta_of(&bob_home).mode() & 0o7777),
+        (bob_uid, 0o700)
+    );
+    assert_eq!(
+        (meta_of(&cache).uid(), meta_of(&cache).mode() & 0o777),
+        (bob_uid, 0o600)
+    );
+    assert!(
+        std::fs::read_to_string(&cache)
+            .expect("cache")
+            .contains(&bob_token)
+    );
+    drop(bob);
+
+    // The broker restarts; alice calls first.
+    let b = b.restarted().await;
+    let mut alice = b.raw_as("alice").await;
+    let mine = escape(&mut alice, 1, "tc.cache", json!({})).await;
+    let alice_uid = mine["uid"].as_u64().expect("uid") as u32;
+    eprintln!("bob uid {bob_uid}, alice uid {alice_uid} after the restart");
+    assert_ne!(alice_uid, bob_uid, "alice got bob's former uid: {mine}");
+    assert!((64281..=64289).contains(&alice_uid), "{alice_uid}");
+    assert_eq!(
+        mine["home"],
+        rule.path().join("alice").display().to_string(),
+        "{mine}"
+    );
+    assert_eq!(mine["previous"], Value::Null, "{mine}");
+    let paths = [
+        cache.display().to_string(),
+        bob_home.display().to_string(),
+        w.clone(),
+    ];
+    let whole = alice.call(2, "tc.peek", json!({ "paths": paths })).await;
+    let peek: Value = serde_json::from_str(&text(&whole["result"])).expect("report");
+    for p in &paths {
+        let got = peek[p].as_str().unwrap_or("(missing)");
+        assert!(
+            got.starts_with("error: PermissionError"),
+            "alice's instance read {p}: {got}"
+        );
+    }
+    // An upstream that hands alice bob's token (whatever way it got it): redacted.
+    let echoed = alice
+        .call(
+            3,
+            "tc.echo",
+            json!({ "text": format!("found {bob_token}") }),
+        )
+        .await;
+    assert_eq!(
+        text(&echoed["result"]),
+        "found [redacted: token]",
+        "{echoed}"
+    );
+    let seen = [&mine.to_string(), &whole.to_string(), &echoed.to_string()]
+        .iter()
+        .any(|s| s.contains(&bob_token));
+    assert!(!seen, "bob's token reached alice's agent");
+
+    // Bob after the restart: his uid, his folder and what his instance left there.
+    let mut bob = b.raw_as("bob").await;
+    let again = escape(&mut bob, 1, "tc.cache", json!({})).await;
+    assert_eq!(again["uid"], bob_uid, "{again}");
+    assert_eq!(again["home"], bob_home.display().to_string(), "{again}");
+    let sha = |s: &str| -> String {
+        use sha2::Digest as _;
+        sha2::Sha256::digest(s.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    assert_eq!(
+        again["previous"],
+        sha(&format!("{{\"token\": \"{bob_token}\"}}")),
+        "{again}"
+    );
+
+    // Kept with the broker's state: 0600, the broker's; both principals in it.
+    let map = b.path("record.jsonl.instance-uids.json");
+    assert_eq!(meta_of(&map).mode() & 0o777, 0o600);
+    assert_eq!(meta_of(&map).uid(), 0);
+    let kept: Value =
+        serde_json::from_str(&std::fs::read_to_string(&map).expect("map")).expect("json");
+    let mut given: Vec<(String, u64)> = kept["uids"]
+        .as_array()
+        .expect("uids")
+        .iter()
+        .map(|g| {
+            assert_eq!(g["provider"], "tc", "{g}");
+            (
+                g["principal"].as_str().unwrap_or("").to_owned(),
+                g["uid"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    given.sort();
+    assert_eq!(
+        given,
+        [
+            ("alice".to_owned(), u64::from(alice_uid)),
+            ("bob".to_owned(), u64::from(bob_uid))
+        ]
+    );
+    // Recorded: alice's instance's write rule is her own folder, not the shared one.
+    let started: Vec<Value> = b
+        .provider_states("tc")
+        .into_iter()
+        .filter(|l| l["state"] == "instance_started")
+        .collect();
+    assert_eq!(started.len(), 3, "{started:?}");
+    let alices = started
+        .iter()
+        .find(|l| l["principal"] == "alice")
+        .expect("alice's");
+    let write = alices["sandbox"]["write"].to_string();
+    assert!(write.contains(&format!("{w}/alice")), "{write}");
+    assert!(!write.contains(&format!("{}\"", w)), "{write}");
+    // Bob's token is nowhere on record (alice's call's argument was redacted too).
+    let record = std::fs::read_to_string(b.path("record.jsonl")).expect("record");
+    assert!(!record.contains(&bob_token), "bob's token is on record");
+    let echo_line = b
+        .records()
+        .into_iter()
+        .find(|l| l["kind"] == "call" && l["tool"] == "tc.echo")
+        .expect("echo call");
+    assert_eq!(echo_line["redacted"], json!(["token"]), "{echo_line}");
+}

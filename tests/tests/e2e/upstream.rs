@@ -1175,3 +1175,115 @@ async fn a_two_argument_template_refuses_parts_a_join_would_read_otherwise() {
     let opened = std::fs::read_to_string(&log).expect("log");
     assert_eq!(opened, format!("{d}/public/a.txt\n"));
 }
+
+/// Issue 42, item 11. A real Python upstream (`tests/python/rpc_errors.py`) answers `tools/call`
+/// with ordinary JSON-RPC errors: -32602 (invalid params) and -32000 (a server error whose
+/// message carries the secret it was given, a newline and 2,000 more characters). Each is
+/// `failed/upstream_error` with the code and the message, bounded and redacted, in the MCP
+/// result the agent gets (`isError`) and on the call's record line; never
+/// `upstream_unavailable`, no "is being restarted", and the server is not restarted: the next
+/// call on the same process succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstreams_json_rpc_error_is_an_upstream_error_with_its_code_not_an_outage() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/rpc_errors.py");
+    let token = format!("tok-rpc-{}", std::process::id());
+    let mut broker = TestBroker::start(Options {
+        policy: r#"
+@id("alice-rpc")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call",
+       resource is SharedOS::Tool)
+when { resource.name like "rpc.*" };
+"#,
+        ..Options::default()
+    })
+    .await;
+    crate::secrets::set_secret(&broker.config_path, "_shared", "token", &token);
+    let cfg = std::fs::read_to_string(&broker.config_path).expect("cfg");
+    std::fs::write(
+        &broker.config_path,
+        format!(
+            "{cfg}\n[[providers]]\ntype = \"mcp\"\nnamespace = \"rpc\"\ncommand = \"python3\"\nargs = [{}]\nenv = {{ TOKEN = {{ secret = \"token\", shared = true }} }}\n{}",
+            q(script),
+            sandboxed(&[PYTHON_DIR], &[])
+        ),
+    )
+    .expect("cfg");
+    broker.restart().await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-06-18").await;
+    let r = call(&mut raw, 1, "rpc.bad_args", json!({"text": "x"})).await;
+    assert_eq!(r["isError"], true, "{r}");
+    assert_eq!(meta(&r)["outcome"], "failed", "{r}");
+    assert_eq!(meta(&r)["code"], "upstream_error", "{r}");
+    let said = text(&r);
+    assert!(
+        said.contains("JSON-RPC error -32602: Invalid params: `text` must be a number"),
+        "{said}"
+    );
+    assert!(!said.contains("restarted"), "{said}");
+    let r = call(&mut raw, 2, "rpc.busy", json!({})).await;
+    assert_eq!(r["isError"], true, "{r}");
+    assert_eq!(meta(&r)["code"], "upstream_error", "{r}");
+    let said = text(&r);
+    assert!(
+        said.contains(
+            "JSON-RPC error -32000: rate limited for token [redacted: token] retry later zzz"
+        ),
+        "{said}"
+    );
+    assert!(
+        !said.contains(&token),
+        "the secret reached the agent: {said}"
+    );
+    assert!(!said.contains("restarted"), "{said}");
+    assert!(
+        said.len() < 1000 && said.contains("zzz..."),
+        "bounded ({} bytes): {said}",
+        said.len()
+    );
+    // The same process goes on serving: nothing was restarted.
+    let r = call(&mut raw, 3, "rpc.echo", json!({"text": "still here"})).await;
+    assert_eq!(meta(&r)["outcome"], "succeeded", "{r}");
+    assert_eq!(text(&r), "still here");
+    let calls = broker.calls_of(&turn.turn);
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    for (line, code) in calls[..2].iter().zip(["-32602", "-32000"]) {
+        assert_eq!(line["outcome"], "failed", "{line}");
+        assert_eq!(line["code"], "upstream_error", "{line}");
+        let message = line["message"].as_str().expect("message");
+        assert!(
+            message.contains(&format!("JSON-RPC error {code}: ")),
+            "{message}"
+        );
+        assert!(message.len() < 1000, "{message}");
+    }
+    assert!(
+        calls[1]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("[redacted: token]")),
+        "{}",
+        calls[1]
+    );
+    let record = std::fs::read_to_string(broker.record_path()).expect("record");
+    assert!(!record.contains(&token), "the secret is on record");
+    assert!(
+        !record.contains("upstream_unavailable"),
+        "an outage on record"
+    );
+    let states: Vec<String> = broker
+        .records()
+        .iter()
+        .filter(|l| l["kind"] == "provider_state" && l["provider"] == "rpc")
+        .map(|l| l["state"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert_eq!(
+        states.iter().filter(|s| *s == "ready").count(),
+        1,
+        "started once: {states:?}"
+    );
+    assert!(
+        !states.iter().any(|s| s == "restarting" || s == "failed"),
+        "{states:?}"
+    );
+}
