@@ -15,7 +15,10 @@
 //! closes that: checkpoints the broker handed out as it signed them (a witness file, a witness
 //! command, the OpenTelemetry log export), kept where the broker's uid cannot rewrite them.
 //! [`verify_witnessed`] checks that every witnessed checkpoint is in the record with the same
-//! bytes (the same SHA-256), and that the record does not end before the newest of them.
+//! signed content ([`signed_content`]: RFC 8785 canonical JSON of what the signature covers, so
+//! a witness that re-spaced or re-ordered the line still matches), and that the record does not
+//! end before the newest of them. With a trusted key, witness lines not signed by it are
+//! skipped and reported ([`Witness::read`]): a line anyone appended vetoes nothing.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -23,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use ed25519_dalek::{Signature, Verifier, VerifyingKey};
 use serde_json::{Map, Value};
-use sharedos_proto::catalog::hex;
+use sharedos_proto::catalog::{canonical_json, hex};
 use sharedos_proto::record::checkpoint_message;
 
 use crate::record::{RecordError, line_hash, parse_hex32, record_files};
@@ -164,11 +167,81 @@ pub fn verify(path: &Path, key: Option<(&VerifyingKey, String)>) -> Result<Repor
 
 /// Most bytes of one witness line (a checkpoint line is about 400).
 pub const MAX_WITNESS_LINE: usize = 64 * 1024;
+/// Skipped witness lines reported one by one; the rest are counted.
+pub const MAX_SKIPPED_REPORTED: usize = 20;
 
-/// Checkpoints as a witness holds them: seq to the SHA-256 of the checkpoint's record line.
+/// One checkpoint as a witness holds it: its signed content and the witness lines holding it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Witnessed {
+    /// [`signed_content`] of the line: the same checkpoint however it was spaced or ordered.
+    pub content: String,
+    /// 1-based line numbers in the witness file (a checkpoint handed on twice is held twice).
+    pub lines: Vec<usize>,
+}
+
+/// A witness line passed over, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// 1-based line number in the witness file.
+    pub line: usize,
+    pub reason: String,
+}
+
+/// Checkpoints as a witness holds them: by seq, each different checkpoint at that seq with the
+/// lines holding it (more than one is a conflict, judged against the record by
+/// [`verify_files`]).
 #[derive(Debug, Clone, Default)]
 pub struct Witness {
-    pub checkpoints: std::collections::BTreeMap<u64, [u8; 32]>,
+    pub checkpoints: std::collections::BTreeMap<u64, Vec<Witnessed>>,
+    /// Lines passed over (the first [`MAX_SKIPPED_REPORTED`]): not JSON, not a checkpoint, and
+    /// with a trusted key, unsigned or not signed by it.
+    pub skipped: Vec<Skipped>,
+    /// How many lines were passed over in all.
+    pub skipped_count: u64,
+    /// Whether each line's signature was checked against a trusted key. Without one, a line
+    /// anyone appended cannot be told from a genuine one.
+    pub checked: bool,
+}
+
+/// The signed content of a checkpoint line, as RFC 8785 canonical JSON: the `seq`, `prev`, `at`
+/// and `reason` its signature covers ([`checkpoint_message`]). Two lines are the same checkpoint
+/// when this is equal, whatever spacing or key order a system that carried them gave them.
+/// `None`: the line lacks one of them.
+pub fn signed_content(obj: &Map<String, Value>) -> Option<(u64, String)> {
+    let seq = obj.get("seq").and_then(Value::as_u64)?;
+    let text = |k: &str| obj.get(k).and_then(Value::as_str);
+    let content = serde_json::json!({
+        "seq": seq,
+        "prev": text("prev")?,
+        "at": text("at")?,
+        "reason": text("reason")?,
+    });
+    canonical_json(&content).ok().map(|c| (seq, c))
+}
+
+/// Why `obj` (a checkpoint line) is not signed by `key`, if it is not.
+fn not_signed_by(obj: &Map<String, Value>, key: &VerifyingKey) -> Option<String> {
+    let text = |k: &str| obj.get(k).and_then(Value::as_str);
+    let want = hex(key.as_bytes());
+    let Some(signature) = text("signature") else {
+        return Some("unsigned (no `signature`)".into());
+    };
+    let named = text("publicKey").unwrap_or("");
+    if named != want {
+        return Some(format!(
+            "signed with key `{named}`, not the trusted key ({want})"
+        ));
+    }
+    let message = checkpoint_message(
+        obj.get("seq").and_then(Value::as_u64).unwrap_or(0),
+        text("prev").unwrap_or(""),
+        text("at").unwrap_or(""),
+        text("reason").unwrap_or(""),
+    );
+    let good = parse_hex64(signature)
+        .map(|b| Signature::from_bytes(&b))
+        .is_some_and(|sig| key.verify(&message, &sig).is_ok());
+    (!good).then(|| "its signature does not verify under the trusted key".to_owned())
 }
 
 impl Witness {
@@ -176,66 +249,89 @@ impl Witness {
     /// (what the broker appends to `witness_file`, hands to `witness_command` and exports as an
     /// OpenTelemetry log body, and what `records checkpoint --json` prints), or an exported log
     /// record whose `body` (a string, or `{"stringValue": ...}`) is that line (exported lines of
-    /// other kinds are passed over). Blank lines are passed over; anything else is an error
-    /// naming the line.
-    pub fn read(path: &Path) -> Result<Self, RecordError> {
+    /// other kinds are passed over silently). Blank lines are passed over.
+    ///
+    /// With `trusted` (the caller's own copy of the public key), each line must be signed by it;
+    /// a line that is not JSON, not a checkpoint, unsigned or signed otherwise is skipped and
+    /// reported by its line number, never counted against the record. Without it, every
+    /// checkpoint line counts (lines that are not checkpoints are still skipped and reported).
+    pub fn read(path: &Path, trusted: Option<&VerifyingKey>) -> Result<Self, RecordError> {
         let text = std::fs::read(path).map_err(|source| RecordError::Io {
             path: path.display().to_string(),
             source,
         })?;
-        let mut out = Self::default();
+        let mut out = Self {
+            checked: trusted.is_some(),
+            ..Self::default()
+        };
         for (i, raw) in text.split(|b| *b == b'\n').enumerate() {
-            let corrupt = |detail: String| RecordError::Corrupt {
-                path: path.display().to_string(),
-                line: i + 1,
-                detail,
-            };
             let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
             if raw.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            if raw.len() > MAX_WITNESS_LINE {
-                return Err(corrupt(format!(
-                    "longer than {MAX_WITNESS_LINE} bytes: not a witnessed checkpoint"
-                )));
-            }
-            let obj: Map<String, Value> =
-                serde_json::from_slice(raw).map_err(|e| corrupt(format!("not JSON: {e}")))?;
-            let body = match obj.get("body") {
-                Some(Value::String(s)) => Some(s.as_str()),
-                Some(Value::Object(o)) => o.get("stringValue").and_then(Value::as_str),
-                _ => None,
-            };
-            let exported = body.is_some();
-            let (line, obj): (&[u8], Map<String, Value>) = match body {
-                Some(b) => (
-                    b.as_bytes(),
-                    serde_json::from_str(b)
-                        .map_err(|e| corrupt(format!("its `body` is not a JSON object: {e}")))?,
-                ),
-                None => (raw, obj),
-            };
-            if obj.get("kind").and_then(Value::as_str) != Some("checkpoint") {
-                // An export of every record line holds the checkpoints among the rest.
-                if exported {
-                    continue;
+            match Self::judge(raw, trusted) {
+                Ok(None) => {}
+                Ok(Some((seq, content))) => {
+                    let held = out.checkpoints.entry(seq).or_default();
+                    match held.iter_mut().find(|h| h.content == content) {
+                        Some(h) => h.lines.push(i + 1),
+                        None => held.push(Witnessed {
+                            content,
+                            lines: vec![i + 1],
+                        }),
+                    }
                 }
-                return Err(corrupt("not a `checkpoint` line".into()));
-            }
-            let seq = obj
-                .get("seq")
-                .and_then(Value::as_u64)
-                .ok_or_else(|| corrupt("no numeric `seq`".into()))?;
-            let hash = line_hash(line);
-            if let Some(other) = out.checkpoints.insert(seq, hash)
-                && other != hash
-            {
-                return Err(corrupt(format!(
-                    "two different checkpoints at seq {seq}: the witness itself disagrees"
-                )));
+                Err(reason) => {
+                    out.skipped_count += 1;
+                    if out.skipped.len() < MAX_SKIPPED_REPORTED {
+                        out.skipped.push(Skipped {
+                            line: i + 1,
+                            reason,
+                        });
+                    }
+                }
             }
         }
         Ok(out)
+    }
+
+    /// One witness line: its checkpoint (seq, signed content), `None` for an exported line of
+    /// another kind, or why it is skipped.
+    fn judge(raw: &[u8], trusted: Option<&VerifyingKey>) -> Result<Option<(u64, String)>, String> {
+        if raw.len() > MAX_WITNESS_LINE {
+            return Err(format!(
+                "longer than {MAX_WITNESS_LINE} bytes: not a witnessed checkpoint"
+            ));
+        }
+        let obj: Map<String, Value> =
+            serde_json::from_slice(raw).map_err(|e| format!("not a JSON object: {e}"))?;
+        let body = match obj.get("body") {
+            Some(Value::String(s)) => Some(s.as_str()),
+            Some(Value::Object(o)) => o.get("stringValue").and_then(Value::as_str),
+            _ => None,
+        };
+        let exported = body.is_some();
+        let obj: Map<String, Value> = match body {
+            Some(b) => serde_json::from_str(b)
+                .map_err(|e| format!("its `body` is not a JSON object: {e}"))?,
+            None => obj,
+        };
+        if obj.get("kind").and_then(Value::as_str) != Some("checkpoint") {
+            // An export of every record line holds the checkpoints among the rest.
+            if exported {
+                return Ok(None);
+            }
+            return Err("not a `checkpoint` line".into());
+        }
+        let (seq, content) = signed_content(&obj).ok_or_else(|| {
+            "a checkpoint without a numeric `seq` and string `prev`, `at` and `reason`".to_owned()
+        })?;
+        if let Some(key) = trusted
+            && let Some(why) = not_signed_by(&obj, key)
+        {
+            return Err(format!("the checkpoint at seq {seq}: {why}"));
+        }
+        Ok(Some((seq, content)))
     }
 }
 
@@ -372,14 +468,11 @@ pub fn verify_files(
         let kind = text("kind").unwrap_or("");
         let line_prev = text("prev");
         let hash = line_hash(&line.bytes);
-        if let Some(want) = witness.and_then(|w| w.checkpoints.get(&seq)) {
-            if *want != hash {
-                report.broken = Some(broken(
-                    seq,
-                    format!(
-                        "seq {seq} differs from the witnessed checkpoint at seq {seq}: the record was rewritten up to here (and re-signed, if its signatures verify)"
-                    ),
-                ));
+        if let Some(w) = witness
+            && let Some(held) = w.checkpoints.get(&seq)
+        {
+            if let Some(reason) = witness_fault(w, held, seq, &obj, kind) {
+                report.broken = Some(broken(seq, reason));
                 break;
             }
             report.witnessed += 1;
@@ -514,6 +607,54 @@ pub fn verify_files(
         prev = Some((hash, seq));
     }
     Ok(report)
+}
+
+/// Whether the record's line at `seq` (`obj`, of `kind`) is the checkpoint the witness holds
+/// at `seq` (`held`: each different one, by signed content), and if not, why not.
+fn witness_fault(
+    witness: &Witness,
+    held: &[Witnessed],
+    seq: u64,
+    obj: &Map<String, Value>,
+    kind: &str,
+) -> Option<String> {
+    let mine = (kind == "checkpoint")
+        .then(|| signed_content(obj))
+        .flatten()
+        .map(|(_, c)| c);
+    let matching = held.iter().find(|h| Some(&h.content) == mine.as_ref());
+    let named = |h: &Witnessed| {
+        let lines: Vec<String> = h.lines.iter().map(usize::to_string).collect();
+        format!(
+            "witness line{} {}",
+            if lines.len() == 1 { "" } else { "s" },
+            lines.join(", ")
+        )
+    };
+    match held {
+        [_] if matching.is_some() => None,
+        [one] => Some(format!(
+            "seq {seq} differs from the witnessed checkpoint at seq {seq} ({}): the record was rewritten up to here (and re-signed, if its signatures verify)",
+            named(one)
+        )),
+        _ => {
+            let all: Vec<String> = held.iter().map(named).collect();
+            let whose = if witness.checked {
+                "each signed by the trusted key: that key signed two histories (it was used by someone else)"
+            } else {
+                "not checked against a key (no trusted --public-key): a line anyone appended cannot be told from the genuine one; pass --public-key with a copy of the key kept elsewhere"
+            };
+            let record = match matching {
+                Some(h) => format!("the record's line matches {}", named(h)),
+                None => "the record's line matches none of them".to_owned(),
+            };
+            Some(format!(
+                "the witness holds {} different checkpoints at seq {seq} ({}), {whose}; {record}",
+                held.len(),
+                all.join("; ")
+            ))
+        }
+    }
 }
 
 /// The newest `checkpoint` line of the record at `path` (its rotated files too), as written:
@@ -779,6 +920,108 @@ mod tests {
                 assert_ne!(std::fs::metadata(&f).expect("meta").ino(), ino, "{f:?}");
             }
         }
+    }
+
+    /// The record's checkpoint lines, re-serialized (keys sorted, other spacing) as a JSON
+    /// pipeline would hand them on.
+    fn reserialized_checkpoints(path: &Path) -> Vec<String> {
+        lines(path)
+            .iter()
+            .filter(|l| l.contains("\"kind\":\"checkpoint\""))
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).expect("json");
+                let sorted: std::collections::BTreeMap<String, Value> =
+                    serde_json::from_value(v).expect("object");
+                serde_json::to_string_pretty(&sorted)
+                    .expect("json")
+                    .replace('\n', " ")
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn forged_witness_lines_are_skipped_with_the_key_and_re_serialized_ones_match() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = written(dir.path(), None).await;
+        let mut witness_lines = reserialized_checkpoints(&path);
+        assert_eq!(witness_lines.len(), 2);
+        assert!(!lines(&path).contains(&witness_lines[0]), "re-serialized");
+        // Forged: seq 8 with another `at`, unsigned; signed by another key; and garbage.
+        let genuine: Value = serde_json::from_str(&witness_lines[0]).expect("json");
+        let mut forged = genuine.clone();
+        forged["at"] = Value::String("1999-01-01T00:00:00Z".into());
+        forged["signature"] = Value::String("00".repeat(64));
+        witness_lines.push(forged.to_string());
+        let other = key(8);
+        let mut foreign = genuine.clone();
+        foreign["publicKey"] = Value::String(hex(other.verifying_key().as_bytes()));
+        witness_lines.push(foreign.to_string());
+        witness_lines.push("not json".into());
+        let witness_path = dir.path().join("w.jsonl");
+        write(&witness_path, &witness_lines);
+        let k = given(&key(7));
+        let w = Witness::read(&witness_path, Some(&k)).expect("read");
+        assert!(w.checked);
+        assert_eq!(w.skipped_count, 3, "{:?}", w.skipped);
+        assert_eq!(
+            w.skipped.iter().map(|s| s.line).collect::<Vec<_>>(),
+            vec![3, 4, 5]
+        );
+        assert!(
+            w.skipped[0].reason.contains("does not verify"),
+            "{:?}",
+            w.skipped
+        );
+        assert!(
+            w.skipped[1].reason.contains("not the trusted key"),
+            "{:?}",
+            w.skipped
+        );
+        let r = verify_witnessed(&path, Some((&k, "k.pub".into())), Some(&w)).expect("verify");
+        assert!(r.ok(), "{r:?}");
+        assert_eq!(r.witnessed, 2);
+        // Without the key, the forged line counts: a conflict at seq 8, fail closed, naming
+        // the line the record matches.
+        let w = Witness::read(&witness_path, None).expect("read");
+        assert!(!w.checked);
+        assert_eq!(w.skipped_count, 1, "only the garbage: {:?}", w.skipped);
+        let r = verify_witnessed(&path, None, Some(&w)).expect("verify");
+        let b = r.broken.expect("conflict");
+        assert_eq!(b.seq, 8, "{b:?}");
+        assert!(
+            b.reason.contains("2 different checkpoints at seq 8")
+                && b.reason
+                    .contains("the record's line matches witness lines 1, 4")
+                && b.reason.contains("witness line 3")
+                && b.reason.contains("--public-key"),
+            "{b:?}"
+        );
+        // Two lines both signed by the trusted key that differ: the key signed two histories.
+        let sk = key(7);
+        let mut resigned = genuine.clone();
+        resigned["at"] = Value::String("2000-01-01T00:00:00Z".into());
+        let message = checkpoint_message(
+            8,
+            genuine["prev"].as_str().expect("prev"),
+            "2000-01-01T00:00:00Z",
+            genuine["reason"].as_str().expect("reason"),
+        );
+        resigned["signature"] =
+            Value::String(hex(&ed25519_dalek::Signer::sign(&sk, &message).to_bytes()));
+        write(
+            &witness_path,
+            &[witness_lines[0].clone(), resigned.to_string()],
+        );
+        let w = Witness::read(&witness_path, Some(&k)).expect("read");
+        assert_eq!(w.skipped_count, 0);
+        let r = verify_witnessed(&path, Some((&k, "k.pub".into())), Some(&w)).expect("verify");
+        let b = r.broken.expect("two histories");
+        assert!(
+            b.reason.contains("signed two histories")
+                && b.reason
+                    .contains("the record's line matches witness line 1"),
+            "{b:?}"
+        );
     }
 
     #[tokio::test]

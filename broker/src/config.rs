@@ -908,6 +908,12 @@ struct RawConfig {
     /// Each signed checkpoint is handed to this program on stdin (argv, no shell).
     #[serde(default)]
     witness_command: Vec<String>,
+    /// The whole environment `witness_command` gets besides `PATH`, `LANG`, `HOME`.
+    #[serde(default)]
+    witness_env: BTreeMap<String, String>,
+    /// How long one run of `witness_command` may take (default 10 s).
+    #[serde(default)]
+    witness_command_timeout_seconds: Option<u64>,
     #[serde(default)]
     max_bridges_per_turn: Option<usize>,
     #[serde(default)]
@@ -979,8 +985,9 @@ pub struct Config {
     pub record_rotate_age: Option<Duration>,
     /// Where each signed checkpoint is also appended, for `records verify --witness`.
     pub witness_file: Option<PathBuf>,
-    /// A program each signed checkpoint is handed to (its stdin), off the call path.
-    pub witness_command: Vec<String>,
+    /// A program each signed checkpoint is handed to (its stdin), off the call path, with its
+    /// declared environment (`witness_env`) and time limit.
+    pub witness_command: crate::witness::WitnessCommand,
     /// Most bridges (shim connections) one turn may have open at once.
     pub max_bridges_per_turn: usize,
     /// Bridge connections one turn may make per minute (a burst of as many, then one every
@@ -1067,6 +1074,16 @@ impl Config {
                 })?;
             }
         }
+        crate::child::check_env(
+            "witness_env",
+            raw.witness_env
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        )
+        .map_err(|detail| ConfigError::Parse {
+            path: shown.clone(),
+            detail,
+        })?;
         if raw.secret_command.as_ref().is_some_and(Vec::is_empty) {
             return Err(ConfigError::Parse {
                 path: shown,
@@ -1157,7 +1174,14 @@ impl Config {
                 .filter(|s| *s > 0)
                 .map(Duration::from_secs),
             witness_file: raw.witness_file.as_deref().map(rel),
-            witness_command: raw.witness_command,
+            witness_command: crate::witness::WitnessCommand {
+                argv: raw.witness_command,
+                env: raw.witness_env,
+                timeout: raw
+                    .witness_command_timeout_seconds
+                    .filter(|s| *s > 0)
+                    .map_or(crate::witness::WITNESS_COMMAND_TIMEOUT, Duration::from_secs),
+            },
             record: rel(&raw.record),
             record_sync: raw.record_sync,
             policy: rel(&raw.policy),
@@ -1278,7 +1302,7 @@ impl Config {
             record_rotate_bytes: None,
             record_rotate_age: None,
             witness_file: None,
-            witness_command: Vec::new(),
+            witness_command: crate::witness::WitnessCommand::default(),
             record_sync: RecordSync::Always,
             policy: dir.join("policy.cedar"),
             schema: None,

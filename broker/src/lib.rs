@@ -45,6 +45,7 @@ pub mod beneath;
 pub mod bridge;
 pub mod budget;
 pub mod chain;
+pub mod child;
 pub mod config;
 pub mod control;
 pub mod error;

@@ -349,8 +349,8 @@ impl CommandStore {
         };
         let outcome = tokio::time::timeout(self.timeout, read).await;
         let kill_group = || {
-            if let Some(pid) = pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
-                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            if let Some(pid) = pid {
+                crate::child::kill_group(pid);
             }
         };
         match outcome {

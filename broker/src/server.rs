@@ -262,7 +262,7 @@ pub async fn start(
         b.root.cancel();
         // The witness gets the last checkpoint before the process exits.
         if let Some(witness) = b.kernel.recorder.witness().cloned() {
-            let within = crate::witness::WITNESS_COMMAND_TIMEOUT + Duration::from_secs(1);
+            let within = witness.command_timeout() + Duration::from_secs(1);
             let _ = tokio::task::spawn_blocking(move || witness.drain(within)).await;
         }
         // Telemetry last: every call's span is queued by now; the thread exports what is left.

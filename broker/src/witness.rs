@@ -10,13 +10,17 @@
 //!   broker can add lines but not change or remove them.
 //! - `witness_command`: the program (argv, no shell) runs once per checkpoint with the line on
 //!   its stdin (e.g. a script posting it to object storage or a transparency log); exit 0 is
-//!   success. It is killed after [`WITNESS_COMMAND_TIMEOUT`]; its output is discarded.
+//!   success. It gets a clean environment (`PATH`, `LANG`, `HOME` and what `witness_env`
+//!   declares: none of the broker's own) and a process group of its own, killed whole after
+//!   `witness_command_timeout_seconds` (default [`WITNESS_COMMAND_TIMEOUT`]) and when it exits
+//!   (what it left running goes with it); see [`crate::child`]. Its output is discarded.
 //!
 //! Neither is on the call path: the record hands the line to a bounded queue
 //! ([`WITNESS_QUEUE`] lines, `try_send`) and a thread of its own does the rest. A full queue,
 //! a failed append, a command that fails or hangs: each is counted ([`WitnessStats`], shown by
 //! `sharedos-broker telemetry`) and logged, and never delays or fails a call or a line.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -27,7 +31,8 @@ use std::time::{Duration, Instant};
 
 /// Checkpoint lines waiting for the witness thread; one more is dropped (and counted).
 pub const WITNESS_QUEUE: usize = 256;
-/// A `witness_command` still running after this long is killed and counted as failed.
+/// A `witness_command` still running after this long is killed and counted as failed (the
+/// default of `witness_command_timeout_seconds`).
 pub const WITNESS_COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the witness thread looks whether a running command has ended.
 const COMMAND_POLL: Duration = Duration::from_millis(10);
@@ -51,23 +56,34 @@ pub struct WitnessStats {
 #[derive(Clone, Default)]
 pub struct Witness {
     inner: Option<(SyncSender<Vec<u8>>, Arc<WitnessStats>)>,
+    timeout: Duration,
+}
+
+/// `witness_command` as configured: its argv, its declared environment, its time limit.
+#[derive(Debug, Clone, Default)]
+pub struct WitnessCommand {
+    pub argv: Vec<String>,
+    /// `witness_env`: all the environment it gets besides `PATH`, `LANG` and `HOME`.
+    pub env: BTreeMap<String, String>,
+    pub timeout: Duration,
 }
 
 struct Worker {
     rx: Receiver<Vec<u8>>,
     file: Option<PathBuf>,
-    command: Vec<String>,
+    command: WitnessCommand,
     stats: Arc<WitnessStats>,
 }
 
 impl Witness {
-    /// Starts the witness thread if `file` or `command` is set.
-    pub fn start(file: Option<PathBuf>, command: Vec<String>) -> std::io::Result<Self> {
-        if file.is_none() && command.is_empty() {
+    /// Starts the witness thread if `file` or a command is set.
+    pub fn start(file: Option<PathBuf>, command: WitnessCommand) -> std::io::Result<Self> {
+        if file.is_none() && command.argv.is_empty() {
             return Ok(Self::default());
         }
         let (tx, rx) = std::sync::mpsc::sync_channel(WITNESS_QUEUE);
         let stats = Arc::new(WitnessStats::default());
+        let timeout = command.timeout;
         let worker = Worker {
             rx,
             file,
@@ -79,7 +95,13 @@ impl Witness {
             .spawn(move || worker.run())?;
         Ok(Self {
             inner: Some((tx, stats)),
+            timeout,
         })
+    }
+
+    /// How long one run of the command may take (zero without a command).
+    pub fn command_timeout(&self) -> Duration {
+        self.timeout
     }
 
     pub fn enabled(&self) -> bool {
@@ -154,12 +176,12 @@ impl Worker {
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(witness_file = %path.display(), error = %e, "could not append a checkpoint to the witness file");
             }
-            if !self.command.is_empty()
+            if !self.command.argv.is_empty()
                 && let Err(e) = run_command(&self.command, &line)
             {
                 ok = false;
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(witness_command = ?self.command, error = %e, "the witness command failed");
+                tracing::error!(witness_command = ?self.command.argv, error = %e, "the witness command failed");
             }
             if ok {
                 self.stats.witnessed.fetch_add(1, Ordering::Relaxed);
@@ -185,32 +207,53 @@ fn append(path: &std::path::Path, line: &[u8]) -> std::io::Result<()> {
     file.sync_data()
 }
 
-/// Runs the command with `line` and a newline on its stdin; waits at most
-/// [`WITNESS_COMMAND_TIMEOUT`] for it to exit 0.
-fn run_command(argv: &[String], line: &[u8]) -> std::io::Result<()> {
-    let (program, args) = argv
+/// Runs the command with `line` and a newline on its stdin, in a clean environment and a
+/// process group of its own; waits at most its timeout for it to exit 0. The group is killed
+/// whole when the command ends or times out: nothing it started outlives the run.
+fn run_command(command: &WitnessCommand, line: &[u8]) -> std::io::Result<()> {
+    let (program, args) = command
+        .argv
         .split_first()
         .ok_or_else(|| std::io::Error::other("empty witness_command"))?;
-    let mut child = Command::new(program)
-        .args(args)
+    let mut cmd = Command::new(program);
+    cmd.args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let deadline = Instant::now() + WITNESS_COMMAND_TIMEOUT;
+        .stderr(Stdio::null());
+    crate::child::clean_env(
+        &mut cmd,
+        crate::child::CLEAN_HOME,
+        command.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+    );
+    crate::child::own_group(&mut cmd);
+    let mut child = cmd.spawn()?;
+    let pgid = child.id();
+    let end = |child: &mut std::process::Child| {
+        crate::child::kill_group(pgid);
+        let _ = child.wait();
+    };
+    let deadline = Instant::now() + command.timeout;
     // The line is small (well under a pipe's buffer): this write does not wait for the reader.
     if let Some(mut stdin) = child.stdin.take() {
         let mut whole = Vec::with_capacity(line.len() + 1);
         whole.extend_from_slice(line);
         whole.push(b'\n');
         if let Err(e) = stdin.write_all(&whole) {
-            let _ = child.kill();
-            let _ = child.wait();
+            end(&mut child);
             return Err(e);
         }
     }
     loop {
-        if let Some(status) = child.try_wait()? {
+        let status = match child.try_wait() {
+            Ok(s) => s,
+            Err(e) => {
+                end(&mut child);
+                return Err(e);
+            }
+        };
+        if let Some(status) = status {
+            // What it left running in its group goes with it.
+            crate::child::kill_group(pgid);
             return if status.success() {
                 Ok(())
             } else {
@@ -218,11 +261,10 @@ fn run_command(argv: &[String], line: &[u8]) -> std::io::Result<()> {
             };
         }
         if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
+            end(&mut child);
             return Err(std::io::Error::other(format!(
-                "still running after {} s: killed",
-                WITNESS_COMMAND_TIMEOUT.as_secs()
+                "still running after {} s: killed with its process group",
+                command.timeout.as_secs_f64()
             )));
         }
         std::thread::sleep(COMMAND_POLL);

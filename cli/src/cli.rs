@@ -279,9 +279,11 @@ pub enum RecordsCommand {
         /// Check the record against a witness: a file of checkpoints the broker handed out as
         /// it signed them (its `witness_file`, what `witness_command` or the OpenTelemetry log
         /// export received, or `records checkpoint --json` output), one JSON object per line.
-        /// Every witnessed checkpoint must be in the record with the same hash, and the record
-        /// must reach the newest of them: a cut at the end or a rewrite re-signed with a stolen
-        /// key is reported as broken, naming the seq.
+        /// Every witnessed checkpoint must be in the record with the same signed content (RFC
+        /// 8785: spacing and key order do not matter), and the record must reach the newest of
+        /// them: a cut at the end or a rewrite re-signed with a stolen key is reported as broken,
+        /// naming the seq. With --public-key (kept outside the record's folder), witness lines
+        /// not signed by that key are reported by line number and skipped.
         #[arg(long, value_name = "FILE")]
         witness: Option<PathBuf>,
         /// Print the report as JSON.
@@ -1551,9 +1553,16 @@ fn records_verify(
         .as_deref()
         .map(|p| chain::read_public_key(p).map(|k| (k, p.display().to_string())))
         .transpose()?;
+    // Witness lines are checked against a key the caller holds: a key the record names, or one
+    // beside it, is the one a rewriter of the record would replace, so it would let them skip
+    // the genuine witnessed lines as "wrongly signed".
+    let trusted = key
+        .as_ref()
+        .filter(|_| public_key.is_some_and(|p| !in_record_folder(p, &record)))
+        .map(|(k, _)| k);
     let witness = witness
         .map(|w| {
-            chain::Witness::read(w)
+            chain::Witness::read(w, trusted)
                 .with_context(|| format!("cannot read witness `{}`", w.display()))
                 .map(|read| (w, read))
         })
@@ -1630,6 +1639,13 @@ fn records_verify(
                 "witness": witness.as_ref().map(|(p, _)| p),
                 "witnessed": report.witnessed,
                 "witnessNewest": report.witness_newest,
+                "witnessChecked": witness.as_ref().map(|(_, w)| w.checked),
+                "witnessSkipped": witness.as_ref().map(|(_, w)| w.skipped_count),
+                "witnessSkippedLines": witness.as_ref().map(|(_, w)| w
+                    .skipped
+                    .iter()
+                    .map(|s| serde_json::json!({"line": s.line, "reason": s.reason}))
+                    .collect::<Vec<_>>()),
                 "cutUndetectable": cut_note,
                 "warnings": warnings,
                 "broken": broken,
@@ -1669,7 +1685,7 @@ fn records_verify(
         }
         if let Some((path, w)) = &witness {
             outln!(
-                "witness `{}`: {} of its {} checkpoints found in the record with the same hash; the newest it holds is seq {}",
+                "witness `{}`: {} of its {} checkpoints found in the record with the same signed content; the newest it holds is seq {}",
                 path.display(),
                 report.witnessed,
                 w.checkpoints.len(),
@@ -1677,6 +1693,27 @@ fn records_verify(
                     .witness_newest
                     .map_or("-".to_owned(), |s| s.to_string())
             );
+            if w.checked {
+                outln!(
+                    "witness lines checked against the key from {}: {} skipped",
+                    public_key
+                        .map(Path::display)
+                        .map_or(String::new(), |p| p.to_string()),
+                    w.skipped_count
+                );
+            } else {
+                outln!(
+                    "witness lines not checked against a key (no --public-key kept outside the record's folder): a checkpoint line anyone appended to the witness cannot be told from a genuine one; {} lines skipped",
+                    w.skipped_count
+                );
+            }
+            for s in &w.skipped {
+                outln!("  skipped witness line {}: {}", s.line, s.reason);
+            }
+            let unlisted = w.skipped_count.saturating_sub(w.skipped.len() as u64);
+            if unlisted > 0 {
+                outln!("  ... and {unlisted} more skipped witness lines");
+            }
         }
         match &report.broken {
             Some(b) => outln!(

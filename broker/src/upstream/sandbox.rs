@@ -37,9 +37,10 @@ pub const LAUNCHER_ERROR_WAIT: std::time::Duration = std::time::Duration::from_m
 pub const LAUNCHER_ENV: &str = "SHAREDOS_SANDBOX_LAUNCHER";
 /// The environment every sandboxed upstream gets, before its declared `env` (which may replace
 /// them).
-pub const SANDBOX_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
-pub const SANDBOX_LANG: &str = "C.UTF-8";
-pub const DEFAULT_HOME: &str = "/nonexistent";
+/// (The same as every helper program's: [`crate::child`].)
+pub const SANDBOX_PATH: &str = crate::child::CLEAN_PATH;
+pub const SANDBOX_LANG: &str = crate::child::CLEAN_LANG;
+pub const DEFAULT_HOME: &str = crate::child::CLEAN_HOME;
 /// Default limits (each configurable in `[providers.sandbox]`).
 pub const DEFAULT_MEMORY_MB: u64 = 2048;
 pub const DEFAULT_PROCESSES: u64 = 512;

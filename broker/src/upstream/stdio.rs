@@ -27,10 +27,8 @@ impl Group {
 impl Drop for Group {
     fn drop(&mut self) {
         if let Some(pid) = self.0 {
-            if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
-                // Gone already (ESRCH) is fine.
-                let _ = rustix::process::kill_process_group(p, rustix::process::Signal::KILL);
-            }
+            // Gone already (ESRCH) is fine.
+            crate::child::kill_group(pid);
             crate::lineage::remove(pid);
         }
     }
@@ -61,20 +59,19 @@ impl McpProvider {
                 cmd.arg(sandbox::SUBCOMMAND)
                     .arg(plan_json)
                     .arg(command)
-                    .env_clear()
-                    .env("PATH", sandbox::SANDBOX_PATH)
-                    .env("LANG", sandbox::SANDBOX_LANG)
-                    .env(
-                        "HOME",
-                        match &self.config.sandbox {
-                            crate::config::SandboxSetting::On(sb) => sb.home.as_deref(),
-                            crate::config::SandboxSetting::Off(_) => None,
-                        }
-                        // An instance of its own: its own folder, where it may keep files.
-                        .or(launch.write_folders.first().map(|(_, own)| own.as_str()))
-                        .unwrap_or(sandbox::DEFAULT_HOME),
-                    )
                     .current_dir("/");
+                // Then the declared `env` (below), which may replace PATH, LANG and HOME.
+                crate::child::clean_env(
+                    cmd.as_std_mut(),
+                    match &self.config.sandbox {
+                        crate::config::SandboxSetting::On(sb) => sb.home.as_deref(),
+                        crate::config::SandboxSetting::Off(_) => None,
+                    }
+                    // An instance of its own: its own folder, where it may keep files.
+                    .or(launch.write_folders.first().map(|(_, own)| own.as_str()))
+                    .unwrap_or(sandbox::DEFAULT_HOME),
+                    std::iter::empty(),
+                );
                 cmd
             }
         };

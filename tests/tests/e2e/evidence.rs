@@ -278,6 +278,97 @@ async fn a_witness_catches_cuts_at_the_end_and_a_rewrite_resigned_with_the_stole
     assert_eq!(v["unsignedTail"], 0);
 }
 
+/// A witness poisoned (a forged checkpoint line appended, unsigned by the key) and carried
+/// through a JSON pipeline (every genuine line re-serialized by Python with sorted keys and
+/// other spacing): with the trusted key, the genuine record verifies and the forged line is
+/// named and skipped; without it, the conflict fails closed and says which line the record
+/// matches.
+#[tokio::test]
+async fn a_forged_witness_line_is_named_and_skipped_and_re_serialized_checkpoints_match() {
+    let safe = tempfile::tempdir().expect("tmp");
+    let witness = safe.path().join("witness.jsonl");
+    let mut broker = witnessed(&witness, "").await;
+    let record = broker.record_path();
+    turn(&broker).await;
+    broker.stop().await;
+    broker.restart().await;
+    turn(&broker).await;
+    broker.stop().await;
+    let genuine = lines(&witness);
+    assert_eq!(genuine.len(), 2, "one checkpoint per shutdown: {genuine:?}");
+    let first_cp = seq_of(&genuine[0]);
+    // Re-serialized by another program: sorted keys, other separators, one object a line.
+    let carried = safe.path().join("carried.jsonl");
+    let script = r#"
+import json, sys
+out = open(sys.argv[2], "w")
+for l in open(sys.argv[1]):
+    out.write(json.dumps(json.loads(l), sort_keys=True, separators=(" ,  ", " : ")) + "\n")
+"#;
+    let mut cmd = std::process::Command::new("python3");
+    cmd.args(["-c", script]).arg(&witness).arg(&carried);
+    let (code, out, err) = run(cmd).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let mut carried_lines = lines(&carried);
+    assert_eq!(carried_lines.len(), 2);
+    for (c, g) in carried_lines.iter().zip(&genuine) {
+        assert_ne!(c, g, "re-serialized: other bytes");
+        assert_eq!(seq_of(c), seq_of(g));
+    }
+    // Forged: the first checkpoint with another time, its signature kept (no longer valid).
+    let mut forged: Value = serde_json::from_str(&genuine[0]).expect("json");
+    forged["at"] = json!("2020-01-01T00:00:00.000Z");
+    carried_lines.push(forged.to_string());
+    write_lines(&carried, &carried_lines);
+    let public = safe.path().join("record.pub");
+    std::fs::copy(format!("{}.key.pub", record.display()), &public).expect("copy pub");
+    let public_s = public.display().to_string();
+    let carried_s = carried.display().to_string();
+
+    let (code, out, err) = verify(
+        &record,
+        &["--public-key", &public_s, "--witness", &carried_s],
+    )
+    .await;
+    assert_eq!(code, 0, "the genuine record verifies: {out}{err}");
+    assert!(out.contains("2 of its 2 checkpoints found"), "{out}");
+    assert!(out.contains(": 1 skipped"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "skipped witness line 3: the checkpoint at seq {first_cp}: its signature does not verify under the trusted key"
+        )),
+        "the forged line is named: {out}"
+    );
+    let (code, out, err) = verify(
+        &record,
+        &["--json", "--public-key", &public_s, "--witness", &carried_s],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let v: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["witnessChecked"], true);
+    assert_eq!(v["witnessSkipped"], 1);
+    assert_eq!(v["witnessSkippedLines"][0]["line"], 3);
+    assert_eq!(v["witnessed"], 2);
+
+    // Without a trusted key the forged line cannot be told apart: fail closed, saying which
+    // line the record matches and what to pass.
+    let (code, out, _) = verify(&record, &["--witness", &carried_s]).await;
+    assert_eq!(code, 3, "{out}");
+    assert!(
+        out.contains(&format!(
+            "BROKEN at seq {first_cp}: the witness holds 2 different checkpoints at seq {first_cp}"
+        )) && out.contains("the record's line matches witness line 1")
+            && out.contains("not checked against a key"),
+        "{out}"
+    );
+    // Without the forged line and without a key, the re-serialized witness still matches.
+    write_lines(&carried, &carried_lines[..2]);
+    let (code, out, _) = verify(&record, &["--witness", &carried_s]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("2 of its 2 checkpoints found"), "{out}");
+}
+
 #[tokio::test]
 async fn with_a_witness_deleting_the_newest_rotated_files_is_broken() {
     let safe = tempfile::tempdir().expect("tmp");
@@ -310,6 +401,121 @@ async fn with_a_witness_deleting_the_newest_rotated_files_is_broken() {
         out.contains(&format!("BROKEN at seq {newest_witnessed}")) && out.contains("were cut"),
         "{out}"
     );
+}
+
+/// `witness_command` under a broker whose environment holds a secret
+/// (`OTEL_EXPORTER_OTLP_HEADERS`): the command sees only `PATH`, `LANG`, `HOME` and what
+/// `witness_env` declares; it leaves a `sleep` child and hangs, and at its timeout (1 s here)
+/// its whole process group is killed, the child with it.
+#[tokio::test]
+async fn a_witness_command_gets_only_its_declared_env_and_its_children_die_with_it() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let env_file = dir.path().join("env.txt");
+    let pid_file = dir.path().join("child.pid");
+    let script = format!(
+        "tr '\\0' '\\n' < /proc/$$/environ > {env}; sleep 300 & [ -e {pid} ] || echo $! > {pid}; wait",
+        env = env_file.display(),
+        pid = pid_file.display()
+    );
+    let config = crate::kit::write_config(
+        dir.path(),
+        &Options {
+            top: format!(
+                "witness_command = [\"/bin/sh\", \"-c\", {script:?}]\n\
+                 witness_env = {{ WITNESS_TOKEN = \"declared\" }}\n\
+                 witness_command_timeout_seconds = 1\n\
+                 record_rotate_bytes = 1000\n"
+            ),
+            ..Options::default()
+        },
+    );
+    let run_dir = dir.path().join("run");
+    let mut serve = tokio::process::Command::new(bin("sharedos-broker"));
+    serve
+        .args(["serve", "--runtime-dir"])
+        .arg(&run_dir)
+        .arg("--config")
+        .arg(&config)
+        .env(
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "authorization=Bearer broker-secret",
+        )
+        .env("SHAREDOS_CANARY", "broker-only")
+        .kill_on_drop(true)
+        .stderr(std::process::Stdio::null());
+    let mut broker = serve.spawn().expect("serve");
+    crate::kit::eventually("the broker serves", || {
+        sharedos_ipc::runtime::bridge_socket(&run_dir).exists()
+    })
+    .await;
+    // Turns opened until the record rotates: its rotation checkpoint is witnessed.
+    let ran = || {
+        std::fs::read_to_string(&pid_file).is_ok_and(|p| p.trim().parse::<u32>().is_ok())
+            && std::fs::read_to_string(&env_file).is_ok_and(|e| e.contains("PATH="))
+    };
+    let mut turns = 0;
+    while !ran() {
+        assert!(turns < 40, "no witness run after {turns} turns");
+        let mut open = std::process::Command::new(bin("sharedos-broker"));
+        open.args(["turn", "open", "--principal", "alice", "--runtime-dir"])
+            .arg(&run_dir);
+        let (code, _, err) = run(open).await;
+        assert_eq!(code, 0, "{err}");
+        turns += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .expect("pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    let mut env: Vec<String> = std::fs::read_to_string(&env_file)
+        .expect("env")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    env.sort();
+    assert_eq!(
+        env,
+        [
+            "HOME=/nonexistent",
+            "LANG=C.UTF-8",
+            "PATH=/usr/local/bin:/usr/bin:/bin",
+            "WITNESS_TOKEN=declared",
+        ],
+        "only the declared environment"
+    );
+    // The sleeping child: gone (or dead, not yet reaped) once the 1 s timeout killed the group,
+    // long before its 300 s.
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
+        })
+    };
+    let started = std::time::Instant::now();
+    while alive(pid) {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "the witness command's child {pid} outlived the command's timeout"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Counted as failed (timed out), never witnessed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let mut telemetry = std::process::Command::new(bin("sharedos-broker"));
+        telemetry.args(["telemetry", "--runtime-dir"]).arg(&run_dir);
+        let (code, out, err) = run(telemetry).await;
+        assert_eq!(code, 0, "{err}");
+        if out.contains(" 0 witnessed, ") && !out.contains(" 0 failed") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not counted: {out}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    broker.start_kill().expect("kill");
+    let _ = broker.wait().await;
 }
 
 /// The witness stats of a running broker (`telemetry`).
