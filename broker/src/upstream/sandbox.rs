@@ -779,3 +779,58 @@ fn ruleset(plan: &Plan) -> Result<landlock::RulesetCreated, String> {
     }
     Ok(created)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(path: &Path, access: &str, origin: &str) -> Rule {
+        Rule {
+            path: path.display().to_string(),
+            access: access.into(),
+            origin: origin.into(),
+        }
+    }
+
+    /// A rule reaches a protected file when it is the file, a folder above it (`/` too), or a
+    /// folder inside a protected folder; links and `..` are resolved first; a sibling does not.
+    #[test]
+    fn a_rule_that_reaches_a_brokers_file_is_named() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("conf/secrets/alice")).expect("mkdir");
+        std::fs::create_dir_all(d.join("up")).expect("mkdir");
+        std::fs::write(d.join("conf/broker.toml"), "").expect("w");
+        std::os::unix::fs::symlink(d.join("conf"), d.join("link")).expect("link");
+        let protected = vec![
+            ("the config".to_owned(), d.join("conf/broker.toml")),
+            ("the secrets folder".to_owned(), d.join("conf/secrets")),
+            ("the record".to_owned(), d.join("conf/not-yet/record.jsonl")),
+        ];
+        let said = |p: PathBuf, origin: &str| exposure(&[rule(&p, "read", origin)], &protected);
+        for (p, what) in [
+            (d.join("conf/broker.toml"), "the config"),
+            (d.join("conf"), "the config"),
+            (PathBuf::from("/"), "the config"),
+            (d.join("link"), "the config"),
+            (d.join("up/../conf"), "the config"),
+            (d.join("conf/secrets/alice"), "the secrets folder"),
+            (d.join("conf/not-yet"), "the record"),
+        ] {
+            let e = said(p.clone(), ORIGIN_CONFIG).unwrap_or_default();
+            assert!(
+                e.contains(&format!(
+                    "read rule `{}` (config) would expose {what}",
+                    p.display()
+                )),
+                "{p:?}: {e}"
+            );
+        }
+        assert_eq!(said(d.join("up"), ORIGIN_COMMAND), None);
+        let e = said(d.join("conf"), ORIGIN_COMMAND).unwrap_or_default();
+        assert!(
+            e.contains("(command folder)") && e.contains("folder of its own"),
+            "{e}"
+        );
+    }
+}

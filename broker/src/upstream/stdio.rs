@@ -159,6 +159,7 @@ impl McpProvider {
         if let Some(st) = exited {
             out.push_str(&match (st.code(), st.signal()) {
                 (Some(code), _) => format!("; the upstream exited with status {code}"),
+                (None, Some(9)) => "; the upstream ended by signal 9 (SIGKILL: the broker ends an upstream whose start failed, if it had not exited)".to_owned(),
                 (None, Some(sig)) => format!("; the upstream was killed by signal {sig}"),
                 _ => format!("; the upstream ended: {st}"),
             });
