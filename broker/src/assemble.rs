@@ -1,7 +1,7 @@
 //! The composition root: a config becomes a running kernel. The only module that names the
 //! concrete providers (files, brokered MCP); everything above gets a [`Kernel`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +31,9 @@ pub(crate) async fn build(
     config: &Config,
     root: &CancellationToken,
 ) -> Result<(Kernel, crate::record::Recovery), StartError> {
+    // No upstream's sandbox reaches the broker's own files (the runtime dir is checked by
+    // `server::start`, which knows it).
+    check_sandboxes(config, None)?;
     // Every name of the record's and its key's checked before any of them is made or touched.
     crate::record::check_files(&config.record, &config.record_signing_key)?;
     let policy = PolicyEngine::load(config.schema.as_deref(), &config.policy)?;
@@ -189,6 +192,75 @@ pub(crate) async fn build(
     kernel.budgets = crate::budget::Budgets::new(&config.budgets);
     kernel.approvals = crate::approval::Approvals::new(config.approval_timeout);
     Ok((kernel, recovery))
+}
+
+/// The broker's own files an upstream's sandbox must not reach: the config, the record (and
+/// every file named after it: its key, rotated parts), its signing key, the policy, the schema,
+/// the pins file, the witness file, the secrets folder and the runtime dir.
+pub fn protected_files(config: &Config, runtime_dir: Option<&Path>) -> Vec<(String, PathBuf)> {
+    let mut out: Vec<(String, PathBuf)> = Vec::new();
+    let source = Path::new(&config.source);
+    if source.exists() {
+        out.push(("the config".into(), source.to_path_buf()));
+    }
+    out.push(("the record".into(), config.record.clone()));
+    if let (Some(dir), Some(name)) = (config.record.parent(), config.record.file_name()) {
+        let prefix = format!("{}.", name.to_string_lossy());
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                out.push(("the record's file".into(), e.path()));
+            }
+        }
+    }
+    out.push((
+        "the record's signing key".into(),
+        config.record_signing_key.clone(),
+    ));
+    out.push(("the policy".into(), config.policy.clone()));
+    if let Some(p) = &config.schema {
+        out.push(("the policy schema".into(), p.clone()));
+    }
+    if let Some(p) = &config.pins {
+        out.push(("the pins file".into(), p.clone()));
+    }
+    if let Some(p) = &config.witness_file {
+        out.push(("the witness file".into(), p.clone()));
+    }
+    out.push((
+        "the secrets folder (secrets_dir)".into(),
+        config.secrets_dir.clone(),
+    ));
+    if let Some(dir) = runtime_dir {
+        out.push((
+            "the runtime dir (control.key, the sockets)".into(),
+            dir.to_path_buf(),
+        ));
+    }
+    out
+}
+
+/// Refuses, before anything is started, a brokered provider whose sandbox would reach one of the
+/// broker's own files ([`protected_files`]).
+pub fn check_sandboxes(config: &Config, runtime_dir: Option<&Path>) -> Result<(), StartError> {
+    let protected = protected_files(config, runtime_dir);
+    for provider in &config.providers {
+        let ProviderConfig::Mcp(cfg) = provider else {
+            continue;
+        };
+        crate::upstream::check_exposure(cfg, &config.base, &protected).map_err(|detail| {
+            StartError::Provider {
+                namespace: cfg.namespace.clone(),
+                config: config.source.clone(),
+                detail,
+            }
+        })?;
+    }
+    Ok(())
 }
 
 /// What the last broker left open when it stopped without closing: each call whose intent is on

@@ -197,6 +197,8 @@ pub async fn start(
     let uid = runtime::current_uid();
     // Before anything is made, read or written in it (the record and key may live there).
     let dir = check_runtime_dir(&runtime_dir)?;
+    // No upstream's sandbox may reach the broker's files, the runtime dir among them.
+    crate::assemble::check_sandboxes(&config, Some(&runtime_dir))?;
     raise_open_files_limit();
     let root = CancellationToken::new();
     // Until the broker is up, a failure stops the providers already started.

@@ -1281,14 +1281,28 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                         } else if let Some(e) = sb["unavailable"].as_str() {
                             outln!("  sandbox: unavailable: {e}");
                         } else if sb.is_object() {
-                            let list = |k: &str| {
-                                sb[k]
+                            // Each rule with where it came from (default, command folder,
+                            // interpreter, file_root, config), where the broker says.
+                            let list = |k: &str| match sb["rules"].as_array() {
+                                Some(rules) => rules
+                                    .iter()
+                                    .filter(|r| r["access"] == k)
+                                    .map(|r| {
+                                        format!(
+                                            "{} ({})",
+                                            r["path"].as_str().unwrap_or("?"),
+                                            r["origin"].as_str().unwrap_or("?")
+                                        )
+                                    })
+                                    .collect::<Vec<_>>()
+                                    .join(", "),
+                                None => sb[k]
                                     .as_array()
                                     .into_iter()
                                     .flatten()
                                     .filter_map(Value::as_str)
                                     .collect::<Vec<_>>()
-                                    .join(" ")
+                                    .join(" "),
                             };
                             let uid = if sb["ownUid"] == true {
                                 format!("uid {} gid {}", sb["uid"], sb["gid"])

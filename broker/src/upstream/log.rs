@@ -112,6 +112,30 @@ pub(super) fn upstream_text(text: &str) -> String {
     out
 }
 
+/// How many of an upstream's last stderr lines a failed start shows.
+pub const STDERR_TAIL_LINES: usize = 5;
+/// How much of each of those lines it shows.
+pub const STDERR_TAIL_BYTES: usize = 300;
+
+/// An upstream's last stderr lines (redacted, escaped, cut): what a failed start shows.
+#[derive(Default)]
+pub struct StderrTail(Mutex<std::collections::VecDeque<String>>);
+
+impl StderrTail {
+    fn push(&self, line: String) {
+        let mut t = crate::lock(&self.0);
+        if t.len() == STDERR_TAIL_LINES {
+            t.pop_front();
+        }
+        t.push_back(line);
+    }
+
+    /// The lines kept, oldest first.
+    pub fn lines(&self) -> Vec<String> {
+        crate::lock(&self.0).iter().cloned().collect()
+    }
+}
+
 /// Reads an upstream's stderr line by line, each into the log through `log` (at DEBUG), keeping at
 /// most [`MAX_UPSTREAM_LOG_BYTES`] of a line: a line without end is never buffered whole.
 /// The secret values given to the instance are replaced by their names first.
@@ -119,6 +143,7 @@ pub(super) async fn drain_stderr(
     stderr: impl tokio::io::AsyncRead + Unpin,
     log: Arc<UpstreamLog>,
     secrets: Arc<[(String, Secret)]>,
+    tail: Arc<StderrTail>,
 ) {
     use tokio::io::AsyncBufReadExt;
     let mut reader = tokio::io::BufReader::new(stderr);
@@ -139,17 +164,29 @@ pub(super) async fn drain_stderr(
         let used = part.len() + usize::from(ends);
         reader.consume(used);
         if ends {
-            stderr_line(&log, &line, &secrets);
+            stderr_line(&log, &line, &secrets, &tail);
             line.clear();
         }
     }
     if !line.is_empty() {
-        stderr_line(&log, &line, &secrets);
+        stderr_line(&log, &line, &secrets, &tail);
     }
 }
 
-fn stderr_line(log: &Arc<UpstreamLog>, line: &[u8], secrets: &[(String, Secret)]) {
+fn stderr_line(
+    log: &Arc<UpstreamLog>,
+    line: &[u8],
+    secrets: &[(String, Secret)],
+    tail: &StderrTail,
+) {
     let text = String::from_utf8_lossy(line);
+    {
+        let mut raw = text.clone().into_owned();
+        redact_with(secrets, &mut raw, &mut Default::default());
+        let mut shown = upstream_text(&raw);
+        sharedos_proto::name::clip(&mut shown, STDERR_TAIL_BYTES);
+        tail.push(shown);
+    }
     if let Some(e) = text.strip_prefix(super::sandbox::LAUNCHER_ERROR) {
         *log.launcher_error
             .lock()

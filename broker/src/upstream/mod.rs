@@ -653,6 +653,62 @@ impl ClientHandler for Listener {
     }
 }
 
+/// The folders a provider's templates name as `file_root`, and whether a template writes there.
+fn file_roots(config: &McpProviderConfig, base: &Path) -> Vec<(PathBuf, bool)> {
+    config
+        .tools
+        .values()
+        .filter_map(|t| {
+            let root = t.file_root.as_ref()?;
+            let root = if root.is_absolute() {
+                root.clone()
+            } else {
+                base.join(root)
+            };
+            Some((root, t.action == "write"))
+        })
+        .collect()
+}
+
+/// The `PATH` a provider declares for its upstream, if plain.
+fn sandbox_path(config: &McpProviderConfig) -> Option<&str> {
+    match config.env.get("PATH") {
+        Some(ConfigValue::Plain(path)) => Some(path.as_str()),
+        _ => None,
+    }
+}
+
+/// Refuses a sandboxed provider whose read or write rules (the defaults included) would reach
+/// one of the broker's own files (`protected`: what it is, and where), naming the rule, its
+/// origin and the file: Landlock cannot carve a file out of a rule.
+pub fn check_exposure(
+    config: &McpProviderConfig,
+    base: &Path,
+    protected: &[(String, PathBuf)],
+) -> Result<(), String> {
+    let crate::config::SandboxSetting::On(sb) = &config.sandbox else {
+        return Ok(());
+    };
+    if config.url.is_some() {
+        return Ok(());
+    }
+    // A configured path that does not exist is said at start, as before.
+    let Ok(rules) = sandbox::rules(
+        &config.namespace,
+        sb,
+        &config.command,
+        base,
+        sandbox_path(config),
+        &file_roots(config, base),
+    ) else {
+        return Ok(());
+    };
+    match sandbox::exposure(&rules, protected) {
+        Some(why) => Err(why),
+        None => Ok(()),
+    }
+}
+
 /// An upstream session, the tools it listed at start, and its list-changed announcements.
 struct Session {
     service: RunningService<RoleClient, Listener>,
@@ -685,33 +741,15 @@ impl McpProvider {
             // A remote provider runs no process of its own: nothing to wall in.
             _ if config.url.is_some() => None,
             crate::config::SandboxSetting::Off(_) => None,
-            crate::config::SandboxSetting::On(sb) => {
-                let roots: Vec<(PathBuf, bool)> = config
-                    .tools
-                    .values()
-                    .filter_map(|t| {
-                        let root = t.file_root.as_ref()?;
-                        let root = if root.is_absolute() {
-                            root.clone()
-                        } else {
-                            base.join(root)
-                        };
-                        Some((root, t.action == "write"))
-                    })
-                    .collect();
-                Some(sandbox::plan(
-                    &config.namespace,
-                    sb,
-                    &config.command,
-                    &base,
-                    match config.env.get("PATH") {
-                        Some(ConfigValue::Plain(path)) => Some(path.as_str()),
-                        _ => None,
-                    },
-                    &roots,
-                    sandbox::kernel_abi(),
-                ))
-            }
+            crate::config::SandboxSetting::On(sb) => Some(sandbox::plan(
+                &config.namespace,
+                sb,
+                &config.command,
+                &base,
+                sandbox_path(&config),
+                &file_roots(&config, &base),
+                sandbox::kernel_abi(),
+            )),
         };
         // A per-principal provider's instances: each under a uid of its own from its range (or
         // the broker's), where the broker is root.

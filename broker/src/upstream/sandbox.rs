@@ -97,6 +97,9 @@ pub struct Plan {
     /// Read-only (and execute) beneath these; read-write beneath `write`.
     pub read: Vec<String>,
     pub write: Vec<String>,
+    /// Each of those rules with where it came from, as `providers` shows them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<Rule>,
     /// `off`, `all`, or `ports`.
     pub network: String,
     /// TCP ports it may connect to (`network = "ports"`).
@@ -121,6 +124,18 @@ pub struct Plan {
     pub landlock_abi: u32,
     /// The broker's pid: the launcher exits if its parent is already another.
     pub parent: u32,
+}
+
+/// One read or write rule of a sandbox, and where it came from: `default` (the system's
+/// folders), `command folder` (the command's own folder, or the prefix of its `bin` folder),
+/// `interpreter` (a script's `#!` interpreter's), `file_root` (a template's), or `config`
+/// (`[providers.sandbox] read`/`write`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rule {
+    pub path: String,
+    /// `read` or `write`.
+    pub access: String,
+    pub origin: String,
 }
 
 /// The uids of a `per_principal` provider's instances.
@@ -240,21 +255,21 @@ fn command_path(command: &str, base: &Path, path: Option<&str>) -> Option<PathBu
 /// The folders a program needs to run, readable by default: its own folder, the prefix of a
 /// `bin` folder (a virtualenv's or a package's libraries beside it), the same for the file it
 /// links to, and, for a script, the same for its `#!` interpreter (a virtualenv's `python` leads
-/// to the Python it was made from).
-fn program_dirs(program: &Path) -> Vec<String> {
-    fn dirs_of(p: &Path, out: &mut Vec<String>) {
+/// to the Python it was made from); each with its origin (`command folder`, `interpreter`).
+fn program_dirs(program: &Path) -> Vec<(String, &'static str)> {
+    fn dirs_of(p: &Path, origin: &'static str, out: &mut Vec<(String, &'static str)>) {
         let Some(dir) = p.parent() else { return };
-        out.push(dir.display().to_string());
+        out.push((dir.display().to_string(), origin));
         if dir.file_name().is_some_and(|n| n == "bin")
             && let Some(prefix) = dir.parent()
             && prefix != Path::new("/")
             && prefix != Path::new("/usr")
         {
-            out.push(prefix.display().to_string());
+            out.push((prefix.display().to_string(), origin));
         }
     }
     let mut out = Vec::new();
-    let mut programs = vec![program.to_path_buf()];
+    let mut programs = vec![(program.to_path_buf(), ORIGIN_COMMAND)];
     let mut head = [0u8; 256];
     let n = std::fs::File::open(program)
         .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
@@ -264,15 +279,152 @@ fn program_dirs(program: &Path) -> Vec<String> {
         && let Ok(line) = std::str::from_utf8(line)
         && let Some(interpreter) = line.split_whitespace().next()
     {
-        programs.push(PathBuf::from(interpreter));
+        programs.push((PathBuf::from(interpreter), ORIGIN_INTERPRETER));
     }
-    for p in programs {
-        dirs_of(&p, &mut out);
+    for (p, origin) in programs {
+        dirs_of(&p, origin, &mut out);
         if let Ok(real) = std::fs::canonicalize(&p) {
-            dirs_of(&real, &mut out);
+            dirs_of(&real, origin, &mut out);
         }
     }
     out
+}
+
+/// Where a rule came from (see [`Rule`]).
+pub const ORIGIN_DEFAULT: &str = "default";
+pub const ORIGIN_COMMAND: &str = "command folder";
+pub const ORIGIN_INTERPRETER: &str = "interpreter";
+pub const ORIGIN_FILE_ROOT: &str = "file_root";
+pub const ORIGIN_CONFIG: &str = "config";
+
+/// A provider's read and write rules with their origins (`roots`: its templates' `file_root`
+/// folders, and whether a template writes there), each path once per access (its first
+/// origin): fails, naming it, where a configured path does not exist.
+pub fn rules(
+    namespace: &str,
+    config: &SandboxConfig,
+    command: &str,
+    base: &Path,
+    path: Option<&str>,
+    roots: &[(PathBuf, bool)],
+) -> Result<Vec<Rule>, String> {
+    let at = format!("provider `{namespace}`: the sandbox cannot be applied");
+    let mut out: Vec<Rule> = Vec::new();
+    let mut add = |path: String, access: &str, origin: &str| {
+        if !out.iter().any(|r| r.path == path && r.access == access) {
+            out.push(Rule {
+                path,
+                access: access.to_owned(),
+                origin: origin.to_owned(),
+            });
+        }
+    };
+    for p in DEFAULT_READ.iter().filter(|p| Path::new(p).exists()) {
+        add((*p).to_owned(), "read", ORIGIN_DEFAULT);
+    }
+    if let Some(cmd) = command_path(command, base, path) {
+        for (dir, origin) in program_dirs(&cmd) {
+            add(dir, "read", origin);
+        }
+    }
+    // The folders its templates name as `file_root`: the broker sends it host paths there.
+    for (root, writes) in roots {
+        if !*writes && root.exists() {
+            add(root.display().to_string(), "read", ORIGIN_FILE_ROOT);
+        }
+    }
+    for p in &config.read {
+        if !p.exists() {
+            return Err(format!("{at}: read path `{}` does not exist", p.display()));
+        }
+        add(p.display().to_string(), "read", ORIGIN_CONFIG);
+    }
+    for p in DEFAULT_WRITE.iter().filter(|p| Path::new(p).exists()) {
+        add((*p).to_owned(), "write", ORIGIN_DEFAULT);
+    }
+    for (root, writes) in roots {
+        if *writes && root.exists() {
+            add(root.display().to_string(), "write", ORIGIN_FILE_ROOT);
+        }
+    }
+    for p in &config.write {
+        if !p.exists() {
+            return Err(format!("{at}: write path `{}` does not exist", p.display()));
+        }
+        add(p.display().to_string(), "write", ORIGIN_CONFIG);
+    }
+    Ok(out)
+}
+
+/// `path` with its links resolved and `..` removed; a path that does not exist (yet) is
+/// resolved as far as it exists, the rest appended.
+pub fn canonical(path: &Path) -> PathBuf {
+    if let Ok(p) = std::fs::canonicalize(path) {
+        return p;
+    }
+    let mut rest = Vec::new();
+    let mut at = path;
+    loop {
+        match at.parent() {
+            Some(parent) => {
+                if let Some(name) = at.file_name() {
+                    rest.push(name.to_owned());
+                }
+                at = parent;
+                if at.as_os_str().is_empty() {
+                    at = Path::new(".");
+                }
+                if let Ok(mut p) = std::fs::canonicalize(at) {
+                    for name in rest.iter().rev() {
+                        p.push(name);
+                    }
+                    return p;
+                }
+            }
+            None => return path.to_path_buf(),
+        }
+    }
+}
+
+/// The first of `rules` that reaches one of the broker's own files (`protected`: what it is, and
+/// where), on canonical paths in both directions (a rule that is the file, a folder above it,
+/// or a folder inside a protected folder): what it would expose and how to fix it.
+pub fn exposure(rules: &[Rule], protected: &[(String, PathBuf)]) -> Option<String> {
+    let protected: Vec<(&String, PathBuf)> = protected
+        .iter()
+        .map(|(what, p)| (what, canonical(p)))
+        .collect();
+    for rule in rules {
+        let at = canonical(Path::new(&rule.path));
+        for (what, file) in &protected {
+            if !file.starts_with(&at) && !at.starts_with(file) {
+                continue;
+            }
+            let fix = match rule.origin.as_str() {
+                ORIGIN_COMMAND => {
+                    "move the upstream's command (and what it needs) to a folder of its own that holds none of the broker's files"
+                }
+                ORIGIN_INTERPRETER => {
+                    "use an interpreter in a folder that holds none of the broker's files"
+                }
+                ORIGIN_FILE_ROOT => {
+                    "give the template a file_root that holds none of the broker's files"
+                }
+                ORIGIN_CONFIG => {
+                    "name in [providers.sandbox] a narrower folder that holds none of the broker's files"
+                }
+                _ => "keep the broker's files out of the folders its sandbox reads by default",
+            };
+            return Some(format!(
+                "its sandbox's {} rule `{}` ({}) would expose {what} `{}` to the upstream: a rule reaches everything beneath it, and Landlock cannot carve a file or folder out of it; {fix} (or keep the broker's files elsewhere)",
+                rule.access,
+                rule.path,
+                rule.origin,
+                file.display(),
+            ));
+        }
+    }
+    None
 }
 
 /// Plans a provider's sandbox (`roots`: its templates' `file_root` folders, and whether a
@@ -322,42 +474,15 @@ pub fn plan(
         }
         None => (me, my_gid, false),
     };
-    let mut read: Vec<String> = DEFAULT_READ
-        .iter()
-        .filter(|p| Path::new(p).exists())
-        .map(|p| (*p).to_owned())
-        .collect();
-    if let Some(cmd) = command_path(command, base, path) {
-        read.extend(program_dirs(&cmd));
-    }
-    // The folders its templates name as `file_root`: the broker sends it host paths there.
-    for (root, writes) in roots {
-        if !*writes && root.exists() {
-            read.push(root.display().to_string());
-        }
-    }
-    for p in &config.read {
-        if !p.exists() {
-            return Err(format!("{at}: read path `{}` does not exist", p.display()));
-        }
-        read.push(p.display().to_string());
-    }
-    let mut write: Vec<String> = DEFAULT_WRITE
-        .iter()
-        .filter(|p| Path::new(p).exists())
-        .map(|p| (*p).to_owned())
-        .collect();
-    for (root, writes) in roots {
-        if *writes && root.exists() {
-            write.push(root.display().to_string());
-        }
-    }
-    for p in &config.write {
-        if !p.exists() {
-            return Err(format!("{at}: write path `{}` does not exist", p.display()));
-        }
-        write.push(p.display().to_string());
-    }
+    let rules = rules(namespace, config, command, base, path, roots)?;
+    let of = |access: &str| -> Vec<String> {
+        rules
+            .iter()
+            .filter(|r| r.access == access)
+            .map(|r| r.path.clone())
+            .collect()
+    };
+    let (read, write) = (of("read"), of("write"));
     let netns = matches!(config.network, NetworkSetting::All(false));
     // Only root can make a network namespace without a user namespace; a broker that is not
     // root makes both, where the kernel allows it, or refuses the provider.
@@ -367,8 +492,6 @@ pub fn plan(
             "{at}: network = false needs a network namespace of its own, and a broker that is not root (uid {me}) makes it inside a user namespace, which this machine refuses: {why} (unprivileged user namespaces are off: see sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone, kernel.apparmor_restrict_unprivileged_userns); run the broker as root, allow the network, or set `sandbox = \"none\"` to run it without one"
         ));
     }
-    let mut seen = std::collections::HashSet::new();
-    read.retain(|p| seen.insert(p.clone()));
     let (network, ports) = match &config.network {
         NetworkSetting::All(true) => ("all", vec![]),
         NetworkSetting::All(false) => ("off", vec![]),
@@ -388,6 +511,7 @@ pub fn plan(
         own_uid,
         read,
         write,
+        rules,
         network: network.to_owned(),
         ports,
         netns,
@@ -655,4 +779,59 @@ fn ruleset(plan: &Plan) -> Result<landlock::RulesetCreated, String> {
             .map_err(err)?;
     }
     Ok(created)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(path: &Path, access: &str, origin: &str) -> Rule {
+        Rule {
+            path: path.display().to_string(),
+            access: access.into(),
+            origin: origin.into(),
+        }
+    }
+
+    /// A rule reaches a protected file when it is the file, a folder above it (`/` too), or a
+    /// folder inside a protected folder; links and `..` are resolved first; a sibling does not.
+    #[test]
+    fn a_rule_that_reaches_a_brokers_file_is_named() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("conf/secrets/alice")).expect("mkdir");
+        std::fs::create_dir_all(d.join("up")).expect("mkdir");
+        std::fs::write(d.join("conf/broker.toml"), "").expect("w");
+        std::os::unix::fs::symlink(d.join("conf"), d.join("link")).expect("link");
+        let protected = vec![
+            ("the config".to_owned(), d.join("conf/broker.toml")),
+            ("the secrets folder".to_owned(), d.join("conf/secrets")),
+            ("the record".to_owned(), d.join("conf/not-yet/record.jsonl")),
+        ];
+        let said = |p: PathBuf, origin: &str| exposure(&[rule(&p, "read", origin)], &protected);
+        for (p, what) in [
+            (d.join("conf/broker.toml"), "the config"),
+            (d.join("conf"), "the config"),
+            (PathBuf::from("/"), "the config"),
+            (d.join("link"), "the config"),
+            (d.join("up/../conf"), "the config"),
+            (d.join("conf/secrets/alice"), "the secrets folder"),
+            (d.join("conf/not-yet"), "the record"),
+        ] {
+            let e = said(p.clone(), ORIGIN_CONFIG).unwrap_or_default();
+            assert!(
+                e.contains(&format!(
+                    "read rule `{}` (config) would expose {what}",
+                    p.display()
+                )),
+                "{p:?}: {e}"
+            );
+        }
+        assert_eq!(said(d.join("up"), ORIGIN_COMMAND), None);
+        let e = said(d.join("conf"), ORIGIN_COMMAND).unwrap_or_default();
+        assert!(
+            e.contains("(command folder)") && e.contains("folder of its own"),
+            "{e}"
+        );
+    }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use rmcp::ServiceExt;
 use rmcp::transport::TokioChildProcess;
 
-use super::log::drain_stderr;
+use super::log::{StderrTail, drain_stderr};
 use super::sandbox;
 use super::{Launch, McpProvider, Session};
 
@@ -83,7 +83,10 @@ impl McpProvider {
 
     /// Spawns the upstream, initializes, lists its tools. The session is returned for supervision.
     pub(super) async fn connect(&self, launch: &Launch) -> Result<Session, String> {
-        let (transport, stderr) = TokioChildProcess::builder(self.command(launch)?)
+        let (status_tx, mut status) = tokio::sync::watch::channel(None);
+        let mut wrapped = process_wrap::tokio::CommandWrap::from(self.command(launch)?);
+        wrapped.wrap(KeepStatus(status_tx));
+        let (transport, stderr) = TokioChildProcess::builder(wrapped)
             .stderr(std::process::Stdio::piped())
             .spawn()
             .map_err(|e| format!("cannot start `{}`: {e}", self.config.command))?;
@@ -92,24 +95,48 @@ impl McpProvider {
         if let Some(pid) = group.0 {
             crate::lineage::add(pid);
         }
-        // Drain the upstream's stderr into our log (a full pipe would block it), bounded.
+        // Drain the upstream's stderr into our log (a full pipe would block it), bounded; its
+        // last lines are kept for a failed start to show.
+        let tail = Arc::new(StderrTail::default());
         let drained = stderr.map(|stderr| {
-            tokio::spawn(drain_stderr(stderr, self.log.clone(), launch.given.clone()))
+            tokio::spawn(drain_stderr(
+                stderr,
+                self.log.clone(),
+                launch.given.clone(),
+                tail.clone(),
+            ))
         });
         let limit = self.startup_timeout();
         let changed = Arc::new(tokio::sync::Notify::new());
         let listener = self.listener(changed.clone(), launch);
         let service = match tokio::time::timeout(limit, listener.serve(transport)).await {
-            Err(_) => return Err("the upstream did not finish initialize in time".to_owned()),
+            Err(_) => {
+                return Err(format!(
+                    "the upstream did not finish initialize in time{}",
+                    self.start_failure(None, &tail.lines())
+                ));
+            }
             Ok(Ok(service)) => service,
             Ok(Err(e)) => {
-                // A launcher that could not apply the sandbox says why on stderr, then exits.
-                if sandboxed && let Some(drained) = drained {
+                // The upstream's last words and its exit status: its stderr ends when it exits
+                // (a launcher that could not apply the sandbox says why there, then exits).
+                if let Some(drained) = drained {
                     let _ = tokio::time::timeout(sandbox::LAUNCHER_ERROR_WAIT, drained).await;
                 }
+                let exited = tokio::time::timeout(
+                    sandbox::LAUNCHER_ERROR_WAIT,
+                    status.wait_for(Option::is_some),
+                )
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .and_then(|s| *s);
                 return Err(match self.log.take_launcher_error() {
                     Some(why) => format!("the sandbox could not be applied: {why}"),
-                    None => format!("MCP initialize with the upstream failed: {e}"),
+                    None => format!(
+                        "MCP initialize with the upstream failed: {e}{}",
+                        self.start_failure(exited, &tail.lines())
+                    ),
                 });
             }
         };
@@ -119,6 +146,154 @@ impl McpProvider {
             tools,
             changed,
             group,
+        })
+    }
+
+    /// What a failed start says besides its cause: the upstream's exit status, its last stderr
+    /// lines (redacted, escaped, bounded), and, sandboxed, the rules it had and the rule to add
+    /// for a path it was refused.
+    fn start_failure(&self, exited: Option<std::process::ExitStatus>, tail: &[String]) -> String {
+        use std::os::unix::process::ExitStatusExt;
+        let mut out = String::new();
+        if let Some(st) = exited {
+            out.push_str(&match (st.code(), st.signal()) {
+                (Some(code), _) => format!("; the upstream exited with status {code}"),
+                (None, Some(9)) => "; the upstream ended by signal 9 (SIGKILL: the broker ends an upstream whose start failed, if it had not exited)".to_owned(),
+                (None, Some(sig)) => format!("; the upstream was killed by signal {sig}"),
+                _ => format!("; the upstream ended: {st}"),
+            });
+        }
+        if tail.is_empty() {
+            out.push_str("; it wrote nothing on stderr");
+        } else {
+            out.push_str(&format!(
+                "; its last stderr line(s): {}",
+                tail.iter()
+                    .map(|l| format!("`{l}`"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ));
+        }
+        let Some(Ok(plan)) = &self.sandbox else {
+            return out;
+        };
+        let own: Vec<String> = plan
+            .rules
+            .iter()
+            .filter(|r| r.origin != sandbox::ORIGIN_DEFAULT)
+            .map(|r| format!("{} {} ({})", r.access, r.path, r.origin))
+            .collect();
+        out.push_str(&format!(
+            "; the sandbox was on: it may read the system's folders (see `sharedos-broker providers`){}",
+            if own.is_empty() {
+                String::new()
+            } else {
+                format!(" and {}", own.join(", "))
+            }
+        ));
+        if let Some(add) = refused_path(tail, plan) {
+            out.push_str(&format!(
+                "; it was refused `{}`: to let it read that, add `read = [{:?}]` to the provider's [providers.sandbox] (or `write` if it must write there), or set `sandbox = \"none\"` to run it without one",
+                add.0, add.1
+            ));
+        } else {
+            out.push_str(
+                "; if it needs files outside those, add their folder to the provider's [providers.sandbox] `read` (or `write`)",
+            );
+        }
+        out
+    }
+}
+
+/// The first path a stderr line says was refused (`Permission denied`, `EACCES`,
+/// `Operation not permitted`) that no rule of `plan` covers, and the folder to add for it (the
+/// path itself when it is a folder, else its folder).
+fn refused_path(tail: &[String], plan: &sandbox::Plan) -> Option<(String, String)> {
+    let refused = |l: &str| {
+        let l = l.to_ascii_lowercase();
+        l.contains("permission denied") || l.contains("eacces") || l.contains("not permitted")
+    };
+    for line in tail.iter().rev().filter(|l| refused(l)) {
+        for word in line
+            .split(['\'', '"', '`', ' ', ',', '(', ')', '[', ']'])
+            .map(|w| w.trim_end_matches([':', '.', ';']))
+            .filter(|w| w.starts_with('/') && w.len() > 1)
+        {
+            let at = sandbox::canonical(Path::new(word));
+            let covered = plan
+                .rules
+                .iter()
+                .any(|r| at.starts_with(sandbox::canonical(Path::new(&r.path))));
+            if covered {
+                continue;
+            }
+            let folder = if at.is_dir() {
+                at.clone()
+            } else {
+                at.parent().map_or(at.clone(), Path::to_path_buf)
+            };
+            return Some((word.to_owned(), folder.display().to_string()));
+        }
+    }
+    None
+}
+
+/// Keeps the upstream's exit status when rmcp's child handle waits for it (on a failed start it
+/// reaps the child itself).
+#[derive(Debug)]
+struct KeepStatus(tokio::sync::watch::Sender<Option<std::process::ExitStatus>>);
+
+impl process_wrap::tokio::CommandWrapper for KeepStatus {
+    fn wrap_child(
+        &mut self,
+        child: Box<dyn process_wrap::tokio::ChildWrapper>,
+        _core: &process_wrap::tokio::CommandWrap,
+    ) -> std::io::Result<Box<dyn process_wrap::tokio::ChildWrapper>> {
+        Ok(Box::new(StatusChild {
+            inner: child,
+            status: self.0.clone(),
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct StatusChild {
+    inner: Box<dyn process_wrap::tokio::ChildWrapper>,
+    status: tokio::sync::watch::Sender<Option<std::process::ExitStatus>>,
+}
+
+impl process_wrap::tokio::ChildWrapper for StatusChild {
+    fn inner(&self) -> &dyn process_wrap::tokio::ChildWrapper {
+        &*self.inner
+    }
+
+    fn inner_mut(&mut self) -> &mut dyn process_wrap::tokio::ChildWrapper {
+        &mut *self.inner
+    }
+
+    fn into_inner(self: Box<Self>) -> Box<dyn process_wrap::tokio::ChildWrapper> {
+        self.inner
+    }
+
+    fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        let r = self.inner.try_wait();
+        if let Ok(Some(st)) = &r {
+            self.status.send_replace(Some(*st));
+        }
+        r
+    }
+
+    fn wait(
+        &mut self,
+    ) -> std::pin::Pin<
+        Box<dyn Future<Output = std::io::Result<std::process::ExitStatus>> + Send + '_>,
+    > {
+        Box::pin(async move {
+            let r = self.inner.wait().await;
+            if let Ok(st) = &r {
+                self.status.send_replace(Some(*st));
+            }
+            r
         })
     }
 }

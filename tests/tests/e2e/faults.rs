@@ -372,23 +372,23 @@ fn write_script(dir: &Path, name: &str, body: &str) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_upstreams_stop_serve_with_an_error_naming_the_provider() {
     let p = Proc::new(&Options::default());
+    // The scripts in a folder of their own: a sandbox rule on the config's folder would reach
+    // the broker's files and be refused at load (issue 42).
+    let scripts = p.dir.path().join("scripts");
+    std::fs::create_dir_all(&scripts).expect("mkdir");
     let garbage = write_script(
-        p.dir.path(),
+        &scripts,
         "garbage.py",
         "import sys\nprint('this is not JSON-RPC', flush=True)\nsys.stdin.read()\n",
     );
-    let hang = write_script(
-        p.dir.path(),
-        "hang.py",
-        "import sys, time\nsys.stdin.read()\n",
-    );
+    let hang = write_script(&scripts, "hang.py", "import sys, time\nsys.stdin.read()\n");
     for (ns, script) in [("garbage", &garbage), ("hang", &hang)] {
         let cfg = std::fs::read_to_string(&p.cfg).expect("cfg");
         let extra = format!(
             "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"{ns}\"\ncommand = \"python3\"\nargs = [{}]\nstartup_timeout_seconds = 2\n\
              [providers.sandbox]\nread = [{}]\n",
             serde_json::to_string(&script.display().to_string()).expect("q"),
-            serde_json::to_string(&p.dir.path().display().to_string()).expect("q")
+            serde_json::to_string(&scripts.display().to_string()).expect("q")
         );
         let path = p.dir.path().join(format!("{ns}.toml"));
         std::fs::write(&path, format!("{cfg}{extra}")).expect("w");
@@ -403,6 +403,8 @@ async fn hostile_upstreams_stop_serve_with_an_error_naming_the_provider() {
         let (code, _, err) = run(serve).await;
         assert_eq!(code, 1, "{err}");
         assert!(err.contains(&format!("provider `{ns}`")), "{err}");
+        assert!(!err.contains("would expose"), "{err}");
+        assert!(err.contains("the sandbox was on"), "{err}");
         assert!(started.elapsed() < Duration::from_secs(15));
     }
 }

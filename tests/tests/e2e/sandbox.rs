@@ -1269,4 +1269,249 @@ async fn as_root_a_principals_uid_and_files_stay_theirs_across_a_restart() {
         .find(|l| l["kind"] == "call" && l["tool"] == "tc.echo")
         .expect("echo call");
     assert_eq!(echo_line["redacted"], json!(["token"]), "{echo_line}");
+
+/// Issue 42 item 1: the hostile upstream as `./up.py` (with a `#!` line), `at` being its path
+/// relative to the config's folder; its sandbox table has nothing of its own.
+fn local_hostile(dir: &Path, at: &str) -> String {
+    let file = dir.join(at);
+    std::fs::create_dir_all(file.parent().expect("parent")).expect("mkdir");
+    let body = std::fs::read_to_string(script()).expect("script");
+    std::fs::write(&file, format!("#!/usr/bin/env python3\n{body}")).expect("w");
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    format!(
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"up\"\ncommand = \"./{at}\"\ncall_timeout_seconds = 20\n"
+    )
+}
+
+/// A secret of alice's in the folder store (`secrets/alice/token`), as the broker keeps them.
+fn alice_secret(dir: &Path) {
+    let alice = dir.join("secrets/alice");
+    std::fs::create_dir_all(&alice).expect("mkdir");
+    std::fs::write(alice.join("token"), "alice-token-value").expect("w");
+    for (p, mode) in [
+        (dir.join("secrets"), 0o700),
+        (alice.clone(), 0o700),
+        (alice.join("token"), 0o600),
+    ] {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .expect("chmod");
+    }
+}
+
+/// The layout the issue saw (`command = "./up.py"` beside `broker.toml`): the broker refuses it
+/// before starting anything, naming the rule, its origin and a file of the broker's it would
+/// expose; nothing of the upstream ran.
+async fn beside_the_config_is_refused(uid: Option<u32>) {
+    let dir = tempfile::Builder::new()
+        .prefix("sharedos-sandbox-")
+        .tempdir()
+        .expect("tmp");
+    alice_secret(dir.path());
+    let provider = local_hostile(dir.path(), "up.py");
+    let cfg = write_config(dir.path(), "", &provider);
+    let real = std::fs::canonicalize(dir.path()).expect("canonical");
+    let mut s = Served::spawn_as(dir, &cfg, uid);
+    let status = tokio::time::timeout(crate::kit::WAIT, s.child.wait())
+        .await
+        .expect("the broker stops")
+        .expect("wait");
+    assert!(!status.success(), "the broker must refuse the layout");
+    let err = std::fs::read_to_string(&s.stderr).expect("stderr");
+    let want = format!(
+        "provider `up` (config `{}`): its sandbox's read rule `{}` (command folder) would expose ",
+        cfg.display(),
+        cfg.parent().expect("dir").display()
+    );
+    assert!(err.contains(&want), "want {want:?} in: {err}");
+    // The first of the broker's files under that rule: the config itself.
+    assert!(
+        err.contains(&format!("the config `{}/broker.toml`", real.display())),
+        "{err}"
+    );
+    assert!(
+        err.contains("Landlock cannot carve") && err.contains("folder of its own"),
+        "{err}"
+    );
+    assert_eq!(
+        err.matches("would expose").count(),
+        1,
+        "one error, said once: {err}"
+    );
+    // Refused before the record was opened and before any upstream ran.
+    assert!(!s.path("record.jsonl").exists(), "nothing was started");
+    assert!(!s.run.join("control.key").exists(), "nothing was started");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_beside_the_config_is_refused_at_load() {
+    beside_the_config_is_refused(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root to start the broker under another uid (CI runs --include-ignored as root)"]
+async fn without_root_an_upstream_beside_the_config_is_refused_at_load() {
+    if !crate::deploy::need_root("without_root_an_upstream_beside_the_config_is_refused_at_load") {
+        return;
+    }
+    beside_the_config_is_refused(Some(64231)).await;
+}
+
+/// The same upstream in a folder of its own (`up/up.py`) starts; `providers` shows each rule
+/// with its origin, and it reads none of the broker's files: the config, the policy, the
+/// record, its key, alice's secret, the control key.
+async fn in_a_folder_of_its_own_reads_none(uid: Option<u32>) {
+    let dir = tempfile::Builder::new()
+        .prefix("sharedos-sandbox-")
+        .tempdir()
+        .expect("tmp");
+    alice_secret(dir.path());
+    let provider = local_hostile(dir.path(), "up/up.py");
+    let top = match uid {
+        Some(u) => format!("host_uids = [0, {u}]\nharness_uids = [0, {u}]\n"),
+        None => String::new(),
+    };
+    let cfg = write_config(dir.path(), &top, &provider);
+    let s = Served::spawn_as(dir, &cfg, uid);
+    let record = s.path("record.jsonl");
+    let control = s.run.join("control.sock");
+    eventually("the broker serves", || {
+        control.exists()
+            && std::fs::read_to_string(&record)
+                .unwrap_or_default()
+                .contains("\"kind\":\"broker_started\"")
+    })
+    .await;
+    let d = s.dir.path().display().to_string();
+    let files = [
+        format!("{d}/broker.toml"),
+        format!("{d}/policy.cedar"),
+        format!("{d}/record.jsonl"),
+        format!("{d}/record.jsonl.key"),
+        format!("{d}/secrets/alice/token"),
+        format!("{d}/run/control.key"),
+    ];
+    let mut raw = s.raw().await;
+    let r = escape(
+        &mut raw,
+        1,
+        "up.escape",
+        json!({ "read": files, "write": [format!("{d}/up"), d.clone()] }),
+    )
+    .await;
+    let refused = files
+        .iter()
+        .filter(|f| {
+            r["read"][f.as_str()]
+                .as_str()
+                .is_some_and(|g| g.starts_with("error: PermissionError"))
+        })
+        .count();
+    assert_eq!(refused, files.len(), "every attempt refused: {}", r["read"]);
+    assert!(
+        !r.to_string().contains("alice-token-value"),
+        "alice's secret reached the upstream"
+    );
+    denied(&r, "write", &format!("{d}/up"));
+    denied(&r, "write", &d);
+    let list = s.providers().await;
+    let up = list.iter().find(|p| p["namespace"] == "up").expect("up");
+    assert_eq!(up["state"], "ready", "{up}");
+    let rules = up["sandbox"]["rules"].as_array().expect("rules");
+    let own = std::fs::canonicalize(s.path("up")).expect("up");
+    let origin_of = |path: &str| {
+        rules
+            .iter()
+            .find(|r| r["path"] == path && r["access"] == "read")
+            .map(|r| r["origin"].clone())
+    };
+    assert_eq!(
+        origin_of(&s.path("up").display().to_string())
+            .or_else(|| origin_of(&own.display().to_string())),
+        Some(json!("command folder")),
+        "{rules:?}"
+    );
+    assert_eq!(origin_of("/usr"), Some(json!("default")), "{rules:?}");
+    assert_eq!(
+        origin_of("/usr/bin"),
+        Some(json!("interpreter")),
+        "{rules:?}"
+    );
+    assert!(
+        rules
+            .iter()
+            .all(|r| r["origin"].is_string() && r["path"].is_string()),
+        "{rules:?}"
+    );
+    let (code, out, _) = run(s.cli(&["providers"])).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("/usr (default)"), "{out}");
+    assert!(out.contains("/usr/bin (interpreter)"), "{out}");
+    assert!(out.contains("/up (command folder)"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_in_a_folder_of_its_own_reads_none_of_the_brokers_files() {
+    in_a_folder_of_its_own_reads_none(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root to start the broker under another uid (CI runs --include-ignored as root)"]
+async fn without_root_an_upstream_in_a_folder_of_its_own_reads_none_of_the_brokers_files() {
+    if !crate::deploy::need_root(
+        "without_root_an_upstream_in_a_folder_of_its_own_reads_none_of_the_brokers_files",
+    ) {
+        return;
+    }
+    in_a_folder_of_its_own_reads_none(Some(64232)).await;
+}
+
+/// Issue 42 item 13: a script in a folder no rule names (`python3 hidden/up.py`): the start
+/// fails naming the upstream's exit status, its own `Permission denied` line, that the sandbox
+/// was on, and the `read` rule to add; the same on the provider's failed line in the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_the_sandbox_may_not_read_says_the_rule_to_add() {
+    let dir = tempfile::Builder::new()
+        .prefix("sharedos-sandbox-")
+        .tempdir()
+        .expect("tmp");
+    let hidden = dir.path().join("hidden");
+    std::fs::create_dir_all(&hidden).expect("mkdir");
+    let up = hidden.join("up.py");
+    std::fs::copy(script(), &up).expect("copy");
+    let provider = format!(
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"hid\"\ncommand = \"python3\"\nargs = [{}]\n",
+        q(&up.display().to_string())
+    );
+    let cfg = write_config(dir.path(), "", &provider);
+    let mut s = Served::spawn(dir, &cfg);
+    let status = tokio::time::timeout(crate::kit::WAIT, s.child.wait())
+        .await
+        .expect("the broker stops")
+        .expect("wait");
+    assert!(!status.success());
+    let err = std::fs::read_to_string(&s.stderr).expect("stderr");
+    let real = std::fs::canonicalize(&hidden).expect("canonical");
+    for want in [
+        "provider `hid`".to_owned(),
+        "MCP initialize with the upstream failed".to_owned(),
+        "the upstream exited with status 2".to_owned(),
+        format!("can't open file '{}'", up.display()),
+        "Permission denied".to_owned(),
+        "the sandbox was on".to_owned(),
+        format!("it was refused `{}`", up.display()),
+        format!("add `read = [\"{}\"]`", real.display()),
+    ] {
+        let found = err.contains(&want) || err.contains(&want.replace('"', "\\\""));
+        assert!(found, "want {want:?} in: {err}");
+    }
+    let states = s.provider_states("hid");
+    let failed: Vec<&Value> = states.iter().filter(|l| l["state"] == "failed").collect();
+    assert_eq!(failed.len(), 1, "{states:?}");
+    let reason = failed[0]["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains(&format!("read = [\"{}\"]", real.display())),
+        "{reason}"
+    );
+    assert!(reason.contains("Permission denied"), "{reason}");
 }
