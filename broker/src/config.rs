@@ -360,6 +360,59 @@ fn allocate_uids([first, last]: [u32; 2], providers: &mut [ProviderConfig]) -> R
     Ok(())
 }
 
+/// As root, gives each sandboxed stdio provider still without `run_as` (none named, no
+/// `upstream_uids`) a uid (= gid) of its own from [`DEFAULT_UPSTREAM_UIDS`]: an upstream never
+/// runs as root by default. The uid is derived from the provider's namespace (FNV-1a), so it is
+/// the same across restarts and config edits; one that is taken (another provider's, a host's
+/// or harness's, in an `instance_uids` range) moves to the next free one, providers taken in
+/// namespace order.
+///
+/// [`DEFAULT_UPSTREAM_UIDS`]: crate::upstream::sandbox::DEFAULT_UPSTREAM_UIDS
+fn default_uids(
+    providers: &mut [ProviderConfig],
+    taken_besides: &[u32],
+    ranges: &[[u32; 2]],
+) -> Result<(), String> {
+    let [first, last] = crate::upstream::sandbox::DEFAULT_UPSTREAM_UIDS;
+    let mut taken: Vec<u32> = taken_besides.to_vec();
+    let mut ranges = ranges.to_vec();
+    let mut wanting: Vec<(String, usize)> = Vec::new();
+    for (i, p) in providers.iter().enumerate() {
+        let ProviderConfig::Mcp(m) = p else { continue };
+        let SandboxSetting::On(sb) = &m.sandbox else {
+            continue;
+        };
+        if let Some((uid, _)) = sb.run_as.as_deref().and_then(|r| parse_run_as(r).ok()) {
+            taken.push(uid);
+        } else if m.url.is_none() {
+            wanting.push((m.namespace.clone(), i));
+        }
+        ranges.extend(sb.instance_uids);
+    }
+    wanting.sort();
+    let size = u64::from(last - first) + 1;
+    for (namespace, i) in wanting {
+        let hash = namespace.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        let free = (0..size)
+            .map(|k| first + ((hash + k) % size) as u32)
+            .find(|u| !taken.contains(u) && !ranges.iter().any(|[f, l]| (*f..=*l).contains(u)))
+            .ok_or_else(|| {
+                format!(
+                    "provider `{namespace}`: no free uid in the default range [{first}, {last}]; give it `run_as` in [providers.sandbox], or set `upstream_uids`"
+                )
+            })?;
+        taken.push(free);
+        if let ProviderConfig::Mcp(m) = &mut providers[i]
+            && let SandboxSetting::On(sb) = &mut m.sandbox
+        {
+            sb.run_as = Some(free.to_string());
+        }
+    }
+    Ok(())
+}
+
 /// A provider's sandbox table, checked at load: a `run_as` that parses and is none of the uids
 /// the sockets admit (an upstream under a host's or a harness's uid would be one), nor root;
 /// network entries of the form `host:port`.
@@ -385,6 +438,16 @@ fn check_sandbox(m: &McpProviderConfig, host: &[u32], harness: &[u32]) -> Result
                 "{at}: run_as = `{r}`: uid {uid} is in harness_uids; an upstream under a harness's uid could reach the bridge socket"
             ));
         }
+    }
+    // The limit is set in bytes: a size whose bytes do not fit would wrap to a few MiB.
+    if let Some(mb) = sb.memory_mb
+        && (mb == 0 || mb.checked_mul(1024 * 1024).is_none())
+    {
+        return Err(format!(
+            "{at}: memory_mb = {mb}: give a size in MiB from 1 to {} (leave it out for the default, {} MiB)",
+            u64::MAX >> 20,
+            crate::upstream::sandbox::DEFAULT_MEMORY_MB
+        ));
     }
     if let NetworkSetting::Allow(list) = &sb.network {
         for e in list {
@@ -1135,6 +1198,20 @@ impl Config {
                 path: shown.clone(),
                 detail,
             })?;
+        }
+        if rustix::process::geteuid().is_root() {
+            let besides: Vec<u32> = raw
+                .host_uids
+                .iter()
+                .chain(&raw.harness_uids)
+                .copied()
+                .collect();
+            default_uids(&mut raw.providers, &besides, raw.instance_uids.as_slice()).map_err(
+                |detail| ConfigError::Parse {
+                    path: shown.clone(),
+                    detail,
+                },
+            )?;
         }
         for p in &raw.providers {
             if let ProviderConfig::Mcp(m) = p {

@@ -1331,6 +1331,19 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                             );
                             outln!("    read: {}", list("read"));
                             outln!("    write: {}", list("write"));
+                            let own: Vec<&str> = [
+                                ("mountNs", "mount (only its rules' paths)"),
+                                ("ipcNs", "ipc"),
+                                ("netns", "network"),
+                                ("userns", "user"),
+                            ]
+                            .into_iter()
+                            .filter(|(k, _)| sb[*k] == true)
+                            .map(|(_, name)| name)
+                            .collect();
+                            if !own.is_empty() {
+                                outln!("    namespaces of its own: {}", own.join(", "));
+                            }
                             let iu = &sb["instanceUids"];
                             if let Some(own) = iu.get("own") {
                                 outln!(

@@ -8,7 +8,10 @@ broker put it in and report, as JSON in their text result, what each attempt did
   sends a datagram to each `[host, port]` in `udp`, sends signal 0 to each pid in `signal`; `escaped_unix`: the same as `unix`, from a grandchild
   that left the upstream's lineage first (fork, setsid, fork, the middle process exits, and the
   grandchild waits until it is re-parented); also reports its uid, gid, groups, environment, process
-  group, session and the limits it runs under.
+  group, session and the limits it runs under; `connect`: only connects to each Unix socket
+  path (and closes); `sysv` {shm: [key, id], msg: [key, id]}: attaches the SysV shared-memory
+  segment (by key, then by id) and reads its first bytes, and drains the message queue (by key,
+  then by id, without waiting), through libc (ctypes: standard library only).
 - `hog` {mode}: `memory` allocates 16 MiB blocks until the allocation fails and does not catch
   the MemoryError (the process dies of it, as an unprepared server does); `memory_report`
   catches it and reports how far it got; `fork` forks children (each sleeps 5 s) until fork
@@ -37,6 +40,8 @@ TOOLS = [
                 "tcp": {"type": "array"},
                 "udp": {"type": "array"},
                 "signal": {"type": "array", "items": {"type": "integer"}},
+                "connect": {"type": "array", "items": {"type": "string"}},
+                "sysv": {"type": "object"},
             },
         },
     },
@@ -147,6 +152,80 @@ def escaped(path):
     return json.loads(b"".join(chunks).decode() or "{}")
 
 
+def connect(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(3)
+        s.connect(path)
+    finally:
+        s.close()
+    return "connected"
+
+
+def libc():
+    import ctypes
+    import ctypes.util
+
+    lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    lib.shmat.restype = ctypes.c_void_p
+    lib.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    return lib
+
+
+def failed(what):
+    import ctypes
+
+    e = ctypes.get_errno()
+    raise OSError(e, "%s: %s" % (what, os.strerror(e)))
+
+
+def shm_read(how, value):
+    import ctypes
+
+    lib = libc()
+    shmid = lib.shmget(ctypes.c_int(value), 0, 0) if how == "key" else value
+    if shmid < 0:
+        failed("shmget")
+    addr = lib.shmat(shmid, None, 0o10000)  # SHM_RDONLY
+    if addr is None or addr == ctypes.c_void_p(-1).value:
+        failed("shmat")
+    data = ctypes.string_at(addr, 32).split(b"\0")[0]
+    lib.shmdt(ctypes.c_void_p(addr))
+    return "read " + data.decode("utf-8", "replace")
+
+
+def msg_drain(how, value):
+    import ctypes
+
+    lib = libc()
+    qid = lib.msgget(ctypes.c_int(value), 0) if how == "key" else value
+    if qid < 0:
+        failed("msgget")
+    buf = ctypes.create_string_buffer(8 + 256)
+    got = []
+    while True:
+        n = lib.msgrcv(qid, buf, 256, 0, 0o4000)  # IPC_NOWAIT
+        if n < 0:
+            if not got:
+                failed("msgrcv")
+            break
+        got.append(buf.raw[8 : 8 + n].decode("utf-8", "replace"))
+    return "drained " + json.dumps(got)
+
+
+def sysv(args):
+    out = {}
+    shm = args.get("shm")
+    if shm:
+        out["shm by key"] = outcome(lambda: shm_read("key", int(shm[0])))
+        out["shm by id"] = outcome(lambda: shm_read("id", int(shm[1])))
+    msg = args.get("msg")
+    if msg:
+        out["msg by key"] = outcome(lambda: msg_drain("key", int(msg[0])))
+        out["msg by id"] = outcome(lambda: msg_drain("id", int(msg[1])))
+    return out
+
+
 def tcp(host, port):
     s = socket.create_connection((host, int(port)), timeout=3)
     s.close()
@@ -187,6 +266,8 @@ def escape(args):
         "tcp": {"%s:%s" % (h, p): outcome(lambda h=h, p=p: tcp(h, p)) for h, p in args.get("tcp", [])},
         "udp": {"%s:%s" % (h, p): outcome(lambda h=h, p=p: udp(h, p)) for h, p in args.get("udp", [])},
         "signal": {str(p): outcome(lambda p=p: os.kill(p, 0)) for p in args.get("signal", [])},
+        "connect": {p: outcome(lambda p=p: connect(p)) for p in args.get("connect", [])},
+        "sysv": sysv(args.get("sysv") or {}),
     }
 
 

@@ -1,8 +1,12 @@
-//! The sandbox of a brokered upstream: what it may read and write (Landlock), which TCP it may
-//! open (Landlock), with `network = false` a network namespace of its own (made inside a user
+//! The sandbox of a brokered upstream: what it sees (a mount namespace of its own whose root
+//! holds only what its rules name, so no named Unix socket outside them can be reached, whatever
+//! its uid), what it may read and write there (Landlock), which TCP it may open (Landlock), an
+//! IPC namespace of its own (no SysV shared memory, semaphores or message queues of the host),
+//! with `network = false` a network namespace of its own (the namespaces are made inside a user
 //! namespace of its own when the broker is not root), its environment
 //! (only what the provider declares, plus `PATH`/`HOME`/`LANG`), its limits (rlimits), its uid
-//! (`run_as`, the broker being root), no new privileges, death with the broker, and its own
+//! (`run_as`, `upstream_uids`, or one of its own from [`DEFAULT_UPSTREAM_UIDS`]: never root's),
+//! no new privileges, death with the broker, and its own
 //! process group, killed whole when its session ends.
 //!
 //! The broker plans it ([`plan`], at spawn: fail closed, naming what is missing) and shows it;
@@ -76,6 +80,11 @@ pub const DEFAULT_READ: &[&str] = &[
     "/dev/random",
     "/dev/zero",
 ];
+/// Where a root broker's sandboxed upstreams without `run_as` (or `upstream_uids`) take their
+/// uid (= gid) from, one per provider, derived from its namespace (stable across restarts and
+/// config edits): `[first, last]`. Unused by distributions and systemd's ranges (1879048192 =
+/// 0x70000000, below 2^31 and above the container ranges).
+pub const DEFAULT_UPSTREAM_UIDS: [u32; 2] = [1_879_048_192, 1_879_048_192 + 65_535];
 /// Read-write by default.
 pub const DEFAULT_WRITE: &[&str] = &["/dev/null"];
 /// The Landlock ABI the filesystem rules need (truncate is ABI 3), and the TCP rules (ABI 4).
@@ -107,10 +116,18 @@ pub struct Plan {
     pub ports: Vec<u16>,
     /// A network namespace of its own (only loopback, down).
     pub netns: bool,
-    /// The network namespace is made inside a user namespace of its own (the broker is not
-    /// root), in which its uid and gid are mapped to themselves.
+    /// The namespaces are made inside a user namespace of its own (the broker is not root), in
+    /// which its uid and gid are mapped to themselves.
     #[serde(default)]
     pub userns: bool,
+    /// A mount namespace of its own, whose root holds only its rules' paths (read ones
+    /// read-only): nothing else, named Unix sockets included, is there to be opened.
+    #[serde(default)]
+    pub mount_ns: bool,
+    /// An IPC namespace of its own: the host's SysV shared memory, semaphores and message
+    /// queues are not there.
+    #[serde(default)]
+    pub ipc_ns: bool,
     pub memory_bytes: u64,
     pub processes: u64,
     pub open_files: u64,
@@ -484,12 +501,18 @@ pub fn plan(
     };
     let (read, write) = (of("read"), of("write"));
     let netns = matches!(config.network, NetworkSetting::All(false));
-    // Only root can make a network namespace without a user namespace; a broker that is not
-    // root makes both, where the kernel allows it, or refuses the provider.
-    let userns = netns && me != 0;
+    // Only root can make namespaces without a user namespace; a broker that is not root makes
+    // them inside one, where the kernel allows it, or refuses the provider (the mount namespace
+    // is what keeps named Unix sockets out: no sandbox without it).
+    let userns = me != 0;
     if userns && let Err(why) = userns_available() {
+        let net = if netns {
+            "network = false needs a network namespace of its own, and "
+        } else {
+            ""
+        };
         return Err(format!(
-            "{at}: network = false needs a network namespace of its own, and a broker that is not root (uid {me}) makes it inside a user namespace, which this machine refuses: {why} (unprivileged user namespaces are off: see sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone, kernel.apparmor_restrict_unprivileged_userns); run the broker as root, allow the network, or set `sandbox = \"none\"` to run it without one"
+            "{at}: {net}the sandbox shows the upstream only its rules' paths in a mount namespace of its own, which a broker that is not root (uid {me}) makes inside a user namespace, which this machine refuses: {why} (unprivileged user namespaces are off: see sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone, kernel.apparmor_restrict_unprivileged_userns); run the broker as root, or set `sandbox = \"none\"` to run it without one"
         ));
     }
     let (network, ports) = match &config.network {
@@ -516,7 +539,13 @@ pub fn plan(
         ports,
         netns,
         userns,
-        memory_bytes: config.memory_mb.unwrap_or(DEFAULT_MEMORY_MB) * 1024 * 1024,
+        mount_ns: true,
+        ipc_ns: true,
+        // Checked at load (`memory_mb` fits in bytes); saturating all the same.
+        memory_bytes: config
+            .memory_mb
+            .unwrap_or(DEFAULT_MEMORY_MB)
+            .saturating_mul(1024 * 1024),
         processes: config.processes.unwrap_or(DEFAULT_PROCESSES),
         open_files: config.open_files.unwrap_or(DEFAULT_OPEN_FILES),
         cpu_seconds: config.cpu_seconds.filter(|s| *s > 0),
@@ -558,11 +587,28 @@ fn userns_available() -> Result<(), String> {
         .clone()
 }
 
-/// The probe's work ([`PROBE_SUBCOMMAND`]): makes what the launcher would (a user namespace, a
-/// network namespace in it, its uid and gid mapped) in this process, which then exits.
+/// The probe's work ([`PROBE_SUBCOMMAND`]): makes what the launcher would (a user namespace, the
+/// mount, IPC and network namespaces in it, its uid and gid mapped) in this process, which then
+/// exits.
 pub fn probe_userns() -> Result<(), String> {
     single_threaded()?;
-    enter_userns()
+    enter_userns(namespaces(true, true, true))
+}
+
+/// The namespaces the launcher makes (besides the user namespace).
+fn namespaces(mount: bool, ipc: bool, net: bool) -> rustix::thread::UnshareFlags {
+    use rustix::thread::UnshareFlags;
+    let mut flags = UnshareFlags::empty();
+    for (on, flag) in [
+        (mount, UnshareFlags::NEWNS),
+        (ipc, UnshareFlags::NEWIPC),
+        (net, UnshareFlags::NEWNET),
+    ] {
+        if on {
+            flags |= flag;
+        }
+    }
+    flags
 }
 
 /// Credentials, limits, namespaces and Landlock are per thread in the kernel: they hold for the
@@ -579,23 +625,19 @@ fn single_threaded() -> Result<(), String> {
     Ok(())
 }
 
-/// A user namespace and a network namespace owned by it, for a process that is not root: its
-/// uid and gid are mapped to themselves (files keep their owners, and the upstream sees its own
-/// uid), `setgroups` is denied in it (the kernel's condition for an unprivileged gid map), and
-/// the capabilities the namespace's creator holds in it are dropped by the caller before exec.
-fn enter_userns() -> Result<(), String> {
+/// A user namespace and the namespaces `flags` names owned by it, for a process that is not
+/// root: its uid and gid are mapped to themselves (files keep their owners, and the upstream sees
+/// its own uid), `setgroups` is denied in it (the kernel's condition for an unprivileged gid
+/// map), and the capabilities the namespace's creator holds in it are dropped by the caller
+/// before exec.
+fn enter_userns(flags: rustix::thread::UnshareFlags) -> Result<(), String> {
     let uid = rustix::process::geteuid().as_raw();
     let gid = rustix::process::getegid().as_raw();
-    // USER and NET only, in a single-threaded process: the hazard `unshare_unsafe` warns of
-    // (FILES splitting the descriptor table between threads) cannot arise.
-    #[expect(
-        deprecated,
-        reason = "USER and NET only, one thread: the FILES hazard behind the deprecation does not apply"
-    )]
-    rustix::thread::unshare(
-        rustix::thread::UnshareFlags::NEWUSER | rustix::thread::UnshareFlags::NEWNET,
-    )
-    .map_err(|e| format!("cannot make a user namespace with a network namespace (unshare): {e}"))?;
+    unshare(rustix::thread::UnshareFlags::NEWUSER | flags).map_err(|e| {
+        format!(
+            "cannot make a user namespace with mount, IPC and network namespaces (unshare): {e}"
+        )
+    })?;
     let write = |file: &str, text: String| {
         std::fs::write(format!("/proc/self/{file}"), text)
             .map_err(|e| format!("cannot write /proc/self/{file} in the new user namespace: {e}"))
@@ -654,19 +696,18 @@ fn apply(plan: &str) -> Result<(), String> {
         serde_json::from_str(plan).map_err(|e| format!("the sandbox plan is not valid: {e}"))?;
     single_threaded()?;
     // The namespaces first (before the limits and Landlock): a user namespace made after the
-    // limits would take the lowered RLIMIT_NPROC as its own ceiling.
+    // limits would take the lowered RLIMIT_NPROC as its own ceiling; mounts need the
+    // capabilities the uid change and Landlock take away.
+    let flags = namespaces(plan.mount_ns, plan.ipc_ns, plan.netns);
     if plan.userns {
-        enter_userns()?;
-    } else if plan.netns {
-        // Only NEWNET (the broker is root), in a single-threaded process: the hazard
-        // `unshare_unsafe` warns of (FILES splitting the descriptor table between threads)
-        // cannot arise.
-        #[expect(
-            deprecated,
-            reason = "NEWNET only, one thread: the FILES hazard behind the deprecation does not apply"
-        )]
-        rustix::thread::unshare(rustix::thread::UnshareFlags::NEWNET)
-            .map_err(|e| format!("cannot make a network namespace: {e}"))?;
+        enter_userns(flags)?;
+    } else if !flags.is_empty() {
+        unshare(flags).map_err(|e| {
+            format!("cannot make the sandbox's mount, IPC and network namespaces (unshare): {e}")
+        })?;
+    }
+    if plan.mount_ns {
+        enter_view(&plan)?;
     }
     rustix::process::setsid().map_err(|e| format!("setsid: {e}"))?;
     let mut limits = vec![
@@ -779,6 +820,203 @@ fn ruleset(plan: &Plan) -> Result<landlock::RulesetCreated, String> {
             .map_err(err)?;
     }
     Ok(created)
+}
+
+/// `unshare(2)` of namespaces only (never FILES), in the single-threaded launcher: the hazard
+/// `unshare_unsafe` warns of (FILES splitting the descriptor table between threads) cannot
+/// arise.
+fn unshare(flags: rustix::thread::UnshareFlags) -> rustix::io::Result<()> {
+    #[expect(
+        deprecated,
+        reason = "namespaces only, one thread: the FILES hazard behind the deprecation does not apply"
+    )]
+    rustix::thread::unshare(flags - rustix::thread::UnshareFlags::FILES)
+}
+
+/// One rule's path in the upstream's view: bound at `at` (in the new root) from `fd`.
+struct Bind {
+    at: PathBuf,
+    fd: rustix::fd::OwnedFd,
+    dir: bool,
+    write: bool,
+}
+
+/// Where the new root is built, in the launcher's own mount namespace (it exists on every
+/// system; what it held is covered only there).
+const VIEW_BUILD: &str = "/tmp";
+
+/// The upstream's view of the filesystem, in the mount namespace the launcher just made: a new
+/// root (an empty tmpfs, read-only once built) holding a bind mount of each rule's path at the
+/// same path (read rules read-only, write rules read-write; a path named through a symlink
+/// also gets the symlink), made the root (`pivot_root`), the old root detached. Nothing else
+/// is there to open, connect to or list: the host's named Unix sockets (`/run`, a session's
+/// bus, an agent's socket) among it. Landlock applies on top.
+fn enter_view(plan: &Plan) -> Result<(), String> {
+    use rustix::fs::{CWD, Mode, OFlags};
+    use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
+    let mount_err = |what: &str, e: rustix::io::Errno| format!("mount namespace: {what}: {e}");
+    rustix::mount::mount_change(
+        "/",
+        MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
+    )
+    .map_err(|e| mount_err("cannot make `/` private", e))?;
+    // Every rule's path is opened before anything is covered (a rule under /tmp included).
+    let mut binds: Vec<Bind> = Vec::new();
+    let mut links: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let rules = plan
+        .read
+        .iter()
+        .map(|p| (p, false))
+        .chain(plan.write.iter().map(|p| (p, true)));
+    for (path, write) in rules {
+        let named = Path::new(path);
+        let open = |p: &Path| {
+            rustix::fs::openat(CWD, p, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
+                .map_err(|e| format!("mount namespace: `{}`: {e}", p.display()))
+        };
+        let real =
+            std::fs::canonicalize(named).map_err(|e| format!("mount namespace: `{path}`: {e}"))?;
+        let fd = open(&real)?;
+        let dir = rustix::fs::fstat(&fd)
+            .map(|st| {
+                rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory
+            })
+            .map_err(|e| format!("mount namespace: `{path}`: {e}"))?;
+        if real != named && named.is_absolute() {
+            let parent_real = named
+                .parent()
+                .and_then(|p| std::fs::canonicalize(p).ok())
+                .is_some_and(|p| Some(p.as_path()) == named.parent());
+            match std::fs::read_link(named) {
+                // Only the last component is a link: the same link, to the bound target.
+                Ok(to) if parent_real => links.push((named.to_path_buf(), to)),
+                // A folder on the way is a link: the target bound at the named path too.
+                _ => binds.push(Bind {
+                    at: named.to_path_buf(),
+                    fd: open(&real)?,
+                    dir,
+                    write,
+                }),
+            }
+        }
+        binds.push(Bind {
+            at: real,
+            fd,
+            dir,
+            write,
+        });
+    }
+    // Outer paths first, so that an inner one is bound over them; a read rule beneath a bound
+    // path (or a write rule beneath a write rule) is already there.
+    binds.sort_by_key(|b| (b.at.components().count(), b.write));
+    let new_root = Path::new(VIEW_BUILD);
+    rustix::mount::mount(
+        "sharedos-sandbox",
+        new_root,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        Some(c"mode=0755,size=1m"),
+    )
+    .map_err(|e| mount_err(&format!("cannot mount a tmpfs on {VIEW_BUILD}"), e))?;
+    let mut bound: Vec<(PathBuf, bool)> = Vec::new();
+    for b in &binds {
+        if bound
+            .iter()
+            .any(|(at, write)| b.at.starts_with(at) && (*write || !b.write))
+        {
+            continue;
+        }
+        let Ok(rel) = b.at.strip_prefix("/") else {
+            continue;
+        };
+        let target = new_root.join(rel);
+        if std::fs::symlink_metadata(&target).is_err() {
+            let made = if b.dir {
+                std::fs::create_dir_all(&target)
+            } else {
+                target
+                    .parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|()| std::fs::File::create(&target).map(drop))
+            };
+            made.map_err(|e| {
+                format!(
+                    "mount namespace: cannot make the mount point of `{}`: {e}",
+                    b.at.display()
+                )
+            })?;
+        }
+        let source = format!("/proc/self/fd/{}", rustix::fd::AsRawFd::as_raw_fd(&b.fd));
+        rustix::mount::mount_bind_recursive(&source, &target)
+            .map_err(|e| mount_err(&format!("cannot bind `{}`", b.at.display()), e))?;
+        if !b.write {
+            // Read-only, keeping the flags the kernel locks (nosuid, nodev, noexec, atime)
+            // in a user namespace.
+            let vfs = rustix::fs::fstatvfs(&b.fd)
+                .map_err(|e| mount_err(&format!("cannot stat `{}`", b.at.display()), e))?;
+            remount_read_only(&target, vfs.f_flag).map_err(|e| {
+                mount_err(&format!("cannot make `{}` read-only", b.at.display()), e)
+            })?;
+        }
+        bound.push((b.at.clone(), b.write));
+    }
+    for (at, to) in &links {
+        let Ok(rel) = at.strip_prefix("/") else {
+            continue;
+        };
+        let target = new_root.join(rel);
+        if std::fs::symlink_metadata(&target).is_ok() {
+            continue;
+        }
+        target
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::os::unix::fs::symlink(to, &target))
+            .map_err(|e| {
+                format!(
+                    "mount namespace: cannot make the link `{}`: {e}",
+                    at.display()
+                )
+            })?;
+    }
+    drop(binds);
+    // The new root becomes `/`, the old one is stacked beneath it and detached.
+    std::env::set_current_dir(new_root)
+        .map_err(|e| format!("mount namespace: cannot enter the new root: {e}"))?;
+    rustix::process::pivot_root(".", ".").map_err(|e| mount_err("pivot_root", e))?;
+    rustix::mount::unmount(".", UnmountFlags::DETACH)
+        .map_err(|e| mount_err("cannot detach the old root", e))?;
+    std::env::set_current_dir("/")
+        .map_err(|e| format!("mount namespace: cannot enter the new root: {e}"))?;
+    remount_read_only(
+        Path::new("/"),
+        rustix::fs::StatVfsMountFlags::NOSUID | rustix::fs::StatVfsMountFlags::NODEV,
+    )
+    .map_err(|e| mount_err("cannot make the new root read-only", e))?;
+    Ok(())
+}
+
+/// Remounts the bind mount at `target` read-only, keeping `flags` (the source's).
+fn remount_read_only(
+    target: &Path,
+    flags: rustix::fs::StatVfsMountFlags,
+) -> rustix::io::Result<()> {
+    use rustix::fs::StatVfsMountFlags as V;
+    use rustix::mount::MountFlags as M;
+    let mut keep = M::BIND | M::RDONLY;
+    for (v, m) in [
+        (V::NOSUID, M::NOSUID),
+        (V::NODEV, M::NODEV),
+        (V::NOEXEC, M::NOEXEC),
+        (V::NOATIME, M::NOATIME),
+        (V::NODIRATIME, M::NODIRATIME),
+        (V::RELATIME, M::RELATIME),
+    ] {
+        if flags.contains(v) {
+            keep |= m;
+        }
+    }
+    rustix::mount::mount_remount(target, keep, "")
 }
 
 #[cfg(test)]

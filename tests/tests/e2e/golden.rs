@@ -91,12 +91,15 @@ fn normalized(record: &Path, dir: &Path) -> Vec<String> {
                 v["argumentsSha256"] = json!("SHA256");
             }
             // The sandbox's paths name this machine's folders and the build tree; whether it
-            // has a network namespace, and its gid, depend on running as root.
+            // has a network namespace, a user namespace, a uid of its own (root's default),
+            // and its gid, depend on running as root.
             if let Some(sb) = v.get_mut("sandbox").and_then(Value::as_object_mut) {
                 for k in ["read", "write"] {
                     sb.insert(k.to_owned(), json!("PATHS"));
                 }
                 sb.insert("netns".to_owned(), json!("NETNS"));
+                sb.insert("userns".to_owned(), json!("USERNS"));
+                sb.insert("ownUid".to_owned(), json!("OWNUID"));
                 sb.insert("gid".to_owned(), json!(0));
             }
             n.value("", &mut v);

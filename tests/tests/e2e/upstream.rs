@@ -19,6 +19,13 @@ fn q(s: &str) -> String {
     serde_json::to_string(s).expect("quote")
 }
 
+/// A temp folder that is an upstream's write folder made writable by any uid: under a root
+/// broker the upstream runs under a uid of its own (issue 42), not root's.
+fn open_to_every_uid(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+}
+
 /// A `[providers.sandbox]` table (issue 32): what the upstream may read and write besides the
 /// defaults (the system, the command's own folder, its templates' `file_root`s).
 fn sandboxed(read: &[&str], write: &[&str]) -> String {
@@ -280,6 +287,7 @@ async fn everything_server_behind_the_kernel() {
 async fn cancellation_reaches_the_upstream_as_notifications_cancelled() {
     let Some(s) = servers() else { return };
     let dir = tempfile::tempdir().expect("tmp");
+    open_to_every_uid(dir.path());
     let tap_log = dir.path().join("tap.jsonl");
     let tap = concat!(env!("CARGO_MANIFEST_DIR"), "/python/tap.py");
     let extra = format!(
@@ -1076,6 +1084,7 @@ when { resource.name == "noisy.echo" };
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_two_argument_template_refuses_parts_a_join_would_read_otherwise() {
     let dir = tempfile::tempdir().expect("tmp");
+    open_to_every_uid(dir.path());
     let data = std::fs::canonicalize(dir.path())
         .expect("canon")
         .join("pydata");
