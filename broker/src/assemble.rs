@@ -36,7 +36,11 @@ pub(crate) async fn build(
     check_sandboxes(config, None)?;
     // Every name of the record's and its key's checked before any of them is made or touched.
     crate::record::check_files(&config.record, &config.record_signing_key)?;
-    let policy = PolicyEngine::load(config.schema.as_deref(), &config.policy)?;
+    let policy = PolicyEngine::load_checked(
+        config.schema.as_deref(),
+        &config.policy,
+        Some(config.admin_group),
+    )?;
     let mut registry = Registry::default();
     let signing_key = crate::record::load_or_create_signing_key(&config.record_signing_key)?;
     let (recorder, recovery) = Recorder::open_with(
@@ -74,7 +78,7 @@ pub(crate) async fn build(
                 .display()
         );
     }
-    let pins = Arc::new(Pins::load(config.pins.clone())?);
+    let pins = Arc::new(Pins::load(config.pins.clone(), config.admin_group)?);
     let secrets = Secrets {
         store: match &config.secret_command {
             Some(command) => Arc::new(CommandStore {

@@ -715,43 +715,87 @@ impl McpProviderConfig {
     }
 }
 
-/// An http(s) URL with a host; plain HTTP only to a loopback host unless `insecure_http`.
+/// An http(s) URL with a host, read by the parser the HTTP client itself uses (WHATWG, the
+/// `url` crate through reqwest), so that the host checked is the host called: no user info
+/// (`user@`), no `\\`, no whitespace or control characters (the parser would strip or reread
+/// them), and plain HTTP only to a loopback host unless `insecure_http`. The error names the key
+/// and the problem, and shows the URL only with its user info cut out.
 fn check_url(ns: &str, key: &str, url: &str, insecure_http: bool) -> Result<(), String> {
-    let (scheme, rest) = url.split_once("://").ok_or_else(|| {
-        format!("provider `{ns}`: {key} `{url}` is not an http:// or https:// URL")
-    })?;
-    let host = rest
-        .split(['/', '?', '#'])
-        .next()
-        .unwrap_or_default()
-        .rsplit('@')
-        .next()
-        .unwrap_or_default();
-    let host = match host.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or_default(),
-        None => host.split(':').next().unwrap_or_default(),
-    };
-    if host.is_empty() {
-        return Err(format!("provider `{ns}`: {key} `{url}` has no host"));
+    parse_url(url, insecure_http)
+        .map(|_| ())
+        .map_err(|problem| {
+            format!(
+                "provider `{ns}`: {key} `{}` {problem}",
+                shown_url(url).escape_debug()
+            )
+        })
+}
+
+/// [`check_url`]'s reading of `url`: the parsed URL, or what is wrong with it.
+pub fn parse_url(url: &str, insecure_http: bool) -> Result<reqwest::Url, String> {
+    if let Some(c) = url.chars().find(|c| c.is_control() || c.is_whitespace()) {
+        return Err(format!(
+            "contains {}: URLs with whitespace or control characters are refused (the HTTP client's parser drops some of them, so the host checked would not be the host called)",
+            c.escape_default()
+        ));
     }
-    match scheme.to_ascii_lowercase().as_str() {
-        "https" => Ok(()),
-        "http" if insecure_http || is_loopback(host) => Ok(()),
-        "http" => Err(format!(
-            "provider `{ns}`: {key} `{url}` is plain HTTP to `{host}`, which is not loopback: use https://, or set `insecure_http = true` to send calls and credentials unencrypted"
-        )),
+    if url.contains('\\') {
+        return Err(
+            "contains `\\`: refused (an HTTP client reads it as `/`, ending the host early, so the host checked would not be the host called)".into(),
+        );
+    }
+    let parsed =
+        reqwest::Url::parse(url).map_err(|e| format!("is not an http:// or https:// URL ({e})"))?;
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(
+            "has user info (`...@` before the host): refused; give credentials as `headers` or `[providers.oauth]`, never in the URL".into(),
+        );
+    }
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(format!(
+            "is not an http:// or https:// URL (scheme `{}`)",
+            parsed.scheme()
+        ));
+    }
+    if parsed.host().is_none() {
+        return Err("has no host".into());
+    }
+    let loopback = host_is_loopback(&parsed);
+    match parsed.scheme() {
+        "https" => Ok(parsed),
+        _ if insecure_http || loopback => Ok(parsed),
         _ => Err(format!(
-            "provider `{ns}`: {key} `{url}` is not an http:// or https:// URL"
+            "is plain HTTP to `{}`, which is not loopback: use https://, or set `insecure_http = true` to send calls and credentials unencrypted",
+            parsed.host_str().unwrap_or_default()
         )),
     }
 }
 
-/// A host name or address that stays on this machine.
-pub fn is_loopback(host: &str) -> bool {
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+/// `url` for messages: user info (anything before an `@` in the authority) cut out: it may be
+/// a password.
+pub fn shown_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    match authority.rsplit_once('@') {
+        Some((_, host)) => {
+            let after = rest.get(authority.len()..).unwrap_or_default();
+            format!("{scheme}://(user info cut)@{host}{after}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// Whether a parsed URL's host stays on this machine: `localhost`, 127.0.0.0/8 or ::1, as the
+/// HTTP client reads the host (`0x7f000001` is 127.0.0.1 to it; `127.0.0.1.evil.example` a name).
+pub fn host_is_loopback(url: &reqwest::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
 }
 
 /// A `[[budgets]]` table: a limit on the calls of one tool (`tool`) or of every tool of one
@@ -940,6 +984,13 @@ impl ProviderConfig {
     }
 }
 
+/// The config's `admin_group` alone, read before the rest: the config's own check needs it.
+#[derive(Deserialize)]
+struct AdminGroupOnly {
+    #[serde(default)]
+    admin_group: Option<GroupRef>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -989,6 +1040,9 @@ struct RawConfig {
     harness_group: Option<GroupRef>,
     #[serde(default)]
     host_group: Option<GroupRef>,
+    /// A group whose members may write the config, the policy, the schema and the pins.
+    #[serde(default)]
+    admin_group: Option<GroupRef>,
     #[serde(default)]
     default_ttl_seconds: Option<u64>,
     #[serde(default)]
@@ -1066,6 +1120,9 @@ pub struct Config {
     pub harness_group: Option<u32>,
     /// The same for `control.sock` and host uids.
     pub host_group: Option<u32>,
+    /// `admin_group`: a group whose members may write the config, the policy, the schema and the
+    /// pins (and their folders); otherwise only the broker's uid or root may.
+    pub admin_group: Option<u32>,
     pub default_ttl: Duration,
     pub call_timeout: Duration,
     pub pins: Option<PathBuf>,
@@ -1092,9 +1149,23 @@ impl Config {
     /// Reads a config file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: shown.clone(),
-            source,
+        // Checked as the broker's own files are (its owner and mode, its folders), with the
+        // `admin_group` it names, before its text is used.
+        let text = crate::trusted::read_settings(path, "config", |text| {
+            toml::from_str::<AdminGroupOnly>(text)
+                .ok()
+                .and_then(|g| g.admin_group)
+                .and_then(|g| g.resolve("admin_group").ok())
+        })
+        .map_err(|e| match e {
+            TrustError::Io { source, .. } => ConfigError::Read {
+                path: shown.clone(),
+                source,
+            },
+            e => ConfigError::Parse {
+                path: shown.clone(),
+                detail: e.to_string(),
+            },
         })?;
         let mut raw: RawConfig = toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: shown.clone(),
@@ -1235,6 +1306,7 @@ impl Config {
         })?;
         let harness_group = group(raw.harness_group, "harness_group")?;
         let host_group = group(raw.host_group, "host_group")?;
+        let admin_group = group(raw.admin_group, "admin_group")?;
         Ok(Config {
             source: shown,
             record_signing_key: raw
@@ -1279,6 +1351,7 @@ impl Config {
             harness_uids: raw.harness_uids,
             harness_group,
             host_group,
+            admin_group,
             default_ttl: raw
                 .default_ttl_seconds
                 .map_or(DEFAULT_TTL, Duration::from_secs)
@@ -1391,6 +1464,7 @@ impl Config {
             harness_uids: vec![],
             harness_group: None,
             host_group: None,
+            admin_group: None,
             default_ttl: DEFAULT_TTL,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             providers: vec![ProviderConfig::Files {
@@ -1453,6 +1527,49 @@ mod tests {
         ))
         .expect_err("grant");
         assert!(e.contains("password"), "{e}");
+    }
+
+    /// Issue 42 item 9: URLs are read as the HTTP client reads them.
+    #[test]
+    fn urls_are_read_as_the_http_client_reads_them() {
+        let refused = [
+            ("http://192.0.2.2:8080\\@127.0.0.1/mcp", "`\\`"),
+            ("http://127.0.0.1\\@evil.example/", "`\\`"),
+            ("http://evil.example\\\\@127.0.0.1/", "`\\`"),
+            ("http://user@127.0.0.1/", "user info"),
+            ("http://user:pa55word@127.0.0.1/", "user info"),
+            ("https://user:pa55word@mcp.example.com/", "user info"),
+            ("http://evil%5C@127.0.0.1/", "user info"),
+            ("http://127.0.0.1.evil.example/", "not loopback"),
+            ("http://127.0.0.1\t.evil.example/", "control"),
+            ("http://evil\n.example@127.0.0.1/", "control"),
+            (" http://127.0.0.1/", "whitespace"),
+            ("ftp://127.0.0.1/", "scheme `ftp`"),
+            ("127.0.0.1:8080", "not an http"),
+            ("http:///mcp", "not loopback"),
+        ];
+        for (url, problem) in refused {
+            let e = check_url("r", "url", url, false).expect_err(url);
+            assert!(
+                e.contains("provider `r`: url `") && e.contains(problem),
+                "{url}: {e}"
+            );
+            assert!(!e.contains("pa55word"), "{e}");
+        }
+        for url in [
+            "http://127.0.0.1:8080/mcp",
+            "http://0x7f000001/",
+            "http://127.1.2.3/",
+            "http://[::1]:9/",
+            "http://LOCALHOST/",
+            "https://mcp.example.com/mcp",
+        ] {
+            assert!(check_url("r", "url", url, false).is_ok(), "{url}");
+        }
+        // `insecure_http` lets plain HTTP go anywhere, never user info or a backslash.
+        assert!(check_url("r", "url", "http://192.0.2.1/", true).is_ok());
+        assert!(check_url("r", "url", "http://u@192.0.2.1/", true).is_err());
+        assert!(check_url("r", "url", "http://a\\@192.0.2.1/", true).is_err());
     }
 
     #[test]

@@ -22,22 +22,26 @@ pub enum PinError {
 }
 
 impl Pins {
-    pub fn load(path: Option<PathBuf>) -> Result<Self, PinError> {
-        let map = match &path {
-            Some(p) if p.exists() => {
-                let text = std::fs::read_to_string(p).map_err(|e| PinError::Read {
-                    path: p.display().to_string(),
-                    detail: e.to_string(),
-                })?;
-                let t: BTreeMap<String, String> =
-                    toml::from_str(&text).map_err(|e| PinError::Read {
-                        path: p.display().to_string(),
-                        detail: e.to_string(),
-                    })?;
-                t
-            }
-            _ => BTreeMap::new(),
-        };
+    /// Reads the pin file, when there is one, checked as the broker's own files are
+    /// (`trusted::read_settings`; `admin_group`: the config's).
+    pub fn load(path: Option<PathBuf>, admin_group: Option<u32>) -> Result<Self, PinError> {
+        let map =
+            match &path {
+                Some(p) if p.exists() => {
+                    let text = crate::trusted::read_settings(p, "pin file", |_| admin_group)
+                        .map_err(|e| PinError::Read {
+                            path: p.display().to_string(),
+                            detail: e.to_string(),
+                        })?;
+                    let t: BTreeMap<String, String> =
+                        toml::from_str(&text).map_err(|e| PinError::Read {
+                            path: p.display().to_string(),
+                            detail: e.to_string(),
+                        })?;
+                    t
+                }
+                _ => BTreeMap::new(),
+            };
         Ok(Self {
             path,
             map: RwLock::new(map),

@@ -162,6 +162,9 @@ pub enum PolicyError {
     Parse { path: String, detail: String },
     #[error("policy file `{path}` does not validate against the schema:\n{detail}")]
     Invalid { path: String, detail: String },
+    /// Another uid could write the file (see `trusted::read_settings`).
+    #[error("{0}")]
+    Untrusted(String),
 }
 
 pub use crate::resource::Resource;
@@ -348,6 +351,8 @@ impl Names {
 pub struct PolicyEngine {
     schema: Schema,
     policy_path: PathBuf,
+    /// Whether (and with which `admin_group`) the policy file is checked at each reload.
+    check: SettingsCheck,
     current: RwLock<Arc<PolicyVersion>>,
     names: Names,
     authorizer: Authorizer,
@@ -415,17 +420,34 @@ fn render(diag: &dyn miette::Diagnostic, path: &str, src: &str) -> String {
     out
 }
 
-fn read(path: &Path) -> Result<String, PolicyError> {
-    std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
+/// Who may write the policy and schema files the broker loads: `None`, not checked (a policy
+/// replayed or tried offline); `Some(group)`, checked as the broker's own files are
+/// (`trusted::read_settings`), `group` being the config's `admin_group`.
+pub type SettingsCheck = Option<Option<u32>>;
+
+fn read(path: &Path, what: &str, check: SettingsCheck) -> Result<String, PolicyError> {
+    let read_err = |source| PolicyError::Read {
         path: path.display().to_string(),
         source,
-    })
+    };
+    match check {
+        None => std::fs::read_to_string(path).map_err(read_err),
+        Some(group) => crate::trusted::read_settings(path, what, |_| group).map_err(|e| match e {
+            crate::trusted::TrustError::Io { source, .. } => read_err(source),
+            e => PolicyError::Untrusted(e.to_string()),
+        }),
+    }
 }
 
 /// Parses a schema (the built-in one when `path` is None).
 pub fn load_schema(path: Option<&Path>) -> Result<Schema, PolicyError> {
+    load_schema_checked(path, None)
+}
+
+/// [`load_schema`], its file checked as `check` says.
+fn load_schema_checked(path: Option<&Path>, check: SettingsCheck) -> Result<Schema, PolicyError> {
     let (shown, src) = match path {
-        Some(p) => (p.display().to_string(), read(p)?),
+        Some(p) => (p.display().to_string(), read(p, "schema", check)?),
         None => ("<built-in schema>".to_owned(), BUILTIN_SCHEMA.to_owned()),
     };
     match Schema::from_cedarschema_str(&src) {
@@ -512,10 +534,21 @@ pub fn compile_policies(schema: &Schema, path: &Path, src: &str) -> Result<Polic
 impl PolicyEngine {
     /// Loads the schema and the policy file. Any problem is an error naming the file and line.
     pub fn load(schema_path: Option<&Path>, policy_path: &Path) -> Result<Self, PolicyError> {
-        let schema = load_schema(schema_path)?;
-        let src = read(policy_path)?;
+        Self::load_checked(schema_path, policy_path, None)
+    }
+
+    /// [`PolicyEngine::load`], the files checked as `check` says, at load and at every reload
+    /// (the broker's own load: `Some(admin_group)`).
+    pub fn load_checked(
+        schema_path: Option<&Path>,
+        policy_path: &Path,
+        check: SettingsCheck,
+    ) -> Result<Self, PolicyError> {
+        let schema = load_schema_checked(schema_path, check)?;
+        let src = read(policy_path, "policy", check)?;
         let set = compile_policies(&schema, policy_path, &src)?;
         Ok(Self {
+            check,
             policy_path: policy_path.to_path_buf(),
             current: RwLock::new(Arc::new(PolicyVersion::new(1, set))),
             names: Names::new(),
@@ -541,7 +574,7 @@ impl PolicyEngine {
 
     /// Re-reads the policy file. On any error the old set stays in force.
     pub fn reload(&self) -> Result<Arc<PolicyVersion>, PolicyError> {
-        let src = read(&self.policy_path)?;
+        let src = read(&self.policy_path, "policy", self.check)?;
         let set = compile_policies(&self.schema, &self.policy_path, &src)?;
         let mut guard = match self.current.write() {
             Ok(g) => g,

@@ -67,7 +67,19 @@ fn absolute(path: &Path) -> PathBuf {
 /// Whether a folder with this owner and mode keeps other uids from changing what is in it:
 /// `Ok(true)` when nobody else can write it at all, `Ok(false)` when others can but the sticky bit
 /// keeps them to their own names; refused otherwise.
-fn folder_rule(path: &Path, owner: u32, mode: u32, uid: u32) -> Result<bool, TrustError> {
+/// `group`: (the folder's group, a group whose members may write it: the operator's
+/// `admin_group`, for the folders of the broker's settings).
+fn folder_rule_for(
+    path: &Path,
+    owner: u32,
+    mode: u32,
+    group: Option<(u32, u32)>,
+    uid: u32,
+) -> Result<bool, TrustError> {
+    let mode = match group {
+        Some((gid, allowed)) if gid == allowed => mode & !0o020,
+        _ => mode,
+    };
     if owner != uid && owner != 0 {
         return Err(TrustError::refused(
             path,
@@ -95,6 +107,8 @@ pub struct TrustedDir {
     path: PathBuf,
     fd: OwnedFd,
     uid: u32,
+    /// A group whose members may write the folder (the broker's settings' `admin_group`).
+    group: Option<u32>,
 }
 
 impl TrustedDir {
@@ -106,9 +120,19 @@ impl TrustedDir {
 
     /// [`TrustedDir::open`] for `uid`.
     pub fn open_for(path: &Path, uid: u32, create: bool) -> Result<Self, TrustError> {
+        Self::open_with(path, uid, None, create)
+    }
+
+    /// [`TrustedDir::open_for`], members of `group` being allowed to write the folders.
+    fn open_with(
+        path: &Path,
+        uid: u32,
+        group: Option<u32>,
+        create: bool,
+    ) -> Result<Self, TrustError> {
         let path = absolute(path);
-        check_links_on_the_way(&path, uid)?;
-        let dir = Self::open_checked(&path, uid, create, true)?;
+        check_links_on_the_way(&path, uid, group)?;
+        let dir = Self::open_checked(&path, uid, group, create, true)?;
         dir.check_above()?;
         Ok(dir)
     }
@@ -116,7 +140,13 @@ impl TrustedDir {
     /// Opens `path` (made when missing and `create`, relative to its checked parent) and checks
     /// the folder itself. `follow`: `path` itself may be a link (one [`check_links_on_the_way`]
     /// let through).
-    fn open_checked(path: &Path, uid: u32, create: bool, follow: bool) -> Result<Self, TrustError> {
+    fn open_checked(
+        path: &Path,
+        uid: u32,
+        group: Option<u32>,
+        create: bool,
+        follow: bool,
+    ) -> Result<Self, TrustError> {
         let mut flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
         if !follow {
             flags |= OFlags::NOFOLLOW;
@@ -127,6 +157,7 @@ impl TrustedDir {
                     path: path.to_path_buf(),
                     fd,
                     uid,
+                    group,
                 };
                 dir.check_self()?;
                 Ok(dir)
@@ -135,7 +166,7 @@ impl TrustedDir {
                 let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
                     return Err(TrustError::refused(path, "no such folder"));
                 };
-                let parent = Self::open_checked(parent, uid, true, true)?;
+                let parent = Self::open_checked(parent, uid, group, true, true)?;
                 parent.subdir(name, true)
             }
             Err(e) => Err(not_a_folder(path, e)),
@@ -160,6 +191,7 @@ impl TrustedDir {
             path,
             fd,
             uid: self.uid,
+            group: self.group,
         };
         dir.check_self()?;
         Ok(dir)
@@ -167,7 +199,13 @@ impl TrustedDir {
 
     fn check_self(&self) -> Result<(), TrustError> {
         let st = rustix::fs::fstat(&self.fd).map_err(TrustError::io(&self.path))?;
-        folder_rule(&self.path, st.st_uid, st.st_mode, self.uid).map(|_| ())
+        self.rule(&self.path, &st).map(|_| ())
+    }
+
+    /// [`folder_rule_for`] with this folder's uid and group.
+    fn rule(&self, path: &Path, st: &rustix::fs::Stat) -> Result<bool, TrustError> {
+        let group = self.group.map(|g| (st.st_gid, g));
+        folder_rule_for(path, st.st_uid, st.st_mode, group, self.uid)
     }
 
     /// Checks the folders above the one held, through `..` of its descriptor, up to the first one
@@ -175,7 +213,7 @@ impl TrustedDir {
     fn check_above(&self) -> Result<(), TrustError> {
         let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
         let st = rustix::fs::fstat(&self.fd).map_err(TrustError::io(&self.path))?;
-        if folder_rule(&self.path, st.st_uid, st.st_mode, self.uid)? {
+        if self.rule(&self.path, &st)? {
             return Ok(());
         }
         let mut shown = self.path.clone();
@@ -188,9 +226,7 @@ impl TrustedDir {
                 .map_or_else(|| PathBuf::from("/"), Path::to_path_buf);
             let st = rustix::fs::fstat(&here).map_err(TrustError::io(&shown))?;
             // `..` of `/` is `/`: the top.
-            if folder_rule(&shown, st.st_uid, st.st_mode, self.uid)?
-                || (st.st_dev, st.st_ino) == below
-            {
+            if self.rule(&shown, &st)? || (st.st_dev, st.st_ino) == below {
                 return Ok(());
             }
             below = (st.st_dev, st.st_ino);
@@ -361,10 +397,10 @@ fn not_a_folder(path: &Path, e: rustix::io::Errno) -> TrustError {
 }
 
 /// A link on the way to `path` (or `path` itself) is followed only when no other uid can replace
-/// it: the folder holding it passes [`folder_rule`], and in a folder others may write (sticky,
+/// it: the folder holding it passes [`folder_rule_for`], and in a folder others may write (sticky,
 /// as `/tmp`) the link is the broker's or root's own. Otherwise another uid could send the
 /// broker's writes, now or later by path, to a folder of its choosing.
-fn check_links_on_the_way(path: &Path, uid: u32) -> Result<(), TrustError> {
+fn check_links_on_the_way(path: &Path, uid: u32, group: Option<u32>) -> Result<(), TrustError> {
     let mut at = PathBuf::new();
     for c in path.components() {
         at.push(c);
@@ -381,16 +417,18 @@ fn check_links_on_the_way(path: &Path, uid: u32) -> Result<(), TrustError> {
                 path: holder.display().to_string(),
                 source,
             })?;
-            let closed = folder_rule(holder, h.uid(), h.mode(), uid).map_err(|e| match e {
-                TrustError::Refused { detail, .. } => TrustError::refused(
-                    &at,
-                    format!(
-                        "it is a link in folder `{}`, which another uid can change: {detail}",
-                        holder.display()
+            let group = group.map(|g| (h.gid(), g));
+            let closed =
+                folder_rule_for(holder, h.uid(), h.mode(), group, uid).map_err(|e| match e {
+                    TrustError::Refused { detail, .. } => TrustError::refused(
+                        &at,
+                        format!(
+                            "it is a link in folder `{}`, which another uid can change: {detail}",
+                            holder.display()
+                        ),
                     ),
-                ),
-                e => e,
-            })?;
+                    e => e,
+                })?;
             if !closed && m.uid() != uid && m.uid() != 0 {
                 return Err(TrustError::refused(
                     &at,
@@ -402,6 +440,90 @@ fn check_links_on_the_way(path: &Path, uid: u32) -> Result<(), TrustError> {
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+/// Reads a file the broker takes its settings from (`what`: the config, the policy, the schema,
+/// the pins), checked as the broker's own files are before its text is used: links on the way
+/// to it sit in folders no other uid can change; its folder, and those above it, pass the folder
+/// rules of [`TrustedDir`]; the file itself is a plain file of the broker's uid or root that no
+/// other uid can write. Members of `group` (the operator's `admin_group`) may write the file and
+/// its folders when it is their group. `group_of` reads the group from the text itself (the
+/// config names it); the text is used only once the checks pass. The error names the file and
+/// the fix.
+pub fn read_settings(
+    path: &Path,
+    what: &str,
+    group_of: impl FnOnce(&str) -> Option<u32>,
+) -> Result<String, TrustError> {
+    use std::io::Read as _;
+    let uid = broker_uid();
+    let shown = absolute(path);
+    let io = |source: std::io::Error| TrustError::Io {
+        path: shown.display().to_string(),
+        source,
+    };
+    let real = std::fs::canonicalize(&shown).map_err(io)?;
+    let fd = rustix::fs::open(
+        &real,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io(e.into()))?;
+    let mut file = std::fs::File::from(fd);
+    let mut text = String::new();
+    file.read_to_string(&mut text).map_err(io)?;
+    let group = group_of(&text);
+    check_links_on_the_way(&shown, uid, group)?;
+    let (dir, _) = split(&real)?;
+    TrustedDir::open_with(dir, uid, group, false)?;
+    let st = rustix::fs::fstat(&file).map_err(|e| io(e.into()))?;
+    settings_rule(&shown, what, &st, uid, group)?;
+    Ok(text)
+}
+
+/// Who may own and write a settings file (see [`read_settings`]).
+fn settings_rule(
+    path: &Path,
+    what: &str,
+    st: &rustix::fs::Stat,
+    uid: u32,
+    group: Option<u32>,
+) -> Result<(), TrustError> {
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(TrustError::refused(
+            path,
+            format!("the {what} is not a plain file"),
+        ));
+    }
+    let shown = path.display();
+    if st.st_uid != uid && st.st_uid != 0 {
+        return Err(TrustError::refused(
+            path,
+            format!(
+                "the {what} belongs to uid {}, not to this broker's uid {uid} or root: its owner could change what the broker does; give it to root or the broker's uid (`chown {uid} {shown}`)",
+                st.st_uid
+            ),
+        ));
+    }
+    let mode = st.st_mode & 0o7777;
+    if mode & 0o002 != 0 {
+        return Err(TrustError::refused(
+            path,
+            format!(
+                "the {what} (mode {mode:04o}) can be written by every uid: any of them could change what the broker does; `chmod go-w {shown}`"
+            ),
+        ));
+    }
+    if mode & 0o020 != 0 && group != Some(st.st_gid) {
+        return Err(TrustError::refused(
+            path,
+            format!(
+                "the {what} (mode {mode:04o}) can be written by group {}: its members could change what the broker does; `chmod g-w {shown}`, or, if they are the broker's administrators, name the group in the config (`admin_group = {}`)",
+                st.st_gid, st.st_gid
+            ),
+        ));
     }
     Ok(())
 }

@@ -330,7 +330,7 @@ impl Asker {
         request: Value,
         ctx: &RoundCtx,
     ) -> Result<Value, String> {
-        let params = relay_params(provider, request);
+        let params = relay_params(provider, request)?;
         tracing::info!(
             provider,
             "asking the person a brokered server's question (an input_required result)"
@@ -468,7 +468,7 @@ impl Asker {
                 if url { "url" } else { "form" }
             ));
         }
-        let request = relay_params(provider, request);
+        let request = relay_params(provider, request)?;
         tracing::info!(
             provider,
             url,
@@ -489,22 +489,163 @@ impl Asker {
 }
 
 /// A brokered server's question as the person is shown it: its own, named as the server's
-/// (`provider`), its message bounded, its `_meta` left out.
-fn relay_params(provider: &str, mut request: Value) -> Value {
+/// (`provider`), its message bounded, its `_meta` left out. The server's name is a field of its
+/// own (`_meta["io.sharedos/server"]`) besides the first line of the message, and the server's
+/// message follows on lines of its own, cleaned ([`plain_message`]): it cannot push the name out
+/// of view, nor start with what SharedOS's own questions say. A form that wears the approval
+/// form's clothes ([`wears_the_approval_form`]) is refused, with why: the broker records it.
+fn relay_params(provider: &str, mut request: Value) -> Result<Value, String> {
+    if let Some(why) = request
+        .get("requestedSchema")
+        .and_then(wears_the_approval_form)
+    {
+        return Err(why);
+    }
     let message = request
         .get("message")
         .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
+        .map(plain_message)
+        .unwrap_or_default();
     let mut shown = format!(
-        "`{provider}`, a server SharedOS runs for you, asks (it is not SharedOS asking): {message}"
+        "`{provider}`, a server SharedOS runs for you, asks (it is not SharedOS asking):\n\n{message}"
     );
     sharedos_proto::name::clip(&mut shown, RELAY_MESSAGE_MAX_BYTES);
     if let Some(m) = request.as_object_mut() {
         m.insert("message".into(), Value::String(shown));
-        m.remove("_meta");
+        m.insert("_meta".into(), json!({ SERVER_META_KEY: provider }));
     }
-    request
+    Ok(request)
+}
+
+/// The `_meta` key of a forwarded question that names the server asking.
+pub const SERVER_META_KEY: &str = "io.sharedos/server";
+
+/// A server's message as the person is shown it: no whitespace, control or invisible format
+/// characters before it, none inside it but line breaks and spaces (a tab is a space), lines
+/// trimmed at their end, at most one empty line in a row, nothing after it.
+fn plain_message(message: &str) -> String {
+    let invisible = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}' | '\u{00AD}')
+    };
+    let mut out = String::with_capacity(message.len());
+    let mut empty_lines = 0;
+    for line in message.split(['\n', '\r', '\u{2028}', '\u{2029}', '\u{85}']) {
+        let line: String = line
+            .chars()
+            .map(|c| if c == '\t' { ' ' } else { c })
+            .filter(|c| !invisible(*c))
+            .collect();
+        let line = line.trim_end();
+        if line.trim_start().is_empty() {
+            empty_lines += 1;
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(if empty_lines > 0 { "\n\n" } else { "\n" });
+        }
+        empty_lines = 0;
+        out.push_str(if out.is_empty() {
+            line.trim_start()
+        } else {
+            line
+        });
+    }
+    out
+}
+
+/// Text of a form compared with the approval form's: case, spacing and invisible characters
+/// aside.
+fn folded(text: &str) -> String {
+    plain_message(text)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_lowercase()
+}
+
+/// Why a brokered server's form (`requestedSchema`) may not be put to the person: it reuses a
+/// property name, a title or a description of the approval form ([`schema`]), or its
+/// approve/deny choice, and so could pass for SharedOS's own question. Refused, not renamed: a
+/// renamed copy would still look like the approval, and a refusal on record is plain to see.
+fn wears_the_approval_form(requested: &Value) -> Option<String> {
+    let approval = schema();
+    let empty = serde_json::Map::new();
+    let own = approval["properties"].as_object().unwrap_or(&empty);
+    let names: Vec<String> = own.keys().map(|k| folded(k)).collect();
+    let mut texts: Vec<String> = Vec::new();
+    for p in own.values() {
+        for key in ["title", "description"] {
+            if let Some(t) = p.get(key).and_then(Value::as_str) {
+                texts.push(folded(t));
+            }
+        }
+    }
+    let choice = |v: &Value| -> Vec<String> {
+        let mut words: Vec<String> = v
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).map(folded).collect())
+            .unwrap_or_default();
+        words.sort();
+        words
+    };
+    let approve_deny = vec!["approve".to_owned(), "deny".to_owned()];
+    let mut found = None;
+    visit(requested, &mut |key, value| {
+        if found.is_some() {
+            return;
+        }
+        match key {
+            "properties" => {
+                for name in value.as_object().into_iter().flat_map(|m| m.keys()) {
+                    if names.contains(&folded(name)) {
+                        found = Some(format!("property `{name}`"));
+                        return;
+                    }
+                }
+            }
+            "title" | "description" => {
+                if let Some(t) = value.as_str()
+                    && texts.contains(&folded(t))
+                {
+                    found = Some(format!("{key} `{t}`"));
+                }
+            }
+            "enum" if choice(value) == approve_deny => {
+                found = Some("the approve/deny choice".to_owned());
+            }
+            _ => {}
+        }
+    });
+    found.map(|what| {
+        format!(
+            "the server's form reuses the approval form's {what}: a person could take it for SharedOS asking to approve a call, so it is not put to them"
+        )
+    })
+}
+
+/// Calls `f` with every key and value of every object in `v`, depth first (bounded).
+fn visit(v: &Value, f: &mut impl FnMut(&str, &Value)) {
+    fn go(v: &Value, f: &mut impl FnMut(&str, &Value), depth: usize) {
+        if depth > 32 {
+            return;
+        }
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    f(k, x);
+                    go(x, f, depth + 1);
+                }
+            }
+            Value::Array(a) => {
+                for x in a {
+                    go(x, f, depth + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    go(v, f, 0);
 }
 
 /// Longest message of a forwarded question, as the person is shown it.
@@ -712,7 +853,7 @@ mod tests {
             params["requestedSchema"]["properties"]["confirm"]["type"],
             "boolean"
         );
-        assert!(params.get("_meta").is_none());
+        assert_eq!(params["_meta"], json!({SERVER_META_KEY: "py"}), "{params}");
         assert!(asker.attach(&state, held(), raised).is_ok());
         let said = json!({"action": "accept", "content": {"confirm": true}});
         // An approval's key does not answer the server's question.
@@ -722,6 +863,52 @@ mod tests {
                 .is_some()
         );
         assert_eq!(relaying.await.expect("relayed"), Ok(said));
+    }
+
+    /// Issue 42 item 10: a server's copy of the approval form is refused (names, titles,
+    /// descriptions, the approve/deny choice, whatever the case or spacing); its message cannot
+    /// start with blank lines or hide behind control characters; its name is a field of its own.
+    #[test]
+    fn a_copy_of_the_approval_form_is_refused_and_the_message_cleaned() {
+        let copied = json!({"message": "x", "requestedSchema": schema()});
+        let e = relay_params("py", copied).expect_err("the approval form itself");
+        assert!(e.contains("reuses the approval form's"), "{e}");
+        for (schema, what) in [
+            (
+                json!({"type": "object", "properties": {" Decision ": {"type": "string"}}}),
+                "property",
+            ),
+            (
+                json!({"type": "object", "properties": {"ok": {"type": "string", "title": "YOUR   decision"}}}),
+                "title",
+            ),
+            (
+                json!({"type": "object", "properties": {"ok": {"type": "string", "description": "approve runs this call once;\u{200B} deny refuses it"}}}),
+                "description",
+            ),
+            (
+                json!({"type": "object", "title": "Your decision", "properties": {"ok": {"type": "boolean"}}}),
+                "title",
+            ),
+            (
+                json!({"type": "object", "properties": {"ok": {"type": "string", "enum": ["Deny", "approve"]}}}),
+                "approve/deny",
+            ),
+        ] {
+            let e = relay_params("py", json!({"message": "m", "requestedSchema": schema}))
+                .expect_err("a copy");
+            assert!(e.contains(what), "{what}: {e}");
+        }
+        let asked = relay_params(
+            "py",
+            json!({"message": "\n\n\n\t \u{202E}\u{7}SharedOS asks: approve `files.write`?\r\n\n\n\n\nreally\u{1b}[2J\tnow  ", "requestedSchema": {"type": "object", "properties": {"confirm": {"type": "boolean", "title": "Confirm"}}}}),
+        )
+        .expect("a question of its own");
+        assert_eq!(
+            asked["message"],
+            "`py`, a server SharedOS runs for you, asks (it is not SharedOS asking):\n\nSharedOS asks: approve `files.write`?\n\nreally[2J now"
+        );
+        assert_eq!(asked["_meta"], json!({SERVER_META_KEY: "py"}));
     }
 
     #[test]

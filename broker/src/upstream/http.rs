@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use sharedos_proto::record::ProviderDetail;
 
 use super::{Launch, MAX_UPSTREAM_RESULT_BYTES, McpProvider, Session, State};
-use crate::config::is_loopback;
+use crate::config::host_is_loopback;
 use crate::provider::Failure;
 
 /// How long the TCP connection and TLS handshake to a remote server may take (per request).
@@ -224,13 +224,7 @@ impl McpProvider {
             }
             return (t, false);
         }
-        let host = url.split("://").nth(1).unwrap_or_default();
-        let host = host.split(['/', '?', '#']).next().unwrap_or_default();
-        let host = match host.strip_prefix('[') {
-            Some(v6) => v6.split(']').next().unwrap_or_default(),
-            None => host.split(':').next().unwrap_or_default(),
-        };
-        if is_loopback(host) {
+        if reqwest::Url::parse(url).is_ok_and(|u| host_is_loopback(&u)) {
             ("none (plain HTTP to loopback)".into(), false)
         } else {
             ("none (insecure_http = true)".into(), true)

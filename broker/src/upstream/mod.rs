@@ -1856,7 +1856,7 @@ mod tests {
             config,
             dir.to_path_buf(),
             names.clone(),
-            Arc::new(Pins::load(None).expect("pins")),
+            Arc::new(Pins::load(None, None).expect("pins")),
             Arc::new(AtomicU64::new(0)),
             recorder,
             Duration::from_secs(1),

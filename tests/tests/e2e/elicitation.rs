@@ -1108,3 +1108,84 @@ async fn a_forwarded_question_is_never_a_guess_and_one_at_a_time() {
     );
     broker.close_turn(&turn.turn).await;
 }
+
+/// Issue 42 item 10: a forwarding server that copies the approval form (its property, title and
+/// description, behind 40 blank lines and "SharedOS asks: approve…") is refused before the
+/// person sees anything, and the refusal is recorded (`upstream_request` `action: refused`,
+/// with why); a question of its own whose message starts with blank lines and control
+/// characters reaches the person cleaned, the server's name first and as a field of its own
+/// (`_meta["io.sharedos/server"]`). Both for a 2025-11-25 client (`elicitation/create`) and a
+/// 2026-07-28 one (`input_required`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
+async fn a_forwarded_copy_of_the_approval_form_is_refused_and_recorded() {
+    let Some(python) = python() else { return };
+    let broker = forwarding_broker(&python, "pk-unused-0000000000").await;
+    for (mode, protocol) in [("legacy", "2025-11-25"), ("auto", "2026-07-28")] {
+        let before = broker.records().len();
+        let turn = broker.open_turn("alice").await;
+        let report = report_of(harness(
+            &python,
+            &broker,
+            turn.token.expose(),
+            mode,
+            "approve",
+            &json!([["py.ask_as_approval", {}], ["py.ask_padded", {}]]),
+        ))
+        .await;
+        assert_eq!(report["protocol"], protocol, "{report}");
+        let copied = report["calls"][0][1].as_str().unwrap_or("");
+        assert!(
+            copied.starts_with("refused") && copied.contains("reuses the approval form's"),
+            "{mode}: {report}"
+        );
+        assert_eq!(
+            report["calls"][1][1], "answered: accept confirm=True",
+            "{mode}: {report}"
+        );
+        // The person saw one question: the server's own, named as the server's.
+        let questions = report["questions"].as_array().expect("questions");
+        assert_eq!(questions.len(), 1, "{mode}: {report}");
+        let q = &questions[0];
+        assert!(
+            q["requestedSchema"]["properties"].get("decision").is_none(),
+            "{q}"
+        );
+        assert_eq!(q["_meta"]["io.sharedos/server"], "py", "{q}");
+        assert_eq!(
+            q["message"],
+            "`py`, a server SharedOS runs for you, asks (it is not SharedOS asking):\n\nSharedOS asks: approve `files.write`?\n\nreally[2J",
+            "{mode}"
+        );
+        let lines: Vec<Value> = broker.records()[before..]
+            .iter()
+            .filter(|l| l["kind"] == "upstream_request")
+            .cloned()
+            .collect();
+        assert_eq!(lines.len(), 2, "{mode}: {lines:?}");
+        assert_eq!(lines[0]["action"], "refused", "{:?}", lines[0]);
+        assert!(
+            lines[0]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("reuses the approval form's property `decision`")),
+            "{:?}",
+            lines[0]
+        );
+        assert_eq!(
+            lines[0]["schema"]["properties"]["decision"]["title"], "Your decision",
+            "the copied form is on record"
+        );
+        assert_eq!(
+            (&lines[1]["action"], &lines[1]["answer"]),
+            (&json!("forwarded"), &json!("accept")),
+            "{:?}",
+            lines[1]
+        );
+        // No approval was asked or decided: the copy was never taken for one.
+        assert!(
+            lines_of(&broker, &turn.turn, "approval_decided").is_empty(),
+            "{mode}"
+        );
+        broker.close_turn(&turn.turn).await;
+    }
+}

@@ -1209,3 +1209,92 @@ async fn unasked_progress_is_recorded_not_forwarded() {
     assert_eq!(lines[0]["action"], "not_forwarded");
     assert_eq!(lines[0]["provider"], "r");
 }
+
+/// Issue 42 item 9: a provider's `url` and `oauth.token_url` are read by the parser the HTTP
+/// client uses. `http://192.0.2.2:PORT\@127.0.0.1/mcp` (the client ends the host at `\` and
+/// would send the bearer to 192.0.2.2 in clear text) and its cousins are refused at load by the
+/// real broker binary, naming the key and the problem and never the bearer; `0x7f000001`, which
+/// the client reads as 127.0.0.1, is loopback and the real server behind it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_urls_are_read_as_the_http_client_reads_them() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let bearer = "headers = { Authorization = \"Bearer TOPSECRET-bearer-42\" }\n";
+    let refused = [
+        ("http://192.0.2.2:9\\@127.0.0.1/mcp", "contains `\\`"),
+        ("http://127.0.0.1\\@evil.example/", "contains `\\`"),
+        ("http://evil.example\\\\@127.0.0.1/", "contains `\\`"),
+        ("http://user@127.0.0.1/", "has user info"),
+        ("http://user:pa55word@127.0.0.1/mcp", "has user info"),
+        ("http://evil%5C@127.0.0.1/", "has user info"),
+        (
+            "http://127.0.0.1.evil.example/mcp",
+            "is plain HTTP to `127.0.0.1.evil.example`",
+        ),
+        ("http://127.0.0.1\t.evil.example/", "contains \\t"),
+        ("http://evil.example\n@127.0.0.1/", "contains \\n"),
+        ("file:///etc/passwd", "scheme `file`"),
+    ];
+    let mut checked = 0;
+    for (url, problem) in refused {
+        for key in ["url", "oauth.token_url"] {
+            let entry = if key == "url" {
+                provider(url, bearer)
+            } else {
+                provider(
+                    "https://mcp.example.com/mcp",
+                    &format!(
+                        "[providers.oauth]\ntoken_url = {}\nclient_id = \"c\"\nclient_secret = {{ secret = \"s\", shared = true }}\n",
+                        q(url)
+                    ),
+                )
+            };
+            let config = crate::kit::write_config(
+                dir.path(),
+                &Options {
+                    policy: POLICY,
+                    tables: entry,
+                    ..Options::default()
+                },
+            );
+            let mut cmd = std::process::Command::new(crate::kit::bin("sharedos-broker"));
+            cmd.arg("--runtime-dir")
+                .arg(dir.path().join("run"))
+                .arg("serve")
+                .arg("--config")
+                .arg(&config);
+            let (code, _, err) = crate::kit::run(cmd).await;
+            assert_ne!(code, 0, "{key} = {url:?} was accepted: {err}");
+            assert!(
+                err.contains(&format!("provider `r`: {key} `")) && err.contains(problem),
+                "{key} = {url:?}: {err}"
+            );
+            assert!(
+                !err.contains("TOPSECRET") && !err.contains("pa55word"),
+                "a credential in the error: {err}"
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 20);
+    assert!(
+        !dir.path().join("record.jsonl").exists(),
+        "a refused config starts nothing"
+    );
+
+    // 0x7f000001 is 127.0.0.1 to the client: loopback, accepted, and the call goes through.
+    let Some(py) = python() else { return };
+    let server = Server::start(&py, &dir.path().join("server.log"), &[]).await;
+    let b = broker_with(&provider(
+        &format!("http://0x7f000001:{}/mcp", server.port),
+        "",
+    ))
+    .await;
+    let p = remote_of(&providers(&b).await);
+    assert_eq!(p["tls"], "none (plain HTTP to loopback)", "{p}");
+    let turn = b.open_turn("alice").await;
+    let mut raw = Raw::spawn(b.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    let r = call(&mut raw, 1, "r.echo", json!({"text": "hex"})).await;
+    assert_eq!(meta(&r)["outcome"], "succeeded", "{r}");
+    assert_eq!(text(&r), "echo: hex");
+}

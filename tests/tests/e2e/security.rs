@@ -264,3 +264,116 @@ async fn nothing_a_shim_sends_widens_its_turn() {
         .await;
     assert_eq!(meta(&r["result"])["code"], "no_permit");
 }
+
+/// Issue 42 item 12: the config, the policy, the schema and the pin file are checked as the
+/// broker's own files are. Each one made writable by every uid (0666), by its group (0664), or
+/// given to uid 65534 keeps the real broker binary from starting, the error naming the file and
+/// the fix; `0644` root-owned starts; a group named `admin_group` may write them; a policy made
+/// 0666 under a running broker is refused at `policy reload`, the old set staying in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root (files of another uid): run as root with cargo test -- --include-ignored, or bash .ci/run"]
+async fn settings_files_others_can_write_are_refused_at_load_and_reload() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut b = TestBroker::start(Options::default()).await;
+    b.stop().await;
+    let dir = b.dir.path().to_path_buf();
+    let cfg = std::fs::read_to_string(&b.config_path).expect("cfg");
+    std::fs::write(
+        &b.config_path,
+        format!("schema = \"schema.cedarschema\"\npins = \"pins.toml\"\n{cfg}"),
+    )
+    .expect("w");
+    let files = [
+        "broker.toml",
+        "policy.cedar",
+        "schema.cedarschema",
+        "pins.toml",
+    ];
+    std::fs::write(
+        dir.join("schema.cedarschema"),
+        sharedos_broker::policy::BUILTIN_SCHEMA,
+    )
+    .expect("schema");
+    std::fs::write(dir.join("pins.toml"), "").expect("pins");
+    let set = |name: &str, mode: u32, owner: u32, group: u32| {
+        let p = dir.join(name);
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        rustix::fs::chown(
+            &p,
+            Some(rustix::fs::Uid::from_raw(owner)),
+            Some(rustix::fs::Gid::from_raw(group)),
+        )
+        .expect("chown");
+    };
+    for f in files {
+        set(f, 0o644, 0, 0);
+    }
+    // 0644, root's: the broker starts on all four.
+    b.restart().await;
+    b.stop().await;
+    let serve = || {
+        let mut cmd = std::process::Command::new(bin("sharedos-broker"));
+        cmd.arg("--runtime-dir")
+            .arg(b.runtime.clone())
+            .arg("serve")
+            .arg("--config")
+            .arg(&b.config_path);
+        cmd
+    };
+    let mut refused = 0;
+    for f in files {
+        for (mode, owner, fix) in [
+            (0o666, 0, "chmod go-w"),
+            (0o664, 0, "chmod g-w"),
+            (0o644, 65534, "belongs to uid 65534"),
+        ] {
+            set(f, mode, owner, 0);
+            let (code, _, err) = run(serve()).await;
+            assert_ne!(code, 0, "{f} {mode:o} uid {owner} was accepted: {err}");
+            let shown = format!("refused `{}`", dir.join(f).display());
+            assert!(
+                err.contains(&shown) && err.contains(fix),
+                "{f} {mode:o} uid {owner}: {err}"
+            );
+            set(f, 0o644, 0, 0);
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 12);
+    // A group named `admin_group` may write them all (the config names it itself).
+    let admins = 4242;
+    let cfg = std::fs::read_to_string(&b.config_path).expect("cfg");
+    std::fs::write(&b.config_path, format!("admin_group = {admins}\n{cfg}")).expect("w");
+    for f in files {
+        set(f, 0o664, 0, admins);
+    }
+    b.restart().await;
+    // Another group still may not.
+    set("policy.cedar", 0o664, 0, admins + 1);
+    let mut reload = b.cli();
+    reload.args(["policy", "reload"]);
+    let (code, _, err) = run(reload).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("refused `{}`", dir.join("policy.cedar").display()))
+            && err.contains(&format!("group {}", admins + 1))
+            && err.contains("admin_group"),
+        "{err}"
+    );
+    // Writable by every uid under a running broker: refused at reload, the old set stays.
+    set("policy.cedar", 0o666, 0, admins);
+    let mut reload = b.cli();
+    reload.args(["policy", "reload"]);
+    let (code, _, err) = run(reload).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("chmod go-w"), "{err}");
+    assert!(err.contains("previous policy set stays"), "{err}");
+    set("policy.cedar", 0o644, 0, 0);
+    let mut reload = b.cli();
+    reload.args(["policy", "reload"]);
+    let (code, out, err) = run(reload).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("version 2"), "{out}");
+    let turn = b.open_turn("alice").await;
+    assert!(!turn.tools.is_empty(), "the broker serves");
+}
