@@ -1095,464 +1095,6 @@ async fn without_root_and_without_user_namespaces_network_off_is_refused() {
     child.kill().await.expect("kill");
 }
 
-impl Served {
-    /// Stops this broker (SIGTERM, waited for) and starts another on the same config, runtime
-    /// dir and record, served once its `broker_started` line is on record.
-    async fn restarted(mut self) -> Self {
-        let pid = self.child.id().expect("pid") as i32;
-        rustix::process::kill_process(
-            rustix::process::Pid::from_raw(pid).expect("pid"),
-            rustix::process::Signal::TERM,
-        )
-        .expect("term");
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(20), self.child.wait()).await;
-        let _ = self.child.start_kill();
-        let started = |s: &Served| {
-            s.records()
-                .iter()
-                .filter(|l| l["kind"] == "broker_started")
-                .count()
-        };
-        let before = started(&self);
-        let cfg = self.path("broker.toml");
-        let uid = self.uid;
-        let s = Self::spawn_as(self.dir, &cfg, uid);
-        eventually("the broker serves again", || started(&s) > before).await;
-        s
-    }
-}
-
-/// Issue 42, item 4. As root, a `per_principal` provider with `instance_uids` and a `write` rule:
-/// bob's instance (a real Python upstream, `tests/python/token_cache.py`) writes its token cache
-/// (0600) in its `HOME`, which is bob's own folder in the write rule (`<rule>/bob`, 0700, his
-/// uid's). The broker restarts, and alice calls first: her instance gets a uid of her own, not
-/// bob's former one (the uids are kept in `<record>.instance-uids.json`, 0600), her own folder,
-/// and reads nothing of bob's (his folder, his file, the write rule itself); bob's token, sent
-/// back by her upstream, reaches her agent redacted, and is nowhere in her answers or on
-/// record. Bob, after the restart, has his uid and his cache back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs root (CI runs --include-ignored as root): instances get uids of their own"]
-async fn as_root_a_principals_uid_and_files_stay_theirs_across_a_restart() {
-    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
-    if !crate::deploy::need_root("as_root_a_principals_uid_and_files_stay_theirs_across_a_restart")
-    {
-        return;
-    }
-    const SHARED: u32 = 64280;
-    // The write rule: a folder other uids may enter (the broker's temp dir is 0700).
-    let rule = tempfile::Builder::new()
-        .prefix("sharedos-caches-")
-        .tempdir()
-        .expect("tmp");
-    std::fs::set_permissions(rule.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let w = rule.path().display().to_string();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/token_cache.py");
-    let provider = format!(
-        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"tc\"\ncommand = \"python3\"\nargs = [{}]\nenv = {{ TOKEN = {{ secret = \"token\" }} }}\ninstances = \"per_principal\"\ncall_timeout_seconds = 20\n[providers.sandbox]\nread = [{}]\nwrite = [{}]\nrun_as = \"{SHARED}\"\ninstance_uids = [64281, 64289]\n",
-        q(script),
-        q(python_dir()),
-        q(&w)
-    );
-    let b = Served::start("", &provider).await;
-    let cfg = b.path("broker.toml");
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_nanos();
-    let bob_token = format!("tok-bob-{nanos:x}");
-    let alice_token = format!("tok-alice-{nanos:x}");
-    crate::secrets::set_secret(&cfg, "bob", "token", &bob_token);
-    crate::secrets::set_secret(&cfg, "alice", "token", &alice_token);
-
-    // Bob first: his cache, in his own folder, his only.
-    let mut bob = b.raw_as("bob").await;
-    let first = escape(&mut bob, 1, "tc.cache", json!({})).await;
-    let bob_uid = first["uid"].as_u64().expect("uid") as u32;
-    let bob_home = rule.path().join("bob");
-    assert_eq!(first["home"], bob_home.display().to_string(), "{first}");
-    let cache = bob_home.join("cache.json");
-    assert_eq!(
-        first["wrote"],
-        format!("ok: {}", cache.display()),
-        "{first}"
-    );
-    assert!((64281..=64289).contains(&bob_uid), "{bob_uid}");
-    let meta_of = |p: &Path| std::fs::symlink_metadata(p).expect("meta");
-    assert_eq!(
-        (meta_of(&bob_home).uid(), meta_of(&bob_home).mode() & 0o7777),
-        (bob_uid, 0o700)
-    );
-    assert_eq!(
-        (meta_of(&cache).uid(), meta_of(&cache).mode() & 0o777),
-        (bob_uid, 0o600)
-    );
-    assert!(
-        std::fs::read_to_string(&cache)
-            .expect("cache")
-            .contains(&bob_token)
-    );
-    drop(bob);
-
-    // The broker restarts; alice calls first.
-    let b = b.restarted().await;
-    let mut alice = b.raw_as("alice").await;
-    let mine = escape(&mut alice, 1, "tc.cache", json!({})).await;
-    let alice_uid = mine["uid"].as_u64().expect("uid") as u32;
-    eprintln!("bob uid {bob_uid}, alice uid {alice_uid} after the restart");
-    assert_ne!(alice_uid, bob_uid, "alice got bob's former uid: {mine}");
-    assert!((64281..=64289).contains(&alice_uid), "{alice_uid}");
-    assert_eq!(
-        mine["home"],
-        rule.path().join("alice").display().to_string(),
-        "{mine}"
-    );
-    assert_eq!(mine["previous"], Value::Null, "{mine}");
-    let paths = [
-        cache.display().to_string(),
-        bob_home.display().to_string(),
-        w.clone(),
-    ];
-    let whole = alice.call(2, "tc.peek", json!({ "paths": paths })).await;
-    let peek: Value = serde_json::from_str(&text(&whole["result"])).expect("report");
-    for p in &paths {
-        let got = peek[p].as_str().unwrap_or("(missing)");
-        assert!(
-            got.starts_with("error: PermissionError"),
-            "alice's instance read {p}: {got}"
-        );
-    }
-    // An upstream that hands alice bob's token (whatever way it got it): redacted.
-    let echoed = alice
-        .call(
-            3,
-            "tc.echo",
-            json!({ "text": format!("found {bob_token}") }),
-        )
-        .await;
-    assert_eq!(
-        text(&echoed["result"]),
-        "found [redacted: token]",
-        "{echoed}"
-    );
-    let seen = [&mine.to_string(), &whole.to_string(), &echoed.to_string()]
-        .iter()
-        .any(|s| s.contains(&bob_token));
-    assert!(!seen, "bob's token reached alice's agent");
-
-    // Bob after the restart: his uid, his folder and what his instance left there.
-    let mut bob = b.raw_as("bob").await;
-    let again = escape(&mut bob, 1, "tc.cache", json!({})).await;
-    assert_eq!(again["uid"], bob_uid, "{again}");
-    assert_eq!(again["home"], bob_home.display().to_string(), "{again}");
-    let sha = |s: &str| -> String {
-        use sha2::Digest as _;
-        sha2::Sha256::digest(s.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
-    };
-    assert_eq!(
-        again["previous"],
-        sha(&format!("{{\"token\": \"{bob_token}\"}}")),
-        "{again}"
-    );
-
-    // Kept with the broker's state: 0600, the broker's; both principals in it.
-    let map = b.path("record.jsonl.instance-uids.json");
-    assert_eq!(meta_of(&map).mode() & 0o777, 0o600);
-    assert_eq!(meta_of(&map).uid(), 0);
-    let kept: Value =
-        serde_json::from_str(&std::fs::read_to_string(&map).expect("map")).expect("json");
-    let mut given: Vec<(String, u64)> = kept["uids"]
-        .as_array()
-        .expect("uids")
-        .iter()
-        .map(|g| {
-            assert_eq!(g["provider"], "tc", "{g}");
-            (
-                g["principal"].as_str().unwrap_or("").to_owned(),
-                g["uid"].as_u64().unwrap_or(0),
-            )
-        })
-        .collect();
-    given.sort();
-    assert_eq!(
-        given,
-        [
-            ("alice".to_owned(), u64::from(alice_uid)),
-            ("bob".to_owned(), u64::from(bob_uid))
-        ]
-    );
-    // Recorded: alice's instance's write rule is her own folder, not the shared one.
-    let started: Vec<Value> = b
-        .provider_states("tc")
-        .into_iter()
-        .filter(|l| l["state"] == "instance_started")
-        .collect();
-    assert_eq!(started.len(), 3, "{started:?}");
-    let alices = started
-        .iter()
-        .find(|l| l["principal"] == "alice")
-        .expect("alice's");
-    let write = alices["sandbox"]["write"].to_string();
-    assert!(write.contains(&format!("{w}/alice")), "{write}");
-    assert!(!write.contains(&format!("{}\"", w)), "{write}");
-    // Bob's token is nowhere on record (alice's call's argument was redacted too).
-    let record = std::fs::read_to_string(b.path("record.jsonl")).expect("record");
-    assert!(!record.contains(&bob_token), "bob's token is on record");
-    let echo_line = b
-        .records()
-        .into_iter()
-        .find(|l| l["kind"] == "call" && l["tool"] == "tc.echo")
-        .expect("echo call");
-    assert_eq!(echo_line["redacted"], json!(["token"]), "{echo_line}");
-
-/// Issue 42 item 1: the hostile upstream as `./up.py` (with a `#!` line), `at` being its path
-/// relative to the config's folder; its sandbox table has nothing of its own.
-fn local_hostile(dir: &Path, at: &str) -> String {
-    let file = dir.join(at);
-    std::fs::create_dir_all(file.parent().expect("parent")).expect("mkdir");
-    let body = std::fs::read_to_string(script()).expect("script");
-    std::fs::write(&file, format!("#!/usr/bin/env python3\n{body}")).expect("w");
-    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .expect("chmod");
-    format!(
-        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"up\"\ncommand = \"./{at}\"\ncall_timeout_seconds = 20\n"
-    )
-}
-
-/// A secret of alice's in the folder store (`secrets/alice/token`), as the broker keeps them.
-fn alice_secret(dir: &Path) {
-    let alice = dir.join("secrets/alice");
-    std::fs::create_dir_all(&alice).expect("mkdir");
-    std::fs::write(alice.join("token"), "alice-token-value").expect("w");
-    for (p, mode) in [
-        (dir.join("secrets"), 0o700),
-        (alice.clone(), 0o700),
-        (alice.join("token"), 0o600),
-    ] {
-        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(mode))
-            .expect("chmod");
-    }
-}
-
-/// The layout the issue saw (`command = "./up.py"` beside `broker.toml`): the broker refuses it
-/// before starting anything, naming the rule, its origin and a file of the broker's it would
-/// expose; nothing of the upstream ran.
-async fn beside_the_config_is_refused(uid: Option<u32>) {
-    let dir = tempfile::Builder::new()
-        .prefix("sharedos-sandbox-")
-        .tempdir()
-        .expect("tmp");
-    alice_secret(dir.path());
-    let provider = local_hostile(dir.path(), "up.py");
-    let cfg = write_config(dir.path(), "", &provider);
-    let real = std::fs::canonicalize(dir.path()).expect("canonical");
-    let mut s = Served::spawn_as(dir, &cfg, uid);
-    let status = tokio::time::timeout(crate::kit::WAIT, s.child.wait())
-        .await
-        .expect("the broker stops")
-        .expect("wait");
-    assert!(!status.success(), "the broker must refuse the layout");
-    let err = std::fs::read_to_string(&s.stderr).expect("stderr");
-    let want = format!(
-        "provider `up` (config `{}`): its sandbox's read rule `{}` (command folder) would expose ",
-        cfg.display(),
-        cfg.parent().expect("dir").display()
-    );
-    assert!(err.contains(&want), "want {want:?} in: {err}");
-    // The first of the broker's files under that rule: the config itself.
-    assert!(
-        err.contains(&format!("the config `{}/broker.toml`", real.display())),
-        "{err}"
-    );
-    assert!(
-        err.contains("Landlock cannot carve") && err.contains("folder of its own"),
-        "{err}"
-    );
-    assert_eq!(
-        err.matches("would expose").count(),
-        1,
-        "one error, said once: {err}"
-    );
-    // Refused before the record was opened and before any upstream ran.
-    assert!(!s.path("record.jsonl").exists(), "nothing was started");
-    assert!(!s.run.join("control.key").exists(), "nothing was started");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upstream_beside_the_config_is_refused_at_load() {
-    beside_the_config_is_refused(None).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs root to start the broker under another uid (CI runs --include-ignored as root)"]
-async fn without_root_an_upstream_beside_the_config_is_refused_at_load() {
-    if !crate::deploy::need_root("without_root_an_upstream_beside_the_config_is_refused_at_load") {
-        return;
-    }
-    beside_the_config_is_refused(Some(64231)).await;
-}
-
-/// The same upstream in a folder of its own (`up/up.py`) starts; `providers` shows each rule
-/// with its origin, and it reads none of the broker's files: the config, the policy, the
-/// record, its key, alice's secret, the control key.
-async fn in_a_folder_of_its_own_reads_none(uid: Option<u32>) {
-    let dir = tempfile::Builder::new()
-        .prefix("sharedos-sandbox-")
-        .tempdir()
-        .expect("tmp");
-    alice_secret(dir.path());
-    let provider = local_hostile(dir.path(), "up/up.py");
-    let top = match uid {
-        Some(u) => format!("host_uids = [0, {u}]\nharness_uids = [0, {u}]\n"),
-        None => String::new(),
-    };
-    let cfg = write_config(dir.path(), &top, &provider);
-    let s = Served::spawn_as(dir, &cfg, uid);
-    let record = s.path("record.jsonl");
-    let control = s.run.join("control.sock");
-    eventually("the broker serves", || {
-        control.exists()
-            && std::fs::read_to_string(&record)
-                .unwrap_or_default()
-                .contains("\"kind\":\"broker_started\"")
-    })
-    .await;
-    let d = s.dir.path().display().to_string();
-    let files = [
-        format!("{d}/broker.toml"),
-        format!("{d}/policy.cedar"),
-        format!("{d}/record.jsonl"),
-        format!("{d}/record.jsonl.key"),
-        format!("{d}/secrets/alice/token"),
-        format!("{d}/run/control.key"),
-    ];
-    let mut raw = s.raw().await;
-    let r = escape(
-        &mut raw,
-        1,
-        "up.escape",
-        json!({ "read": files, "write": [format!("{d}/up"), d.clone()] }),
-    )
-    .await;
-    let refused = files
-        .iter()
-        .filter(|f| {
-            r["read"][f.as_str()]
-                .as_str()
-                .is_some_and(|g| g.starts_with("error: PermissionError"))
-        })
-        .count();
-    assert_eq!(refused, files.len(), "every attempt refused: {}", r["read"]);
-    assert!(
-        !r.to_string().contains("alice-token-value"),
-        "alice's secret reached the upstream"
-    );
-    denied(&r, "write", &format!("{d}/up"));
-    denied(&r, "write", &d);
-    let list = s.providers().await;
-    let up = list.iter().find(|p| p["namespace"] == "up").expect("up");
-    assert_eq!(up["state"], "ready", "{up}");
-    let rules = up["sandbox"]["rules"].as_array().expect("rules");
-    let own = std::fs::canonicalize(s.path("up")).expect("up");
-    let origin_of = |path: &str| {
-        rules
-            .iter()
-            .find(|r| r["path"] == path && r["access"] == "read")
-            .map(|r| r["origin"].clone())
-    };
-    assert_eq!(
-        origin_of(&s.path("up").display().to_string())
-            .or_else(|| origin_of(&own.display().to_string())),
-        Some(json!("command folder")),
-        "{rules:?}"
-    );
-    assert_eq!(origin_of("/usr"), Some(json!("default")), "{rules:?}");
-    assert_eq!(
-        origin_of("/usr/bin"),
-        Some(json!("interpreter")),
-        "{rules:?}"
-    );
-    assert!(
-        rules
-            .iter()
-            .all(|r| r["origin"].is_string() && r["path"].is_string()),
-        "{rules:?}"
-    );
-    let (code, out, _) = run(s.cli(&["providers"])).await;
-    assert_eq!(code, 0);
-    assert!(out.contains("/usr (default)"), "{out}");
-    assert!(out.contains("/usr/bin (interpreter)"), "{out}");
-    assert!(out.contains("/up (command folder)"), "{out}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upstream_in_a_folder_of_its_own_reads_none_of_the_brokers_files() {
-    in_a_folder_of_its_own_reads_none(None).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs root to start the broker under another uid (CI runs --include-ignored as root)"]
-async fn without_root_an_upstream_in_a_folder_of_its_own_reads_none_of_the_brokers_files() {
-    if !crate::deploy::need_root(
-        "without_root_an_upstream_in_a_folder_of_its_own_reads_none_of_the_brokers_files",
-    ) {
-        return;
-    }
-    in_a_folder_of_its_own_reads_none(Some(64232)).await;
-}
-
-/// Issue 42 item 13: a script in a folder no rule names (`python3 hidden/up.py`): the start
-/// fails naming the upstream's exit status, its own `Permission denied` line, that the sandbox
-/// was on, and the `read` rule to add; the same on the provider's failed line in the record.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_script_the_sandbox_may_not_read_says_the_rule_to_add() {
-    let dir = tempfile::Builder::new()
-        .prefix("sharedos-sandbox-")
-        .tempdir()
-        .expect("tmp");
-    let hidden = dir.path().join("hidden");
-    std::fs::create_dir_all(&hidden).expect("mkdir");
-    let up = hidden.join("up.py");
-    std::fs::copy(script(), &up).expect("copy");
-    let provider = format!(
-        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"hid\"\ncommand = \"python3\"\nargs = [{}]\n",
-        q(&up.display().to_string())
-    );
-    let cfg = write_config(dir.path(), "", &provider);
-    let mut s = Served::spawn(dir, &cfg);
-    let status = tokio::time::timeout(crate::kit::WAIT, s.child.wait())
-        .await
-        .expect("the broker stops")
-        .expect("wait");
-    assert!(!status.success());
-    let err = std::fs::read_to_string(&s.stderr).expect("stderr");
-    let real = std::fs::canonicalize(&hidden).expect("canonical");
-    for want in [
-        "provider `hid`".to_owned(),
-        "MCP initialize with the upstream failed".to_owned(),
-        "the upstream exited with status 2".to_owned(),
-        format!("can't open file '{}'", up.display()),
-        "Permission denied".to_owned(),
-        "the sandbox was on".to_owned(),
-        format!("it was refused `{}`", up.display()),
-        format!("add `read = [\"{}\"]`", real.display()),
-    ] {
-        let found = err.contains(&want) || err.contains(&want.replace('"', "\\\""));
-        assert!(found, "want {want:?} in: {err}");
-    }
-    let states = s.provider_states("hid");
-    let failed: Vec<&Value> = states.iter().filter(|l| l["state"] == "failed").collect();
-    assert_eq!(failed.len(), 1, "{states:?}");
-    let reason = failed[0]["reason"].as_str().unwrap_or("");
-    assert!(
-        reason.contains(&format!("read = [\"{}\"]", real.display())),
-        "{reason}"
-    );
-    assert!(reason.contains("Permission denied"), "{reason}");
-}
-
 /// SysV IPC canaries of the uid `uid` (the test's own when `None`): a `0600` shared-memory
 /// segment and message queue made by `tests/python/sysv_canary.py`, which reports on exit what
 /// they still hold.
@@ -1827,4 +1369,463 @@ fn a_memory_limit_that_overflows_is_refused_at_load() {
     let err = load(0).expect_err("refused");
     assert!(err.contains("memory_mb = 0: give a size in MiB"), "{err}");
     load((1 << 44) - 1).expect("the largest that fits loads");
+}
+
+impl Served {
+    /// Stops this broker (SIGTERM, waited for) and starts another on the same config, runtime
+    /// dir and record, served once its `broker_started` line is on record.
+    async fn restarted(mut self) -> Self {
+        let pid = self.child.id().expect("pid") as i32;
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid).expect("pid"),
+            rustix::process::Signal::TERM,
+        )
+        .expect("term");
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(20), self.child.wait()).await;
+        let _ = self.child.start_kill();
+        let started = |s: &Served| {
+            s.records()
+                .iter()
+                .filter(|l| l["kind"] == "broker_started")
+                .count()
+        };
+        let before = started(&self);
+        let cfg = self.path("broker.toml");
+        let uid = self.uid;
+        let s = Self::spawn_as(self.dir, &cfg, uid);
+        eventually("the broker serves again", || started(&s) > before).await;
+        s
+    }
+}
+
+/// Issue 42, item 4. As root, a `per_principal` provider with `instance_uids` and a `write` rule:
+/// bob's instance (a real Python upstream, `tests/python/token_cache.py`) writes its token cache
+/// (0600) in its `HOME`, which is bob's own folder in the write rule (`<rule>/bob`, 0700, his
+/// uid's). The broker restarts, and alice calls first: her instance gets a uid of her own, not
+/// bob's former one (the uids are kept in `<record>.instance-uids.json`, 0600), her own folder,
+/// and reads nothing of bob's (his folder, his file, the write rule itself); bob's token, sent
+/// back by her upstream, reaches her agent redacted, and is nowhere in her answers or on
+/// record. Bob, after the restart, has his uid and his cache back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root (CI runs --include-ignored as root): instances get uids of their own"]
+async fn as_root_a_principals_uid_and_files_stay_theirs_across_a_restart() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    if !crate::deploy::need_root("as_root_a_principals_uid_and_files_stay_theirs_across_a_restart")
+    {
+        return;
+    }
+    const SHARED: u32 = 64280;
+    // The write rule: a folder other uids may enter (the broker's temp dir is 0700).
+    let rule = tempfile::Builder::new()
+        .prefix("sharedos-caches-")
+        .tempdir()
+        .expect("tmp");
+    std::fs::set_permissions(rule.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let w = rule.path().display().to_string();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/token_cache.py");
+    let provider = format!(
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"tc\"\ncommand = \"python3\"\nargs = [{}]\nenv = {{ TOKEN = {{ secret = \"token\" }} }}\ninstances = \"per_principal\"\ncall_timeout_seconds = 20\n[providers.sandbox]\nread = [{}]\nwrite = [{}]\nrun_as = \"{SHARED}\"\ninstance_uids = [64281, 64289]\n",
+        q(script),
+        q(python_dir()),
+        q(&w)
+    );
+    let b = Served::start("", &provider).await;
+    let cfg = b.path("broker.toml");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos();
+    let bob_token = format!("tok-bob-{nanos:x}");
+    let alice_token = format!("tok-alice-{nanos:x}");
+    crate::secrets::set_secret(&cfg, "bob", "token", &bob_token);
+    crate::secrets::set_secret(&cfg, "alice", "token", &alice_token);
+
+    // Bob first: his cache, in his own folder, his only.
+    let mut bob = b.raw_as("bob").await;
+    let first = escape(&mut bob, 1, "tc.cache", json!({})).await;
+    let bob_uid = first["uid"].as_u64().expect("uid") as u32;
+    let bob_home = rule.path().join("bob");
+    assert_eq!(first["home"], bob_home.display().to_string(), "{first}");
+    let cache = bob_home.join("cache.json");
+    assert_eq!(
+        first["wrote"],
+        format!("ok: {}", cache.display()),
+        "{first}"
+    );
+    assert!((64281..=64289).contains(&bob_uid), "{bob_uid}");
+    let meta_of = |p: &Path| std::fs::symlink_metadata(p).expect("meta");
+    assert_eq!(
+        (meta_of(&bob_home).uid(), meta_of(&bob_home).mode() & 0o7777),
+        (bob_uid, 0o700)
+    );
+    assert_eq!(
+        (meta_of(&cache).uid(), meta_of(&cache).mode() & 0o777),
+        (bob_uid, 0o600)
+    );
+    assert!(
+        std::fs::read_to_string(&cache)
+            .expect("cache")
+            .contains(&bob_token)
+    );
+    drop(bob);
+
+    // The broker restarts; alice calls first.
+    let b = b.restarted().await;
+    let mut alice = b.raw_as("alice").await;
+    let mine = escape(&mut alice, 1, "tc.cache", json!({})).await;
+    let alice_uid = mine["uid"].as_u64().expect("uid") as u32;
+    eprintln!("bob uid {bob_uid}, alice uid {alice_uid} after the restart");
+    assert_ne!(alice_uid, bob_uid, "alice got bob's former uid: {mine}");
+    assert!((64281..=64289).contains(&alice_uid), "{alice_uid}");
+    assert_eq!(
+        mine["home"],
+        rule.path().join("alice").display().to_string(),
+        "{mine}"
+    );
+    assert_eq!(mine["previous"], Value::Null, "{mine}");
+    let paths = [
+        cache.display().to_string(),
+        bob_home.display().to_string(),
+        w.clone(),
+    ];
+    let whole = alice.call(2, "tc.peek", json!({ "paths": paths })).await;
+    let peek: Value = serde_json::from_str(&text(&whole["result"])).expect("report");
+    for p in &paths {
+        let got = peek[p].as_str().unwrap_or("(missing)");
+        assert!(
+            got.starts_with("error: PermissionError"),
+            "alice's instance read {p}: {got}"
+        );
+    }
+    // An upstream that hands alice bob's token (whatever way it got it): redacted.
+    let echoed = alice
+        .call(
+            3,
+            "tc.echo",
+            json!({ "text": format!("found {bob_token}") }),
+        )
+        .await;
+    assert_eq!(
+        text(&echoed["result"]),
+        "found [redacted: token]",
+        "{echoed}"
+    );
+    let seen = [&mine.to_string(), &whole.to_string(), &echoed.to_string()]
+        .iter()
+        .any(|s| s.contains(&bob_token));
+    assert!(!seen, "bob's token reached alice's agent");
+
+    // Bob after the restart: his uid, his folder and what his instance left there.
+    let mut bob = b.raw_as("bob").await;
+    let again = escape(&mut bob, 1, "tc.cache", json!({})).await;
+    assert_eq!(again["uid"], bob_uid, "{again}");
+    assert_eq!(again["home"], bob_home.display().to_string(), "{again}");
+    let sha = |s: &str| -> String {
+        use sha2::Digest as _;
+        sha2::Sha256::digest(s.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    assert_eq!(
+        again["previous"],
+        sha(&format!("{{\"token\": \"{bob_token}\"}}")),
+        "{again}"
+    );
+
+    // Kept with the broker's state: 0600, the broker's; both principals in it.
+    let map = b.path("record.jsonl.instance-uids.json");
+    assert_eq!(meta_of(&map).mode() & 0o777, 0o600);
+    assert_eq!(meta_of(&map).uid(), 0);
+    let kept: Value =
+        serde_json::from_str(&std::fs::read_to_string(&map).expect("map")).expect("json");
+    let mut given: Vec<(String, u64)> = kept["uids"]
+        .as_array()
+        .expect("uids")
+        .iter()
+        .map(|g| {
+            assert_eq!(g["provider"], "tc", "{g}");
+            (
+                g["principal"].as_str().unwrap_or("").to_owned(),
+                g["uid"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    given.sort();
+    assert_eq!(
+        given,
+        [
+            ("alice".to_owned(), u64::from(alice_uid)),
+            ("bob".to_owned(), u64::from(bob_uid))
+        ]
+    );
+    // Recorded: alice's instance's write rule is her own folder, not the shared one.
+    let started: Vec<Value> = b
+        .provider_states("tc")
+        .into_iter()
+        .filter(|l| l["state"] == "instance_started")
+        .collect();
+    assert_eq!(started.len(), 3, "{started:?}");
+    let alices = started
+        .iter()
+        .find(|l| l["principal"] == "alice")
+        .expect("alice's");
+    let write = alices["sandbox"]["write"].to_string();
+    assert!(write.contains(&format!("{w}/alice")), "{write}");
+    assert!(!write.contains(&format!("{}\"", w)), "{write}");
+    // Bob's token is nowhere on record (alice's call's argument was redacted too).
+    let record = std::fs::read_to_string(b.path("record.jsonl")).expect("record");
+    assert!(!record.contains(&bob_token), "bob's token is on record");
+    let echo_line = b
+        .records()
+        .into_iter()
+        .find(|l| l["kind"] == "call" && l["tool"] == "tc.echo")
+        .expect("echo call");
+    assert_eq!(echo_line["redacted"], json!(["token"]), "{echo_line}");
+}
+
+/// Issue 42 item 1: the hostile upstream as `./up.py` (with a `#!` line), `at` being its path
+/// relative to the config's folder; its sandbox table has nothing of its own.
+fn local_hostile(dir: &Path, at: &str) -> String {
+    let file = dir.join(at);
+    std::fs::create_dir_all(file.parent().expect("parent")).expect("mkdir");
+    let body = std::fs::read_to_string(script()).expect("script");
+    std::fs::write(&file, format!("#!/usr/bin/env python3\n{body}")).expect("w");
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    format!(
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"up\"\ncommand = \"./{at}\"\ncall_timeout_seconds = 20\n"
+    )
+}
+
+/// A secret of alice's in the folder store (`secrets/alice/token`), as the broker keeps them.
+fn alice_secret(dir: &Path) {
+    let alice = dir.join("secrets/alice");
+    std::fs::create_dir_all(&alice).expect("mkdir");
+    std::fs::write(alice.join("token"), "alice-token-value").expect("w");
+    for (p, mode) in [
+        (dir.join("secrets"), 0o700),
+        (alice.clone(), 0o700),
+        (alice.join("token"), 0o600),
+    ] {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .expect("chmod");
+    }
+}
+
+/// The layout the issue saw (`command = "./up.py"` beside `broker.toml`): the broker refuses it
+/// before starting anything, naming the rule, its origin and a file of the broker's it would
+/// expose; nothing of the upstream ran.
+async fn beside_the_config_is_refused(uid: Option<u32>) {
+    let dir = tempfile::Builder::new()
+        .prefix("sharedos-sandbox-")
+        .tempdir()
+        .expect("tmp");
+    alice_secret(dir.path());
+    let provider = local_hostile(dir.path(), "up.py");
+    let cfg = write_config(dir.path(), "", &provider);
+    let real = std::fs::canonicalize(dir.path()).expect("canonical");
+    let mut s = Served::spawn_as(dir, &cfg, uid);
+    let status = tokio::time::timeout(crate::kit::WAIT, s.child.wait())
+        .await
+        .expect("the broker stops")
+        .expect("wait");
+    assert!(!status.success(), "the broker must refuse the layout");
+    let err = std::fs::read_to_string(&s.stderr).expect("stderr");
+    let want = format!(
+        "provider `up` (config `{}`): its sandbox's read rule `{}` (command folder) would expose ",
+        cfg.display(),
+        cfg.parent().expect("dir").display()
+    );
+    assert!(err.contains(&want), "want {want:?} in: {err}");
+    // The first of the broker's files under that rule: the config itself.
+    assert!(
+        err.contains(&format!("the config `{}/broker.toml`", real.display())),
+        "{err}"
+    );
+    assert!(
+        err.contains("Landlock cannot carve") && err.contains("folder of its own"),
+        "{err}"
+    );
+    assert_eq!(
+        err.matches("would expose").count(),
+        1,
+        "one error, said once: {err}"
+    );
+    // Refused before the record was opened and before any upstream ran.
+    assert!(!s.path("record.jsonl").exists(), "nothing was started");
+    assert!(!s.run.join("control.key").exists(), "nothing was started");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_beside_the_config_is_refused_at_load() {
+    beside_the_config_is_refused(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root to start the broker under another uid (CI runs --include-ignored as root)"]
+async fn without_root_an_upstream_beside_the_config_is_refused_at_load() {
+    if !crate::deploy::need_root("without_root_an_upstream_beside_the_config_is_refused_at_load") {
+        return;
+    }
+    beside_the_config_is_refused(Some(64231)).await;
+}
+
+/// The same upstream in a folder of its own (`up/up.py`) starts; `providers` shows each rule
+/// with its origin, and it reads none of the broker's files: the config, the policy, the
+/// record, its key, alice's secret, the control key.
+async fn in_a_folder_of_its_own_reads_none(uid: Option<u32>) {
+    let dir = tempfile::Builder::new()
+        .prefix("sharedos-sandbox-")
+        .tempdir()
+        .expect("tmp");
+    alice_secret(dir.path());
+    let provider = local_hostile(dir.path(), "up/up.py");
+    let top = match uid {
+        Some(u) => format!("host_uids = [0, {u}]\nharness_uids = [0, {u}]\n"),
+        None => String::new(),
+    };
+    let cfg = write_config(dir.path(), &top, &provider);
+    let s = Served::spawn_as(dir, &cfg, uid);
+    let record = s.path("record.jsonl");
+    let control = s.run.join("control.sock");
+    eventually("the broker serves", || {
+        control.exists()
+            && std::fs::read_to_string(&record)
+                .unwrap_or_default()
+                .contains("\"kind\":\"broker_started\"")
+    })
+    .await;
+    let d = s.dir.path().display().to_string();
+    let files = [
+        format!("{d}/broker.toml"),
+        format!("{d}/policy.cedar"),
+        format!("{d}/record.jsonl"),
+        format!("{d}/record.jsonl.key"),
+        format!("{d}/secrets/alice/token"),
+        format!("{d}/run/control.key"),
+    ];
+    let mut raw = s.raw().await;
+    let r = escape(
+        &mut raw,
+        1,
+        "up.escape",
+        json!({ "read": files, "write": [format!("{d}/up"), d.clone()] }),
+    )
+    .await;
+    let refused = files
+        .iter()
+        .filter(|f| {
+            r["read"][f.as_str()]
+                .as_str()
+                .is_some_and(|g| g.starts_with("error: PermissionError"))
+        })
+        .count();
+    assert_eq!(refused, files.len(), "every attempt refused: {}", r["read"]);
+    assert!(
+        !r.to_string().contains("alice-token-value"),
+        "alice's secret reached the upstream"
+    );
+    denied(&r, "write", &format!("{d}/up"));
+    denied(&r, "write", &d);
+    let list = s.providers().await;
+    let up = list.iter().find(|p| p["namespace"] == "up").expect("up");
+    assert_eq!(up["state"], "ready", "{up}");
+    let rules = up["sandbox"]["rules"].as_array().expect("rules");
+    let own = std::fs::canonicalize(s.path("up")).expect("up");
+    let origin_of = |path: &str| {
+        rules
+            .iter()
+            .find(|r| r["path"] == path && r["access"] == "read")
+            .map(|r| r["origin"].clone())
+    };
+    assert_eq!(
+        origin_of(&s.path("up").display().to_string())
+            .or_else(|| origin_of(&own.display().to_string())),
+        Some(json!("command folder")),
+        "{rules:?}"
+    );
+    assert_eq!(origin_of("/usr"), Some(json!("default")), "{rules:?}");
+    assert_eq!(
+        origin_of("/usr/bin"),
+        Some(json!("interpreter")),
+        "{rules:?}"
+    );
+    assert!(
+        rules
+            .iter()
+            .all(|r| r["origin"].is_string() && r["path"].is_string()),
+        "{rules:?}"
+    );
+    let (code, out, _) = run(s.cli(&["providers"])).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("/usr (default)"), "{out}");
+    assert!(out.contains("/usr/bin (interpreter)"), "{out}");
+    assert!(out.contains("/up (command folder)"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_in_a_folder_of_its_own_reads_none_of_the_brokers_files() {
+    in_a_folder_of_its_own_reads_none(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root to start the broker under another uid (CI runs --include-ignored as root)"]
+async fn without_root_an_upstream_in_a_folder_of_its_own_reads_none_of_the_brokers_files() {
+    if !crate::deploy::need_root(
+        "without_root_an_upstream_in_a_folder_of_its_own_reads_none_of_the_brokers_files",
+    ) {
+        return;
+    }
+    in_a_folder_of_its_own_reads_none(Some(64232)).await;
+}
+
+/// Issue 42 item 13: a script in a folder no rule names (`python3 hidden/up.py`): the start
+/// fails naming the upstream's exit status, its own `Permission denied` line, that the sandbox
+/// was on, and the `read` rule to add; the same on the provider's failed line in the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_the_sandbox_may_not_read_says_the_rule_to_add() {
+    let dir = tempfile::Builder::new()
+        .prefix("sharedos-sandbox-")
+        .tempdir()
+        .expect("tmp");
+    let hidden = dir.path().join("hidden");
+    std::fs::create_dir_all(&hidden).expect("mkdir");
+    let up = hidden.join("up.py");
+    std::fs::copy(script(), &up).expect("copy");
+    let provider = format!(
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"hid\"\ncommand = \"python3\"\nargs = [{}]\n",
+        q(&up.display().to_string())
+    );
+    let cfg = write_config(dir.path(), "", &provider);
+    let mut s = Served::spawn(dir, &cfg);
+    let status = tokio::time::timeout(crate::kit::WAIT, s.child.wait())
+        .await
+        .expect("the broker stops")
+        .expect("wait");
+    assert!(!status.success());
+    let err = std::fs::read_to_string(&s.stderr).expect("stderr");
+    let real = std::fs::canonicalize(&hidden).expect("canonical");
+    for want in [
+        "provider `hid`".to_owned(),
+        "MCP initialize with the upstream failed".to_owned(),
+        "the upstream exited with status 2".to_owned(),
+        format!("can't open file '{}'", up.display()),
+        "Permission denied".to_owned(),
+        "the sandbox was on".to_owned(),
+        format!("it was refused `{}`", up.display()),
+        format!("add `read = [\"{}\"]`", real.display()),
+    ] {
+        let found = err.contains(&want) || err.contains(&want.replace('"', "\\\""));
+        assert!(found, "want {want:?} in: {err}");
+    }
+    let states = s.provider_states("hid");
+    let failed: Vec<&Value> = states.iter().filter(|l| l["state"] == "failed").collect();
+    assert_eq!(failed.len(), 1, "{states:?}");
+    let reason = failed[0]["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains(&format!("read = [\"{}\"]", real.display())),
+        "{reason}"
+    );
+    assert!(reason.contains("Permission denied"), "{reason}");
 }
