@@ -206,18 +206,25 @@ impl McpProvider {
 }
 
 /// The first path a stderr line says was refused (`Permission denied`, `EACCES`,
-/// `Operation not permitted`) that no rule of `plan` covers, and the folder to add for it (the
-/// path itself when it is a folder, else its folder).
+/// `Operation not permitted`) or missing (`No such file or directory`, `ENOENT`: the mount
+/// namespace shows the upstream only its rules' paths, so a path outside them is not there for
+/// it; counted only when the path is there for the broker) that no rule of `plan` covers, and
+/// the folder to add for it (the path itself when it is a folder, else its folder).
 fn refused_path(tail: &[String], plan: &sandbox::Plan) -> Option<(String, String)> {
     let refused = |l: &str| {
         let l = l.to_ascii_lowercase();
         l.contains("permission denied") || l.contains("eacces") || l.contains("not permitted")
     };
-    for line in tail.iter().rev().filter(|l| refused(l)) {
+    let hidden = |l: &str| {
+        let l = l.to_ascii_lowercase();
+        l.contains("no such file or directory") || l.contains("enoent")
+    };
+    for line in tail.iter().rev().filter(|l| refused(l) || hidden(l)) {
         for word in line
             .split(['\'', '"', '`', ' ', ',', '(', ')', '[', ']'])
             .map(|w| w.trim_end_matches([':', '.', ';']))
             .filter(|w| w.starts_with('/') && w.len() > 1)
+            .filter(|w| refused(line) || Path::new(w).exists())
         {
             let at = sandbox::canonical(Path::new(word));
             let covered = plan

@@ -1490,13 +1490,25 @@ async fn as_root_a_principals_uid_and_files_stay_theirs_across_a_restart() {
     ];
     let whole = alice.call(2, "tc.peek", json!({ "paths": paths })).await;
     let peek: Value = serde_json::from_str(&text(&whole["result"])).expect("report");
-    for p in &paths {
+    // Bob's cache and folder: refused (Landlock, other uid) or not in her view at all (the
+    // mount namespace binds only her own folder). The write rule itself: refused, or in her
+    // view only as the folder that holds her own (nothing of bob's in it).
+    for p in &paths[..2] {
         let got = peek[p].as_str().unwrap_or("(missing)");
         assert!(
-            got.starts_with("error: PermissionError"),
+            got.starts_with("error: PermissionError")
+                || got.starts_with("error: FileNotFoundError"),
             "alice's instance read {p}: {got}"
         );
+        assert!(Path::new(p).exists(), "{p} is there for the broker");
     }
+    let got = peek[&paths[2]].as_str().unwrap_or("(missing)");
+    assert!(
+        got.starts_with("error: PermissionError")
+            || (got.starts_with("ok: ") && !got.contains("bob") && !got.contains("cache.json")),
+        "alice's instance read {}: {got}",
+        paths[2]
+    );
     // An upstream that hands alice bob's token (whatever way it got it): redacted.
     let echoed = alice
         .call(
@@ -1716,12 +1728,16 @@ async fn in_a_folder_of_its_own_reads_none(uid: Option<u32>) {
     let refused = files
         .iter()
         .filter(|f| {
-            r["read"][f.as_str()]
-                .as_str()
-                .is_some_and(|g| g.starts_with("error: PermissionError"))
+            r["read"][f.as_str()].as_str().is_some_and(|g| {
+                // Refused by Landlock, or not in its view at all (the mount namespace).
+                g.starts_with("error: PermissionError") || g.starts_with("error: FileNotFoundError")
+            })
         })
         .count();
     assert_eq!(refused, files.len(), "every attempt refused: {}", r["read"]);
+    for f in &files {
+        assert!(Path::new(f).exists(), "{f} is there for the broker");
+    }
     assert!(
         !r.to_string().contains("alice-token-value"),
         "alice's secret reached the upstream"
@@ -1811,7 +1827,9 @@ async fn a_script_the_sandbox_may_not_read_says_the_rule_to_add() {
         "MCP initialize with the upstream failed".to_owned(),
         "the upstream exited with status 2".to_owned(),
         format!("can't open file '{}'", up.display()),
-        "Permission denied".to_owned(),
+        // Outside every rule, the file is not in the upstream's view at all (the mount
+        // namespace): Python says it is not there; the broker sees it is, and names the rule.
+        "No such file or directory".to_owned(),
         "the sandbox was on".to_owned(),
         format!("it was refused `{}`", up.display()),
         format!("add `read = [\"{}\"]`", real.display()),
@@ -1827,5 +1845,5 @@ async fn a_script_the_sandbox_may_not_read_says_the_rule_to_add() {
         reason.contains(&format!("read = [\"{}\"]", real.display())),
         "{reason}"
     );
-    assert!(reason.contains("Permission denied"), "{reason}");
+    assert!(reason.contains("No such file or directory"), "{reason}");
 }

@@ -443,18 +443,17 @@ async fn a_template_naming_a_missing_argument_stops_the_broker_at_start() {
     let Some(s) = servers() else { return };
     let dir = tempfile::tempdir().expect("tmp");
     let cfg = crate::kit::write_config(dir.path(), &Options::default());
+    // The server's folder holds none of the broker's files (a rule on the config's folder is
+    // refused at load for that alone).
+    let files = dir.path().join("files");
+    std::fs::create_dir(&files).expect("mkdir");
+    let files = files.display().to_string();
     let extra = format!(
         "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"fs\"\ncommand = {}\nargs = [{}, {}]\n[providers.tools.read_text_file]\naction = \"read\"\nfile = \"{{nope}}\"\n{}",
         q(&s["FILESYSTEM_CMD"]),
         q(&s["FILESYSTEM_ARGS"]),
-        q(&dir.path().display().to_string()),
-        sandboxed(
-            &[
-                package(&s["FILESYSTEM_ARGS"]),
-                &dir.path().display().to_string()
-            ],
-            &[]
-        )
+        q(&files),
+        sandboxed(&[package(&s["FILESYSTEM_ARGS"]), &files], &[])
     );
     let text = std::fs::read_to_string(&cfg).expect("cfg");
     std::fs::write(&cfg, format!("{text}{extra}")).expect("w");
