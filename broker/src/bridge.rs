@@ -6,6 +6,7 @@
 //! turn the token names, and every call goes through `Kernel::invoke`.
 
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,13 +14,13 @@ use std::time::Duration;
 use interprocess::local_socket::tokio::Stream;
 use interprocess::local_socket::traits::StreamCommon as _;
 use sharedos_ipc::{Conn, FrameReader, IpcError, write_encoded, write_frame};
-use sharedos_proto::CancelCode;
 use sharedos_proto::ipc::{
     BridgeEvent, BridgeRequest, HarnessSession, PROTOCOL_VERSION, PendingApproval, PrincipalAnswer,
     RefusalCode,
 };
 use sharedos_proto::record;
-use tokio::sync::Semaphore;
+use sharedos_proto::{CancelCode, ToolCall};
+use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::kernel::{Ask, CallSite};
@@ -171,6 +172,13 @@ impl Clients {
     }
 }
 
+type Reader = FrameReader<tokio::io::ReadHalf<Conn>>;
+type Sender = tokio::io::WriteHalf<Conn>;
+
+/// One bridge connection, as its steps: a peer that is not a harness is refused; a harness says
+/// hello with a turn token; the turn gives the bridge a place; the shim is welcomed with the
+/// turn's catalogue and the bridge recorded; then its frames are served until it or the turn
+/// ends, and its place is given back.
 pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admission::PendingHello) {
     let creds = stream.peer_creds().ok();
     let uid = creds.as_ref().and_then(|c| c.euid());
@@ -182,211 +190,40 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
             return;
         }
     };
-    // Watches for the shim closing its end, even with calls it sent still unread.
-    let hang_up = match stream.hang_up_watch() {
-        Ok(h) => Some(h),
-        Err(e) => {
-            tracing::warn!(error = %e, "bridge connection cannot be watched for its end: its unread calls are cancelled only once read");
-            None
-        }
-    };
+    let hang_up = watch_hang_up(&stream);
     let (recv, mut send) = tokio::io::split(stream);
     let mut reader = FrameReader::with_limit(recv, HELLO_MAX_BYTES);
     let gate = pending.gate();
     let refused = |reason: &'static str| gate.refused(reason, uid, pid);
     if !broker.harness_allowed(uid, pid.map(|p| p as u32)) {
         refused(crate::admission::refusal_reason(pid));
-        refused_hello(|n| {
-            tracing::warn!(
-                ?uid,
-                refused = n,
-                "bridge connection from a uid that is not a harness uid: refused"
-            );
-        });
-        // Read the hello first (bounded), so the refusal is not lost to a reset on close.
-        tokio::select! {
-            _ = tokio::time::timeout(
-                pending.within(std::time::Duration::from_secs(1)),
-                reader.next::<BridgeRequest>(),
-            ) => {}
-            () = pending.evicted() => return,
-        }
-        let _ = write_frame(
-            &mut send,
-            &BridgeEvent::Refused {
-                code: RefusalCode::BadToken,
-                message: "this uid may not use the bridge socket".into(),
-            },
-        )
-        .await;
+        refuse_non_harness(&mut reader, &mut send, &pending, uid).await;
         return;
     }
-    // A newcomer may take this connection's place while it is silent: it is then closed.
-    let hello = tokio::select! {
-        h = tokio::time::timeout(pending.within(HELLO_TIMEOUT), reader.next::<BridgeRequest>()) => h,
-        () = pending.evicted() => {
-            refused("cap_reached");
-            refused_hello(|n| {
-                tracing::info!(?uid, ?pid, closed = n, "bridge connection silent before hello gave its place to another: closed");
-            });
-            return;
-        }
-    };
-    let refuse = |code, message: &str| BridgeEvent::Refused {
-        code,
-        message: message.to_owned(),
-    };
-    let (turn, client) = match hello {
-        Ok(Ok(BridgeRequest::Hello {
-            protocol,
-            token,
-            client,
-        })) => {
-            if protocol != PROTOCOL_VERSION {
-                refused("protocol_version");
-                let msg = format!(
-                    "protocol version {protocol} is not supported; this broker speaks {PROTOCOL_VERSION}"
-                );
-                let _ = write_frame(&mut send, &refuse(RefusalCode::ProtocolVersion, &msg)).await;
-                return;
-            }
-            match broker.turns.by_token(token.expose()) {
-                Some(turn) => (turn, client),
-                None => {
-                    refused("bad_token");
-                    let _ = write_frame(
-                        &mut send,
-                        &refuse(
-                            RefusalCode::BadToken,
-                            "the turn token is unknown, expired or closed",
-                        ),
-                    )
-                    .await;
-                    refused_hello(|n| {
-                        tracing::info!(
-                            ?pid,
-                            refused = n,
-                            "bridge hello with an unknown or closed token: refused"
-                        );
-                    });
-                    return;
-                }
-            }
-        }
-        Ok(Ok(_)) => {
-            refused("not_hello");
-            let _ = write_frame(
-                &mut send,
-                &refuse(RefusalCode::NotHello, "the first frame must be hello"),
-            )
-            .await;
-            return;
-        }
-        Ok(Err(e)) => {
-            if let Some(reason) = crate::admission::hello_error_reason(&e) {
-                refused(reason);
-            }
-            tracing::info!(error = %e, "bridge connection ended before hello");
-            let _ = write_frame(
-                &mut send,
-                &refuse(RefusalCode::NotHello, &format!("bad hello: {e}")),
-            )
-            .await;
-            return;
-        }
-        Err(_) => {
-            refused("hello_too_slow");
-            let _ = write_frame(
-                &mut send,
-                &refuse(
-                    RefusalCode::NotHello,
-                    &format!(
-                        "no hello within {} ms",
-                        pending.within(HELLO_TIMEOUT).as_millis()
-                    ),
-                ),
-            )
-            .await;
-            return;
-        }
+    let hello = hello(
+        &broker,
+        &mut reader,
+        &mut send,
+        &pending,
+        &refused,
+        (uid, pid),
+    )
+    .await;
+    let Some((turn, client)) = hello else {
+        return;
     };
     // Past hello: the connection's place at the gate is given back, and its frames may be as
     // large as the protocol's.
     drop(pending);
     reader.set_limit(sharedos_proto::frame::MAX_FRAME_BYTES);
-    // One token holds a bounded number of bridges.
-    let max = broker.config.max_bridges_per_turn;
-    if turn.bridges.fetch_add(1, Ordering::Relaxed) >= max {
-        turn.bridges.fetch_sub(1, Ordering::Relaxed);
-        refused("cap_reached");
-        let _ = write_frame(
-            &mut send,
-            &refuse(
-                RefusalCode::Busy,
-                &format!("turn {} already has {max} bridges open (max_bridges_per_turn); close one first", turn.id),
-            ),
-        )
-        .await;
-        refused_hello(|n| {
-            tracing::info!(turn = %turn.id, ?pid, refused = n, "bridge refused: the turn has max_bridges_per_turn bridges");
-        });
+    if !take_place(&broker, &turn, &mut send, &refused, pid).await {
         return;
     }
-    // And makes a bounded number of connections over time: a loop of connections is refused
-    // (and counted on `bridge_refused`), not recorded one line each.
-    let rate = broker.config.max_bridge_connects_per_minute;
-    let admitted = turn
-        .connects
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .admit(rate, std::time::Instant::now());
-    if !admitted {
-        turn.bridges.fetch_sub(1, Ordering::Relaxed);
-        refused("connect_rate");
-        let _ = write_frame(
-            &mut send,
-            &refuse(
-                RefusalCode::Busy,
-                &format!(
-                    "turn {} made {rate} bridge connections within a minute (max_bridge_connects_per_minute); connect again in a few seconds",
-                    turn.id
-                ),
-            ),
-        )
-        .await;
-        refused_hello(|n| {
-            tracing::warn!(turn = %turn.id, ?pid, refused = n, "bridge refused: the turn is over max_bridge_connects_per_minute");
-        });
-        return;
-    }
-    let welcome = BridgeEvent::Welcome {
-        protocol: PROTOCOL_VERSION,
-        turn: turn.id.clone(),
-        catalog_hash: turn.catalog.hash.clone(),
-        tools: turn.catalog.tools.clone(),
-        expires_at: Some(rfc3339(turn.expires_at)),
-        portable_names: turn.portable_names,
-        answer_deadline_ms: Some(broker.kernel.answer_deadline().as_millis() as u64),
-    };
-    if write_frame(&mut send, &welcome).await.is_err() {
+    if !welcome(&broker, &turn, &mut send).await {
         turn.bridges.fetch_sub(1, Ordering::Relaxed);
         return;
     }
-    // Harness aliases are recorded here, on the turn's first bridge, and never on a call; later
-    // bridges of the turn name the same catalogue by its hash.
-    let first = !turn.aliases_recorded.swap(true, Ordering::Relaxed);
-    let connected = record::Event::BridgeConnected(record::BridgeConnected {
-        turn: turn.id.clone(),
-        peer: record::Peer { pid, uid },
-        shim: client,
-        catalog_hash: turn.catalog.hash.clone(),
-        aliases: first.then(|| turn.aliases.clone()),
-        system_identity: turn.system_identity.clone(),
-    });
-    // Written in order, not waited on: the next call's sync covers it.
-    if let Err(e) = broker.kernel.recorder.append_written(&connected) {
-        tracing::error!(turn = %turn.id, error = %e, "bridge_connected not recorded");
-    }
+    record_connected(&broker, &turn, client, record::Peer { pid, uid });
     run_connection(
         broker.clone(),
         turn.clone(),
@@ -397,6 +234,231 @@ pub async fn serve(broker: Arc<Broker>, stream: Stream, pending: crate::admissio
     )
     .await;
     turn.bridges.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Watches for the shim closing its end, even with calls it sent still unread.
+fn watch_hang_up(stream: &Conn) -> Option<sharedos_ipc::HangUp> {
+    match stream.hang_up_watch() {
+        Ok(h) => Some(h),
+        Err(e) => {
+            tracing::warn!(error = %e, "bridge connection cannot be watched for its end: its unread calls are cancelled only once read");
+            None
+        }
+    }
+}
+
+/// Tells the shim why it is refused (a write that fails is not an error: it is refused anyway).
+async fn tell_refused(send: &mut Sender, code: RefusalCode, message: &str) {
+    let _ = write_frame(
+        send,
+        &BridgeEvent::Refused {
+            code,
+            message: message.to_owned(),
+        },
+    )
+    .await;
+}
+
+/// A peer that is not a harness (its refusal already counted at the gate): logged at a bounded
+/// rate; its hello is read first (bounded), so the refusal is not lost to a reset on close.
+async fn refuse_non_harness(
+    reader: &mut Reader,
+    send: &mut Sender,
+    pending: &crate::admission::PendingHello,
+    uid: Option<u32>,
+) {
+    refused_hello(|n| {
+        tracing::warn!(
+            ?uid,
+            refused = n,
+            "bridge connection from a uid that is not a harness uid: refused"
+        );
+    });
+    tokio::select! {
+        _ = tokio::time::timeout(
+            pending.within(std::time::Duration::from_secs(1)),
+            reader.next::<BridgeRequest>(),
+        ) => {}
+        () = pending.evicted() => return,
+    }
+    tell_refused(
+        send,
+        RefusalCode::BadToken,
+        "this uid may not use the bridge socket",
+    )
+    .await;
+}
+
+/// The shim's hello, within the gate's bound: the turn its token names and what the shim says
+/// of itself, or `None` once the connection is refused (and told why, unless its place went
+/// to a newcomer).
+async fn hello(
+    broker: &Broker,
+    reader: &mut Reader,
+    send: &mut Sender,
+    pending: &crate::admission::PendingHello,
+    refused: &impl Fn(&'static str),
+    (uid, pid): (Option<u32>, Option<i32>),
+) -> Option<(Arc<Turn>, sharedos_proto::ipc::ShimInfo)> {
+    // A newcomer may take this connection's place while it is silent: it is then closed.
+    let hello = tokio::select! {
+        h = tokio::time::timeout(pending.within(HELLO_TIMEOUT), reader.next::<BridgeRequest>()) => h,
+        () = pending.evicted() => {
+            refused("cap_reached");
+            refused_hello(|n| {
+                tracing::info!(?uid, ?pid, closed = n, "bridge connection silent before hello gave its place to another: closed");
+            });
+            return None;
+        }
+    };
+    match hello {
+        Ok(Ok(BridgeRequest::Hello {
+            protocol,
+            token,
+            client,
+        })) => {
+            let turn = turn_named(broker, send, refused, protocol, &token, pid).await?;
+            Some((turn, client))
+        }
+        Ok(Ok(_)) => {
+            refused("not_hello");
+            tell_refused(send, RefusalCode::NotHello, "the first frame must be hello").await;
+            None
+        }
+        Ok(Err(e)) => {
+            if let Some(reason) = crate::admission::hello_error_reason(&e) {
+                refused(reason);
+            }
+            tracing::info!(error = %e, "bridge connection ended before hello");
+            tell_refused(send, RefusalCode::NotHello, &format!("bad hello: {e}")).await;
+            None
+        }
+        Err(_) => {
+            refused("hello_too_slow");
+            let within = pending.within(HELLO_TIMEOUT).as_millis();
+            let msg = format!("no hello within {within} ms");
+            tell_refused(send, RefusalCode::NotHello, &msg).await;
+            None
+        }
+    }
+}
+
+/// A hello's protocol, then its token: the open turn the token names, or `None` once refused.
+async fn turn_named(
+    broker: &Broker,
+    send: &mut Sender,
+    refused: &impl Fn(&'static str),
+    protocol: u32,
+    token: &sharedos_proto::ipc::TurnToken,
+    pid: Option<i32>,
+) -> Option<Arc<Turn>> {
+    if protocol != PROTOCOL_VERSION {
+        refused("protocol_version");
+        let msg = format!(
+            "protocol version {protocol} is not supported; this broker speaks {PROTOCOL_VERSION}"
+        );
+        tell_refused(send, RefusalCode::ProtocolVersion, &msg).await;
+        return None;
+    }
+    if let Some(turn) = broker.turns.by_token(token.expose()) {
+        return Some(turn);
+    }
+    refused("bad_token");
+    let msg = "the turn token is unknown, expired or closed";
+    tell_refused(send, RefusalCode::BadToken, msg).await;
+    refused_hello(|n| {
+        tracing::info!(
+            ?pid,
+            refused = n,
+            "bridge hello with an unknown or closed token: refused"
+        );
+    });
+    None
+}
+
+/// The turn's place for this bridge: one token holds a bounded number of bridges, and makes a
+/// bounded number of connections over time (a loop of connections is refused and counted on
+/// `bridge_refused`, not recorded one line each). `true`: the bridge counts on the turn until
+/// its caller gives the place back; `false`: refused, the shim told why, no place held.
+async fn take_place(
+    broker: &Broker,
+    turn: &Turn,
+    send: &mut Sender,
+    refused: &impl Fn(&'static str),
+    pid: Option<i32>,
+) -> bool {
+    let max = broker.config.max_bridges_per_turn;
+    if turn.bridges.fetch_add(1, Ordering::Relaxed) >= max {
+        turn.bridges.fetch_sub(1, Ordering::Relaxed);
+        refused("cap_reached");
+        let msg = format!(
+            "turn {} already has {max} bridges open (max_bridges_per_turn); close one first",
+            turn.id
+        );
+        tell_refused(send, RefusalCode::Busy, &msg).await;
+        refused_hello(|n| {
+            tracing::info!(turn = %turn.id, ?pid, refused = n, "bridge refused: the turn has max_bridges_per_turn bridges");
+        });
+        return false;
+    }
+    let rate = broker.config.max_bridge_connects_per_minute;
+    let admitted = turn
+        .connects
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .admit(rate, std::time::Instant::now());
+    if !admitted {
+        turn.bridges.fetch_sub(1, Ordering::Relaxed);
+        refused("connect_rate");
+        let msg = format!(
+            "turn {} made {rate} bridge connections within a minute (max_bridge_connects_per_minute); connect again in a few seconds",
+            turn.id
+        );
+        tell_refused(send, RefusalCode::Busy, &msg).await;
+        refused_hello(|n| {
+            tracing::warn!(turn = %turn.id, ?pid, refused = n, "bridge refused: the turn is over max_bridge_connects_per_minute");
+        });
+        return false;
+    }
+    true
+}
+
+/// The turn's catalogue to the shim; `false` when it could not be written.
+async fn welcome(broker: &Broker, turn: &Turn, send: &mut Sender) -> bool {
+    let welcome = BridgeEvent::Welcome {
+        protocol: PROTOCOL_VERSION,
+        turn: turn.id.clone(),
+        catalog_hash: turn.catalog.hash.clone(),
+        tools: turn.catalog.tools.clone(),
+        expires_at: Some(rfc3339(turn.expires_at)),
+        portable_names: turn.portable_names,
+        answer_deadline_ms: Some(broker.kernel.answer_deadline().as_millis() as u64),
+    };
+    write_frame(send, &welcome).await.is_ok()
+}
+
+/// The welcomed bridge on record (`bridge_connected`). Harness aliases are recorded here, on the
+/// turn's first bridge, and never on a call; later bridges of the turn name the same catalogue
+/// by its hash.
+fn record_connected(
+    broker: &Broker,
+    turn: &Turn,
+    shim: sharedos_proto::ipc::ShimInfo,
+    peer: record::Peer,
+) {
+    let first = !turn.aliases_recorded.swap(true, Ordering::Relaxed);
+    let connected = record::Event::BridgeConnected(record::BridgeConnected {
+        turn: turn.id.clone(),
+        peer,
+        shim,
+        catalog_hash: turn.catalog.hash.clone(),
+        aliases: first.then(|| turn.aliases.clone()),
+        system_identity: turn.system_identity.clone(),
+    });
+    // Written in order, not waited on: the next call's sync covers it.
+    if let Err(e) = broker.kernel.recorder.append_written(&connected) {
+        tracing::error!(turn = %turn.id, error = %e, "bridge_connected not recorded");
+    }
 }
 
 /// The bridge's write half, shared by the tasks that answer: each writes its own frame.
@@ -690,264 +752,424 @@ async fn decide(
     }
 }
 
+/// What wakes a bridge connection's loop.
+enum Event {
+    Frame(Result<BridgeRequest, IpcError>),
+    TurnEnded,
+    ClientGone,
+}
+
+/// What the steps of one welcomed bridge connection share.
+struct Link {
+    broker: Arc<Broker>,
+    turn: Arc<Turn>,
+    harness: Harness,
+    out: Arc<tokio::sync::Mutex<Out>>,
+    /// The connection's calls, cancelled when the shim goes or the connection ends.
+    conn: CancellationToken,
+    /// The shim is gone: its calls are recorded as cancelled by its going.
+    disconnected: Arc<AtomicBool>,
+    /// The calls in flight (or waiting for a place), by the shim's frame id.
+    inflight: Arc<Mutex<HashMap<u64, CancellationToken>>>,
+    relays: Arc<Relays>,
+    /// The bridge's places for calls in flight (`MAX_INFLIGHT_PER_BRIDGE`).
+    limit: Arc<Semaphore>,
+    hang_up: Option<sharedos_ipc::HangUp>,
+}
+
+/// The connection's reading side.
+struct Frames {
+    reader: Reader,
+    /// A frame read while a call waited for its place, handled next.
+    held: Option<Result<BridgeRequest, IpcError>>,
+}
+
+/// A welcomed bridge: its loop (the next event, then one step per kind) until the shim or the
+/// turn ends it, then its close.
 async fn run_connection(
     broker: Arc<Broker>,
     turn: Arc<Turn>,
-    mut reader: FrameReader<tokio::io::ReadHalf<Conn>>,
-    send: tokio::io::WriteHalf<Conn>,
+    reader: Reader,
+    send: Sender,
     hang_up: Option<sharedos_ipc::HangUp>,
     pid: Option<u32>,
 ) {
-    let harness = Arc::new(Harness {
-        serial: BRIDGE_SERIAL.fetch_add(1, Ordering::Relaxed),
-        pid,
-        client: Mutex::new(None),
-    });
-    let out = Arc::new(tokio::sync::Mutex::new(Out {
-        send,
-        closed: false,
-    }));
-    let conn = turn.cancel.child_token();
-    let disconnected = Arc::new(AtomicBool::new(false));
-    let inflight: Arc<Mutex<HashMap<u64, CancellationToken>>> = Arc::default();
-    let relays: Arc<Relays> = Arc::default();
-    let limit = Arc::new(Semaphore::new(MAX_INFLIGHT_PER_BRIDGE));
-    enum Event {
-        Frame(Result<BridgeRequest, IpcError>),
-        TurnEnded,
-        ClientGone,
-    }
-    // The shim closed its end: calls running are cancelled (`disconnected`), as a cancel from
-    // it would; calls it sent before closing that are read after are recorded as cancelled
-    // (`client_gone`) and never run.
-    let gone = || {
-        if !disconnected.swap(true, Ordering::Relaxed) {
-            tracing::info!(turn = %turn.id, "bridge client gone: its running calls are cancelled, its unread calls will not run");
-        }
-        conn.cancel();
+    let link = Link {
+        harness: Harness {
+            serial: BRIDGE_SERIAL.fetch_add(1, Ordering::Relaxed),
+            pid,
+            client: Mutex::new(None),
+        },
+        out: Arc::new(tokio::sync::Mutex::new(Out {
+            send,
+            closed: false,
+        })),
+        conn: turn.cancel.child_token(),
+        disconnected: Arc::new(AtomicBool::new(false)),
+        inflight: Arc::default(),
+        relays: Arc::default(),
+        limit: Arc::new(Semaphore::new(MAX_INFLIGHT_PER_BRIDGE)),
+        hang_up,
+        broker,
+        turn,
     };
-    // A frame read while a call waited for its place, handled next.
-    let mut held: Option<Result<BridgeRequest, IpcError>> = None;
+    let mut frames = Frames { reader, held: None };
     // Unparsable stdin lines the shim reported: on record at most once per
     // `REFUSAL_RECORD_INTERVAL` (the rest counted into the next line, or the last at the end).
     let mut malformed = Malformed::default();
     // What the client said of itself: once, and again when it changes (see `Clients`).
     let mut clients = Clients::default();
     loop {
-        let event = match held.take() {
-            Some(f) => Event::Frame(f),
-            None => tokio::select! {
-                f = reader.next_or_undecodable::<BridgeRequest>() => {
-                    Event::Frame(f.and_then(|r| r.or_else(salvage_call)))
-                }
-                _ = turn.cancel.cancelled() => Event::TurnEnded,
-                () = hung_up(hang_up.as_ref()), if !conn.is_cancelled() => Event::ClientGone,
-            },
-        };
-        match event {
-            Event::ClientGone => gone(),
+        match link.next_event(&mut frames).await {
+            Event::ClientGone => link.gone(),
             Event::TurnEnded => {
-                // The calls in flight end with the turn (cancelled, or done just before): their
-                // answers go out first, so the harness gets what the record says, not "the turn
-                // closed" for a call already decided. Bounded: a call that does not end in time
-                // is answered by the shim when the link ends.
-                let settled = tokio::time::timeout(
-                    CLOSE_ANSWERS_WAIT,
-                    limit.acquire_many(MAX_INFLIGHT_PER_BRIDGE as u32),
-                )
-                .await;
-                drop(settled);
-                let reason = turn.closed_reason().unwrap_or_else(|| "closed".into());
-                send_event(&out, BridgeEvent::TurnClosed { reason }).await;
+                link.turn_ended().await;
                 break;
             }
-            Event::Frame(Ok(BridgeRequest::Call { id, call })) => {
-                // Known before it has a place, so a cancel that comes while it waits reaches it.
-                let token = conn.child_token();
-                if let Ok(mut m) = inflight.lock() {
-                    m.insert(id, token.clone());
-                }
-                // While every place is taken (calls held for a person, say), frames are still
-                // read: a cancel is acted on at once, so a waiting call can be cancelled; the
-                // first other frame is held, and reading stops until this call has its place.
-                let permit = loop {
-                    if held.is_some() {
-                        break limit.clone().acquire_owned().await;
-                    }
-                    tokio::select! {
-                        biased;
-                        p = limit.clone().acquire_owned() => break p,
-                        () = hung_up(hang_up.as_ref()), if !conn.is_cancelled() => gone(),
-                        f = reader.next_or_undecodable::<BridgeRequest>() => {
-                            match f.and_then(|r| r.or_else(salvage_call)) {
-                                Ok(BridgeRequest::Cancel { id }) => cancel_inflight(&inflight, id),
-                                // An answer frees a held call's place: never left behind one.
-                                Ok(BridgeRequest::Decide { approval, answer, reason, via }) => {
-                                    decide(&broker, &turn, &harness, &out, approval, Principal { answer, reason, via }).await;
-                                }
-                                // So does the answer to a forwarded question.
-                                Ok(BridgeRequest::Relayed { relay, result, error }) => {
-                                    relays.answer(relay, result, error);
-                                }
-                                Ok(other) => held = Some(Ok(other)),
-                                // The shim is gone (or sent what ends the connection): its calls
-                                // end now, this one too, each recorded as cancelled.
-                                Err(e) => {
-                                    disconnected.store(true, Ordering::Relaxed);
-                                    conn.cancel();
-                                    held = Some(Err(e));
-                                }
-                            }
-                        }
-                    }
-                };
-                let Ok(permit) = permit else {
+            Event::Frame(frame) => {
+                let step = link.on_frame(frame, &mut frames, &mut malformed, &mut clients);
+                if step.await.is_break() {
                     break;
-                };
-                // Checked again at the moment the call would start: a shim that has closed
-                // its end gets no call started after it closed.
-                if hang_up.as_ref().is_some_and(sharedos_ipc::HangUp::now) {
-                    gone();
                 }
-                let (broker, turn2, out, inflight, disc, serial) = (
-                    broker.clone(),
-                    turn.clone(),
-                    out.clone(),
-                    inflight.clone(),
-                    disconnected.clone(),
-                    harness.serial,
-                );
-                let route = relays.route(&turn, id, &out);
-                turn.tracker
-                    .spawn(crate::upstream::relay::ROUTE.scope(route, async move {
-                        let t = turn2.clone();
-                        let cause = move || {
-                            if t.cancel.is_cancelled() {
-                                CancelCode::TurnClosed
-                            } else if disc.load(Ordering::Relaxed) {
-                                CancelCode::Disconnected
-                            } else {
-                                CancelCode::ClientCancelled
-                            }
-                        };
-                        // A call held for approval: the shim hears of it (and waits that much longer).
-                        let on_wait = |p: &PendingApproval, wait: Duration| {
-                            let event = BridgeEvent::Waiting {
-                                id,
-                                approval: p.id.clone(),
-                                expires_at: p.expires_at.clone(),
-                                timeout_ms: wait.as_millis() as u64,
-                            };
-                            let out = out.clone();
-                            tokio::spawn(async move { send_event(&out, event).await });
-                        };
-                        // A call held for its principal: the shim asks the person (after `Waiting`,
-                        // which the same ordered queue of writes delivers first).
-                        let on_ask = |p: &PendingApproval, question| {
-                            let event = BridgeEvent::Ask {
-                                id,
-                                approval: p.id.clone(),
-                                question,
-                            };
-                            let out = out.clone();
-                            tokio::spawn(async move { send_event(&out, event).await });
-                        };
-                        let site = CallSite {
-                            turn: &turn2.id,
-                            call_id: turn2.next_call_id(),
-                            context: &turn2.context,
-                            catalog: &turn2.catalog,
-                            identity: turn2.system_identity.as_ref(),
-                            blocking: Some(&turn2.blocking),
-                            budget: Some(&turn2.budget),
-                            on_wait: Some(&on_wait),
-                            ask: Some(Ask {
-                                bridge: serial,
-                                send: &on_ask,
-                            }),
-                        };
-                        let answer = broker.kernel.invoke(site, call, token, cause).await;
-                        if let Ok(mut m) = inflight.lock() {
-                            m.remove(&id);
-                        }
-                        send_event(&out, BridgeEvent::Answer { id, answer }).await;
-                        drop(permit);
-                    }));
             }
-            Event::Frame(Ok(BridgeRequest::Relayed {
+        }
+    }
+    link.close(&mut malformed, &mut clients).await;
+}
+
+/// One call's task: what it needs of its connection, owned.
+struct CallTask {
+    broker: Arc<Broker>,
+    turn: Arc<Turn>,
+    out: Arc<tokio::sync::Mutex<Out>>,
+    inflight: Arc<Mutex<HashMap<u64, CancellationToken>>>,
+    disconnected: Arc<AtomicBool>,
+    /// The bridge's serial, binding a question asked to this connection.
+    serial: u64,
+    /// The shim's frame id for the call.
+    id: u64,
+}
+
+/// Why a call of a bridge was cancelled: the turn closed, the shim went away, or it cancelled.
+fn cancel_cause(turn: &Turn, disconnected: &AtomicBool) -> CancelCode {
+    if turn.cancel.is_cancelled() {
+        CancelCode::TurnClosed
+    } else if disconnected.load(Ordering::Relaxed) {
+        CancelCode::Disconnected
+    } else {
+        CancelCode::ClientCancelled
+    }
+}
+
+/// Writes `event` from a task of its own: a kernel callback does not wait for the shim.
+fn send_soon(out: &Arc<tokio::sync::Mutex<Out>>, event: BridgeEvent) {
+    let out = out.clone();
+    tokio::spawn(async move { send_event(&out, event).await });
+}
+
+impl CallTask {
+    /// The call through the kernel (the shim told when it waits for an approval, and asked to
+    /// put a question to its principal), its answer to the shim, then its place given back.
+    async fn run(self, call: ToolCall, token: CancellationToken, permit: OwnedSemaphorePermit) {
+        let CallTask {
+            broker,
+            turn: turn2,
+            out,
+            inflight,
+            disconnected: disc,
+            serial,
+            id,
+        } = self;
+        let t = turn2.clone();
+        let cause = move || cancel_cause(&t, &disc);
+        // A call held for approval: the shim hears of it (and waits that much longer).
+        let on_wait = |p: &PendingApproval, wait: Duration| {
+            let event = BridgeEvent::Waiting {
+                id,
+                approval: p.id.clone(),
+                expires_at: p.expires_at.clone(),
+                timeout_ms: wait.as_millis() as u64,
+            };
+            send_soon(&out, event);
+        };
+        // A call held for its principal: the shim asks the person (after `Waiting`,
+        // which the same ordered queue of writes delivers first).
+        let on_ask = |p: &PendingApproval, question| {
+            let event = BridgeEvent::Ask {
+                id,
+                approval: p.id.clone(),
+                question,
+            };
+            send_soon(&out, event);
+        };
+        let site = CallSite {
+            turn: &turn2.id,
+            call_id: turn2.next_call_id(),
+            context: &turn2.context,
+            catalog: &turn2.catalog,
+            identity: turn2.system_identity.as_ref(),
+            blocking: Some(&turn2.blocking),
+            budget: Some(&turn2.budget),
+            on_wait: Some(&on_wait),
+            ask: Some(Ask {
+                bridge: serial,
+                send: &on_ask,
+            }),
+        };
+        let answer = broker.kernel.invoke(site, call, token, cause).await;
+        if let Ok(mut m) = inflight.lock() {
+            m.remove(&id);
+        }
+        send_event(&out, BridgeEvent::Answer { id, answer }).await;
+        drop(permit);
+    }
+}
+
+impl Link {
+    /// The next event: a frame held while a call waited for its place, else whichever comes
+    /// first of a frame, the turn's end, and the shim closing its end.
+    async fn next_event(&self, frames: &mut Frames) -> Event {
+        match frames.held.take() {
+            Some(f) => Event::Frame(f),
+            None => tokio::select! {
+                f = frames.reader.next_or_undecodable::<BridgeRequest>() => {
+                    Event::Frame(f.and_then(|r| r.or_else(salvage_call)))
+                }
+                _ = self.turn.cancel.cancelled() => Event::TurnEnded,
+                () = hung_up(self.hang_up.as_ref()), if !self.conn.is_cancelled() => Event::ClientGone,
+            },
+        }
+    }
+
+    /// The shim closed its end: calls running are cancelled (`disconnected`), as a cancel from
+    /// it would; calls it sent before closing that are read after are recorded as cancelled
+    /// (`client_gone`) and never run.
+    fn gone(&self) {
+        if !self.disconnected.swap(true, Ordering::Relaxed) {
+            tracing::info!(turn = %self.turn.id, "bridge client gone: its running calls are cancelled, its unread calls will not run");
+        }
+        self.conn.cancel();
+    }
+
+    /// The turn ended. The calls in flight end with it (cancelled, or done just before): their
+    /// answers go out first, so the harness gets what the record says, not "the turn closed" for
+    /// a call already decided. Bounded: a call that does not end in time is answered by the shim
+    /// when the link ends. Then the shim is told the turn closed.
+    async fn turn_ended(&self) {
+        let settled = tokio::time::timeout(
+            CLOSE_ANSWERS_WAIT,
+            self.limit.acquire_many(MAX_INFLIGHT_PER_BRIDGE as u32),
+        )
+        .await;
+        drop(settled);
+        let reason = self.turn.closed_reason().unwrap_or_else(|| "closed".into());
+        send_event(&self.out, BridgeEvent::TurnClosed { reason }).await;
+    }
+
+    /// One frame from the shim, one step per kind; `Break` ends the connection.
+    async fn on_frame(
+        &self,
+        frame: Result<BridgeRequest, IpcError>,
+        frames: &mut Frames,
+        malformed: &mut Malformed,
+        clients: &mut Clients,
+    ) -> ControlFlow<()> {
+        match frame {
+            Ok(BridgeRequest::Call { id, call }) => return self.call(id, call, frames).await,
+            Ok(BridgeRequest::Relayed {
                 relay,
                 result,
                 error,
-            })) => relays.answer(relay, result, error),
-            Event::Frame(Ok(BridgeRequest::Cancel { id })) => cancel_inflight(&inflight, id),
-            Event::Frame(Ok(BridgeRequest::Decide {
+            }) => self.relays.answer(relay, result, error),
+            Ok(BridgeRequest::Cancel { id }) => cancel_inflight(&self.inflight, id),
+            Ok(BridgeRequest::Decide {
                 approval,
                 answer,
                 reason,
                 via,
-            })) => {
-                let said = Principal {
-                    answer,
-                    reason,
-                    via,
-                };
-                decide(&broker, &turn, &harness, &out, approval, said).await;
-            }
-            Event::Frame(Ok(BridgeRequest::ClientInfo {
-                mut name,
-                mut version,
-                mut protocol_version,
+            }) => self.decide(approval, answer, reason, via).await,
+            Ok(BridgeRequest::ClientInfo {
+                name,
+                version,
+                protocol_version,
                 capabilities,
-            })) => {
-                // What the client calls itself is kept, in the record and the log, to a bound.
-                let max = record::RECORD_MAX_STRING_BYTES;
-                let mut cut = None;
-                record::bound(&mut name, max, "client.name", &mut cut);
-                record::bound(&mut version, max, "client.version", &mut cut);
-                record::bound_opt(
-                    &mut protocol_version,
-                    max,
-                    "client.protocolVersion",
-                    &mut cut,
-                );
-                if let Ok(mut c) = harness.client.lock() {
-                    *c = Some(format!("{name} {version}"));
-                }
-                let client = record::ClientInfo {
-                    name,
-                    version,
-                    protocol_version,
-                    capabilities: capabilities.as_ref().map(capability_names),
-                };
-                clients.note(&broker, &turn, client, cut);
-            }
-            Event::Frame(Ok(BridgeRequest::MalformedFrame {
+            }) => self.client_info(clients, name, version, protocol_version, capabilities),
+            Ok(BridgeRequest::MalformedFrame {
                 bytes,
                 sha256,
                 count,
-            })) => malformed.note(&broker, &turn.id, bytes, sha256, count),
-            Event::Frame(Ok(BridgeRequest::Hello { .. })) => {
-                tracing::warn!(turn = %turn.id, "second hello on a bridge connection: closing it");
-                break;
+            }) => malformed.note(&self.broker, &self.turn.id, bytes, sha256, count),
+            Ok(BridgeRequest::Hello { .. }) => {
+                tracing::warn!(turn = %self.turn.id, "second hello on a bridge connection: closing it");
+                return ControlFlow::Break(());
             }
-            Event::Frame(Err(IpcError::Closed)) => break,
-            Event::Frame(Err(e)) => {
-                tracing::warn!(turn = %turn.id, error = %e, "bad frame on bridge: closing it");
-                break;
+            Err(IpcError::Closed) => return ControlFlow::Break(()),
+            Err(e) => {
+                tracing::warn!(turn = %self.turn.id, error = %e, "bad frame on bridge: closing it");
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// A principal's answer from this bridge (the function `decide`).
+    async fn decide(
+        &self,
+        approval: String,
+        answer: PrincipalAnswer,
+        reason: Option<String>,
+        via: Option<String>,
+    ) {
+        let said = Principal {
+            answer,
+            reason,
+            via,
+        };
+        decide(
+            &self.broker,
+            &self.turn,
+            &self.harness,
+            &self.out,
+            approval,
+            said,
+        )
+        .await;
+    }
+
+    /// A call: known at once (so a cancel that comes while it waits reaches it), given its
+    /// place among the bridge's calls in flight, then run as a task of the turn. `Break`: the
+    /// places are gone.
+    async fn call(&self, id: u64, call: ToolCall, frames: &mut Frames) -> ControlFlow<()> {
+        let token = self.conn.child_token();
+        if let Ok(mut m) = self.inflight.lock() {
+            m.insert(id, token.clone());
+        }
+        let Ok(permit) = self.place(frames).await else {
+            return ControlFlow::Break(());
+        };
+        // Checked again at the moment the call would start: a shim that has closed
+        // its end gets no call started after it closed.
+        if self.hang_up.as_ref().is_some_and(sharedos_ipc::HangUp::now) {
+            self.gone();
+        }
+        let task = CallTask {
+            broker: self.broker.clone(),
+            turn: self.turn.clone(),
+            out: self.out.clone(),
+            inflight: self.inflight.clone(),
+            disconnected: self.disconnected.clone(),
+            serial: self.harness.serial,
+            id,
+        };
+        let route = self.relays.route(&self.turn, id, &self.out);
+        let run = task.run(call, token, permit);
+        self.turn
+            .tracker
+            .spawn(crate::upstream::relay::ROUTE.scope(route, run));
+        ControlFlow::Continue(())
+    }
+
+    /// A call's place. While every place is taken (calls held for a person, say), frames are
+    /// still read: a cancel is acted on at once, so a waiting call can be cancelled; the first
+    /// other frame is held, and reading stops until this call has its place.
+    async fn place(&self, frames: &mut Frames) -> Result<OwnedSemaphorePermit, AcquireError> {
+        loop {
+            if frames.held.is_some() {
+                return self.limit.clone().acquire_owned().await;
+            }
+            tokio::select! {
+                biased;
+                p = self.limit.clone().acquire_owned() => return p,
+                () = hung_up(self.hang_up.as_ref()), if !self.conn.is_cancelled() => self.gone(),
+                f = frames.reader.next_or_undecodable::<BridgeRequest>() => {
+                    let frame = f.and_then(|r| r.or_else(salvage_call));
+                    self.while_waiting(frame, &mut frames.held).await;
+                }
             }
         }
     }
-    malformed.write(&broker, &turn.id);
-    clients.write(&broker, &turn);
-    // Forwarded questions waiting for this shim end now (their servers are told why).
-    if let Ok(mut w) = relays.waiting.lock() {
-        w.clear();
+
+    /// A frame read while a call waits for its place: acted on at once, or held.
+    async fn while_waiting(
+        &self,
+        frame: Result<BridgeRequest, IpcError>,
+        held: &mut Option<Result<BridgeRequest, IpcError>>,
+    ) {
+        match frame {
+            Ok(BridgeRequest::Cancel { id }) => cancel_inflight(&self.inflight, id),
+            // An answer frees a held call's place: never left behind one.
+            Ok(BridgeRequest::Decide {
+                approval,
+                answer,
+                reason,
+                via,
+            }) => self.decide(approval, answer, reason, via).await,
+            // So does the answer to a forwarded question.
+            Ok(BridgeRequest::Relayed {
+                relay,
+                result,
+                error,
+            }) => self.relays.answer(relay, result, error),
+            Ok(other) => *held = Some(Ok(other)),
+            // The shim is gone (or sent what ends the connection): its calls end now, this one
+            // too, each recorded as cancelled.
+            Err(e) => {
+                self.disconnected.store(true, Ordering::Relaxed);
+                self.conn.cancel();
+                *held = Some(Err(e));
+            }
+        }
     }
-    // The shim is gone (or the turn closed): in-flight calls end as cancelled, and are recorded.
-    disconnected.store(true, Ordering::Relaxed);
-    conn.cancel();
-    // Every in-flight call holds a permit until its answer is sent (or dropped after close).
-    let _ = limit.acquire_many(MAX_INFLIGHT_PER_BRIDGE as u32).await;
+
+    /// What the client says of itself, kept (in the record and the log) to a bound, and named
+    /// on this connection's answers of its principal.
+    fn client_info(
+        &self,
+        clients: &mut Clients,
+        mut name: String,
+        mut version: String,
+        mut protocol_version: Option<String>,
+        capabilities: Option<serde_json::Value>,
+    ) {
+        let max = record::RECORD_MAX_STRING_BYTES;
+        let mut cut = None;
+        record::bound(&mut name, max, "client.name", &mut cut);
+        record::bound(&mut version, max, "client.version", &mut cut);
+        record::bound_opt(
+            &mut protocol_version,
+            max,
+            "client.protocolVersion",
+            &mut cut,
+        );
+        if let Ok(mut c) = self.harness.client.lock() {
+            *c = Some(format!("{name} {version}"));
+        }
+        let client = record::ClientInfo {
+            name,
+            version,
+            protocol_version,
+            capabilities: capabilities.as_ref().map(capability_names),
+        };
+        clients.note(&self.broker, &self.turn, client, cut);
+    }
+
+    /// The connection's end: what it holds for the record is written, forwarded questions
+    /// waiting for this shim end (their servers are told why), the calls in flight end as
+    /// cancelled and are recorded, and each gives its place back (its answer sent, or dropped
+    /// after close).
+    async fn close(&self, malformed: &mut Malformed, clients: &mut Clients) {
+        malformed.write(&self.broker, &self.turn.id);
+        clients.write(&self.broker, &self.turn);
+        if let Ok(mut w) = self.relays.waiting.lock() {
+            w.clear();
+        }
+        self.disconnected.store(true, Ordering::Relaxed);
+        self.conn.cancel();
+        let _ = self
+            .limit
+            .acquire_many(MAX_INFLIGHT_PER_BRIDGE as u32)
+            .await;
+    }
 }
 
 #[cfg(test)]
