@@ -629,10 +629,18 @@ impl Kernel {
         }
     }
 
-    /// The single call path. Returns once the call's record line is as durable as configured.
+    /// The single call path, as the ADR's steps. Returns once the call's record line is as
+    /// durable as configured.
     ///
-    /// After the check: a call a permit holds for approval waits for a person (and, approved,
-    /// is checked again under the policy in force then); then the budgets; then the provider.
+    /// 1. [`admit`](Self::admit): the broker's own bounds on what any client sends;
+    /// 2. [`decide`](Self::decide): the requirement resolved from the arguments, and Cedar's
+    ///    decision on it;
+    /// 3. a permitted call cancelled before it started is recorded so, never run;
+    /// 4. [`hold_for_approval`](Self::hold_for_approval): a permit that asks for a person waits
+    ///    for one, and is decided again;
+    /// 5. [`run_permitted`](Self::run_permitted): budgets, the write-ahead intent, the run;
+    /// 6. [`finish`](Self::finish): redaction and the record line, before the answer leaves;
+    ///    then the bytes it returned count against its byte budgets.
     pub async fn invoke(
         self: &Arc<Self>,
         site: CallSite<'_>,
@@ -641,166 +649,46 @@ impl Kernel {
         cancel_cause: impl Fn() -> CancelCode,
     ) -> CallAnswer {
         let started = Instant::now();
-        // A trace context past the W3C limits is dropped now, not held while the call runs.
-        crate::telemetry::bound_trace_context(&mut call.traceparent, &mut call.tracestate);
-        // What an upstream server is told of the trace, and the call span's own ids.
-        let (trace, span_ids) = self
-            .telemetry
-            .outgoing(call.traceparent.as_deref(), call.tracestate.as_deref());
-        // The nesting limit is the broker's own, whoever sent the call (a client that bypasses
-        // the shim too): deeper arguments are refused and recorded without them.
-        if let Some(args) = &call.arguments {
-            let depth = sharedos_proto::nesting::value_depth(args);
-            if depth > sharedos_proto::nesting::MAX_ARGUMENT_DEPTH {
-                call.arguments = None;
-                call.rejected_arguments = Some(format!(
-                    "the arguments are nested {depth} levels deep; tool arguments may be nested at most {} levels",
-                    sharedos_proto::nesting::MAX_ARGUMENT_DEPTH
-                ));
-            }
-        }
-        let check = || {
-            self.check_rejecting(
-                site.context,
-                site.catalog,
-                &call.tool,
-                call.arguments.as_ref(),
-                call.rejected_arguments.as_deref(),
-            )
-        };
-        let mut verdict = check();
-        // Cancelled before it started (its client went away with the call unread, say): not
-        // run, not held for a person, no budget taken; recorded as cancelled.
-        let not_started = |what: &str| {
-            (
-                Outcome::Cancelled(cancel_cause().before_start()),
-                Some(format!(
-                    "cancelled: {what} — cancelled before it started; it was not run"
-                )),
-            )
-        };
+        let (trace, span_ids) = self.admit(&mut call);
+        let mut verdict = self.decide(&site, &call);
         if cancel.is_cancelled()
-            && let Verdict::Permitted {
-                resolved, policies, ..
-            } = &verdict
+            && let Some(ending) = cancelled_before_start(&call, &verdict, cancel_cause())
         {
-            let what = format!("{} of {}", call.tool, resolved.resource.short());
-            let (outcome, message) = not_started(&what);
-            let ending = (
-                outcome,
-                message,
-                Some(requirement_of(resolved)),
-                policies.clone(),
-                None,
-            );
+            let notes = SpanNotes::new(None, span_ids);
             return self
-                .finish(
-                    &site,
-                    &call,
-                    started,
-                    ending,
-                    None,
-                    SpanNotes::new(None, span_ids),
-                )
+                .finish(&site, &call, started, ending, None, notes)
                 .await;
+        }
+        let asks = match &verdict {
+            Verdict::Permitted {
+                approval: Some(by),
+                resolved,
+                policies,
+                ..
+            } => Some((*by, Subject::of(&call, resolved, policies))),
+            _ => None,
+        };
+        let mut held = None;
+        if let Some((by, subject)) = asks {
+            let wait = self.hold_for_approval(&site, &call, subject, by, &cancel, &cancel_cause);
+            held = Some(wait.await);
         }
         // For the call's span: the approval it waited for, and how that ended.
-        let mut approval: Option<(String, &'static str)> = None;
-        if let Verdict::Permitted {
-            approval: Some(by),
-            resolved,
-            policies,
-            ..
-        } = &verdict
-        {
-            let by = *by;
-            let requirement = Some(requirement_of(resolved));
-            let what = format!("{} of {}", call.tool, resolved.resource.short());
-            let policies = policies.clone();
-            // What the person approves: this resource, sent upstream this way, on this object.
-            let approved = (
-                resolved.resource.clone(),
-                resolved.forwarded.clone(),
-                resolved.object,
-            );
-            let held = self
-                .approval(
-                    &site,
-                    &call,
-                    &what,
-                    requirement.clone(),
-                    policies.clone(),
-                    &cancel,
-                    by,
-                )
-                .await;
-            approval = Some((held.id.clone(), held.ended));
-            match held.result {
-                // Approved: decided again under the policy in force now (a permit that still
-                // asks for approval has it), and run only if the arguments resolve to exactly
-                // what was approved (a link re-pointed meanwhile does not carry the approval).
-                Ok(()) => {
-                    verdict = check();
-                    let why = match &verdict {
-                        Verdict::Permitted { resolved: now, .. } => stale(&approved, now),
-                        // Refused now, on something else than what was approved: it is the
-                        // change that the caller has to know about.
-                        Verdict::Refused {
-                            outcome: Outcome::Denied(DenyCode::UnresolvableRequirement),
-                            ..
-                        } => Some("it no longer resolves to a resource".to_owned()),
-                        Verdict::Refused {
-                            requirement: Some(now),
-                            ..
-                        } if Some(now) != requirement.as_ref() => {
-                            Some(format!("what it names changed to {}", now.resource))
-                        }
-                        Verdict::Refused { .. } => None,
-                    };
-                    if let Some(why) = why {
-                        let ending = (
-                            Outcome::Denied(DenyCode::ApprovalStale),
-                            Some(format!(
-                                "denied: {what} — a person approved it (approval {}), but {why} while it waited, so the approval does not cover it and nothing was run; call it again to ask for an approval of what it names now",
-                                held.id
-                            )),
-                            requirement,
-                            policies,
-                            None,
-                        );
-                        return self
-                            .finish(
-                                &site,
-                                &call,
-                                started,
-                                ending,
-                                None,
-                                SpanNotes::new(approval, span_ids),
-                            )
-                            .await;
-                    }
-                }
-                Err(mut ending) => {
-                    if ending.0 == Outcome::Cancelled(CancelCode::ClientCancelled) {
-                        ending.0 = Outcome::Cancelled(cancel_cause());
-                    }
+        let mut approval = None;
+        if let Some((notes, result)) = held {
+            approval = Some(notes);
+            match result {
+                Ok(now) => verdict = now,
+                Err(ending) => {
+                    let notes = SpanNotes::new(approval, span_ids);
                     return self
-                        .finish(
-                            &site,
-                            &call,
-                            started,
-                            *ending,
-                            None,
-                            SpanNotes::new(approval, span_ids),
-                        )
+                        .finish(&site, &call, started, *ending, None, notes)
                         .await;
                 }
             }
         }
-        let mut forwarded = None;
-        // A call counting bytes: the gate it holds, its turn's use, and the limits to add to.
-        let mut counting = None;
-        let (outcome, message, requirement, policies, content) = match verdict {
+        let mut ran = Ran::default();
+        let ending = match verdict {
             Verdict::Refused {
                 outcome,
                 message,
@@ -813,153 +701,28 @@ impl Kernel {
                 arguments,
                 policies,
                 approval: _,
-            } => 'run: {
-                let requirement = Some(requirement_of(&resolved));
-                let what = format!("{} of {}", call.tool, resolved.resource.short());
-                if cancel.is_cancelled() {
-                    let (outcome, message) = not_started(&what);
-                    break 'run (outcome, message, requirement, policies, None);
-                }
-                // Budgets, last before the call runs: a call refused before here uses none.
-                if !self.budgets.is_empty()
-                    && let Some(used) = site.budget
-                {
-                    let (name, namespace) =
-                        (tool.name.as_str(), tool.authority.handler.namespace());
-                    // A byte limit: wait until the calls ahead of this one have counted theirs
-                    // (at most the call's own time limit), so at most one call crosses it.
-                    if self.budgets.counts_bytes(name, namespace) {
-                        let wait = tool.authority.handler.timeout(self.call_timeout);
-                        let settled = tokio::select! {
-                            s = self.budgets.settle(used, name, namespace) => Ok(s),
-                            _ = cancel.cancelled() => Err(None),
-                            _ = tokio::time::sleep(wait) => Err(Some(wait)),
-                        };
-                        match settled {
-                            Ok(s) => counting = Some((s, used, None)),
-                            Err(None) => {
-                                break 'run (
-                                    Outcome::Cancelled(cancel_cause()),
-                                    None,
-                                    requirement,
-                                    policies,
-                                    None,
-                                );
-                            }
-                            Err(Some(wait)) => {
-                                break 'run (
-                                    Outcome::Failed(FailCode::Timeout),
-                                    Some(format!(
-                                        "failed: {what} — the calls ahead of it on the same byte budget did not finish within {} s; it was not run",
-                                        wait.as_secs_f64()
-                                    )),
-                                    requirement,
-                                    policies,
-                                    None,
-                                );
-                            }
-                        }
-                    }
-                    match self
-                        .budgets
-                        .take(used, &site.context.principal, name, namespace)
-                    {
-                        Ok(t) => {
-                            if let Some((_, _, taken)) = counting.as_mut() {
-                                *taken = t.counts_bytes().then_some(t);
-                            }
-                        }
-                        Err(Exhausted(why)) => {
-                            break 'run (
-                                Outcome::Denied(DenyCode::BudgetExhausted),
-                                Some(format!("denied: {what} — {why}")),
-                                requirement,
-                                policies,
-                                None,
-                            );
-                        }
-                    }
-                }
-                // Write-ahead: a call that can change state is on record, as durable as the
-                // record is, before it runs; its outcome line follows. A crash in between leaves
-                // the intent, which the next start closes as `unknown`.
-                if tool
-                    .authority
-                    .handler
-                    .changes_state(tool.annotations.as_ref())
-                {
-                    let intent = self.intent_record(&site, &call, &requirement);
-                    if let Err(e) = self.recorder.append(&intent).await {
-                        tracing::error!(error = %e, call_id = %site.call_id, "intent not recorded: the call is not run");
-                        break 'run (
-                            Outcome::Failed(FailCode::Internal),
-                            Some(format!(
-                                "failed: {what} — the broker could not record the call before running it ({e}); it was not run"
-                            )),
-                            requirement,
-                            policies,
-                            None,
-                        );
-                    }
-                }
-                // Only a call that runs has forwarded arguments on its line.
-                forwarded.clone_from(&resolved.forwarded);
-                let (job, timeout) = self.job(
+            } => {
+                let permit = Permit {
                     tool,
-                    *resolved,
+                    resolved,
                     arguments,
-                    site.context.clone(),
-                    site.blocking.cloned(),
-                    trace.clone(),
-                );
-                // Dropping `job` on cancellation or timeout cancels it; for an upstream call that
-                // sends `notifications/cancelled` upstream.
-                // A cancellation that came first wins: the job is then never polled (not run).
-                let ran = tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => None,
-                    r = job => Some(r),
-                    _ = tokio::time::sleep(timeout) => {
-                        let secs = timeout.as_secs_f64();
-                        Some(Err(Failure::new(FailCode::Timeout, format!("did not finish within {secs} s"))))
-                    }
+                    policies,
+                    trace,
                 };
-                match ran {
-                    None => (
-                        Outcome::Cancelled(cancel_cause()),
-                        None,
-                        requirement,
-                        policies,
-                        None,
-                    ),
-                    Some(Ok(success)) => (
-                        Outcome::Succeeded,
-                        None,
-                        requirement,
-                        policies,
-                        Some(Ok(success)),
-                    ),
-                    Some(Err(failure)) => (
-                        Outcome::Failed(failure.code),
-                        Some(format!("failed: {what} — {}", failure.message)),
-                        requirement,
-                        policies,
-                        Some(Err(failure.content)),
-                    ),
-                }
+                self.run_permitted(&site, &call, permit, &cancel, &cancel_cause, &mut ran)
+                    .await
             }
         };
+        let notes = SpanNotes::new(approval, span_ids);
         let answer = self
-            .finish(
-                &site,
-                &call,
-                started,
-                (outcome, message, requirement, policies, content),
-                forwarded,
-                SpanNotes::new(approval, span_ids),
-            )
+            .finish(&site, &call, started, ending, ran.forwarded, notes)
             .await;
-        // The bytes are counted from the answer that leaves, then the gate opens for the next.
+        self.count_returned(ran.counting, &answer);
+        answer
+    }
+
+    /// The bytes are counted from the answer that leaves, then the gate opens for the next.
+    fn count_returned(&self, counting: Option<Counting<'_>>, answer: &CallAnswer) {
         if let Some((settled, used, Some(taken))) = counting {
             let bytes = returned_bytes(
                 &answer.content,
@@ -969,11 +732,270 @@ impl Kernel {
             self.budgets.add_bytes(used, &taken, bytes);
             drop(settled);
         }
-        answer
+    }
+
+    /// Step 1: the broker's own bounds, whoever sent the call (a client that bypasses the shim
+    /// too). A trace context past the W3C limits is dropped now, not held while the call runs;
+    /// arguments nested deeper than the limit are refused and recorded without them. Returns
+    /// what an upstream server is told of the trace, and the call span's own ids.
+    fn admit(
+        &self,
+        call: &mut ToolCall,
+    ) -> (
+        Option<crate::telemetry::Outgoing>,
+        Option<(opentelemetry::trace::TraceId, opentelemetry::trace::SpanId)>,
+    ) {
+        crate::telemetry::bound_trace_context(&mut call.traceparent, &mut call.tracestate);
+        let trace = self
+            .telemetry
+            .outgoing(call.traceparent.as_deref(), call.tracestate.as_deref());
+        if let Some(args) = &call.arguments {
+            let depth = sharedos_proto::nesting::value_depth(args);
+            if depth > sharedos_proto::nesting::MAX_ARGUMENT_DEPTH {
+                call.arguments = None;
+                call.rejected_arguments = Some(format!(
+                    "the arguments are nested {depth} levels deep; tool arguments may be nested at most {} levels",
+                    sharedos_proto::nesting::MAX_ARGUMENT_DEPTH
+                ));
+            }
+        }
+        trace
+    }
+
+    /// Step 2: the call's requirement resolved from its own arguments, and the policy's decision
+    /// on it (see [`check_rejecting`](Self::check_rejecting)).
+    fn decide(&self, site: &CallSite<'_>, call: &ToolCall) -> Verdict {
+        self.check_rejecting(
+            site.context,
+            site.catalog,
+            &call.tool,
+            call.arguments.as_ref(),
+            call.rejected_arguments.as_deref(),
+        )
+    }
+
+    /// Step 4: a permitted call whose permit asks for a person waits for one
+    /// ([`approval`](Self::approval)). Approved, it is decided again under the policy in force
+    /// now (a permit that still asks for approval has it), and runs only if its arguments
+    /// resolve to exactly what was approved (a link re-pointed meanwhile does not carry the
+    /// approval). Returns the approval's id and how it ended, and the new verdict or how the
+    /// call ends instead.
+    async fn hold_for_approval(
+        &self,
+        site: &CallSite<'_>,
+        call: &ToolCall,
+        subject: Subject,
+        by: crate::policy::Approver,
+        cancel: &CancellationToken,
+        cancel_cause: &impl Fn() -> CancelCode,
+    ) -> ((String, &'static str), Result<Verdict, Box<Ending>>) {
+        let Subject {
+            what,
+            requirement,
+            policies,
+            approved,
+        } = subject;
+        let held = self
+            .approval(
+                site,
+                call,
+                &what,
+                requirement.clone(),
+                policies.clone(),
+                cancel,
+                by,
+            )
+            .await;
+        let notes = (held.id.clone(), held.ended);
+        if let Err(mut ending) = held.result {
+            if ending.0 == Outcome::Cancelled(CancelCode::ClientCancelled) {
+                ending.0 = Outcome::Cancelled(cancel_cause());
+            }
+            return (notes, Err(ending));
+        }
+        let verdict = self.decide(site, call);
+        let why = match &verdict {
+            Verdict::Permitted { resolved: now, .. } => stale(&approved, now),
+            // Refused now, on something else than what was approved: it is the change that the
+            // caller has to know about.
+            Verdict::Refused {
+                outcome: Outcome::Denied(DenyCode::UnresolvableRequirement),
+                ..
+            } => Some("it no longer resolves to a resource".to_owned()),
+            Verdict::Refused {
+                requirement: Some(now),
+                ..
+            } if Some(now) != requirement.as_ref() => {
+                Some(format!("what it names changed to {}", now.resource))
+            }
+            Verdict::Refused { .. } => None,
+        };
+        let Some(why) = why else {
+            return (notes, Ok(verdict));
+        };
+        let ending = (
+            Outcome::Denied(DenyCode::ApprovalStale),
+            Some(format!(
+                "denied: {what} — a person approved it (approval {}), but {why} while it waited, so the approval does not cover it and nothing was run; call it again to ask for an approval of what it names now",
+                held.id
+            )),
+            requirement,
+            policies,
+            None,
+        );
+        (notes, Err(Box::new(ending)))
+    }
+
+    /// Step 5: a permitted call's budgets, its write-ahead intent, and its run under its time
+    /// limit; a cancellation that comes first wins (the job is then never polled: not run).
+    async fn run_permitted<'s>(
+        self: &Arc<Self>,
+        site: &CallSite<'s>,
+        call: &ToolCall,
+        permit: Permit,
+        cancel: &CancellationToken,
+        cancel_cause: &impl Fn() -> CancelCode,
+        ran: &mut Ran<'s>,
+    ) -> Ending {
+        let Permit {
+            tool,
+            resolved,
+            arguments,
+            policies,
+            trace,
+        } = permit;
+        let requirement = Some(requirement_of(&resolved));
+        let what = format!("{} of {}", call.tool, resolved.resource.short());
+        let before = if cancel.is_cancelled() {
+            Err(not_started(&what, cancel_cause()))
+        } else {
+            self.take_budget(site, &tool, &what, cancel, cancel_cause, &mut ran.counting)
+                .await
+        };
+        let before = match before {
+            Ok(()) => {
+                self.record_intent(site, call, &tool, &requirement, &what)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err((outcome, message)) = before {
+            return (outcome, message, requirement, policies, None);
+        }
+        // Only a call that runs has forwarded arguments on its line.
+        ran.forwarded.clone_from(&resolved.forwarded);
+        let context = site.context.clone();
+        let (job, timeout) = self.job(
+            tool,
+            *resolved,
+            arguments,
+            context,
+            site.blocking.cloned(),
+            trace,
+        );
+        // Dropping `job` on cancellation or timeout cancels it; for an upstream call that sends
+        // `notifications/cancelled` upstream.
+        let done = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => None,
+            r = job => Some(r),
+            _ = tokio::time::sleep(timeout) => {
+                let secs = timeout.as_secs_f64();
+                Some(Err(Failure::new(FailCode::Timeout, format!("did not finish within {secs} s"))))
+            }
+        };
+        let (outcome, message, content) = match done {
+            None => (Outcome::Cancelled(cancel_cause()), None, None),
+            Some(Ok(success)) => (Outcome::Succeeded, None, Some(Ok(success))),
+            Some(Err(failure)) => (
+                Outcome::Failed(failure.code),
+                Some(format!("failed: {what} — {}", failure.message)),
+                Some(Err(failure.content)),
+            ),
+        };
+        (outcome, message, requirement, policies, content)
+    }
+
+    /// Budgets, last before the call runs: a call refused before here uses none. A call counting
+    /// bytes first waits until the calls ahead of it on the same byte limit have counted theirs
+    /// (at most the call's own time limit), so at most one call crosses it, and keeps its place
+    /// (`counting`) until its answer's bytes are added.
+    async fn take_budget<'s>(
+        &self,
+        site: &CallSite<'s>,
+        tool: &Registered,
+        what: &str,
+        cancel: &CancellationToken,
+        cancel_cause: &impl Fn() -> CancelCode,
+        counting: &mut Option<Counting<'s>>,
+    ) -> Result<(), (Outcome, Option<String>)> {
+        let Some(used) = site.budget.filter(|_| !self.budgets.is_empty()) else {
+            return Ok(());
+        };
+        let (name, namespace) = (tool.name.as_str(), tool.authority.handler.namespace());
+        if self.budgets.counts_bytes(name, namespace) {
+            let wait = tool.authority.handler.timeout(self.call_timeout);
+            tokio::select! {
+                s = self.budgets.settle(used, name, namespace) => *counting = Some((s, used, None)),
+                _ = cancel.cancelled() => return Err((Outcome::Cancelled(cancel_cause()), None)),
+                _ = tokio::time::sleep(wait) => return Err((
+                    Outcome::Failed(FailCode::Timeout),
+                    Some(format!(
+                        "failed: {what} — the calls ahead of it on the same byte budget did not finish within {} s; it was not run",
+                        wait.as_secs_f64()
+                    )),
+                )),
+            }
+        }
+        match self
+            .budgets
+            .take(used, &site.context.principal, name, namespace)
+        {
+            Ok(t) => {
+                if let Some((_, _, taken)) = counting.as_mut() {
+                    *taken = t.counts_bytes().then_some(t);
+                }
+                Ok(())
+            }
+            Err(Exhausted(why)) => Err((
+                Outcome::Denied(DenyCode::BudgetExhausted),
+                Some(format!("denied: {what} — {why}")),
+            )),
+        }
+    }
+
+    /// Write-ahead: a call that can change state is on record, as durable as the record is,
+    /// before it runs; its outcome line follows. A crash in between leaves the intent, which the
+    /// next start closes as `unknown`. A call whose intent cannot be recorded is not run.
+    async fn record_intent(
+        &self,
+        site: &CallSite<'_>,
+        call: &ToolCall,
+        tool: &Registered,
+        requirement: &Option<Requirement>,
+        what: &str,
+    ) -> Result<(), (Outcome, Option<String>)> {
+        if !tool
+            .authority
+            .handler
+            .changes_state(tool.annotations.as_ref())
+        {
+            return Ok(());
+        }
+        let intent = self.intent_record(site, call, requirement);
+        self.recorder.append(&intent).await.map(|_| ()).map_err(|e| {
+            tracing::error!(error = %e, call_id = %site.call_id, "intent not recorded: the call is not run");
+            (
+                Outcome::Failed(FailCode::Internal),
+                Some(format!(
+                    "failed: {what} — the broker could not record the call before running it ({e}); it was not run"
+                )),
+            )
+        })
     }
 
     /// Holds a permitted call for a person: records `approval_requested`, waits for a decision
-    /// from `control.sock`, the time limit or a cancellation, and records `approval_decided`.
+    /// (see [`wait_for_person`](Self::wait_for_person)), and records `approval_decided`.
     /// The result is `Ok` when approved; otherwise how the call ends (a cancellation as
     /// `client_cancelled`, which the caller replaces with the real cause).
     #[allow(
@@ -990,33 +1012,8 @@ impl Kernel {
         cancel: &CancellationToken,
         by: crate::policy::Approver,
     ) -> Held {
-        let arguments = match &call.arguments {
-            None | Some(Value::Null) => Value::Object(Map::new()),
-            Some(v) => v.clone(),
-        };
-        let principal = &site.context.principal;
-        let id = approval_id(
-            site.turn,
-            &site.call_id,
-            principal,
-            &call.tool,
-            &arguments,
-            requirement.as_ref(),
-        );
-        let timeout = self.approvals.timeout;
-        let now = std::time::SystemTime::now();
-        let info = PendingApproval {
-            id: id.clone(),
-            turn: site.turn.to_owned(),
-            call_id: site.call_id.clone(),
-            principal: principal.clone(),
-            tool: call.tool.clone(),
-            arguments: arguments.clone(),
-            requirement: requirement.clone(),
-            arguments_digest: None,
-            requested_at: crate::record::rfc3339(now),
-            expires_at: crate::record::rfc3339(now + timeout),
-        };
+        let info = pending_approval(site, call, requirement.as_ref(), self.approvals.timeout);
+        let id = info.id.clone();
         let internal = |why: String| Held {
             id: id.clone(),
             ended: "failed",
@@ -1029,83 +1026,125 @@ impl Kernel {
             ))),
         };
         // On record before anyone can see it waiting.
-        let (tool, request_id, cut) = recorded_strings(call);
-        let requested = Event::ApprovalRequested(record::ApprovalRequested {
-            turn: site.turn.to_owned(),
-            call_id: site.call_id.clone(),
-            request_id,
-            approval: id.clone(),
-            principal: principal.clone(),
-            tool,
-            arguments: Some(self.recorded(self.without_secrets(
-                principal,
-                arguments.clone(),
-                &mut BTreeSet::new(),
-            ))),
-            requirement: requirement.clone(),
-            policies: policies.clone(),
-            expires_at: info.expires_at.clone(),
-            cut,
-            system_identity: site.identity.cloned(),
-        });
-        if let Err(e) = self.recorder.append(&requested).await {
+        if let Err(e) = self
+            .record_approval_requested(site, call, &info, &policies)
+            .await
+        {
             tracing::error!(error = %e, call_id = %site.call_id, "approval_requested not recorded");
             return internal(format!(
                 "the broker could not record the approval request ({e})"
             ));
         }
-        let Some(mut ticket) = self.approvals.wait(info.clone(), by) else {
+        let Some(ticket) = self.approvals.wait(info.clone(), by) else {
             return internal(format!("approval {id} is already taken"));
         };
         if let Some(on_wait) = site.on_wait {
-            on_wait(&info, timeout);
+            on_wait(&info, self.approvals.timeout);
         }
-        // The principal is asked in the harness the call came from; with none (a call from no
-        // bridge), a `principal` approval cannot be given and is refused now.
+        let waited = self
+            .wait_for_person(site, call, &info, by, ticket, cancel)
+            .await;
+        if let Err(e) = self.record_approval_decided(site, &id, &waited).await {
+            tracing::error!(error = %e, call_id = %site.call_id, "approval_decided not recorded");
+            return internal(format!(
+                "the broker could not record the approval decision ({e})"
+            ));
+        }
+        let ask = AskedAbout {
+            what,
+            id: &id,
+            timeout: self.approvals.timeout,
+        };
+        let (ended, result) = approval_ending(waited, &ask, requirement, policies);
+        Held { id, ended, result }
+    }
+
+    async fn record_approval_requested(
+        &self,
+        site: &CallSite<'_>,
+        call: &ToolCall,
+        info: &PendingApproval,
+        policies: &[String],
+    ) -> Result<(), crate::record::RecordError> {
+        let (tool, request_id, cut) = recorded_strings(call);
+        let arguments = self.without_secrets(
+            &info.principal,
+            info.arguments.clone(),
+            &mut BTreeSet::new(),
+        );
+        let requested = Event::ApprovalRequested(record::ApprovalRequested {
+            turn: site.turn.to_owned(),
+            call_id: site.call_id.clone(),
+            request_id,
+            approval: info.id.clone(),
+            principal: info.principal.clone(),
+            tool,
+            arguments: Some(self.recorded(arguments)),
+            requirement: info.requirement.clone(),
+            policies: policies.to_vec(),
+            expires_at: info.expires_at.clone(),
+            cut,
+            system_identity: site.identity.cloned(),
+        });
+        self.recorder.append(&requested).await.map(|_| ())
+    }
+
+    /// The wait itself: the principal is asked in the harness the call came from; with none (a
+    /// call from no bridge), a `principal` approval cannot be given and is refused now.
+    /// Otherwise the first of a decision, the call's cancellation and the time limit.
+    async fn wait_for_person(
+        &self,
+        site: &CallSite<'_>,
+        call: &ToolCall,
+        info: &PendingApproval,
+        by: crate::policy::Approver,
+        mut ticket: crate::approval::Ticket<'_>,
+        cancel: &CancellationToken,
+    ) -> Waited {
         let mut unable = None;
         if by.asks_principal() {
             match &site.ask {
                 Some(ask) => {
-                    if self.approvals.ask(&id, ask.bridge) {
+                    if self.approvals.ask(&info.id, ask.bridge) {
                         let q = crate::approval::question(
                             &call.tool,
-                            requirement.as_ref().map(|r| r.resource.as_str()),
-                            &arguments,
+                            info.requirement.as_ref().map(|r| r.resource.as_str()),
+                            &info.arguments,
                             self.redact_arguments,
                             &info.expires_at,
                         );
-                        (ask.send)(&info, q);
+                        (ask.send)(info, q);
                     }
                 }
                 None if by.operator_may() => {}
                 None => unable = Some("the call came from no harness session".to_owned()),
             }
         }
-        enum Waited {
-            Decided(Approval),
-            TimedOut,
-            /// With the decision a person gave just before, if one did: the call is cancelled
-            /// anyway, and the record keeps who decided what.
-            Cancelled(Option<Approval>),
-        }
-        let waited = if let Some(why) = unable {
+        if let Some(why) = unable {
             ticket.withdraw();
-            Waited::Decided(Approval {
+            return Waited::Decided(Approval {
                 approve: false,
                 by: None,
                 reason: Some(why),
                 principal: None,
                 unavailable: true,
-            })
-        } else {
-            tokio::select! {
+            });
+        }
+        let timeout = self.approvals.timeout;
+        tokio::select! {
             d = &mut ticket.answer => d.map_or(Waited::TimedOut, Waited::Decided),
             _ = cancel.cancelled() => Waited::Cancelled(ticket.withdraw()),
             _ = tokio::time::sleep(timeout) => ticket.withdraw().map_or(Waited::TimedOut, Waited::Decided),
-            }
-        };
-        drop(ticket);
-        let (decision, uid, reason, answerer, session) = match &waited {
+        }
+    }
+
+    async fn record_approval_decided(
+        &self,
+        site: &CallSite<'_>,
+        id: &str,
+        waited: &Waited,
+    ) -> Result<(), crate::record::RecordError> {
+        let (decision, uid, reason, answerer, session) = match waited {
             Waited::Decided(d) | Waited::Cancelled(Some(d)) => (
                 if d.unavailable {
                     "unavailable"
@@ -1129,85 +1168,16 @@ impl Kernel {
         let decided = Event::ApprovalDecided(record::ApprovalDecided {
             turn: site.turn.to_owned(),
             call_id: site.call_id.clone(),
-            approval: id.clone(),
+            approval: id.to_owned(),
             decision: decision.to_owned(),
             decided_by: uid,
-            reason: reason.clone(),
+            reason,
             by: answerer,
-            session: session.clone(),
+            session,
             system_identity: site.identity.cloned(),
         });
-        if let Err(e) = self.recorder.append(&decided).await {
-            tracing::error!(error = %e, call_id = %site.call_id, "approval_decided not recorded");
-            return internal(format!(
-                "the broker could not record the approval decision ({e})"
-            ));
-        }
-        let refused = |code, message: String| {
-            Err(Box::new((
-                Outcome::Denied(code),
-                Some(message),
-                requirement.clone(),
-                policies.clone(),
-                None,
-            )))
-        };
-        let (ended, result) = match waited {
-            Waited::Decided(d) if d.unavailable => (
-                "unavailable",
-                refused(
-                    DenyCode::ApprovalUnavailable,
-                    format!(
-                        "denied: {what} — it needs its principal's own approval, asked in the harness, and the harness cannot ask ({}) (approval {id}); nothing was run: use a client that supports MCP elicitation, or ask for the policy to allow an operator (`@approval(\"principal_or_operator\")`)",
-                        reason.unwrap_or_default()
-                    ),
-                ),
-            ),
-            Waited::Decided(d) if d.approve => ("approved", Ok(())),
-            Waited::Decided(d) if d.principal.is_some() => (
-                "denied",
-                refused(
-                    DenyCode::ApprovalDenied,
-                    format!(
-                        "denied: {what} — the user did not approve this call when asked ({}) (approval {id}); do not retry it unchanged: ask the user what they want instead",
-                        d.principal.as_ref().map_or("", |s| s.action.as_str())
-                    ),
-                ),
-            ),
-            Waited::Decided(_) => (
-                "denied",
-                refused(
-                    DenyCode::ApprovalDenied,
-                    format!(
-                        "denied: {what} — a person denied this call (approval {id}){}; do not retry it unchanged: tell the user, or do something else",
-                        reason.map(|r| format!(": {r}")).unwrap_or_default()
-                    ),
-                ),
-            ),
-            Waited::TimedOut => (
-                "timeout",
-                refused(
-                    DenyCode::ApprovalTimeout,
-                    format!(
-                        "denied: {what} — it needs a person's approval and nobody gave it within {} s (approval {id}); ask the user to approve it, then try again",
-                        timeout.as_secs()
-                    ),
-                ),
-            ),
-            Waited::Cancelled(_) => (
-                "cancelled",
-                Err(Box::new((
-                    Outcome::Cancelled(CancelCode::ClientCancelled),
-                    None,
-                    requirement,
-                    policies,
-                    None,
-                ))),
-            ),
-        };
-        Held { id, ended, result }
+        self.recorder.append(&decided).await.map(|_| ())
     }
-
     /// Makes a call's answer, and its record line, which must be written before it leaves.
     async fn finish(
         &self,
@@ -1415,6 +1385,205 @@ impl Kernel {
             forwarded_arguments: forwarded.map(|sent| self.recorded(sent).into()),
             redacted: (!redacted.is_empty()).then(|| redacted.into_iter().collect()),
         })
+    }
+}
+
+/// What a person is asked to approve, taken from the verdict before the wait (a borrow of it
+/// would not be `Send` across the wait): the call's words, its requirement and policies, and
+/// what must be the same when it runs: this resource, sent upstream this way, on this object.
+struct Subject {
+    what: String,
+    requirement: Option<Requirement>,
+    policies: Vec<String>,
+    approved: (Resource, Option<Map<String, Value>>, Option<Object>),
+}
+
+impl Subject {
+    fn of(call: &ToolCall, resolved: &Resolved, policies: &[String]) -> Self {
+        Self {
+            what: format!("{} of {}", call.tool, resolved.resource.short()),
+            requirement: Some(requirement_of(resolved)),
+            policies: policies.to_vec(),
+            approved: (
+                resolved.resource.clone(),
+                resolved.forwarded.clone(),
+                resolved.object,
+            ),
+        }
+    }
+}
+
+/// A permitted call's parts, as [`Verdict::Permitted`] holds them, and what an upstream server
+/// is told of the trace.
+struct Permit {
+    tool: Arc<Registered>,
+    resolved: Box<Resolved>,
+    arguments: Map<String, Value>,
+    policies: Vec<String>,
+    trace: Option<crate::telemetry::Outgoing>,
+}
+
+/// A call counting bytes: the gate it holds, its turn's use, and the limits to add to.
+type Counting<'s> = (
+    crate::budget::Settled<'s>,
+    &'s TurnUse,
+    Option<crate::budget::Taken>,
+);
+
+/// What running a call leaves for after its answer is made: the arguments sent upstream (only
+/// a call that runs has them on its line) and the byte-budget place it holds.
+#[derive(Default)]
+struct Ran<'s> {
+    forwarded: Option<Map<String, Value>>,
+    counting: Option<Counting<'s>>,
+}
+
+/// Step 3: a permitted call cancelled before it started: how it ends (a refusal ends as
+/// refused, whatever happened to its client).
+fn cancelled_before_start(call: &ToolCall, verdict: &Verdict, cause: CancelCode) -> Option<Ending> {
+    let Verdict::Permitted {
+        resolved, policies, ..
+    } = verdict
+    else {
+        return None;
+    };
+    let what = format!("{} of {}", call.tool, resolved.resource.short());
+    let (outcome, message) = not_started(&what, cause);
+    let requirement = Some(requirement_of(resolved));
+    Some((outcome, message, requirement, policies.clone(), None))
+}
+
+/// A call cancelled before it started (its client went away with the call unread, say): not
+/// run, not held for a person, no budget taken; recorded as cancelled.
+fn not_started(what: &str, cause: CancelCode) -> (Outcome, Option<String>) {
+    (
+        Outcome::Cancelled(cause.before_start()),
+        Some(format!(
+            "cancelled: {what} — cancelled before it started; it was not run"
+        )),
+    )
+}
+
+/// How a wait for a person ended.
+enum Waited {
+    Decided(Approval),
+    TimedOut,
+    /// With the decision a person gave just before, if one did: the call is cancelled anyway,
+    /// and the record keeps who decided what.
+    Cancelled(Option<Approval>),
+}
+
+/// The call waiting for a person, as `approvals` shows it and the record keeps it.
+fn pending_approval(
+    site: &CallSite<'_>,
+    call: &ToolCall,
+    requirement: Option<&Requirement>,
+    timeout: Duration,
+) -> PendingApproval {
+    let arguments = match &call.arguments {
+        None | Some(Value::Null) => Value::Object(Map::new()),
+        Some(v) => v.clone(),
+    };
+    let principal = &site.context.principal;
+    let id = approval_id(
+        site.turn,
+        &site.call_id,
+        principal,
+        &call.tool,
+        &arguments,
+        requirement,
+    );
+    let now = std::time::SystemTime::now();
+    PendingApproval {
+        id,
+        turn: site.turn.to_owned(),
+        call_id: site.call_id.clone(),
+        principal: principal.clone(),
+        tool: call.tool.clone(),
+        arguments,
+        requirement: requirement.cloned(),
+        arguments_digest: None,
+        requested_at: crate::record::rfc3339(now),
+        expires_at: crate::record::rfc3339(now + timeout),
+    }
+}
+
+/// What the words of a refused approval name: the call, the approval, its time limit.
+struct AskedAbout<'a> {
+    what: &'a str,
+    id: &'a str,
+    timeout: Duration,
+}
+
+/// How a wait ended, as a word for the call's span and `Ok` to run or the call's ending.
+fn approval_ending(
+    waited: Waited,
+    asked: &AskedAbout<'_>,
+    requirement: Option<Requirement>,
+    policies: Vec<String>,
+) -> (&'static str, Result<(), Box<Ending>>) {
+    let AskedAbout { what, id, timeout } = asked;
+    let refused = |code, message: String| {
+        Err(Box::new((
+            Outcome::Denied(code),
+            Some(message),
+            requirement.clone(),
+            policies.clone(),
+            None,
+        )))
+    };
+    match waited {
+        Waited::Decided(d) if d.unavailable => (
+            "unavailable",
+            refused(
+                DenyCode::ApprovalUnavailable,
+                format!(
+                    "denied: {what} — it needs its principal's own approval, asked in the harness, and the harness cannot ask ({}) (approval {id}); nothing was run: use a client that supports MCP elicitation, or ask for the policy to allow an operator (`@approval(\"principal_or_operator\")`)",
+                    d.reason.unwrap_or_default()
+                ),
+            ),
+        ),
+        Waited::Decided(d) if d.approve => ("approved", Ok(())),
+        Waited::Decided(d) if d.principal.is_some() => (
+            "denied",
+            refused(
+                DenyCode::ApprovalDenied,
+                format!(
+                    "denied: {what} — the user did not approve this call when asked ({}) (approval {id}); do not retry it unchanged: ask the user what they want instead",
+                    d.principal.as_ref().map_or("", |s| s.action.as_str())
+                ),
+            ),
+        ),
+        Waited::Decided(d) => (
+            "denied",
+            refused(
+                DenyCode::ApprovalDenied,
+                format!(
+                    "denied: {what} — a person denied this call (approval {id}){}; do not retry it unchanged: tell the user, or do something else",
+                    d.reason.map(|r| format!(": {r}")).unwrap_or_default()
+                ),
+            ),
+        ),
+        Waited::TimedOut => (
+            "timeout",
+            refused(
+                DenyCode::ApprovalTimeout,
+                format!(
+                    "denied: {what} — it needs a person's approval and nobody gave it within {} s (approval {id}); ask the user to approve it, then try again",
+                    timeout.as_secs()
+                ),
+            ),
+        ),
+        Waited::Cancelled(_) => (
+            "cancelled",
+            Err(Box::new((
+                Outcome::Cancelled(CancelCode::ClientCancelled),
+                None,
+                requirement,
+                policies,
+                None,
+            ))),
+        ),
     }
 }
 
