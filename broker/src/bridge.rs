@@ -93,29 +93,6 @@ impl Malformed {
     }
 }
 
-/// A turn's bridge connections over time: as many as `per_minute` at once, then one every
-/// `60 s / per_minute` (a generic cell rate: one instant kept, no timer).
-#[derive(Default)]
-pub struct ConnectRate {
-    /// When the next connection would be on time.
-    next: Option<std::time::Instant>,
-}
-
-impl ConnectRate {
-    /// Takes a place for one connection now, or `false` when the turn has used its rate.
-    pub fn admit(&mut self, per_minute: u32, now: std::time::Instant) -> bool {
-        let per_minute = per_minute.max(1);
-        let every = Duration::from_secs(60) / per_minute;
-        let burst = every * (per_minute - 1);
-        let due = self.next.map_or(now, |t| t.max(now));
-        if due.saturating_duration_since(now) > burst {
-            return false;
-        }
-        self.next = Some(due + every);
-        true
-    }
-}
-
 /// What a bridge's MCP client said of itself (`client_info`), on record once, and again only
 /// when it changes, at most once per `REFUSAL_RECORD_INTERVAL`. Frames without a line of their
 /// own are counted into the bridge's next `bridge_client` line (`suppressed`): a change after
@@ -1179,7 +1156,7 @@ mod tests {
     #[test]
     fn a_turns_connections_are_a_burst_then_a_steady_rate() {
         use std::time::{Duration, Instant};
-        let mut rate = super::ConnectRate::default();
+        let mut rate = crate::turn::ConnectRate::default();
         let t0 = Instant::now();
         let burst = (0..200).filter(|_| rate.admit(120, t0)).count();
         assert_eq!(burst, 120);
@@ -1192,7 +1169,7 @@ mod tests {
         // A quiet minute gives the whole burst back.
         let quiet = later + Duration::from_secs(70);
         assert_eq!((0..200).filter(|_| rate.admit(120, quiet)).count(), 120);
-        let mut one = super::ConnectRate::default();
+        let mut one = crate::turn::ConnectRate::default();
         assert!(one.admit(1, t0));
         assert!(!one.admit(1, t0 + Duration::from_secs(59)));
         assert!(one.admit(1, t0 + Duration::from_secs(60)));

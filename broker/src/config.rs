@@ -16,6 +16,14 @@ use crate::trusted::{TrustError, TrustedDir};
 
 /// The embedded default policy: `alice` may read, list and search `/public/...`, and search from
 /// `/` (as `files.search` does when no path is given), which returns only the files she may read.
+/// Where a root broker's sandboxed upstreams without `run_as` (or `upstream_uids`) take their
+/// uid (= gid) from, one per provider, derived from its namespace (stable across restarts and
+/// config edits): `[first, last]`. Unused by distributions and systemd's ranges (1879048192 =
+/// 0x70000000, below 2^31 and above the container ranges).
+pub const DEFAULT_UPSTREAM_UIDS: [u32; 2] = [1_879_048_192, 1_879_048_192 + 65_535];
+/// A sandboxed upstream's default memory limit, in MiB (`[providers.sandbox] memory_mb`).
+pub const DEFAULT_MEMORY_MB: u64 = 2048;
+
 pub const DEFAULT_POLICY: &str = r#"// Embedded default policy of `sharedos-broker serve` without --config.
 // alice may read, list and search /public and everything under it.
 @id("alice-public")
@@ -367,13 +375,13 @@ fn allocate_uids([first, last]: [u32; 2], providers: &mut [ProviderConfig]) -> R
 /// or harness's, in an `instance_uids` range) moves to the next free one, providers taken in
 /// namespace order.
 ///
-/// [`DEFAULT_UPSTREAM_UIDS`]: crate::upstream::sandbox::DEFAULT_UPSTREAM_UIDS
+/// [`DEFAULT_UPSTREAM_UIDS`]: DEFAULT_UPSTREAM_UIDS
 fn default_uids(
     providers: &mut [ProviderConfig],
     taken_besides: &[u32],
     ranges: &[[u32; 2]],
 ) -> Result<(), String> {
-    let [first, last] = crate::upstream::sandbox::DEFAULT_UPSTREAM_UIDS;
+    let [first, last] = DEFAULT_UPSTREAM_UIDS;
     let mut taken: Vec<u32> = taken_besides.to_vec();
     let mut ranges = ranges.to_vec();
     let mut wanting: Vec<(String, usize)> = Vec::new();
@@ -446,7 +454,7 @@ fn check_sandbox(m: &McpProviderConfig, host: &[u32], harness: &[u32]) -> Result
         return Err(format!(
             "{at}: memory_mb = {mb}: give a size in MiB from 1 to {} (leave it out for the default, {} MiB)",
             u64::MAX >> 20,
-            crate::upstream::sandbox::DEFAULT_MEMORY_MB
+            DEFAULT_MEMORY_MB
         ));
     }
     if let NetworkSetting::Allow(list) = &sb.network {

@@ -33,7 +33,9 @@
 //!    read from, and the redaction of those values), [`resource`] (what a call touches), [`telemetry`] (OpenTelemetry export
 //!    off the call path), [`trusted`] (the folders and files the broker writes, checked and
 //!    opened without following links) and the lock helper; below the record, [`witness`]
-//!    (each signed checkpoint handed to a witness file or command, off the call path).
+//!    (each signed checkpoint handed to a witness file or command, off the call path); last,
+//!    [`child`] (the clean environment and process group of every child the broker runs: upstreams,
+//!    the secret helper, the witness command).
 //!
 //! `tests/layout.rs` checks this order: every `crate::` path in a module's code names a module
 //! on a lower floor.

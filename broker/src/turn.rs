@@ -60,7 +60,7 @@ pub struct Turn {
     /// Set by the turn's first `bridge_connected` line, the one that carries `aliases`.
     pub aliases_recorded: std::sync::atomic::AtomicBool,
     /// The turn's bridge connections over time (`max_bridge_connects_per_minute`).
-    pub connects: std::sync::Mutex<crate::bridge::ConnectRate>,
+    pub connects: std::sync::Mutex<ConnectRate>,
     /// Why it closed, once it has.
     pub close_reason: RwLock<Option<String>>,
     /// This turn's token file (the host writes it; removed when the turn closes).
@@ -304,4 +304,27 @@ pub fn opened_record(turn: &Turn) -> Event {
         harness: turn.harness.clone(),
         portable_names: turn.portable_names,
     })
+}
+
+/// A turn's bridge connections over time: as many as `per_minute` at once, then one every
+/// `60 s / per_minute` (a generic cell rate: one instant kept, no timer).
+#[derive(Default)]
+pub struct ConnectRate {
+    /// When the next connection would be on time.
+    next: Option<std::time::Instant>,
+}
+
+impl ConnectRate {
+    /// Takes a place for one connection now, or `false` when the turn has used its rate.
+    pub fn admit(&mut self, per_minute: u32, now: std::time::Instant) -> bool {
+        let per_minute = per_minute.max(1);
+        let every = std::time::Duration::from_secs(60) / per_minute;
+        let burst = every * (per_minute - 1);
+        let due = self.next.map_or(now, |t| t.max(now));
+        if due.saturating_duration_since(now) > burst {
+            return false;
+        }
+        self.next = Some(due + every);
+        true
+    }
 }

@@ -36,6 +36,7 @@ const FLOORS: &[(&str, f32)] = &[
     ("trusted", 9.5),
     ("lineage", 9.5),
     ("witness", 9.5),
+    ("child", 9.75),
 ];
 
 /// The module names after `crate::` in `code`.

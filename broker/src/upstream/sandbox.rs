@@ -46,7 +46,8 @@ pub const SANDBOX_PATH: &str = crate::child::CLEAN_PATH;
 pub const SANDBOX_LANG: &str = crate::child::CLEAN_LANG;
 pub const DEFAULT_HOME: &str = crate::child::CLEAN_HOME;
 /// Default limits (each configurable in `[providers.sandbox]`).
-pub const DEFAULT_MEMORY_MB: u64 = 2048;
+/// (The config checks and fills it: defined there, below this floor.)
+pub use crate::config::DEFAULT_MEMORY_MB;
 pub const DEFAULT_PROCESSES: u64 = 512;
 pub const DEFAULT_OPEN_FILES: u64 = 1024;
 /// Read-only by default (those that exist): the system's programs and libraries, and from
@@ -80,11 +81,8 @@ pub const DEFAULT_READ: &[&str] = &[
     "/dev/random",
     "/dev/zero",
 ];
-/// Where a root broker's sandboxed upstreams without `run_as` (or `upstream_uids`) take their
-/// uid (= gid) from, one per provider, derived from its namespace (stable across restarts and
-/// config edits): `[first, last]`. Unused by distributions and systemd's ranges (1879048192 =
-/// 0x70000000, below 2^31 and above the container ranges).
-pub const DEFAULT_UPSTREAM_UIDS: [u32; 2] = [1_879_048_192, 1_879_048_192 + 65_535];
+/// (Defined with the config, which assigns them at load.)
+pub use crate::config::DEFAULT_UPSTREAM_UIDS;
 /// Read-write by default.
 pub const DEFAULT_WRITE: &[&str] = &["/dev/null"];
 /// The Landlock ABI the filesystem rules need (truncate is ABI 3), and the TCP rules (ABI 4).

@@ -349,7 +349,15 @@ async fn fork_flood(b: &Served, prefix: &[String], token: &str, uid: u32, reason
     // The uid's line stands for the processes past the first few, each counted once.
     let own = refused.iter().filter(|l| !l["pid"].is_null()).count() as u64;
     assert!(own <= 8, "{own} processes on lines of their own");
-    assert_eq!(processes + own, made, "{refused:?}");
+    // Distinct processes are counted exactly up to admission's bound and as a lower bound past
+    // it (a busy machine forks more than that in 10 s); every attempt is counted exactly
+    // (`count`, above).
+    let bound = sharedos_broker::admission::MAX_GROUPED_PIDS as u64;
+    if made - own <= bound {
+        assert_eq!(processes + own, made, "{refused:?}");
+    } else {
+        assert!(processes >= bound, "{processes} of {made}: {refused:?}");
+    }
     assert!(grown <= 8 * 1024, "the record grew {grown} bytes");
 }
 
