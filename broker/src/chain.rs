@@ -374,239 +374,306 @@ pub fn verify_files(
     key: Option<(&VerifyingKey, String)>,
     witness: Option<&Witness>,
 ) -> Result<Report, RecordError> {
-    let mut report = Report {
-        files: files.clone(),
-        lines: 0,
-        first_seq: None,
-        last_seq: None,
-        unchained: 0,
-        chain_start: None,
-        checkpoints: 0,
-        last_checkpoint: None,
-        unsigned_tail: 0,
-        torn_cuts: 0,
-        key: key.as_ref().map(|(k, _)| hex(k.as_bytes())),
-        key_source: match &key {
-            Some((_, from)) => KeySource::Given(from.clone()),
-            None => KeySource::None,
-        },
-        broken: None,
-        witnessed: 0,
-        witness_newest: witness.and_then(|w| w.checkpoints.keys().next_back().copied()),
+    let mut walk = Walk {
+        report: Report::new(files.clone(), key.as_ref(), witness),
+        given: key.map(|(k, _)| *k),
+        recorded: None,
+        prev: None,
     };
-    let given = key.map(|(k, _)| *k);
-    let mut recorded: Option<VerifyingKey> = None;
     let mut lines = Lines {
         files,
         current: None,
         next_file: 0,
     };
-    let mut prev: Option<([u8; 32], u64)> = None;
     let mut next = lines.next_line()?;
     while let Some(line) = next.take() {
         next = lines.next_line()?;
-        let expected = prev.map(|(_, s)| s + 1);
-        let broken = |seq: u64, reason: String| Broken {
-            seq,
-            file: lines.files[line.file].clone(),
-            line: line.number,
-            reason,
-        };
-        let fallback_seq = expected.unwrap_or(1);
-        let after = match prev {
-            Some((_, s)) => format!("the line after seq {s}"),
-            None => "the first line".to_owned(),
-        };
-        if !line.whole {
-            report.broken = Some(broken(
-                fallback_seq,
-                format!(
-                    "{after} is cut off ({} bytes, no newline): a torn write or a truncation",
-                    line.bytes.len()
-                ),
-            ));
+        if let Err((seq, reason)) = walk.line(&line, next.as_ref(), witness) {
+            walk.report.broken = Some(Broken {
+                seq,
+                file: lines.files[line.file].clone(),
+                line: line.number,
+                reason,
+            });
             break;
         }
-        let obj: Map<String, Value> = match serde_json::from_slice(&line.bytes) {
-            Ok(o) => o,
-            Err(e) => {
-                report.broken = Some(broken(
-                    fallback_seq,
-                    format!("{after} is not a JSON object ({e}): it was changed"),
-                ));
-                break;
-            }
-        };
-        let Some(seq) = obj.get("seq").and_then(Value::as_u64) else {
-            report.broken = Some(broken(
-                fallback_seq,
-                format!("{after} has no numeric `seq`"),
-            ));
-            break;
-        };
-        if let Some(want) = expected
-            && seq != want
-        {
-            let reason = if seq > want {
-                format!(
-                    "seq {want} is missing: seq {seq} follows seq {} (a line was deleted, moved or its seq changed)",
-                    want - 1
-                )
-            } else {
-                format!(
-                    "seq {want} is missing: seq {seq} follows seq {} (lines out of order, repeated or renumbered)",
-                    want - 1
-                )
-            };
-            report.broken = Some(broken(want, reason));
-            break;
+    }
+    Ok(walk.report)
+}
+
+impl Report {
+    /// A report of nothing checked yet.
+    fn new(
+        files: Vec<PathBuf>,
+        key: Option<&(&VerifyingKey, String)>,
+        witness: Option<&Witness>,
+    ) -> Self {
+        Self {
+            files,
+            lines: 0,
+            first_seq: None,
+            last_seq: None,
+            unchained: 0,
+            chain_start: None,
+            checkpoints: 0,
+            last_checkpoint: None,
+            unsigned_tail: 0,
+            torn_cuts: 0,
+            key: key.map(|(k, _)| hex(k.as_bytes())),
+            key_source: match key {
+                Some((_, from)) => KeySource::Given(from.clone()),
+                None => KeySource::None,
+            },
+            broken: None,
+            witnessed: 0,
+            witness_newest: witness.and_then(|w| w.checkpoints.keys().next_back().copied()),
         }
-        report.lines += 1;
-        report.first_seq.get_or_insert(seq);
-        report.last_seq = Some(seq);
-        let text = |k: &str| obj.get(k).and_then(Value::as_str);
-        let kind = text("kind").unwrap_or("");
-        let line_prev = text("prev");
+    }
+}
+
+/// The walk along the record: what is known so far, and the key checkpoints are checked with
+/// (the one given, else the one the chain's start recorded). A line that breaks the record is
+/// an `Err((seq, why))`.
+struct Walk {
+    report: Report,
+    given: Option<VerifyingKey>,
+    recorded: Option<VerifyingKey>,
+    /// The hash and seq of the line before.
+    prev: Option<([u8; 32], u64)>,
+}
+
+type Fault = (u64, String);
+
+impl Walk {
+    /// One line: read and in order, as the witness holds it, then before the chain or chained
+    /// (its link, its checkpoint's signature).
+    fn line(
+        &mut self,
+        line: &Line,
+        next: Option<&Line>,
+        witness: Option<&Witness>,
+    ) -> Result<(), Fault> {
+        let (obj, seq) = read_line(line, self.prev.map(|(_, s)| s))?;
+        self.report.lines += 1;
+        self.report.first_seq.get_or_insert(seq);
+        self.report.last_seq = Some(seq);
+        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
         let hash = line_hash(&line.bytes);
         if let Some(w) = witness
             && let Some(held) = w.checkpoints.get(&seq)
         {
             if let Some(reason) = witness_fault(w, held, seq, &obj, kind) {
-                report.broken = Some(broken(seq, reason));
-                break;
+                return Err((seq, reason));
             }
-            report.witnessed += 1;
+            self.report.witnessed += 1;
         }
-        if report.chain_start.is_none() {
-            if kind == "chain_started" {
-                let want = prev.map(|(h, _)| hex(&h));
-                if line_prev.map(str::to_owned) != want {
-                    report.broken = Some(broken(
-                        seq,
-                        match (&want, line_prev) {
-                            (Some(_), _) => format!(
-                                "the chain's start does not chain to seq {} before it",
-                                seq - 1
-                            ),
-                            (None, _) => {
-                                "the chain's first line has a `prev`, but nothing comes before it"
-                                    .into()
-                            }
-                        },
-                    ));
-                    break;
-                }
-                report.chain_start = Some(seq);
-                report.unsigned_tail = 1;
-                recorded = text("publicKey")
-                    .and_then(parse_hex32)
-                    .and_then(|b| VerifyingKey::from_bytes(&b).ok());
-            } else if line_prev.is_some() {
-                report.broken = Some(broken(
+        if self.report.chain_start.is_none() {
+            self.before_chain(seq, kind, &obj)?;
+        } else {
+            link_fault(seq, &obj, self.prev, &hash, next)?;
+            self.chained(seq, kind, &obj)?;
+        }
+        self.prev = Some((hash, seq));
+        Ok(())
+    }
+
+    /// A line before the chain began: the chain's start (chained to what comes before it, its
+    /// key recorded), or a line written before chaining (which may not carry a `prev`).
+    fn before_chain(
+        &mut self,
+        seq: u64,
+        kind: &str,
+        obj: &Map<String, Value>,
+    ) -> Result<(), Fault> {
+        let text = |k: &str| obj.get(k).and_then(Value::as_str);
+        let line_prev = text("prev");
+        if kind != "chain_started" {
+            if line_prev.is_some() {
+                return Err((
                     seq,
                     format!(
                         "seq {seq} is chained but no `chain_started` line comes before it: the chain's start was removed or changed"
                     ),
                 ));
-                break;
-            } else {
-                report.unchained += 1;
             }
-        } else {
-            let want = prev.map(|(h, _)| hex(&h)).unwrap_or_default();
-            if line_prev != Some(want.as_str()) {
-                // Which of the two changed? If the next line chains to this one, this one is
-                // as written, and the line before it is not.
-                let next_chains = next.as_ref().is_some_and(|n| {
-                    n.whole
-                        && serde_json::from_slice::<Map<String, Value>>(&n.bytes)
-                            .ok()
-                            .and_then(|o| o.get("prev").and_then(Value::as_str).map(str::to_owned))
-                            == Some(hex(&hash))
-                });
-                let before = seq - 1;
-                report.broken = Some(if line_prev.is_none() {
-                    broken(
-                        seq,
-                        format!("seq {seq} has no `prev`: the chain breaks here"),
-                    )
-                } else if next_chains || next.is_none() {
-                    broken(
-                        before,
-                        format!(
-                            "seq {before} was changed: its bytes no longer hash to the `prev` of seq {seq}"
-                        ),
+            self.report.unchained += 1;
+            return Ok(());
+        }
+        let want = self.prev.map(|(h, _)| hex(&h));
+        if line_prev.map(str::to_owned) != want {
+            return Err((
+                seq,
+                if want.is_some() {
+                    format!(
+                        "the chain's start does not chain to seq {} before it",
+                        seq - 1
                     )
                 } else {
-                    broken(
-                        seq,
-                        format!(
-                            "seq {seq} was changed: its `prev` is not the hash of seq {before}"
-                        ),
-                    )
-                });
-                break;
-            }
-            if kind == "checkpoint" {
-                let Some(k) = given.or(recorded) else {
-                    report.broken = Some(broken(
-                        seq,
-                        "a checkpoint, but no key to check it: the chain recorded none and none was given".into(),
-                    ));
-                    break;
-                };
-                if report.key.is_none() {
-                    report.key = Some(hex(k.as_bytes()));
-                    report.key_source = KeySource::Recorded;
-                }
-                let named = text("publicKey").unwrap_or("");
-                if named != hex(k.as_bytes()) {
-                    report.broken = Some(broken(
-                        seq,
-                        format!(
-                            "the checkpoint at seq {seq} names key {named}, not the key it is checked with ({})",
-                            hex(k.as_bytes())
-                        ),
-                    ));
-                    break;
-                }
-                let message = checkpoint_message(
-                    seq,
-                    line_prev.unwrap_or(""),
-                    text("at").unwrap_or(""),
-                    text("reason").unwrap_or(""),
-                );
-                let good = text("signature")
-                    .and_then(parse_hex64)
-                    .map(|b| Signature::from_bytes(&b))
-                    .is_some_and(|sig| k.verify(&message, &sig).is_ok());
-                if !good {
-                    report.broken = Some(broken(
-                        seq,
-                        format!("the signature of the checkpoint at seq {seq} does not verify"),
-                    ));
-                    break;
-                }
-                report.checkpoints += 1;
-                report.last_checkpoint = Some(seq);
-                report.unsigned_tail = 0;
-            } else {
-                report.unsigned_tail += 1;
-            }
-            if kind == "torn_tail_cut" {
-                report.torn_cuts += 1;
-            }
-            if kind == "chain_started" {
-                report.broken = Some(broken(
-                    seq,
-                    format!("a second `chain_started` at seq {seq}: a chain starts once"),
-                ));
-                break;
-            }
+                    "the chain's first line has a `prev`, but nothing comes before it".into()
+                },
+            ));
         }
-        prev = Some((hash, seq));
+        self.report.chain_start = Some(seq);
+        self.report.unsigned_tail = 1;
+        self.recorded = text("publicKey")
+            .and_then(parse_hex32)
+            .and_then(|b| VerifyingKey::from_bytes(&b).ok());
+        Ok(())
     }
-    Ok(report)
+
+    /// A chained line whose link holds: a checkpoint's signature checked, the unsigned tail
+    /// and torn-tail cuts counted, a second chain start refused.
+    fn chained(&mut self, seq: u64, kind: &str, obj: &Map<String, Value>) -> Result<(), Fault> {
+        if kind == "checkpoint" {
+            self.checkpoint(seq, obj)?;
+        } else {
+            self.report.unsigned_tail += 1;
+        }
+        if kind == "torn_tail_cut" {
+            self.report.torn_cuts += 1;
+        }
+        if kind == "chain_started" {
+            return Err((
+                seq,
+                format!("a second `chain_started` at seq {seq}: a chain starts once"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A checkpoint: it names the key it is checked with, and its signature verifies.
+    fn checkpoint(&mut self, seq: u64, obj: &Map<String, Value>) -> Result<(), Fault> {
+        let text = |k: &str| obj.get(k).and_then(Value::as_str);
+        let Some(k) = self.given.or(self.recorded) else {
+            return Err((
+                seq,
+                "a checkpoint, but no key to check it: the chain recorded none and none was given"
+                    .into(),
+            ));
+        };
+        if self.report.key.is_none() {
+            self.report.key = Some(hex(k.as_bytes()));
+            self.report.key_source = KeySource::Recorded;
+        }
+        let named = text("publicKey").unwrap_or("");
+        if named != hex(k.as_bytes()) {
+            return Err((
+                seq,
+                format!(
+                    "the checkpoint at seq {seq} names key {named}, not the key it is checked with ({})",
+                    hex(k.as_bytes())
+                ),
+            ));
+        }
+        let message = checkpoint_message(
+            seq,
+            text("prev").unwrap_or(""),
+            text("at").unwrap_or(""),
+            text("reason").unwrap_or(""),
+        );
+        let good = text("signature")
+            .and_then(parse_hex64)
+            .map(|b| Signature::from_bytes(&b))
+            .is_some_and(|sig| k.verify(&message, &sig).is_ok());
+        if !good {
+            return Err((
+                seq,
+                format!("the signature of the checkpoint at seq {seq} does not verify"),
+            ));
+        }
+        self.report.checkpoints += 1;
+        self.report.last_checkpoint = Some(seq);
+        self.report.unsigned_tail = 0;
+        Ok(())
+    }
+}
+
+/// A line read: whole, a JSON object, with a numeric `seq` that follows `prev_seq`.
+fn read_line(line: &Line, prev_seq: Option<u64>) -> Result<(Map<String, Value>, u64), Fault> {
+    let expected = prev_seq.map(|s| s + 1);
+    let fallback_seq = expected.unwrap_or(1);
+    let after = match prev_seq {
+        Some(s) => format!("the line after seq {s}"),
+        None => "the first line".to_owned(),
+    };
+    if !line.whole {
+        return Err((
+            fallback_seq,
+            format!(
+                "{after} is cut off ({} bytes, no newline): a torn write or a truncation",
+                line.bytes.len()
+            ),
+        ));
+    }
+    let obj: Map<String, Value> = serde_json::from_slice(&line.bytes).map_err(|e| {
+        (
+            fallback_seq,
+            format!("{after} is not a JSON object ({e}): it was changed"),
+        )
+    })?;
+    let Some(seq) = obj.get("seq").and_then(Value::as_u64) else {
+        return Err((fallback_seq, format!("{after} has no numeric `seq`")));
+    };
+    if let Some(want) = expected
+        && seq != want
+    {
+        let why = if seq > want {
+            "a line was deleted, moved or its seq changed"
+        } else {
+            "lines out of order, repeated or renumbered"
+        };
+        return Err((
+            want,
+            format!(
+                "seq {want} is missing: seq {seq} follows seq {} ({why})",
+                want - 1
+            ),
+        ));
+    }
+    Ok((obj, seq))
+}
+
+/// A chained line's link: its `prev` is the hash of the line before. When it is not, which of
+/// the two changed? If the next line chains to this one, this one is as written, and the line
+/// before it is not.
+fn link_fault(
+    seq: u64,
+    obj: &Map<String, Value>,
+    prev: Option<([u8; 32], u64)>,
+    hash: &[u8; 32],
+    next: Option<&Line>,
+) -> Result<(), Fault> {
+    let line_prev = obj.get("prev").and_then(Value::as_str);
+    let want = prev.map(|(h, _)| hex(&h)).unwrap_or_default();
+    if line_prev == Some(want.as_str()) {
+        return Ok(());
+    }
+    let next_chains = next.is_some_and(|n| {
+        n.whole
+            && serde_json::from_slice::<Map<String, Value>>(&n.bytes)
+                .ok()
+                .and_then(|o| o.get("prev").and_then(Value::as_str).map(str::to_owned))
+                == Some(hex(hash))
+    });
+    let before = seq - 1;
+    Err(if line_prev.is_none() {
+        (
+            seq,
+            format!("seq {seq} has no `prev`: the chain breaks here"),
+        )
+    } else if next_chains || next.is_none() {
+        (
+            before,
+            format!(
+                "seq {before} was changed: its bytes no longer hash to the `prev` of seq {seq}"
+            ),
+        )
+    } else {
+        (
+            seq,
+            format!("seq {seq} was changed: its `prev` is not the hash of seq {before}"),
+        )
+    })
 }
 
 /// Whether the record's line at `seq` (`obj`, of `kind`) is the checkpoint the witness holds

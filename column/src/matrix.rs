@@ -49,7 +49,12 @@ pub enum MatrixError {
 
 /// What a column's run shows in the matrix, from its manifest.
 pub fn summary(manifest: &Value) -> Value {
-    let id = &manifest["systemIdentity"];
+    let mut id = manifest["systemIdentity"].clone();
+    // A manifest carries its turn's hash beside the identity too: the summary keeps it either way.
+    if id.is_object() && id["catalogHash"].is_null() && manifest["catalogHash"].is_string() {
+        id["catalogHash"] = manifest["catalogHash"].clone();
+    }
+    let id = &id;
     let rows: Vec<Value> = manifest["rows"]
         .as_array()
         .into_iter()
@@ -236,7 +241,7 @@ fn catalog_odd_ones(summaries: &[Value]) -> (Option<String>, Vec<String>) {
     let common = common.map(|(h, _)| h);
     let odd = summaries
         .iter()
-        .filter(|s| catalog_hash(s) != common.as_deref())
+        .filter(|s| catalog_hash(s).is_none() || catalog_hash(s) != common.as_deref())
         .map(|s| {
             format!(
                 "{} has {}",

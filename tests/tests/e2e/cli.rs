@@ -522,12 +522,59 @@ async fn column_compare_matrix_and_summary() {
     let (code, out, err) = run(cmd).await;
     assert_eq!(code, 0, "{err}");
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 4, "{out}");
+    assert_eq!(lines.len(), 6, "{out}");
     assert_eq!(
         lines[2],
-        "| pi | 0.86.1 + pi-mcp-adapter@2.36.0 | pass | fail | pass | pass | `fake-model` (the declared one) |"
+        "| pi | 0.86.1 (declared; not measured) + pi-mcp-adapter@2.36.0 | `h1` | pass | fail | pass | pass | `fake-model` (the declared one) |"
     );
-    assert!(lines[3].contains("| pass | pass | pass | pass |"), "{out}");
+    assert!(
+        lines[3].contains("| `h1` | pass | pass | pass | pass |"),
+        "{out}"
+    );
+    assert_eq!(
+        lines[5],
+        "Every column was given the same catalogue: catalogHash `h1`."
+    );
+    // A column of another catalogue is refused, naming it, unless asked to show it anyway.
+    let mut cmd = std::process::Command::new(bin("sharedos-broker"));
+    cmd.args(["column", "matrix"])
+        .arg(&summaries)
+        .arg(&a)
+        .arg(&other);
+    let (code, out, err) = run(cmd).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        err.contains("pi has catalogHash h2 (most carry h1)") && err.contains("--show-anyway"),
+        "{err}"
+    );
+    let mut cmd = std::process::Command::new(bin("sharedos-broker"));
+    cmd.args(["column", "matrix", "--show-anyway"])
+        .arg(&summaries)
+        .arg(&a)
+        .arg(&other);
+    let (code, out, err) = run(cmd).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("| `h2` DIFFERS |"), "{out}");
+    assert!(
+        out.contains("NOT the same catalogue: pi has catalogHash h2 (shown anyway)."),
+        "{out}"
+    );
+    // A summary without a catalogue hash is never taken for the same catalogue.
+    let mut bare: Value =
+        serde_json::from_str(&std::fs::read_to_string(summaries.join("pi.json")).expect("read"))
+            .expect("json");
+    bare["systemIdentity"]
+        .as_object_mut()
+        .expect("identity")
+        .remove("catalogHash");
+    let lone = dir.path().join("lone");
+    std::fs::create_dir(&lone).expect("mkdir");
+    std::fs::write(lone.join("pi.json"), bare.to_string()).expect("write");
+    let mut cmd = std::process::Command::new(bin("sharedos-broker"));
+    cmd.args(["column", "matrix"]).arg(&lone);
+    let (code, _, err) = run(cmd).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("pi has no catalogHash"), "{err}");
     let mut cmd = std::process::Command::new(bin("sharedos-broker"));
     cmd.args(["column", "matrix"]).arg(dir.path().join("empty"));
     std::fs::create_dir(dir.path().join("empty")).expect("mkdir");

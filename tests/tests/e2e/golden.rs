@@ -101,6 +101,20 @@ fn normalized(record: &Path, dir: &Path) -> Vec<String> {
                 sb.insert("userns".to_owned(), json!("USERNS"));
                 sb.insert("ownUid".to_owned(), json!("OWNUID"));
                 sb.insert("gid".to_owned(), json!(0));
+                // Which defaults exist differs by machine; what kinds of rule there are does not.
+                if let Some(rules) = sb.get("rules").and_then(Value::as_array) {
+                    let kinds: std::collections::BTreeSet<String> = rules
+                        .iter()
+                        .map(|r| {
+                            format!(
+                                "{}: {}",
+                                r["access"].as_str().unwrap_or("?"),
+                                r["origin"].as_str().unwrap_or("?")
+                            )
+                        })
+                        .collect();
+                    sb.insert("rules".to_owned(), json!(kinds));
+                }
             }
             n.value("", &mut v);
             v.to_string()

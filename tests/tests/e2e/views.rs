@@ -54,8 +54,9 @@ fn sha256(bytes: &[u8]) -> String {
 }
 
 /// Three calls with a 7 MiB tool name, one with a 7 MiB request id, three `client_info` frames
-/// with a 7 MiB name: each grows the record by less than 8 KiB, and each cut string is on record
-/// with its whole size and SHA-256.
+/// with a 7 MiB name: each grows the record by less than 8 KiB (the same client twice more within
+/// the interval gets no line until the bridge ends, then one that counts them), and each cut
+/// string is on record with its whole size and SHA-256.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_token_holder_sends_grows_the_record_by_a_bound() {
     let b = TestBroker::start(Options::default()).await;
@@ -107,9 +108,25 @@ async fn what_a_token_holder_sends_grows_the_record_by_a_bound() {
         )
         .await
         .expect("client info");
-        eventually("bridge_client recorded", || clients(&b) == n).await;
+        if n == 1 {
+            eventually("bridge_client recorded", || clients(&b) == 1).await;
+        } else {
+            // The same client again within the interval: held for the bridge's next line.
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            assert_eq!(
+                clients(&b),
+                1,
+                "frame {n} of the same client got a line of its own"
+            );
+        }
         growth.push(("client_info, 7 MiB name", record_bytes(&b) - before));
     }
+    // The bridge's end writes the held frames as one line, counting what it stands for.
+    let before = record_bytes(&b);
+    drop(w);
+    drop(reader);
+    eventually("held bridge_client recorded at close", || clients(&b) == 2).await;
+    growth.push(("the held client_info frames", record_bytes(&b) - before));
     eprintln!("record growth per frame (bytes): {growth:?}");
     for (what, bytes) in &growth {
         assert!(
@@ -132,6 +149,13 @@ async fn what_a_token_holder_sends_grows_the_record_by_a_bound() {
         .iter()
         .filter(|l| l["kind"] == "bridge_client")
         .collect();
+    assert_eq!(infos.len(), 2);
+    assert!(
+        infos[0].get("suppressed").is_none_or(Value::is_null),
+        "{}",
+        infos[0]
+    );
+    assert_eq!(infos[1]["suppressed"], 1, "{}", infos[1]);
     for i in &infos {
         assert_eq!(i["cut"]["client.name"], whole, "{i}");
         assert_eq!(
