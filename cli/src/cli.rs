@@ -385,8 +385,8 @@ pub struct OpenArgs {
     #[arg(long)]
     portable_names: bool,
     /// Write the MCP config for this turn (FORMAT: claude-code, codex, pi, cordis, qwen-code,
-    /// opencode or gemini-cli) to PATH, mode 0600; an existing Claude Code, Codex, pi, Qwen Code,
-    /// opencode or Gemini CLI file keeps its other entries. `{turn}` in PATH becomes the turn's id. The folder must be this uid's (or root's) and
+    /// opencode, gemini-cli or cline) to PATH, mode 0600; an existing file of any format keeps
+    /// its other entries. `{turn}` in PATH becomes the turn's id. The folder must be this uid's (or root's) and
     /// writable by no other uid, unless sticky.
     #[arg(long, num_args = 2, value_names = ["FORMAT", "PATH"])]
     write_config: Option<Vec<String>>,

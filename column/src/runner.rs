@@ -149,8 +149,8 @@ pub struct HostConfig {
     /// Required exactly when mcp_support = "extension".
     #[serde(default)]
     pub extension: Option<String>,
-    /// Which MCP config to write: claude-code, codex, pi, cordis, qwen-code, opencode or
-    /// gemini-cli.
+    /// Which MCP config to write: claude-code, codex, pi, cordis, qwen-code, opencode,
+    /// gemini-cli or cline.
     pub config_format: String,
     /// Where to write it (placeholders allowed). Default `{workdir}/sharedos-mcp-config`.
     #[serde(default)]

@@ -308,21 +308,31 @@ pub fn normalize(name: &str) -> String {
 /// digits, `mcp__sharedos__files_read_1rtbejb`).
 const HASH_SUFFIX_DIGITS: usize = 7;
 
+/// The length of the hash suffix Cline adds to a name it had to rewrite (`_` + the first 8 hex
+/// digits of a SHA-1, `sharedos__files_read_5f40265d`).
+const CLINE_HASH_DIGITS: usize = 8;
+
 /// `name` without a Qwen Code hash suffix (`_` + [`HASH_SUFFIX_DIGITS`] lowercase base-36 digits
-/// with at least one digit), else `name` unchanged.
+/// with at least one digit) or a Cline one (`_` + [`CLINE_HASH_DIGITS`] lowercase hex digits),
+/// else `name` unchanged.
 fn strip_hash_suffix(name: &str) -> &str {
-    let n = name.len();
-    if n <= HASH_SUFFIX_DIGITS + 1 || !name.is_ascii() {
-        return name;
-    }
-    let (head, tail) = name.split_at(n - HASH_SUFFIX_DIGITS - 1);
-    let digits = &tail[1..];
-    let is_hash = tail.starts_with('_')
-        && digits
-            .chars()
-            .all(|c| c.is_ascii_digit() || c.is_ascii_lowercase())
-        && digits.chars().any(|c| c.is_ascii_digit());
-    if is_hash { head } else { name }
+    let strip = |len: usize, digit: fn(char) -> bool| -> Option<&str> {
+        let n = name.len();
+        if n <= len + 1 || !name.is_ascii() {
+            return None;
+        }
+        let (head, tail) = name.split_at(n - len - 1);
+        let digits = &tail[1..];
+        (tail.starts_with('_')
+            && digits.chars().all(digit)
+            && digits.chars().any(|c| c.is_ascii_digit()))
+        .then_some(head)
+    };
+    strip(HASH_SUFFIX_DIGITS, |c| {
+        c.is_ascii_digit() || c.is_ascii_lowercase()
+    })
+    .or_else(|| strip(CLINE_HASH_DIGITS, |c| matches!(c, '0'..='9' | 'a'..='f')))
+    .unwrap_or(name)
 }
 
 /// The offered tool whose normalized (namespace and) name, less a Qwen Code hash suffix, ends
@@ -2094,6 +2104,12 @@ mod tests {
         assert_eq!(match_tool("read", &offered).unwrap().name, "Read");
         assert!(match_tool("files.write", &offered).is_none());
         assert!(match_tool("..", &offered).is_none());
+        // Cline's rewritten names carry a SHA-1 suffix.
+        let cline = vec![flat("read_files"), flat("sharedos__files_read_5f40265d")];
+        assert_eq!(
+            match_tool("files.read", &cline).unwrap().name,
+            "sharedos__files_read_5f40265d"
+        );
         // Qwen Code's rewritten names carry a hash suffix.
         let qwen = vec![flat("read_file"), flat("mcp__sharedos__files_read_1rtbejb")];
         assert_eq!(

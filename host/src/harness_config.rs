@@ -18,7 +18,7 @@ pub use sharedos_ipc::private_file::{FileOwner, PrivateFileError, write_private}
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessConfigError {
     #[error(
-        "unknown config format `{0}`: use claude-code, codex, pi, cordis, qwen-code, opencode or gemini-cli"
+        "unknown config format `{0}`: use claude-code, codex, pi, cordis, qwen-code, opencode, gemini-cli or cline"
     )]
     Format(String),
     #[error("existing `{path}` is not valid {format}: {detail}")]
@@ -163,6 +163,15 @@ pub fn render(
             existing,
             path,
             json!({"command": shim, "args": launch.args(), "env": launch.env_json(), "trust": true}),
+        ),
+        // Cline's `~/.cline/data/settings/cline_mcp_settings.json` (or `$CLINE_MCP_SETTINGS_PATH`):
+        // `mcpServers` as Claude Code's. `timeout` (seconds) because Cline's default of 3 s for
+        // `initialize` skips a server that starts slowly (measured under load: "timed out after
+        // 3s", the run goes on without its tools). `--auto-approve` (its default) asks nothing.
+        Harness::Cline => merge_json(
+            existing,
+            path,
+            json!({"type": "stdio", "command": shim, "args": launch.args(), "env": launch.env_json(), "timeout": 60}),
         ),
         // opencode `opencode.json` (project) or `~/.config/opencode/opencode.json`: servers under
         // `mcp`, a local one as `{type: "local", command: [program, args...], environment}`.
@@ -636,6 +645,33 @@ mod tests {
         assert_eq!(s["args"], json!(["--turn-token-file", "/run/t"]));
         assert_eq!(s["env"]["SHAREDOS_BROKER_UID"], "1042");
         assert_eq!(v["mcpServers"].as_object().map(|o| o.len()), Some(2));
+    }
+
+    /// Cline's cline_mcp_settings.json keeps the user's other servers and keys; the `sharedos`
+    /// entry waits up to 60 s for the shim's `initialize`.
+    #[test]
+    fn cline_settings_merge_keeping_other_servers() {
+        let existing =
+            r#"{"mcpServers": {"other": {"command": "x", "disabled": true}}, "keep": {"a": 1}}"#;
+        let out = render(
+            Harness::Cline,
+            &launch(TokenSource::File("/run/t".into())),
+            Some(existing),
+            Path::new("cline_mcp_settings.json"),
+        )
+        .expect("render");
+        let v: Value = serde_json::from_str(&out).expect("json");
+        assert_eq!(
+            v["mcpServers"]["other"],
+            json!({"command": "x", "disabled": true})
+        );
+        assert_eq!(v["keep"]["a"], 1);
+        let s = &v["mcpServers"]["sharedos"];
+        assert_eq!(s["type"], "stdio");
+        assert_eq!(s["timeout"], 60);
+        assert_eq!(s["args"], json!(["--turn-token-file", "/run/t"]));
+        assert_eq!(v["mcpServers"].as_object().map(|o| o.len()), Some(2));
+        assert_eq!(other_servers(Harness::Cline, &out), ["other"]);
     }
 
     /// opencode's opencode.json keeps the user's provider, model and other MCP servers.

@@ -37,10 +37,12 @@ pub enum Harness {
     Opencode,
     /// Gemini CLI (`~/.gemini/settings.json`).
     GeminiCli,
+    /// Cline's CLI (`~/.cline/data/settings/cline_mcp_settings.json`).
+    Cline,
 }
 
 impl Harness {
-    pub const ALL: [Harness; 7] = [
+    pub const ALL: [Harness; 8] = [
         Harness::ClaudeCode,
         Harness::Codex,
         Harness::Pi,
@@ -48,6 +50,7 @@ impl Harness {
         Harness::QwenCode,
         Harness::Opencode,
         Harness::GeminiCli,
+        Harness::Cline,
     ];
 
     /// Parses `claude-code`, `codex`, `pi`, `cordis`, `qwen-code`, `opencode`, `gemini-cli`
@@ -61,6 +64,7 @@ impl Harness {
             "qwen-code" | "qwen" => Some(Harness::QwenCode),
             "opencode" | "opencode-ai" => Some(Harness::Opencode),
             "gemini-cli" | "gemini" => Some(Harness::GeminiCli),
+            "cline" => Some(Harness::Cline),
             _ => None,
         }
     }
@@ -74,6 +78,7 @@ impl Harness {
             Harness::QwenCode => "qwen-code",
             Harness::Opencode => "opencode",
             Harness::GeminiCli => "gemini-cli",
+            Harness::Cline => "cline",
         }
     }
 
@@ -103,6 +108,7 @@ impl Harness {
             // with `Object.fromEntries`, so of two tools with one name the later listed wins.
             Harness::Opencode => Some(format!("{}_{}", flat(server), flat(tool))),
             Harness::GeminiCli => Some(gemini_name(&format!("{server}_{tool}"))),
+            Harness::Cline => Some(cline_name(server, tool)),
         }
     }
 
@@ -162,6 +168,41 @@ pub fn qwen_name(name: &str) -> String {
     let mut out: String = sanitized.chars().take(keep).collect();
     out.push_str(&suffix);
     out
+}
+
+/// Cline CLI 3.0.65's MCP tool name (`@cline/core`, the default `nameTransform`): the name
+/// `<server>__<tool>` is kept when it has only `[A-Za-z0-9_-]` and at most [`HARNESS_NAME_MAX`]
+/// characters; any other has each run of other characters replaced by one `_`, is cut to 55
+/// characters (`mcp_tool` if nothing is left) and ends in `_` + the first 8 hex digits of the
+/// SHA-1 of the original name. So every dotted tool gets a suffix: `files.read` on server
+/// `sharedos` is `sharedos__files_read_<hash>`.
+pub fn cline_name(server: &str, tool: &str) -> String {
+    use sha1::Digest;
+    let name = format!("{server}__{tool}");
+    let mut sanitized = String::with_capacity(name.len());
+    let mut in_run = false;
+    for c in name.chars() {
+        if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+            sanitized.push(c);
+            in_run = false;
+        } else if !in_run {
+            sanitized.push('_');
+            in_run = true;
+        }
+    }
+    if sanitized == name && name.encode_utf16().count() <= HARNESS_NAME_MAX {
+        return name;
+    }
+    let digest = sha1::Sha1::digest(name.as_bytes());
+    let hex: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    // 64 - 1 (`_`) - 8 (hash). Every character left is ASCII, so bytes are characters.
+    let head: String = sanitized.chars().take(HARNESS_NAME_MAX - 1 - 8).collect();
+    let head = if head.is_empty() {
+        "mcp_tool".to_owned()
+    } else {
+        head
+    };
+    format!("{head}_{hex}")
 }
 
 /// Gemini CLI 0.61.0's `generateValidName` (packages/core, `mcp-tool`): `mcp_` in front (unless
@@ -359,6 +400,32 @@ mod tests {
         let r = aliases(Harness::QwenCode, SERVER_NAME, &names(&["a.b", "a_b"]));
         assert!(r.problems.is_empty(), "{:?}", r.problems);
         assert_eq!(Harness::parse("qwen"), Some(Harness::QwenCode));
+    }
+
+    /// Cline 3.0.65's rule, checked against the same rule run in Node (its `crypto` SHA-1):
+    /// dotted names get a hash suffix, a clean one is kept, a long one is cut to 64.
+    #[test]
+    fn cline_names_match_the_cli() {
+        assert_eq!(
+            Harness::Cline.alias("sharedos", "files.read").as_deref(),
+            Some("sharedos__files_read_5f40265d")
+        );
+        assert_eq!(
+            cline_name("sharedos", "a_namespace_near_limits.get_current_time"),
+            "sharedos__a_namespace_near_limits_get_current_time_2ece13b0"
+        );
+        assert_eq!(
+            cline_name("sharedos", "get_current_time"),
+            "sharedos__get_current_time"
+        );
+        assert_eq!(cline_name("sharedos", "a..b"), "sharedos__a_b_9fb48790");
+        let long = cline_name("sharedos", &"x".repeat(70));
+        assert_eq!(long, format!("sharedos__{}_16b8d117", "x".repeat(45)));
+        assert_eq!(long.len(), HARNESS_NAME_MAX);
+        let r = aliases(Harness::Cline, SERVER_NAME, &names(&["a.b", "a_b"]));
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+        assert_eq!(Harness::parse("cline"), Some(Harness::Cline));
+        assert_eq!(Harness::Cline.as_str(), "cline");
     }
 
     /// opencode 1.18.33 offered `sharedos_files_read` for `files.read` (measured in the interop

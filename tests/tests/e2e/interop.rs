@@ -1,5 +1,5 @@
 //! The interop suite: the MCP column with the real harness CLIs (Claude Code, Codex, pi with
-//! pi-mcp-adapter, Qwen Code, opencode, Gemini CLI), each driven offline by the scripted model
+//! pi-mcp-adapter, Qwen Code, opencode, Gemini CLI, Cline), each driven offline by the scripted model
 //! provider on 127.0.0.1.
 //!
 //! `.ci/install-harnesses` installs the pinned CLIs and writes `harnesses.env`. If the registry
@@ -1586,6 +1586,146 @@ GEMINI_API_KEY = "dummy"
         &log,
         &broker,
         "gemini-cli",
+        &sent,
+        &format!("\"files.read\":\"{sent}\""),
+        Asked::Cannot(NO_CAPABILITY),
+    );
+}
+
+/// Cline's own tools as offered by `cline --json` (measured from the scripted model's log).
+const CLINE_LOCAL: &str = r#"["ask_question", "editor", "fetch_web_content", "read_files", "run_commands", "search_codebase", "spawn_agent", "team_attach_outcome_fragment", "team_await_runs", "team_broadcast", "team_cancel_run", "team_cleanup", "team_create_outcome", "team_finalize_outcome", "team_list_outcomes", "team_list_runs", "team_mission_log", "team_read_mailbox", "team_review_outcome_fragment", "team_run_task", "team_send_message", "team_shutdown_teammate", "team_spawn_teammate", "team_status", "team_task"]"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
+async fn cline_column() {
+    let Some((manifest, log, broker)) = column(None, |port, h, dir| {
+        assert!(
+            h.contains_key("CLINE_BIN"),
+            "harnesses.env has no CLINE_BIN: run .ci/install-harnesses again"
+        );
+        // The host's provider settings, as `cline auth -p openai -k dummy -m fake-model -b URL`
+        // writes them: the scripted model as Cline's OpenAI-compatible provider. Without
+        // `updatedAt` Cline 3.0.65 ignores the entry and falls back to its own `cline` provider.
+        let providers = dir.join("cline-providers.json");
+        std::fs::write(
+            &providers,
+            json!({
+                "version": 1,
+                "lastUsedProvider": "openai-compatible",
+                "modes": {},
+                "providers": {"openai-compatible": {
+                    "settings": {
+                        "provider": "openai-compatible",
+                        "apiKey": "dummy",
+                        "model": "fake-model",
+                        "baseUrl": format!("http://127.0.0.1:{port}/v1"),
+                    },
+                    "updatedAt": "2026-12-06T00:00:00.000Z",
+                    "tokenSource": "manual",
+                }},
+            })
+            .to_string(),
+        )
+        .expect("providers");
+        format!(
+            r#"harness = "cline"
+harness_version = "{version}"
+declared_model = "fake-model (sharedos scripted-model on 127.0.0.1)"
+mcp_support = "native"
+config_format = "cline"
+config_path = "{{workdir}}/cline_mcp_settings.json"
+command = "{bin}"
+args = ["--json", "{{prompt}}"]
+version_args = ["--version"]
+env_remove = ["OPENAI_API_KEY", "OPENAI_BASE_URL", "CLINE_DATA_DIR", "CLINE_DIR", "CLINE_GLOBAL_SETTINGS_PATH"]
+timeout_seconds = 120
+principal = "alice"
+harness_local = {local}
+
+[env]
+HOME = "{{workdir}}/home"
+CLINE_SESSION_BACKEND_MODE = "local"
+CLINE_PROVIDER_SETTINGS_PATH = "{providers}"
+CLINE_MCP_SETTINGS_PATH = "{{workdir}}/cline_mcp_settings.json"
+"#,
+            version = h["CLINE_VERSION"],
+            bin = h["CLINE_BIN"],
+            providers = providers.display(),
+            local = CLINE_LOCAL,
+        )
+    })
+    .await
+    else {
+        return;
+    };
+    let sent = sharedos_proto::alias::Harness::Cline
+        .alias("sharedos", "files.read")
+        .expect("cline alias");
+    assert_eq!(sent, "sharedos__files_read_5f40265d");
+    // The names Cline really called: every dotted name with its hash suffix.
+    let called: Vec<&str> = log
+        .iter()
+        .filter(|l| l["kind"] == "request" && l["reply"] == "tool_call")
+        .filter_map(|l| l["tool"].as_str())
+        .collect();
+    let list = sharedos_proto::alias::cline_name("sharedos", "files.list");
+    let search = sharedos_proto::alias::cline_name("sharedos", "files.search");
+    let long = sharedos_proto::alias::cline_name("sharedos", LONG_NAME);
+    assert_eq!(
+        called,
+        [
+            sent.as_str(),
+            &sent,
+            &sent,
+            &list,
+            &sent,
+            &sent,
+            &search,
+            &search,
+            &long,
+            &sent
+        ],
+        "{log:#?}"
+    );
+    // Every request until the turn closed offers the boundary's four tools under their measured
+    // aliases and exactly the declared harness-local tools besides.
+    let want: std::collections::BTreeSet<String> = CATALOGUE
+        .iter()
+        .map(|t| {
+            sharedos_proto::alias::Harness::Cline
+                .alias("sharedos", t)
+                .expect("alias")
+        })
+        .collect();
+    let local: std::collections::BTreeSet<String> =
+        serde_json::from_str(CLINE_LOCAL).expect("local");
+    let (open, _) = sharedos_column::runner::split_at_step(&log, OPEN_ROWS);
+    let requests: Vec<&Value> = open.iter().filter(|l| l["kind"] == "request").collect();
+    assert_eq!(requests.len(), OPEN_ROWS + 1, "{log:#?}");
+    for r in requests {
+        let offered: std::collections::BTreeSet<String> =
+            serde_json::from_value(r["offered"].clone()).expect("offered");
+        let boundary: std::collections::BTreeSet<String> = offered
+            .iter()
+            .filter(|t| t.starts_with("sharedos__"))
+            .cloned()
+            .collect();
+        assert_eq!(boundary, want, "{offered:?}");
+        assert_eq!(
+            offered
+                .difference(&boundary)
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>(),
+            local
+        );
+        assert_eq!(r["model"], "fake-model");
+        assert_eq!(r["api"], "chat");
+    }
+    check(
+        &manifest,
+        &log,
+        &broker,
+        "cline",
         &sent,
         &format!("\"files.read\":\"{sent}\""),
         Asked::Cannot(NO_CAPABILITY),

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::kit::bin;
 
-const NAMES: [&str; 8] = [
+const NAMES: [&str; 9] = [
     "setup",
     "claude-code",
     "codex",
@@ -21,6 +21,7 @@ const NAMES: [&str; 8] = [
     "qwen-code",
     "opencode",
     "gemini-cli",
+    "cline",
     "teardown",
 ];
 
@@ -244,4 +245,10 @@ async fn readme_opencode_section_runs_as_written() {
 #[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn readme_gemini_cli_section_runs_as_written() {
     run_section("gemini-cli").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real harness CLIs: run bash .ci/install-harnesses, then cargo test -- --include-ignored (bash .ci/run does both)"]
+async fn readme_cline_section_runs_as_written() {
+    run_section("cline").await;
 }
