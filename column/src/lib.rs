@@ -11,7 +11,10 @@
 //! - [`matrix`]: manifest summaries, the README's interop matrix, and `column compare`.
 //! - [`scripted_model`]: a scripted model provider on loopback (Anthropic Messages, OpenAI
 //!   Responses and Chat Completions).
+//! - [`grade`]: a row's or a check's grade, below `runner` and `observed` alike (`runner` uses
+//!   `observed`, never the other way round).
 
+pub mod grade;
 pub mod matrix;
 pub mod observed;
 pub mod runner;

@@ -15,7 +15,7 @@ use serde::Serialize;
 use sharedos_proto::alias::{Harness, SERVER_NAME, portable_name};
 use sharedos_proto::{PolicyMode, ToolName, ToolPolicy};
 
-use crate::runner::Grade;
+use crate::grade::Grade;
 use crate::scripted_model::{LoggedRequest, OfferedTool, match_tool};
 
 /// The id of the check that the boundary's offered tools equal the catalogue.

@@ -25,6 +25,7 @@ use sharedos_host::client::{ClientError, ControlClient};
 use sharedos_host::harness_config::{self, HarnessConfigError, ShimLaunch, TokenSource};
 use sharedos_host::shim_path::ShimPathError;
 
+pub use crate::grade::Grade;
 use crate::observed::{self, Expectation, Observed};
 use crate::scripted_model::LoggedRequest;
 
@@ -234,25 +235,6 @@ pub struct Row {
     /// The outcome code the recorded call must carry too (`budget_exhausted`, `ok`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Grade {
-    Pass,
-    Fail,
-    NotExercised,
-}
-
-impl Grade {
-    /// As the table and the matrix show it.
-    pub fn word(self) -> &'static str {
-        match self {
-            Grade::Pass => "pass",
-            Grade::Fail => "fail",
-            Grade::NotExercised => "not exercised",
-        }
-    }
 }
 
 pub fn read_host_config(path: &Path) -> Result<HostConfig, ColumnError> {

@@ -233,6 +233,24 @@ pub struct Requirement {
     pub namespace: Option<String>,
 }
 
+/// Size and SHA-256 (hex) of arguments the record does not keep whole (on a `call` line, and in
+/// the approvals a host lists).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Digest {
+    pub bytes: usize,
+    pub sha256: String,
+}
+
+impl Digest {
+    /// The size and SHA-256 of `bytes`.
+    pub fn of(bytes: &[u8]) -> Self {
+        Self {
+            bytes: bytes.len(),
+            sha256: crate::catalog::sha256_hex(bytes),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -580,7 +580,7 @@ pub struct PendingApproval {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requirement: Option<Requirement>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub arguments_digest: Option<crate::record::Digest>,
+    pub arguments_digest: Option<crate::call::Digest>,
     pub requested_at: String,
     pub expires_at: String,
 }

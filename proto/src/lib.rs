@@ -9,7 +9,8 @@
 //! - [`alias`]: harness aliases (diagnostics) and portable names.
 //! - [`definition`]: registered and published tool definitions, the fixed projection.
 //! - [`catalog`]: RFC 8785 canonical JSON and `catalogHash`.
-//! - [`call`]: `ToolCall` (raw tool string) and outcomes with codes.
+//! - [`call`]: `ToolCall` (raw tool string), outcomes with codes, and the `Digest` (size and
+//!   SHA-256) of arguments kept out of a line, below both `ipc` and `record`.
 //! - [`nesting`]: the one nesting limit for arguments, and a depth scan.
 //! - [`declaration`]: `ToolPolicy` and `SystemIdentity` with their rules.
 //! - [`frame`]: the length-prefixed frame codec.

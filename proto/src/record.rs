@@ -303,22 +303,8 @@ impl From<Arguments> for ForwardedArguments {
     }
 }
 
-/// Size and SHA-256 (hex) of arguments the record does not keep whole.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Digest {
-    pub bytes: usize,
-    pub sha256: String,
-}
-
-impl Digest {
-    /// The size and SHA-256 of `bytes`.
-    pub fn of(bytes: &[u8]) -> Self {
-        Self {
-            bytes: bytes.len(),
-            sha256: crate::catalog::sha256_hex(bytes),
-        }
-    }
-}
+/// Kept here by name too: a record line's digests are the call's (see [`crate::call::Digest`]).
+pub use crate::call::Digest;
 
 /// Longest string a caller chooses (a tool name, a request id, a client's name or version) that
 /// a record line keeps whole. A longer one is kept cut to this many bytes (ending in `…`), and the

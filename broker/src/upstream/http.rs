@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use sharedos_proto::record::ProviderDetail;
 
+use super::cause::{cause, chain};
 use super::{Launch, MAX_UPSTREAM_RESULT_BYTES, McpProvider, Session, State};
 use crate::config::host_is_loopback;
 use crate::provider::Failure;
@@ -165,42 +166,6 @@ fn classify_any(e: &(dyn StdError + 'static)) -> HttpFailure {
         current = cause(err);
     }
     HttpFailure::Other
-}
-
-/// The cause of `e`: its `source()`, or the error rmcp holds without naming it as the source
-/// (the transport error of a failed initialize, the worker's fatal error, the HTTP client's
-/// error), so that rustls's certificate errors under reqwest's are reached.
-fn cause<'a>(e: &'a (dyn StdError + 'static)) -> Option<&'a (dyn StdError + 'static)> {
-    type Http = StreamableHttpError<reqwest::Error>;
-    if let Some(rmcp::service::ClientInitializeError::TransportError { error, .. }) =
-        e.downcast_ref()
-    {
-        return Some(error);
-    }
-    if let Some(rmcp::transport::worker::WorkerQuitReason::<Http>::Fatal { error, .. }) =
-        e.downcast_ref()
-    {
-        return Some(error);
-    }
-    if let Some(StreamableHttpError::Client(inner)) = e.downcast_ref::<Http>() {
-        return Some(inner);
-    }
-    e.source()
-}
-
-/// An error and its causes, `: `-joined (rustls's certificate errors are causes of reqwest's).
-pub fn chain(e: &(dyn StdError + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut current = cause(e);
-    while let Some(err) = current {
-        let s = err.to_string();
-        if !text.contains(&s) {
-            text.push_str(": ");
-            text.push_str(&s);
-        }
-        current = cause(err);
-    }
-    text
 }
 
 impl McpProvider {

@@ -39,6 +39,7 @@ use crate::resource::{Object, Resource};
 use crate::secrets::{Known, SHARED, Secret, SecretError, SecretStore};
 use crate::vpath;
 
+mod cause;
 mod http;
 mod instances;
 mod log;

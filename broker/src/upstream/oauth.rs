@@ -179,7 +179,7 @@ impl Tokens {
         let mut response = sent.map_err(|e| {
             TokenError::Unavailable(format!(
                 "the token endpoint `{url}` of provider `{ns}` could not be reached: {}",
-                super::http::chain(&e)
+                super::cause::chain(&e)
             ))
         })?;
         let status = response.status();
@@ -198,7 +198,7 @@ impl Tokens {
                 Err(e) => {
                     return Err(TokenError::Unavailable(format!(
                         "the token endpoint `{url}` of provider `{ns}` broke off its answer: {}",
-                        super::http::chain(&e)
+                        super::cause::chain(&e)
                     )));
                 }
             }
