@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use serde_json::json;
 use sharedos_broker::Config;
+use sharedos_broker::evidence::record::{RecordSync, Recorder};
 use sharedos_broker::kernel::{AccessContext, Verdict};
 use sharedos_broker::policy::Resource;
-use sharedos_broker::record::{RecordSync, Recorder};
 use sharedos_host::client::ControlClient;
 use sharedos_proto::record::{self, Event};
 use tokio::task::JoinSet;
@@ -367,7 +367,7 @@ fn write_line(file: &Mutex<(std::fs::File, u64)>, event: Event, sync: bool) -> a
     guard.1 += 1;
     let line = record::RecordLine {
         seq: guard.1,
-        at: sharedos_broker::record::now_rfc3339(),
+        at: sharedos_broker::evidence::record::now_rfc3339(),
         // No chain: the baseline is a plain writer (the Recorder hashes each line as well).
         prev: None,
         event,
@@ -718,13 +718,13 @@ pub async fn overheads(budget: Budget, spans: usize) -> anyhow::Result<Overheads
     use sharedos_broker::telemetry::{CallSpan, OtelSettings, Telemetry};
     let line = record::RecordLine {
         seq: 1_000_001,
-        at: sharedos_broker::record::now_rfc3339(),
+        at: sharedos_broker::evidence::record::now_rfc3339(),
         prev: Some("ab".repeat(32)),
         event: call_line(1),
     };
     let bytes = serde_json::to_vec(&line)?;
     let chain = time_loop(budget, || {
-        let h = sharedos_broker::record::line_hash(black_box(&bytes));
+        let h = sharedos_broker::evidence::record::line_hash(black_box(&bytes));
         let mut hex = String::with_capacity(64);
         for b in h {
             use std::fmt::Write as _;

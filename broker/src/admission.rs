@@ -202,7 +202,7 @@ impl Tally {
 /// gate goes at shutdown). A uid's processes past [`MAX_REFUSAL_PIDS_PER_UID`] share one peer
 /// (the uid, no pid), so a uid forking a process per connection costs a few lines per interval.
 struct Refusals {
-    recorder: crate::record::Recorder,
+    recorder: crate::evidence::record::Recorder,
     socket: Socket,
     tallies: std::sync::Mutex<HashMap<PeerReason, Tally>>,
 }
@@ -303,7 +303,7 @@ impl Drop for HelloGate {
 
 impl HelloGate {
     /// A gate whose refusals go on record as `bridge_refused` / `control_refused` lines.
-    pub fn recorded(recorder: crate::record::Recorder, socket: Socket) -> Self {
+    pub fn recorded(recorder: crate::evidence::record::Recorder, socket: Socket) -> Self {
         Self {
             state: std::sync::Mutex::default(),
             refusals: Some(Refusals {
@@ -617,8 +617,11 @@ mod tests {
     fn a_uid_forking_a_process_per_connection_is_grouped_and_counted() {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("record.jsonl");
-        let (recorder, _) =
-            crate::record::Recorder::open(&path, crate::record::RecordSync::Always).expect("open");
+        let (recorder, _) = crate::evidence::record::Recorder::open(
+            &path,
+            crate::evidence::record::RecordSync::Always,
+        )
+        .expect("open");
         let gate = Arc::new(HelloGate::recorded(recorder, Socket::Bridge));
         // 1,000 processes of uid 1001, one refused connection each; and one process of uid 1002.
         for pid in 0..1000 {

@@ -10,11 +10,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ProviderConfig};
 use crate::error::StartError;
+use crate::evidence::record::Recorder;
 use crate::files::FilesProvider;
 use crate::kernel::{Kernel, Registry};
 use crate::pins::Pins;
 use crate::policy::PolicyEngine;
-use crate::record::Recorder;
 use crate::secrets::{CommandStore, FolderStore, Known};
 use crate::upstream::{McpProvider, Secrets};
 
@@ -30,22 +30,23 @@ pub async fn build_kernel(config: &Config, root: &CancellationToken) -> Result<K
 pub(crate) async fn build(
     config: &Config,
     root: &CancellationToken,
-) -> Result<(Kernel, crate::record::Recovery), StartError> {
+) -> Result<(Kernel, crate::evidence::record::Recovery), StartError> {
     // No upstream's sandbox reaches the broker's own files (the runtime dir is checked by
     // `server::start`, which knows it).
     check_sandboxes(config, None)?;
     // Every name of the record's and its key's checked before any of them is made or touched.
-    crate::record::check_files(&config.record, &config.record_signing_key)?;
+    crate::evidence::record::check_files(&config.record, &config.record_signing_key)?;
     let policy = PolicyEngine::load_checked(
         config.schema.as_deref(),
         &config.policy,
         Some(config.admin_group),
     )?;
     let mut registry = Registry::default();
-    let signing_key = crate::record::load_or_create_signing_key(&config.record_signing_key)?;
+    let signing_key =
+        crate::evidence::record::load_or_create_signing_key(&config.record_signing_key)?;
     let (recorder, recovery) = Recorder::open_with(
         &config.record,
-        crate::record::RecordOptions {
+        crate::evidence::record::RecordOptions {
             sync: config.record_sync,
             signing_key: Some(signing_key),
             rotate_bytes: config.record_rotate_bytes,
@@ -53,12 +54,15 @@ pub(crate) async fn build(
         },
     )?;
     recorder.witness_checkpoints(
-        crate::witness::Witness::start(config.witness_file.clone(), config.witness_command.clone())
-            .map_err(|source| StartError::Io {
-                what: "cannot start the witness thread for",
-                path: config.record.display().to_string(),
-                source,
-            })?,
+        crate::evidence::witness::Witness::start(
+            config.witness_file.clone(),
+            config.witness_command.clone(),
+        )
+        .map_err(|source| StartError::Io {
+            what: "cannot start the witness thread for",
+            path: config.record.display().to_string(),
+            source,
+        })?,
     );
     if recovery.torn_bytes > 0 {
         tracing::warn!(
@@ -272,7 +276,7 @@ pub fn check_sandboxes(config: &Config, runtime_dir: Option<&Path>) -> Result<()
 /// happened), and each turn still open is closed with reason `broker_restart`.
 pub(crate) async fn close_out(
     recorder: &Recorder,
-    recovery: &crate::record::Recovery,
+    recovery: &crate::evidence::record::Recovery,
 ) -> Result<(), StartError> {
     for intent in &recovery.open_intents {
         let line = Event::Call(record::Call {

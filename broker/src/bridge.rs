@@ -23,8 +23,8 @@ use sharedos_proto::{CancelCode, ToolCall};
 use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::evidence::record::rfc3339;
 use crate::kernel::{Ask, CallSite};
-use crate::record::rfc3339;
 use crate::state::Broker;
 use crate::turn::Turn;
 

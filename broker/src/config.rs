@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::record::RecordSync;
+use crate::evidence::record::RecordSync;
 use crate::telemetry::OtelSettings;
 use crate::trusted::{TrustError, TrustedDir};
 
@@ -1024,7 +1024,7 @@ struct RawConfig {
     /// Rotate the record when it is this many seconds old.
     #[serde(default)]
     record_rotate_seconds: Option<u64>,
-    /// Each signed checkpoint is appended here (see `crate::witness`).
+    /// Each signed checkpoint is appended here (see `crate::evidence::witness`).
     #[serde(default)]
     witness_file: Option<PathBuf>,
     /// Each signed checkpoint is handed to this program on stdin (argv, no shell).
@@ -1112,7 +1112,7 @@ pub struct Config {
     pub witness_file: Option<PathBuf>,
     /// A program each signed checkpoint is handed to (its stdin), off the call path, with its
     /// declared environment (`witness_env`) and time limit.
-    pub witness_command: crate::witness::WitnessCommand,
+    pub witness_command: crate::evidence::witness::WitnessCommand,
     /// Most bridges (shim connections) one turn may have open at once.
     pub max_bridges_per_turn: usize,
     /// Bridge connections one turn may make per minute (a burst of as many, then one every
@@ -1331,13 +1331,16 @@ impl Config {
                 .filter(|s| *s > 0)
                 .map(Duration::from_secs),
             witness_file: raw.witness_file.as_deref().map(rel),
-            witness_command: crate::witness::WitnessCommand {
+            witness_command: crate::evidence::witness::WitnessCommand {
                 argv: raw.witness_command,
                 env: raw.witness_env,
                 timeout: raw
                     .witness_command_timeout_seconds
                     .filter(|s| *s > 0)
-                    .map_or(crate::witness::WITNESS_COMMAND_TIMEOUT, Duration::from_secs),
+                    .map_or(
+                        crate::evidence::witness::WITNESS_COMMAND_TIMEOUT,
+                        Duration::from_secs,
+                    ),
             },
             record: rel(&raw.record),
             record_sync: raw.record_sync,
@@ -1460,7 +1463,7 @@ impl Config {
             record_rotate_bytes: None,
             record_rotate_age: None,
             witness_file: None,
-            witness_command: crate::witness::WitnessCommand::default(),
+            witness_command: crate::evidence::witness::WitnessCommand::default(),
             record_sync: RecordSync::Always,
             policy: dir.join("policy.cedar"),
             schema: None,

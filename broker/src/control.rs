@@ -19,9 +19,9 @@ use sharedos_proto::record::{self, Event};
 use sharedos_proto::{DenyCode, Identifier, Outcome};
 
 use crate::config::MAX_TTL;
+use crate::evidence::record::rfc3339;
+use crate::evidence::record::{PageBounds, read_records_page};
 use crate::kernel::{AccessContext, Verdict};
-use crate::record::rfc3339;
-use crate::record::{PageBounds, read_records_page};
 use crate::state::Broker;
 use crate::turn::{NewTurn, TokenFileTemplate, opened_record};
 

@@ -2,11 +2,11 @@
 
 use std::path::Path;
 
+use crate::evidence::record::RecordError;
 use crate::files::FilesConfigError;
 use crate::kernel::RegistryError;
 use crate::pins::PinError;
 use crate::policy::PolicyError;
-use crate::record::RecordError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

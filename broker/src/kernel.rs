@@ -23,13 +23,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::approval::{Approvals, Decision as Approval, approval_id};
 use crate::budget::{Budgets, Exhausted, TurnUse, returned_bytes};
+use crate::evidence::record::Recorder;
 use crate::pins::Pins;
 use crate::policy::PolicyEngine;
 use crate::provider::{
     CallEnv, Failure, Job, Names, Provider, Published, ReadCheck, Resolution as Resolved, Success,
     ToolHandler,
 };
-use crate::record::Recorder;
 use crate::resource::{Object, Resource};
 use crate::telemetry::{CallSpan, Telemetry, bounded};
 
@@ -1065,7 +1065,7 @@ impl Kernel {
         call: &ToolCall,
         info: &PendingApproval,
         policies: &[String],
-    ) -> Result<(), crate::record::RecordError> {
+    ) -> Result<(), crate::evidence::record::RecordError> {
         let (tool, request_id, cut) = recorded_strings(call);
         let arguments = self.without_secrets(
             &info.principal,
@@ -1143,7 +1143,7 @@ impl Kernel {
         site: &CallSite<'_>,
         id: &str,
         waited: &Waited,
-    ) -> Result<(), crate::record::RecordError> {
+    ) -> Result<(), crate::evidence::record::RecordError> {
         let (decision, uid, reason, answerer, session) = match waited {
             Waited::Decided(d) | Waited::Cancelled(Some(d)) => (
                 if d.unavailable {
@@ -1503,8 +1503,8 @@ fn pending_approval(
         arguments,
         requirement: requirement.cloned(),
         arguments_digest: None,
-        requested_at: crate::record::rfc3339(now),
-        expires_at: crate::record::rfc3339(now + timeout),
+        requested_at: crate::evidence::record::rfc3339(now),
+        expires_at: crate::evidence::record::rfc3339(now + timeout),
     }
 }
 
@@ -1681,7 +1681,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::record::RecordSync;
+    use crate::evidence::record::RecordSync;
 
     /// A tool whose requirement is `read` on `SharedOS::File {path}` from its `path` argument,
     /// counting its runs.

@@ -282,7 +282,7 @@ pub async fn start(
 
 /// Signs the record every `interval` (when something was written since the last checkpoint).
 /// With a zero interval, never ends and signs nothing (shutdown and rotation still sign).
-async fn checkpoint_loop(recorder: crate::record::Recorder, interval: Duration) {
+async fn checkpoint_loop(recorder: crate::evidence::record::Recorder, interval: Duration) {
     if interval.is_zero() {
         return std::future::pending().await;
     }

@@ -21,8 +21,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::budget::{Budgets, TurnUse};
+use crate::evidence::record::rfc3339;
 use crate::kernel::{AccessContext, Catalog};
-use crate::record::rfc3339;
 
 /// How long closing a turn waits for its in-flight calls to record their outcome.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(5);

@@ -705,7 +705,7 @@ async fn serve(
             // embedded default is laid out in it.
             sharedos_broker::server::check_runtime_dir(&runtime_dir)?;
             let record = Config::embedded_record(&default_dir(&runtime_dir));
-            sharedos_broker::record::check_files(
+            sharedos_broker::evidence::record::check_files(
                 &record,
                 &sharedos_broker::config::default_signing_key(&record),
             )?;
@@ -1518,7 +1518,7 @@ fn records_checkpoint(
 ) -> anyhow::Result<ExitCode> {
     let config = config.map(Config::from_file).transpose()?;
     let record = record_of(runtime_dir, record, config.as_ref());
-    let newest = sharedos_broker::chain::newest_checkpoint(&record)
+    let newest = sharedos_broker::evidence::chain::newest_checkpoint(&record)
         .with_context(|| format!("cannot read record `{}`", record.display()))?;
     let Some(line) = newest else {
         eprintln!(
@@ -1535,7 +1535,9 @@ fn records_checkpoint(
             "seq {}  at {}  sha256 {}  key {}",
             v["seq"],
             v["at"].as_str().unwrap_or(""),
-            sharedos_proto::catalog::hex(&sharedos_broker::record::line_hash(line.as_bytes())),
+            sharedos_proto::catalog::hex(&sharedos_broker::evidence::record::line_hash(
+                line.as_bytes()
+            )),
             v["publicKey"].as_str().unwrap_or("")
         );
     }
@@ -1564,14 +1566,14 @@ fn records_verify(
     witness: Option<&Path>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    use sharedos_broker::chain;
+    use sharedos_broker::evidence::chain;
     let config = config.map(Config::from_file).transpose()?;
     let record = record_of(runtime_dir, record, config.as_ref());
     let signing_key = config.as_ref().map_or_else(
         || sharedos_broker::config::default_signing_key(&record),
         |c| c.record_signing_key.clone(),
     );
-    let beside = sharedos_broker::record::public_key_path(&signing_key);
+    let beside = sharedos_broker::evidence::record::public_key_path(&signing_key);
     let key_file = match public_key {
         Some(p) => Some(p.to_path_buf()),
         None => beside.exists().then_some(beside),

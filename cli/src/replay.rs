@@ -1,5 +1,5 @@
 //! `policy replay`: the record decided again under another policy file, printed for people or
-//! as one JSON object. The replay itself is the broker library's (`sharedos_broker::replay`).
+//! as one JSON object. The replay itself is the broker library's (`sharedos_broker::evidence::replay`).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -8,8 +8,8 @@ use anyhow::Context as _;
 use clap::Args;
 use serde::Serialize;
 use sharedos_broker::Config;
+use sharedos_broker::evidence::replay::{self, Change, Report};
 use sharedos_broker::policy::PolicyEngine;
-use sharedos_broker::replay::{self, Change, Report};
 
 use crate::output::{outln, print_json};
 
@@ -75,7 +75,7 @@ pub fn run(args: ReplayArgs, default_dir: &Path) -> anyhow::Result<ExitCode> {
     // A rotated record is its rotated files (`<record>.<first seq>`) and then itself.
     let mut records = Vec::new();
     for path in given {
-        let files = sharedos_broker::record::record_files(&path)?;
+        let files = sharedos_broker::evidence::record::record_files(&path)?;
         if files.is_empty() {
             records.push(path);
         } else {

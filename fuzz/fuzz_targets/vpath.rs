@@ -1,4 +1,4 @@
-//! Fuzzes virtual-path canonicalization (`sharedos_broker::vpath::canonicalize`) on arbitrary
+//! Fuzzes virtual-path canonicalization (`sharedos_broker::files::vpath::canonicalize`) on arbitrary
 //! UTF-8 strings (inputs that are not UTF-8 are skipped).
 //!
 //! - Never panics.
@@ -12,7 +12,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sharedos_broker::vpath::{MAX_PATH_BYTES, VPathError, canonicalize, components};
+use sharedos_broker::files::vpath::{MAX_PATH_BYTES, VPathError, canonicalize, components};
 
 /// Invariants of a canonical path.
 fn assert_canonical(raw: &str, c: &str) {

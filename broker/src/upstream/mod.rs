@@ -26,18 +26,18 @@ use sharedos_proto::record::{self, Event, ProviderDetail};
 use sharedos_proto::{CatalogHash, FailCode, ToolDefinition, ToolMetadata, ToolName};
 use tokio_util::sync::CancellationToken;
 
-use crate::beneath::{Root, Strategy};
 use crate::config::{ConfigValue, Instances};
 pub use crate::config::{McpProviderConfig, Scope, TemplateConfig};
+use crate::evidence::record::Recorder;
+use crate::files::beneath::{Root, Strategy};
+use crate::files::vpath;
 use crate::pins::Pins;
 use crate::policy::AccessContext;
 use crate::provider::{
     Authority, CallEnv, Failure, Job, Names, Provider, Resolution, Success, ToolHandler,
 };
-use crate::record::Recorder;
 use crate::resource::{Object, Resource};
 use crate::secrets::{Known, SHARED, Secret, SecretError, SecretStore};
-use crate::vpath;
 
 mod cause;
 mod http;
@@ -266,7 +266,7 @@ pub struct McpProvider {
     default_timeout: Duration,
     /// Set when a restart is wanted by a re-pin.
     shutdown: CancellationToken,
-    /// Template `file_root` folders, held open (see [`crate::beneath`]).
+    /// Template `file_root` folders, held open (see [`crate::files::beneath`]).
     roots: Mutex<HashMap<String, Arc<Root>>>,
     /// Held while the upstream's tools are listed again and published (a re-pin, a
     /// `notifications/tools/list_changed`): one re-list at a time, so the last list wins.
@@ -1849,8 +1849,11 @@ mod tests {
 
     /// A provider of namespace `gh` (never started) sharing `names`, recording in `dir`.
     fn provider_gh(dir: &Path, names: &Arc<Names>) -> Arc<McpProvider> {
-        let (recorder, _) =
-            Recorder::open(&dir.join("r.jsonl"), crate::record::RecordSync::Batch).expect("rec");
+        let (recorder, _) = Recorder::open(
+            &dir.join("r.jsonl"),
+            crate::evidence::record::RecordSync::Batch,
+        )
+        .expect("rec");
         let config: McpProviderConfig =
             toml::from_str("namespace = \"gh\"\ncommand = \"x\"").expect("cfg");
         McpProvider::new(

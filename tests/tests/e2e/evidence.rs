@@ -379,7 +379,7 @@ async fn with_a_witness_deleting_the_newest_rotated_files_is_broken() {
         turn(&broker).await;
     }
     broker.stop().await;
-    let files = sharedos_broker::record::record_files(&record).expect("files");
+    let files = sharedos_broker::evidence::record::record_files(&record).expect("files");
     assert!(files.len() >= 3, "{files:?}");
     let witness_s = witness.display().to_string();
     let (code, out, _) = verify(&record, &["--witness", &witness_s]).await;

@@ -226,7 +226,7 @@ async fn every_answered_call_is_on_disk_when_the_broker_is_killed() {
         !out.contains("not yet signed"),
         "the last checkpoint covers all: {out}"
     );
-    let files = sharedos_broker::record::record_files(&p.record()).expect("files");
+    let files = sharedos_broker::evidence::record::record_files(&p.record()).expect("files");
     assert!(files.len() > 2, "the record rotated: {files:?}");
     // One byte changed in the middle of a rotated file: verify fails and names that line's seq.
     let victim = &files[1];
@@ -440,7 +440,7 @@ while :; do [ -e "$1" ] || echo miss; looks=$((looks+1)); done"#;
             .await;
         assert_eq!(meta(&r["result"])["outcome"], "succeeded", "{r}");
     }
-    let files = sharedos_broker::record::record_files(&record).expect("files");
+    let files = sharedos_broker::evidence::record::record_files(&record).expect("files");
     assert!(
         files.len() > 20,
         "the record rotated often: {} files",

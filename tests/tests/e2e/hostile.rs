@@ -561,7 +561,7 @@ async fn a_broker_killed_in_its_close_out_leaves_the_rest_to_the_next() {
         cut_at < TURNS,
         "the close-out finished before the kill: nothing was cut"
     );
-    let files_before = sharedos_broker::record::record_files(&b.path("record.jsonl"))
+    let files_before = sharedos_broker::evidence::record::record_files(&b.path("record.jsonl"))
         .expect("files")
         .len();
     // The third start closes out the rest: each turn exactly once.
@@ -600,7 +600,8 @@ async fn a_broker_killed_in_its_close_out_leaves_the_rest_to_the_next() {
         closed.keys().eq(turns.iter()),
         "the closed turns are the opened ones"
     );
-    let files = sharedos_broker::record::record_files(&b.path("record.jsonl")).expect("files");
+    let files =
+        sharedos_broker::evidence::record::record_files(&b.path("record.jsonl")).expect("files");
     eprintln!(
         "{} record files before the third start, {} after",
         files_before,
@@ -636,7 +637,7 @@ async fn a_rotation_cut_by_a_kill_is_undone_by_the_next_start() {
     let first = b.lines()[0]["seq"]
         .as_u64()
         .expect("first seq of the active file");
-    let files = sharedos_broker::record::record_files(&record).expect("files");
+    let files = sharedos_broker::evidence::record::record_files(&record).expect("files");
     assert!(files.len() > 2, "the record did not rotate: {files:?}");
     std::fs::hard_link(&record, b.path(&format!("record.jsonl.{first}"))).expect("link");
     std::fs::write(b.path("record.jsonl.new"), "").expect("fresh file");
@@ -664,7 +665,7 @@ async fn a_rotation_cut_by_a_kill_is_undone_by_the_next_start() {
         lines.iter().filter(|l| l["kind"] == "turn_opened").count(),
         80
     );
-    let after = sharedos_broker::record::record_files(&record).expect("files");
+    let after = sharedos_broker::evidence::record::record_files(&record).expect("files");
     assert!(
         after.len() > files.len() + 1,
         "it rotated again: {files:?} → {after:?}"
@@ -800,7 +801,8 @@ async fn kills_at_any_point_leave_a_record_that_opens_and_verifies() {
         let turn = t["turn"].as_str().expect("turn");
         assert_eq!(closes.get(turn).copied(), Some(1), "turn {turn}");
     }
-    let files = sharedos_broker::record::record_files(&b.path("record.jsonl")).expect("files");
+    let files =
+        sharedos_broker::evidence::record::record_files(&b.path("record.jsonl")).expect("files");
     eprintln!(
         "{starts} starts, {} lines in {} files, {} intents ({unknown} closed as unknown), {} files written",
         lines.len(),

@@ -327,7 +327,7 @@ impl Served {
 /// The text of each of the record's files (its rotated files first), in order; a file that
 /// went away while they were listed reads as empty.
 pub fn record_texts(record: &Path) -> Vec<String> {
-    sharedos_broker::record::record_files(record)
+    sharedos_broker::evidence::record::record_files(record)
         .unwrap_or_default()
         .iter()
         .map(|f| std::fs::read_to_string(f).unwrap_or_default())

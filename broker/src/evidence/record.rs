@@ -170,7 +170,7 @@ struct Shared {
     /// `batch`: wakes the syncer when the first unsynced line is written.
     dirty: Arc<Notify>,
     /// Where each checkpoint line also goes (set once, at start).
-    witness: std::sync::OnceLock<crate::witness::Witness>,
+    witness: std::sync::OnceLock<crate::evidence::witness::Witness>,
     /// Where every line also goes, and whether it is a checkpoint (the OpenTelemetry log
     /// export; set once, at start). Called under the record's lock, in file order: it must only
     /// hand the line on, never wait.
@@ -837,12 +837,12 @@ impl Recorder {
 
     /// Hands every checkpoint written from now on to `witness` (set once; later calls are
     /// ignored).
-    pub fn witness_checkpoints(&self, witness: crate::witness::Witness) {
+    pub fn witness_checkpoints(&self, witness: crate::evidence::witness::Witness) {
         let _ = self.shared.witness.set(witness);
     }
 
     /// The witness checkpoints go to, if one was set.
-    pub fn witness(&self) -> Option<&crate::witness::Witness> {
+    pub fn witness(&self) -> Option<&crate::evidence::witness::Witness> {
         self.shared.witness.get()
     }
 

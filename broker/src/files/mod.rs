@@ -2,12 +2,16 @@
 //! (registered only when writable) over a real folder, addressed by virtual paths.
 //!
 //! Owns: the tools' published definitions, requirement resolution from arguments, and bounded
-//! execution. Resolution ([`crate::beneath`]) turns the call's virtual path into a descriptor of
+//! execution. Resolution ([`beneath`]) turns the call's virtual path into a descriptor of
 //! the file it names now, and the policy decides on the path that descriptor names; execution
 //! then works only through that descriptor (a reopen of it, `openat` relative to it, a walk of
 //! descriptors below it), never through a path resolved again. It never decides authority
 //! itself: `search` asks the kernel (through [`ReadCheck`]) before returning each hit, on the
 //! path the hit's own descriptor names.
+//!
+//! A room of its own: the provider here, over [`beneath`] (a call's virtual path to a descriptor
+//! below the root, without following what it must not) and [`vpath`] (virtual-path
+//! canonicalization), which the brokered providers' file templates use too.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -22,11 +26,13 @@ use rustix::io::Errno;
 use serde_json::{Map, Value, json};
 use sharedos_proto::{FailCode, ToolDefinition, ToolMetadata, ToolName};
 
-use crate::beneath::{Found, Resolution, ResolveError, Root, Strategy};
+pub mod beneath;
+pub mod vpath;
+
 use crate::provider::{CallEnv, Job, Resolution as ProvidedResolution, ToolHandler};
 pub use crate::provider::{Failure, ReadCheck, Success};
 use crate::resource::Resource;
-use crate::vpath;
+use beneath::{Found, Resolution, ResolveError, Root, Strategy};
 
 /// Largest file `read` returns and `search` looks into; larger files fail with `too_large`.
 pub const MAX_READ_BYTES: u64 = 1024 * 1024;
@@ -328,7 +334,7 @@ impl FilesProvider {
             .collect()
     }
 
-    /// Resolves a virtual path to what it names now (see [`crate::beneath`]). `Err` is a
+    /// Resolves a virtual path to what it names now (see [`beneath`]). `Err` is a
     /// sentence for `denied: ... could not resolve`.
     pub fn resolve_path(&self, raw: &str) -> Result<Resolution, String> {
         let canonical = vpath::canonicalize(raw).map_err(|e| e.to_string())?;
@@ -413,7 +419,7 @@ impl FilesProvider {
             ));
         }
         let first =
-            crate::beneath::open_dir(start.fd.as_fd()).map_err(|e| io_failure(vpath, &e))?;
+            crate::files::beneath::open_dir(start.fd.as_fd()).map_err(|e| io_failure(vpath, &e))?;
         // Hits are named by their descriptors' paths, below where the root is now.
         let root_now = self.root.current_path().map_err(|e| {
             fail(
@@ -476,7 +482,7 @@ impl FilesProvider {
                         continue;
                     }
                     // The hit is reported, and decided, under the path its descriptor names.
-                    let Ok(host) = crate::beneath::fd_path(file.as_fd()) else {
+                    let Ok(host) = crate::files::beneath::fd_path(file.as_fd()) else {
                         continue;
                     };
                     let Ok(v) = self.root.virtual_of(&host, &root_now) else {
@@ -546,7 +552,7 @@ impl FilesProvider {
                     return Err(not_regular());
                 }
                 // The very file that was decided on, whatever its name is now.
-                let fd = crate::beneath::reopen(
+                let fd = crate::files::beneath::reopen(
                     found.fd.as_fd(),
                     OFlags::WRONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
                 )
@@ -639,7 +645,7 @@ fn read(vpath: &str, found: &Found) -> Result<Success, Failure> {
         ));
     }
     // The very file that was decided on; non-blocking, though only a regular file gets here.
-    let fd = crate::beneath::reopen(
+    let fd = crate::files::beneath::reopen(
         found.fd.as_fd(),
         OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
     )
@@ -674,7 +680,8 @@ fn list(vpath: &str, found: &Found, budget: &Budget<'_>) -> Result<Success, Fail
             format!("{vpath} is not a folder; use files.read"),
         ));
     }
-    let fd = crate::beneath::open_dir(found.fd.as_fd()).map_err(|e| io_failure(vpath, &e))?;
+    let fd =
+        crate::files::beneath::open_dir(found.fd.as_fd()).map_err(|e| io_failure(vpath, &e))?;
     let mut dir = rustix::fs::Dir::new(fd).map_err(|e| io_failure(vpath, &e.into()))?;
     let mut names = Vec::new();
     let mut total = 0usize;

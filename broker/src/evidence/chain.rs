@@ -29,7 +29,7 @@ use serde_json::{Map, Value};
 use sharedos_proto::catalog::{canonical_json, hex};
 use sharedos_proto::record::checkpoint_message;
 
-use crate::record::{RecordError, line_hash, parse_hex32, record_files};
+use crate::evidence::record::{RecordError, line_hash, parse_hex32, record_files};
 
 /// Where the key that checks the signatures came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -762,7 +762,7 @@ fn parse_hex64(text: &str) -> Option<[u8; 64]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{RecordOptions, RecordSync, Recorder};
+    use crate::evidence::record::{RecordOptions, RecordSync, Recorder};
     use ed25519_dalek::SigningKey;
     use sharedos_proto::record::{Event, TurnClosed};
 
