@@ -659,36 +659,87 @@ impl Kernel {
                 .finish(&site, &call, started, ending, None, notes)
                 .await;
         }
-        let asks = match &verdict {
-            Verdict::Permitted {
-                approval: Some(by),
-                resolved,
-                policies,
-                ..
-            } => Some((*by, Subject::of(&call, resolved, policies))),
-            _ => None,
-        };
-        let mut held = None;
-        if let Some((by, subject)) = asks {
-            let wait = self.hold_for_approval(&site, &call, subject, by, &cancel, &cancel_cause);
-            held = Some(wait.await);
-        }
         // For the call's span: the approval it waited for, and how that ended.
-        let mut approval = None;
-        if let Some((notes, result)) = held {
-            approval = Some(notes);
-            match result {
-                Ok(now) => verdict = now,
-                Err(ending) => {
-                    let notes = SpanNotes::new(approval, span_ids);
-                    return self
-                        .finish(&site, &call, started, *ending, None, notes)
-                        .await;
-                }
+        let approval = match self
+            .approve_if_asked(&site, &call, &mut verdict, &cancel, &cancel_cause)
+            .await
+        {
+            Ok(approval) => approval,
+            Err((approval, ending)) => {
+                let notes = SpanNotes::new(Some(approval), span_ids);
+                return self
+                    .finish(&site, &call, started, *ending, None, notes)
+                    .await;
             }
-        }
+        };
         let mut ran = Ran::default();
-        let ending = match verdict {
+        let ending = self
+            .run_verdict(
+                &site,
+                &call,
+                verdict,
+                trace,
+                &cancel,
+                &cancel_cause,
+                &mut ran,
+            )
+            .await;
+        let notes = SpanNotes::new(approval, span_ids);
+        let answer = self
+            .finish(&site, &call, started, ending, ran.forwarded, notes)
+            .await;
+        self.count_returned(ran.counting, &answer);
+        answer
+    }
+
+    /// Step 4 when the permit asks for a person: waits ([`hold_for_approval`](Self::hold_for_approval))
+    /// and puts the new verdict in `verdict`. `Ok` with the approval's notes for the call's span
+    /// (`None`: nobody was asked), `Err` with them and how the call ended instead.
+    async fn approve_if_asked(
+        &self,
+        site: &CallSite<'_>,
+        call: &ToolCall,
+        verdict: &mut Verdict,
+        cancel: &CancellationToken,
+        cancel_cause: &impl Fn() -> CancelCode,
+    ) -> Result<Option<(String, &'static str)>, ((String, &'static str), Box<Ending>)> {
+        let Verdict::Permitted {
+            approval: Some(by),
+            resolved,
+            policies,
+            ..
+        } = &*verdict
+        else {
+            return Ok(None);
+        };
+        let subject = Subject::of(call, resolved, policies);
+        let by = *by;
+        match self
+            .hold_for_approval(site, call, subject, by, cancel, cancel_cause)
+            .await
+        {
+            (notes, Ok(now)) => {
+                *verdict = now;
+                Ok(Some(notes))
+            }
+            (notes, Err(ending)) => Err((notes, ending)),
+        }
+    }
+
+    /// Step 5 for whatever the verdict is now: a refusal ends as decided; a permit runs
+    /// ([`run_permitted`](Self::run_permitted)).
+    #[allow(clippy::too_many_arguments)]
+    async fn run_verdict<'s>(
+        self: &Arc<Self>,
+        site: &CallSite<'s>,
+        call: &ToolCall,
+        verdict: Verdict,
+        trace: Option<crate::telemetry::Outgoing>,
+        cancel: &CancellationToken,
+        cancel_cause: &impl Fn() -> CancelCode,
+        ran: &mut Ran<'s>,
+    ) -> Ending {
+        match verdict {
             Verdict::Refused {
                 outcome,
                 message,
@@ -709,16 +760,10 @@ impl Kernel {
                     policies,
                     trace,
                 };
-                self.run_permitted(&site, &call, permit, &cancel, &cancel_cause, &mut ran)
+                self.run_permitted(site, call, permit, cancel, cancel_cause, ran)
                     .await
             }
-        };
-        let notes = SpanNotes::new(approval, span_ids);
-        let answer = self
-            .finish(&site, &call, started, ending, ran.forwarded, notes)
-            .await;
-        self.count_returned(ran.counting, &answer);
-        answer
+        }
     }
 
     /// The bytes are counted from the answer that leaves, then the gate opens for the next.
