@@ -87,6 +87,7 @@ pub(crate) async fn build(
         store: match &config.secret_command {
             Some(command) => Arc::new(CommandStore {
                 command: command.clone(),
+                env: config.secret_env.clone(),
                 timeout: config.secret_command_timeout,
             }),
             None => Arc::new(FolderStore::new(config.secrets_dir.clone())),

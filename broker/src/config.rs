@@ -1082,6 +1082,10 @@ struct RawConfig {
     /// A helper command secrets are read from instead of the folder store.
     #[serde(default)]
     secret_command: Option<Vec<String>>,
+    /// The whole environment `secret_command` gets besides `PATH`, `LANG` and `HOME` (the
+    /// broker's `HOME`, so that `pass`, `gpg` and `op` find their stores).
+    #[serde(default)]
+    secret_env: BTreeMap<String, String>,
     /// How long the helper may run for one secret (default 10 s).
     #[serde(default)]
     secret_command_timeout_seconds: Option<u64>,
@@ -1151,6 +1155,9 @@ pub struct Config {
     pub secret_command: Option<Vec<String>>,
     /// How long `secret_command` may run for one secret.
     pub secret_command_timeout: Duration,
+    /// What `secret_command` gets besides `PATH`, `LANG` and `HOME` (none of the broker's own
+    /// environment).
+    pub secret_env: BTreeMap<String, String>,
 }
 
 impl Config {
@@ -1221,6 +1228,14 @@ impl Config {
             raw.witness_env
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str())),
+        )
+        .map_err(|detail| ConfigError::Parse {
+            path: shown.clone(),
+            detail,
+        })?;
+        crate::child::check_env(
+            "secret_env",
+            raw.secret_env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
         )
         .map_err(|detail| ConfigError::Parse {
             path: shown.clone(),
@@ -1413,6 +1428,7 @@ impl Config {
                 .as_deref()
                 .map_or_else(|| crate::secrets::default_dir(base), rel),
             secret_command: raw.secret_command,
+            secret_env: raw.secret_env,
             secret_command_timeout: raw
                 .secret_command_timeout_seconds
                 .filter(|s| *s > 0)
@@ -1492,6 +1508,7 @@ impl Config {
             secrets_dir: crate::secrets::default_dir(dir),
             secret_command: None,
             secret_command_timeout: crate::secrets::SECRET_COMMAND_TIMEOUT,
+            secret_env: BTreeMap::new(),
             base: dir.to_path_buf(),
         })
     }

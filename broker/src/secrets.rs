@@ -293,10 +293,13 @@ impl SecretStore for FolderStore {
 
 /// The helper-command store: `secret_command`, each `{principal}` and `{name}` in it replaced;
 /// stdout is the secret, a non-zero exit is "not found". The helper runs in its own process
-/// group, killed whole past [`SECRET_COMMAND_TIMEOUT`] or [`MAX_SECRET_BYTES`] of output.
+/// group, killed whole past [`SECRET_COMMAND_TIMEOUT`] or [`MAX_SECRET_BYTES`] of output, with
+/// none of the broker's environment: `PATH`, `LANG`, the broker's `HOME`, and `env`
+/// (`secret_env`), which may replace those three.
 pub struct CommandStore {
     pub command: Vec<String>,
     pub timeout: Duration,
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 impl CommandStore {
@@ -304,6 +307,7 @@ impl CommandStore {
         Self {
             command,
             timeout: SECRET_COMMAND_TIMEOUT,
+            env: std::collections::BTreeMap::new(),
         }
     }
 
@@ -323,12 +327,21 @@ impl CommandStore {
         let Some((program, args)) = argv.split_first() else {
             return Err(refused("secret_command is empty".to_owned()));
         };
-        let mut child = tokio::process::Command::new(program)
-            .args(args)
+        let mut cmd = std::process::Command::new(program);
+        cmd.args(args)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .process_group(0)
+            .stderr(std::process::Stdio::null());
+        // The broker's HOME: a helper's store lives there (`pass`, `gpg`); nothing else of its
+        // environment (its tokens, OTEL headers) reaches the helper.
+        let home = std::env::var("HOME").unwrap_or_else(|_| crate::child::CLEAN_HOME.to_owned());
+        crate::child::clean_env(
+            &mut cmd,
+            &home,
+            self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        );
+        crate::child::own_group(&mut cmd);
+        let mut child = tokio::process::Command::from(cmd)
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| refused(format!("cannot start the secret helper `{program}`: {e}")))?;

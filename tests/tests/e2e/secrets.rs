@@ -568,8 +568,8 @@ async fn the_folder_store_refuses_loose_modes_and_links_by_name() {
     assert!(instance_lines(&b, "instance_started", "bob").is_empty());
 }
 
-/// The helper-command store, with a shell-script helper: stdout is the secret, a non-zero exit
-/// is "not found", a helper that hangs is killed at `secret_command_timeout_seconds`, one that
+/// The helper-command store, with a shell-script helper: stdout is the secret, its environment
+/// only `PATH`, `LANG`, `HOME` and `secret_env`, a non-zero exit is "not found", a helper that hangs is killed at `secret_command_timeout_seconds`, one that
 /// prints 10 MiB is cut off at the size bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PyPI mcp 2.3.0 (SHAREDOS_PYTHON or its .ci venv): bash .ci/run installs it"]
@@ -578,21 +578,44 @@ async fn the_helper_command_store_is_bounded_in_time_and_size() {
     let dir = tempfile::tempdir().expect("tmp");
     let helper = dir.path().join("helper.sh");
     let ta = token("alice");
+    let env_file = dir.path().join("helper.env");
     std::fs::write(
         &helper,
         format!(
-            "#!/bin/sh\n# $1 = principal, $2 = secret name\n[ \"$2\" = token ] || exit 2\ncase \"$1\" in\n  alice) echo '{ta}' ;;\n  hang) sleep 60 ;;\n  big) head -c 10485760 /dev/zero | tr '\\0' x ;;\n  *) exit 1 ;;\nesac\n"
+            "#!/bin/sh\n# $1 = principal, $2 = secret name\n[ \"$2\" = token ] || exit 2\ncase \"$1\" in\n  alice) env > {env_file}; echo '{ta}' ;;\n  hang) sleep 60 ;;\n  big) head -c 10485760 /dev/zero | tr '\\0' x ;;\n  *) exit 1 ;;\nesac\n",
+            env_file = env_file.display()
         ),
     )
     .expect("helper");
     let top = format!(
-        "secret_command = [\"/bin/sh\", {}, \"{{principal}}\", \"{{name}}\"]\nsecret_command_timeout_seconds = 1\n",
+        "secret_command = [\"/bin/sh\", {}, \"{{principal}}\", \"{{name}}\"]\nsecret_command_timeout_seconds = 1\nsecret_env = {{ VAULT_ADDR = \"declared\" }}\n",
         json!(helper.display().to_string())
     );
     let b = broker(&py, &top, "").await;
     let (mut alice, _) = shim(&b, "alice").await;
     let (_, h, _) = whoami(&alice.call(1, "who.whoami", json!({})).await);
     assert_eq!(h, sha(&ta));
+    // The helper got none of the broker's environment (this test process's, with its CI and
+    // cargo variables): PATH, LANG, the broker's HOME and what secret_env declares.
+    let mut env: Vec<String> = std::fs::read_to_string(&env_file)
+        .expect("the helper's env")
+        .lines()
+        // The shell sets PWD itself (it names the broker's working folder, no secret).
+        .filter(|l| !l.starts_with("PWD="))
+        .map(str::to_owned)
+        .collect();
+    env.sort();
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/nonexistent".to_owned());
+    assert_eq!(
+        env,
+        [
+            format!("HOME={home}"),
+            "LANG=C.UTF-8".to_owned(),
+            "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
+            "VAULT_ADDR=declared".to_owned(),
+        ],
+        "only PATH, LANG, HOME and the declared environment"
+    );
     let (mut bob, _) = shim(&b, "bob").await;
     let r = bob.call(1, "who.whoami", json!({})).await;
     assert_eq!(code(&r), "failed/missing_credential", "{r}");
