@@ -6,7 +6,8 @@
 //! could not be reached it leaves a SKIPPED marker and these tests say they are skipped; under
 //! CI=true a missing install without that marker fails. Every column also needs the PyPI
 //! mcp-server-time from `.ci/install-mcp-servers` (the brokered provider of the `long-name` row),
-//! skipped and failed the same way.
+//! skipped and failed the same way. One test runs Claude Code interactively in tmux, as a person
+//! at a terminal, and answers the approval question it shows (`interop/terminal.rs`).
 
 use std::collections::BTreeMap;
 
@@ -15,6 +16,8 @@ use sharedos_column::scripted_model::{self, Script};
 use tokio_util::sync::CancellationToken;
 
 use crate::kit::{Options, TestBroker, run};
+
+mod terminal;
 
 /// The installed harnesses, or None (with the reason printed) when the suite is skipped.
 fn harnesses() -> Option<BTreeMap<String, String>> {
@@ -1729,5 +1732,458 @@ CLINE_MCP_SETTINGS_PATH = "{{workdir}}/cline_mcp_settings.json"
         &sent,
         &format!("\"files.read\":\"{sent}\""),
         Asked::Cannot(NO_CAPABILITY),
+    );
+}
+
+/// The text of `/asks/plan.txt` in the terminal test, which the model sees once the person approved.
+const ASKED: &str = "the asked plan, read once the person at the terminal approved";
+
+/// What the person types into Claude Code.
+const PROMPT: &str = "Read /asks/plan.txt with files.read";
+
+/// Issue 47: a person at a real terminal. Claude Code runs interactively in tmux (a private
+/// server, 200x50), as a person runs it: no `-p`, the config `turn open --write-config
+/// claude-code` wrote, the boundary's tools pre-allowed (`--allowedTools`, so Claude Code's own
+/// permission prompt does not show). Its config is the one a person has after the first-run
+/// screens (onboarding done, a theme, the folder trusted); the question it still asks (whether to
+/// use the API key in its environment) the test reads off the screen and answers `Yes`. The test
+/// checks with `/mcp` that `sharedos` is connected, types the prompt, and the scripted model asks
+/// for `files.read` of `/asks/plan.txt` (`@approval("principal")`). Claude Code shows the
+/// broker's question as its form (`MCP server “sharedos” requests your input`); the test
+/// reads it, chooses `approve` and presses `Accept`. The record shows the question asked once,
+/// decided `approved` `by: principal` (`via: input_required`, `action: accept`, no sooner than
+/// the four keys at a person's pace allow), and exactly one call, `succeeded`; the model sees the file; `/exit` ends
+/// Claude Code with 0. The screens answered and the keys sent are kept beside the matrix
+/// summaries in `tests/interop/matrix/claude-code-terminal.txt` (compared like the summaries;
+/// `SHAREDOS_GOLDEN_UPDATE=1` writes it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the harness CLIs and tmux: run bash .ci/install-harnesses (and install tmux), then cargo test -- --include-ignored (bash .ci/run does both)"]
+async fn a_person_at_a_terminal_answers_the_approval() {
+    use terminal::{Terminal, normalized, panel};
+    use tokio::time::Duration;
+
+    let Some(h) = harnesses() else {
+        return;
+    };
+    let Some(tmux) = terminal::tmux_version().await else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI must install tmux first (bash .ci/run does)"
+        );
+        eprintln!("SKIPPED: tmux is not installed (Debian: apt-get install tmux)");
+        return;
+    };
+    let broker = TestBroker::start(Options {
+        policy: POLICY,
+        top: "approval_timeout_seconds = 120\n".into(),
+        ..Options::default()
+    })
+    .await;
+    let dir = broker.dir.path().to_path_buf();
+    std::fs::create_dir_all(dir.join("data/asks")).expect("mkdir");
+    std::fs::write(dir.join("data/asks/plan.txt"), ASKED).expect("write");
+
+    let script: Script = serde_json::from_value(json!({
+        "steps": [{"tool": "files.read", "arguments": {"path": "/asks/plan.txt"}}],
+        "final": "DONE",
+    }))
+    .expect("script");
+    let listener = scripted_model::bind("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let model_log = dir.join("model.jsonl");
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(scripted_model::serve(
+        listener,
+        script,
+        Some(model_log.clone()),
+        stop.clone(),
+    ));
+
+    // The turn, opened as the README's Claude Code section opens it.
+    let mcp_config = dir.join("claude.mcp.json");
+    let mut open = broker.cli();
+    open.args([
+        "turn",
+        "open",
+        "--principal",
+        "alice",
+        "--harness",
+        "claude-code",
+        "--json",
+    ])
+    .arg("--write-config")
+    .arg("claude-code")
+    .arg(&mcp_config);
+    let (code, out, err) = run(open).await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    let opened: Value = serde_json::from_str(&out).expect("turn open --json");
+    let turn = opened["turn"].as_str().expect("turn").to_owned();
+
+    // A person's Claude Code config after its first-run screens (read from a first real run:
+    // onboarding, then the theme, then "Do you trust the files in this folder?", default "No,
+    // exit"): onboarding done, a theme, this folder trusted.
+    let (home, work, config_dir) = (dir.join("home"), dir.join("work"), dir.join("claude"));
+    for d in [&home, &work, &config_dir] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    let mut projects = serde_json::Map::new();
+    projects.insert(
+        work.display().to_string(),
+        json!({"hasTrustDialogAccepted": true}),
+    );
+    std::fs::write(
+        config_dir.join(".claude.json"),
+        json!({"hasCompletedOnboarding": true, "theme": "dark", "projects": projects}).to_string(),
+    )
+    .expect(".claude.json");
+    let env: Vec<(&str, String)> = vec![
+        ("PATH", "/usr/local/bin:/usr/bin:/bin".into()),
+        ("LANG", "C.UTF-8".into()),
+        ("HOME", home.display().to_string()),
+        ("CLAUDE_CONFIG_DIR", config_dir.display().to_string()),
+        ("ANTHROPIC_BASE_URL", format!("http://127.0.0.1:{port}")),
+        ("ANTHROPIC_API_KEY", "sk-ant-dummy-offline".into()),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".into()),
+        ("DISABLE_TELEMETRY", "1".into()),
+        ("DISABLE_AUTOUPDATER", "1".into()),
+        ("DISABLE_ERROR_REPORTING", "1".into()),
+        ("DISABLE_BUG_COMMAND", "1".into()),
+        ("DISABLE_NON_ESSENTIAL_MODEL_CALLS", "1".into()),
+        ("ENABLE_TOOL_SEARCH", "false".into()),
+    ];
+    let argv: Vec<String> = vec![
+        h["CLAUDE_BIN"].clone(),
+        "--mcp-config".into(),
+        mcp_config.display().to_string(),
+        "--strict-mcp-config".into(),
+        "--allowedTools".into(),
+        "mcp__sharedos__*".into(),
+    ];
+    println!("{tmux}, {}x{}", terminal::COLS, terminal::ROWS);
+    let mut term = Terminal::start(&dir, &work, &env, &argv).await;
+    term.note(
+        "# Claude Code run interactively under tmux by interop::a_person_at_a_terminal_answers_the_approval \
+         (tests/tests/e2e/interop.rs): each screen it answered (its last panel), the keys sent, and what the record shows."
+            .into(),
+    );
+    term.note(format!(
+        "$ claude --mcp-config {} --strict-mcp-config --allowedTools 'mcp__sharedos__*'   # Claude Code {}, {}x{}",
+        mcp_config.display(),
+        h["CLAUDE_VERSION"],
+        terminal::COLS,
+        terminal::ROWS
+    ));
+
+    // Until its prompt is ready (an empty input line), answer what it asks first, as a person
+    // would.
+    let ready = |s: &[String]| s.iter().any(|l| l.trim() == "❯");
+    let asks_key = |s: &[String]| {
+        s.iter()
+            .any(|l| l.contains("Do you want to use this API key?"))
+    };
+    let asks_trust = |s: &[String]| {
+        s.iter()
+            .any(|l| l.trim_start().trim_start_matches('❯').trim() == "Yes, I trust this folder")
+    };
+    let mut first_run: Vec<&str> = Vec::new();
+    loop {
+        let screen = term
+            .wait_for(
+                "Claude Code's prompt, or a question before it",
+                Duration::from_secs(90),
+                |s| ready(s) || asks_key(s) || asks_trust(s),
+            )
+            .await;
+        type Asks = fn(&[String]) -> bool;
+        let (heading, option, asked): (&str, &str, Asks) = if asks_key(&screen) {
+            (
+                "Claude Code asks whether to use the API key in its environment",
+                "Yes",
+                asks_key,
+            )
+        } else if asks_trust(&screen) {
+            (
+                "Claude Code asks whether to trust this folder",
+                "Yes, I trust this folder",
+                asks_trust,
+            )
+        } else {
+            break;
+        };
+        assert!(
+            !first_run.contains(&heading) && first_run.len() < 4,
+            "asked again: {heading}"
+        );
+        first_run.push(heading);
+        term.answered(heading, &screen);
+        term.choose(option).await;
+        // The question goes before the next screen is read.
+        term.wait_for("the question to close", crate::kit::WAIT, |s| !asked(s))
+            .await;
+    }
+
+    // A person checks the server is there: `/mcp` lists it connected, with its tools.
+    let typed =
+        |text: &'static str| move |s: &[String]| s.iter().any(|l| l.trim() == format!("❯ {text}"));
+    term.type_text("/mcp").await;
+    term.wait_for("`/mcp` typed", crate::kit::WAIT, typed("/mcp"))
+        .await;
+    term.press(&["Enter"]).await;
+    let screen = term
+        .wait_for(
+            "`sharedos` connected in `/mcp`",
+            Duration::from_secs(60),
+            |s| {
+                panel(s)
+                    .iter()
+                    .any(|l| l.contains("✔ sharedos") && l.contains("3 tools"))
+            },
+        )
+        .await;
+    term.answered("/mcp: the MCP servers", &screen);
+    term.press(&["Escape"]).await;
+    term.wait_for("the prompt again", crate::kit::WAIT, ready)
+        .await;
+
+    // The prompt; the model asks for the read that needs the principal's approval.
+    term.type_text(PROMPT).await;
+    term.wait_for("the prompt typed", crate::kit::WAIT, typed(PROMPT))
+        .await;
+    term.press(&["Enter"]).await;
+    let asks = |s: &[String]| {
+        panel(s)
+            .iter()
+            .any(|l| l.contains("MCP server “sharedos” requests your input"))
+    };
+    let screen = term
+        .wait_for(
+            "the boundary's approval question",
+            Duration::from_secs(60),
+            asks,
+        )
+        .await;
+    term.answered(
+        "the boundary's approval question, as Claude Code shows it",
+        &screen,
+    );
+    let question = panel(&screen).join("\n");
+    assert!(
+        question.contains(
+            "An agent acting for you asks to run `files.read` on SharedOS::File::\"/asks/plan.txt\""
+        ) && question.contains("Approve it?")
+            && question.contains("Your decision")
+            && question.contains("Accept"),
+        "the question on the screen:\n{question}"
+    );
+    let lines_of = |kind: &str| -> Vec<Value> {
+        broker
+            .records()
+            .into_iter()
+            .filter(|l| l["turn"] == turn.as_str() && l["kind"] == kind)
+            .collect()
+    };
+    assert_eq!(lines_of("approval_requested").len(), 1);
+    assert!(
+        lines_of("approval_decided").is_empty() && lines_of("call").is_empty(),
+        "nothing decided or run while the question is on the screen"
+    );
+    // Open the decision, choose `approve`, go to `Accept`, press it.
+    term.press(&["Right"]).await;
+    let screen = term
+        .wait_for("the decision's options", crate::kit::WAIT, |s| {
+            panel(s).iter().any(|l| l.trim() == "❯ ◯ approve")
+        })
+        .await;
+    term.shows(&panel(&screen));
+    term.press(&["Space"]).await;
+    let screen = term
+        .wait_for("`approve` chosen", crate::kit::WAIT, |s| {
+            panel(s)
+                .iter()
+                .any(|l| l.contains("✔ Your decision: ▸ approve"))
+        })
+        .await;
+    term.shows(&panel(&screen));
+    term.press(&["Down"]).await;
+    let screen = term
+        .wait_for("the cursor on Accept", crate::kit::WAIT, |s| {
+            panel(s)
+                .iter()
+                .any(|l| l.trim_start().starts_with("❯ Accept"))
+        })
+        .await;
+    term.shows(&panel(&screen));
+    term.press(&["Enter"]).await;
+    let screen = term
+        .wait_for("the model's answer", Duration::from_secs(60), |s| {
+            !asks(s) && s.iter().any(|l| l.trim() == "● DONE")
+        })
+        .await;
+    // What the session shows from the prompt to the answer (less its "done in" timing line).
+    let from = screen
+        .iter()
+        .rposition(|l| l.trim() == format!("❯ {PROMPT}"))
+        .expect("the prompt on the screen");
+    let shown: Vec<String> = terminal::shown(&screen[from..])
+        .into_iter()
+        .take_while(|l| !l.trim().starts_with('✻') && !l.trim().starts_with('─'))
+        .collect();
+    term.note("screen: the session after the answer".into());
+    term.shows(&shown);
+    term.screens.push(terminal::shown(&screen));
+    assert!(
+        shown.iter().any(|l| l.trim() == "Called sharedos"),
+        "{shown:#?}"
+    );
+
+    // The person leaves: `/exit`, and Claude Code exits 0.
+    term.type_text("/exit").await;
+    term.wait_for("`/exit` typed", crate::kit::WAIT, typed("/exit"))
+        .await;
+    term.press(&["Enter"]).await;
+    let deadline = tokio::time::Instant::now() + crate::kit::WAIT;
+    let status = loop {
+        if let Some(s) = term.ended().await {
+            break s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Claude Code did not exit after /exit ({}):\n{}",
+            term.pane().await,
+            term.screen().await.join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    term.note(format!("Claude Code {status}"));
+    assert_eq!(status, "exited 0", "{}", term.screen().await.join("\n"));
+    stop.cancel();
+    let _ = server.await;
+
+    // The record: asked once, approved by the principal after the time the person took, one
+    // call, succeeded.
+    let requested = lines_of("approval_requested");
+    let decided = lines_of("approval_decided");
+    let calls = lines_of("call");
+    let held_ms = ms_between(&requested[0], &decided[0]);
+    let measured = json!({
+        "requested": requested.len(),
+        "decided": decided.iter().map(|d| json!({"decision": d["decision"], "by": d["by"], "session": d["session"]})).collect::<Vec<_>>(),
+        "calls": calls.iter().map(|c| json!({"tool": c["tool"], "arguments": c["arguments"], "outcome": c["outcome"], "code": c["code"]})).collect::<Vec<_>>(),
+        "heldMs": held_ms,
+        "firstRun": first_run,
+        // Claude Code may connect the server more than once (each shim a bridge of the turn).
+        "bridges": lines_of("bridge_connected").iter().map(|b| json!({"at": b["at"], "shimPid": b["shim"]["pid"]})).collect::<Vec<_>>(),
+    });
+    println!("MEASURED terminal {measured}");
+    assert_eq!(requested.len(), 1, "{measured:#}");
+    assert_eq!(requested[0]["tool"], "files.read");
+    assert_eq!(decided.len(), 1, "{measured:#}");
+    let d = &decided[0];
+    assert_eq!(d["callId"], requested[0]["callId"]);
+    assert_eq!(
+        (
+            &d["decision"],
+            &d["by"],
+            &d["session"]["via"],
+            &d["session"]["action"]
+        ),
+        (
+            &json!("approved"),
+            &json!("principal"),
+            &json!("input_required"),
+            &json!("accept")
+        ),
+        "{measured:#}"
+    );
+    assert_eq!(
+        d["session"]["client"],
+        format!("claude-code {}", h["CLAUDE_VERSION"]),
+        "{measured:#}"
+    );
+    // A person's answer, not a client's own (those come within 20 ms): the test read the
+    // question and pressed four keys, each after a person's pause.
+    assert!(
+        held_ms >= 4 * i64::try_from(terminal::PAUSE.as_millis()).expect("ms"),
+        "{measured:#}"
+    );
+    assert_eq!(calls.len(), 1, "exactly one call: {measured:#}");
+    assert_eq!(
+        (
+            &calls[0]["tool"],
+            &calls[0]["arguments"]["path"],
+            &calls[0]["outcome"],
+            &calls[0]["code"]
+        ),
+        (
+            &json!("files.read"),
+            &json!("/asks/plan.txt"),
+            &json!("succeeded"),
+            &json!("ok")
+        ),
+        "{measured:#}"
+    );
+    assert_eq!(calls[0]["callId"], d["callId"]);
+    let client = lines_of("bridge_client");
+    assert!(
+        client[0]["client"]["capabilities"]["elicitation"]
+            .as_array()
+            .is_some_and(|a| a.contains(&json!("form"))),
+        "{client:#?}"
+    );
+    // The model saw the file, once.
+    let log: Vec<Value> = std::fs::read_to_string(&model_log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let results: Vec<&Value> = log.iter().filter(|l| l["kind"] == "tool_result").collect();
+    assert_eq!(results.len(), 1, "{log:#?}");
+    assert_eq!(results[0]["text"], ASKED, "{log:#?}");
+    assert_eq!(results[0]["isError"], false, "{log:#?}");
+
+    term.note(format!(
+        "record: approval_requested x{}; approval_decided {} by {} (via {}, action {}); call {} {} {}/{} x{}",
+        requested.len(),
+        d["decision"].as_str().unwrap_or("?"),
+        d["by"].as_str().unwrap_or("?"),
+        d["session"]["via"].as_str().unwrap_or("?"),
+        d["session"]["action"].as_str().unwrap_or("?"),
+        calls[0]["tool"].as_str().unwrap_or("?"),
+        calls[0]["arguments"]["path"].as_str().unwrap_or("?"),
+        calls[0]["outcome"].as_str().unwrap_or("?"),
+        calls[0]["code"].as_str().unwrap_or("?"),
+        calls.len(),
+    ));
+
+    // The screens answered, kept beside the summaries.
+    for (i, s) in term.screens.iter().enumerate() {
+        println!("SCREEN {}:\n{}\n", i + 1, s.join("\n"));
+    }
+    let root = dir.display().to_string();
+    let text: String = term
+        .transcript
+        .iter()
+        .map(|l| normalized(l, &root) + "\n")
+        .collect();
+    println!("TRANSCRIPT:\n{text}");
+    let path = matrix_dir().join("claude-code-terminal.txt");
+    if std::env::var_os("SHAREDOS_GOLDEN_UPDATE").is_some() {
+        std::fs::create_dir_all(matrix_dir()).expect("mkdir");
+        std::fs::write(&path, &text).expect("write the screens");
+        return;
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (write it from a real run with SHAREDOS_GOLDEN_UPDATE=1)",
+            path.display()
+        )
+    });
+    assert_eq!(
+        text,
+        committed,
+        "what Claude Code showed differs from {}: review, then rerun with SHAREDOS_GOLDEN_UPDATE=1",
+        path.display()
     );
 }
