@@ -1594,6 +1594,70 @@ async fn as_root_a_principals_uid_and_files_stay_theirs_across_a_restart() {
         .find(|l| l["kind"] == "call" && l["tool"] == "tc.echo")
         .expect("echo call");
     assert_eq!(echo_line["redacted"], json!(["token"]), "{echo_line}");
+
+    // A principal's folder planted as a link (here to /etc) is refused by name, never followed:
+    // carol's instance does not start and nothing is written through the link.
+    let carol_token = format!("tok-carol-{nanos:x}");
+    crate::secrets::set_secret(&cfg, "carol", "token", &carol_token);
+    let policy = b.path("policy.cedar");
+    let mut text = std::fs::read_to_string(&policy).expect("policy");
+    text.push_str(
+        "@id(\"carol-tools\")\npermit(principal == SharedOS::User::\"carol\", action == SharedOS::Action::\"call\",\n       resource is SharedOS::Tool);\n",
+    );
+    std::fs::write(&policy, text).expect("policy");
+    let reload = b.cli(&["policy", "reload"]).output().expect("reload");
+    assert!(reload.status.success(), "{reload:?}");
+    std::os::unix::fs::symlink("/etc", rule.path().join("carol")).expect("plant a link");
+    let mut carol = b.raw_as("carol").await;
+    let r = carol.call(1, "tc.cache", json!({})).await;
+    let said = r.to_string();
+    assert!(
+        said.contains("is a link or not a folder") && said.contains("carol"),
+        "{said}"
+    );
+    assert!(!Path::new("/etc/cache.json").exists());
+    assert!(
+        !b.provider_states("tc")
+            .iter()
+            .any(|l| l["state"] == "instance_started" && l["principal"] == "carol"),
+        "carol's instance started through a planted link"
+    );
+    drop(carol);
+
+    // A broken uid map stops the start, naming the file and what removing it would cost.
+    let mut b = b;
+    let pid = b.child.id().expect("pid") as i32;
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid).expect("pid"),
+        rustix::process::Signal::TERM,
+    )
+    .expect("term");
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(20), b.child.wait()).await;
+    std::fs::write(&map, "{\"uids\": [{\"provider\": \"tc\"").expect("break the map");
+    let mut serve = tokio::process::Command::new(bin("sharedos-broker"));
+    serve
+        .args(["serve", "--runtime-dir"])
+        .arg(&b.run)
+        .arg("--config")
+        .arg(&cfg)
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        serve.spawn().expect("serve").wait_with_output(),
+    )
+    .await
+    .expect("serve exits on a broken map")
+    .expect("serve");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("instance-uids.json")
+            && err.contains("is not valid")
+            && err.contains("restore it from a backup"),
+        "{err}"
+    );
 }
 
 /// Issue 42 item 1: the hostile upstream as `./up.py` (with a `#!` line), `at` being its path
