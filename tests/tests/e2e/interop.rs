@@ -1423,39 +1423,19 @@ npm_config_offline = "true"
         .filter(|l| l["offered"].as_array().is_some_and(Vec::is_empty))
         .count();
     assert!(toolless <= 1, "{log:#?}");
-    let want: std::collections::BTreeSet<String> = CATALOGUE
+    let with_tools: Vec<&Value> = requests
         .iter()
-        .map(|t| {
-            sharedos_proto::alias::Harness::Opencode
-                .alias("sharedos", t)
-                .expect("alias")
-        })
-        .collect();
-    let local: std::collections::BTreeSet<String> =
-        serde_json::from_str(OPENCODE_LOCAL).expect("local");
-    let with_tools: Vec<&&Value> = requests
-        .iter()
+        .copied()
         .filter(|l| l["offered"].as_array().is_some_and(|a| !a.is_empty()))
         .collect();
     assert_eq!(with_tools.len(), OPEN_ROWS + 1, "{log:#?}");
-    for r in with_tools {
-        let offered: std::collections::BTreeSet<String> =
-            serde_json::from_value(r["offered"].clone()).expect("offered");
-        let boundary: std::collections::BTreeSet<String> = offered
-            .iter()
-            .filter(|t| t.starts_with("sharedos_"))
-            .cloned()
-            .collect();
-        assert_eq!(boundary, want, "{offered:?}");
-        assert_eq!(
-            offered
-                .difference(&boundary)
-                .cloned()
-                .collect::<std::collections::BTreeSet<_>>(),
-            local
-        );
-        assert_eq!(r["model"], "fake-model");
-    }
+    offers_exactly(
+        &with_tools,
+        sharedos_proto::alias::Harness::Opencode,
+        "sharedos_",
+        OPENCODE_LOCAL,
+        None,
+    );
     check(
         &manifest,
         &log,
@@ -1550,40 +1530,18 @@ GEMINI_API_KEY = "dummy"
         ],
         "{log:#?}"
     );
-    // Every request until the turn closed offers the boundary's four tools under their measured aliases and exactly
-    // the declared harness-local tools besides, and asks for the declared model.
-    let want: std::collections::BTreeSet<String> = CATALOGUE
-        .iter()
-        .map(|t| {
-            sharedos_proto::alias::Harness::GeminiCli
-                .alias("sharedos", t)
-                .expect("alias")
-        })
-        .collect();
-    let local: std::collections::BTreeSet<String> =
-        serde_json::from_str(GEMINI_LOCAL).expect("local");
+    // Every request until the turn closed offers the boundary's four tools under their measured
+    // aliases and exactly the declared harness-local tools besides, and asks for the declared model.
     let (open, _) = sharedos_column::runner::split_at_step(&log, OPEN_ROWS);
     let requests: Vec<&Value> = open.iter().filter(|l| l["kind"] == "request").collect();
     assert_eq!(requests.len(), OPEN_ROWS + 1, "{log:#?}");
-    for r in requests {
-        let offered: std::collections::BTreeSet<String> =
-            serde_json::from_value(r["offered"].clone()).expect("offered");
-        let boundary: std::collections::BTreeSet<String> = offered
-            .iter()
-            .filter(|t| t.starts_with("mcp_sharedos_"))
-            .cloned()
-            .collect();
-        assert_eq!(boundary, want, "{offered:?}");
-        assert_eq!(
-            offered
-                .difference(&boundary)
-                .cloned()
-                .collect::<std::collections::BTreeSet<_>>(),
-            local
-        );
-        assert_eq!(r["model"], "fake-model");
-        assert_eq!(r["api"], "gemini");
-    }
+    offers_exactly(
+        &requests,
+        sharedos_proto::alias::Harness::GeminiCli,
+        "mcp_sharedos_",
+        GEMINI_LOCAL,
+        Some("gemini"),
+    );
     check(
         &manifest,
         &log,
@@ -1692,38 +1650,16 @@ CLINE_MCP_SETTINGS_PATH = "{{workdir}}/cline_mcp_settings.json"
     );
     // Every request until the turn closed offers the boundary's four tools under their measured
     // aliases and exactly the declared harness-local tools besides.
-    let want: std::collections::BTreeSet<String> = CATALOGUE
-        .iter()
-        .map(|t| {
-            sharedos_proto::alias::Harness::Cline
-                .alias("sharedos", t)
-                .expect("alias")
-        })
-        .collect();
-    let local: std::collections::BTreeSet<String> =
-        serde_json::from_str(CLINE_LOCAL).expect("local");
     let (open, _) = sharedos_column::runner::split_at_step(&log, OPEN_ROWS);
     let requests: Vec<&Value> = open.iter().filter(|l| l["kind"] == "request").collect();
     assert_eq!(requests.len(), OPEN_ROWS + 1, "{log:#?}");
-    for r in requests {
-        let offered: std::collections::BTreeSet<String> =
-            serde_json::from_value(r["offered"].clone()).expect("offered");
-        let boundary: std::collections::BTreeSet<String> = offered
-            .iter()
-            .filter(|t| t.starts_with("sharedos__"))
-            .cloned()
-            .collect();
-        assert_eq!(boundary, want, "{offered:?}");
-        assert_eq!(
-            offered
-                .difference(&boundary)
-                .cloned()
-                .collect::<std::collections::BTreeSet<_>>(),
-            local
-        );
-        assert_eq!(r["model"], "fake-model");
-        assert_eq!(r["api"], "chat");
-    }
+    offers_exactly(
+        &requests,
+        sharedos_proto::alias::Harness::Cline,
+        "sharedos__",
+        CLINE_LOCAL,
+        Some("chat"),
+    );
     check(
         &manifest,
         &log,
@@ -2186,4 +2122,43 @@ async fn a_person_at_a_terminal_answers_the_approval() {
         "what Claude Code showed differs from {}: review, then rerun with SHAREDOS_GOLDEN_UPDATE=1",
         path.display()
     );
+}
+
+/// Each of `requests` (the scripted model's log lines) offers the boundary's four tools under
+/// `harness`'s measured aliases (the offered names starting with `prefix`), exactly the declared
+/// harness-local tools (`local`, a JSON list) besides, and asks for the declared model, over
+/// `api` when one is given.
+fn offers_exactly(
+    requests: &[&Value],
+    harness: sharedos_proto::alias::Harness,
+    prefix: &str,
+    local: &str,
+    api: Option<&str>,
+) {
+    let want: std::collections::BTreeSet<String> = CATALOGUE
+        .iter()
+        .map(|t| harness.alias("sharedos", t).expect("alias"))
+        .collect();
+    let local: std::collections::BTreeSet<String> = serde_json::from_str(local).expect("local");
+    for r in requests {
+        let offered: std::collections::BTreeSet<String> =
+            serde_json::from_value(r["offered"].clone()).expect("offered");
+        let boundary: std::collections::BTreeSet<String> = offered
+            .iter()
+            .filter(|t| t.starts_with(prefix))
+            .cloned()
+            .collect();
+        assert_eq!(boundary, want, "{offered:?}");
+        assert_eq!(
+            offered
+                .difference(&boundary)
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>(),
+            local
+        );
+        assert_eq!(r["model"], "fake-model");
+        if let Some(api) = api {
+            assert_eq!(r["api"], api);
+        }
+    }
 }

@@ -1372,9 +1372,8 @@ fn a_memory_limit_that_overflows_is_refused_at_load() {
 }
 
 impl Served {
-    /// Stops this broker (SIGTERM, waited for) and starts another on the same config, runtime
-    /// dir and record, served once its `broker_started` line is on record.
-    async fn restarted(mut self) -> Self {
+    /// Stops this broker: SIGTERM, waited for (20 s at most), then killed.
+    async fn stop(&mut self) {
         let pid = self.child.id().expect("pid") as i32;
         rustix::process::kill_process(
             rustix::process::Pid::from_raw(pid).expect("pid"),
@@ -1383,6 +1382,12 @@ impl Served {
         .expect("term");
         let _ = tokio::time::timeout(std::time::Duration::from_secs(20), self.child.wait()).await;
         let _ = self.child.start_kill();
+    }
+
+    /// Stops this broker (SIGTERM, waited for) and starts another on the same config, runtime
+    /// dir and record, served once its `broker_started` line is on record.
+    async fn restarted(mut self) -> Self {
+        self.stop().await;
         let started = |s: &Served| {
             s.records()
                 .iter()
@@ -1626,13 +1631,7 @@ async fn as_root_a_principals_uid_and_files_stay_theirs_across_a_restart() {
 
     // A broken uid map stops the start, naming the file and what removing it would cost.
     let mut b = b;
-    let pid = b.child.id().expect("pid") as i32;
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(pid).expect("pid"),
-        rustix::process::Signal::TERM,
-    )
-    .expect("term");
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(20), b.child.wait()).await;
+    b.stop().await;
     std::fs::write(&map, "{\"uids\": [{\"provider\": \"tc\"").expect("break the map");
     let mut serve = tokio::process::Command::new(bin("sharedos-broker"));
     serve
