@@ -463,7 +463,7 @@ pub enum ColumnCommand {
     /// catalogue hash, the grade of every row and check (an approval row with what the approval
     /// came to), the model it asked for; from column manifests or their
     /// summaries (`column summary`); a folder stands for its `*.json` files in name order. The
-    /// README's matrix is this command's output over `tests/interop/matrix`. Refused when the
+    /// matrix in `docs/interop.md` is this command's output over `tests/interop/matrix`. Refused when the
     /// columns' catalogue hashes differ (they were not offered the same tools). Needs no broker.
     Matrix {
         /// Manifests, summaries, or folders of them.

@@ -8,7 +8,7 @@
 //! - [`runner`]: `column run`: open a turn, write the config, run the harness, grade.
 //! - [`observed`]: what the harness offered its model (from the scripted model's log), mapped
 //!   back to canonical names and graded (`offered-catalogue`, `tool-policy`).
-//! - [`matrix`]: manifest summaries, the README's interop matrix, and `column compare`.
+//! - [`matrix`]: manifest summaries, the interop matrix of docs/interop.md, and `column compare`.
 //! - [`scripted_model`]: a scripted model provider on loopback (Anthropic Messages, OpenAI
 //!   Responses and Chat Completions).
 //! - [`grade`]: a row's or a check's grade, below `runner` and `observed` alike (`runner` uses

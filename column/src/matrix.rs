@@ -1,5 +1,5 @@
 //! Manifests side by side: the summary of one column run (what the interop matrix keeps of it),
-//! the README's matrix rendered from summaries (`column matrix`), and two manifests compared row
+//! the interop matrix (docs/interop.md) rendered from summaries (`column matrix`), and two manifests compared row
 //! by row (`column compare`).
 //!
 //! Owns: the summary's shape (only what a rerun of the same pinned CLI reproduces: grades,

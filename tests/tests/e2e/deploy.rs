@@ -248,7 +248,7 @@ async fn output(mut cmd: tokio::process::Command) -> (i32, String, String) {
     )
 }
 
-/// The deployment of the README: the broker (root here) gives `bridge.sock` to the harness
+/// The deployment of docs/deployment.md: the broker (root here) gives `bridge.sock` to the harness
 /// group; a harness uid in that group and listed in `harness_uids` reaches its turn, with its
 /// token in a per-turn file given to it; a uid in the group but not listed is refused by the
 /// peer-uid check; a uid outside the group cannot even connect; and no harness uid can use

@@ -328,7 +328,7 @@ fn matrix_summary(manifest: &Value, harness: &str) {
     assert_eq!(
         summary,
         committed,
-        "{harness}'s column differs from its committed matrix summary {}: review, then rerun with SHAREDOS_GOLDEN_UPDATE=1 and regenerate the README matrix",
+        "{harness}'s column differs from its committed matrix summary {}: review, then rerun with SHAREDOS_GOLDEN_UPDATE=1 and regenerate the matrix in docs/interop.md",
         path.display()
     );
 }

@@ -14,6 +14,7 @@ mod cli;
 mod client_gone;
 mod deploy;
 mod deploy_planted;
+mod docs;
 mod elicitation;
 mod evidence;
 mod faults;
