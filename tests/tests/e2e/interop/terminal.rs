@@ -22,6 +22,8 @@ pub const PAUSE: Duration = Duration::from_millis(500);
 
 pub struct Terminal {
     socket: PathBuf,
+    /// Where the shell the program runs under writes its exit status.
+    status: PathBuf,
     /// What was shown and what was answered, in order (see [`Terminal::answered`]).
     pub transcript: Vec<String>,
     /// Every screen the test answered, whole (for the run's output).
@@ -38,10 +40,13 @@ pub async fn tmux_version() -> Option<String> {
 
 impl Terminal {
     /// Starts `argv` in `cwd` on a `COLS`x`ROWS` terminal with exactly `env` as its environment
-    /// (tmux adds `TERM`, `TMUX` and `TMUX_PANE`). The pane stays when the program exits, so its
-    /// exit status can be read ([`Terminal::exit_status`]).
+    /// (tmux adds `TERM`, `TMUX` and `TMUX_PANE`), under `sh` as a person's terminal runs it: the
+    /// shell writes the program's exit status to a file when it ends ([`Terminal::ended`]), since
+    /// tmux 3.3a was seen to leave the exited program unreaped, its status unknown, for over 20 s
+    /// on a loaded machine. The pane stays when the program exits.
     pub async fn start(dir: &Path, cwd: &Path, env: &[(&str, String)], argv: &[String]) -> Self {
         let socket = dir.join("tmux.sock");
+        let status = dir.join("exit-status");
         let conf = dir.join("tmux.conf");
         std::fs::write(
             &conf,
@@ -60,6 +65,8 @@ impl Terminal {
             .args(["-x", &COLS.to_string(), "-y", &ROWS.to_string()])
             .arg("-c")
             .arg(cwd)
+            .args(["/bin/sh", "-c", "\"$@\"; echo $? > \"$0\""])
+            .arg(&status)
             .args(argv)
             .kill_on_drop(true);
         let out = tokio::time::timeout(crate::kit::WAIT, cmd.output())
@@ -73,6 +80,7 @@ impl Terminal {
         );
         Self {
             socket,
+            status,
             transcript: Vec::new(),
             screens: Vec::new(),
         }
@@ -206,10 +214,19 @@ impl Terminal {
             + &processes()
     }
 
-    /// Once the program in the pane has ended and tmux has its status: `exited N`, or `killed by
-    /// signal N` (the pane is dead as soon as its terminal closes; the status comes once the
-    /// process is reaped).
+    /// Once the program in the pane has ended: `exited N`, or `killed by signal N`, from the
+    /// status its shell wrote, else from tmux once tmux has it (the pane is dead as soon as its
+    /// terminal closes; tmux's status comes only once it reaps the process).
     pub async fn ended(&self) -> Option<String> {
+        // The shell's word first (see `start`); a status over 128 is a signal's.
+        if let Ok(text) = std::fs::read_to_string(&self.status)
+            && let Ok(code) = text.trim().parse::<u32>()
+        {
+            return Some(match code {
+                0..=128 => format!("exited {code}"),
+                _ => format!("killed by signal {}", code - 128),
+            });
+        }
         let out = self
             .tmux(&[
                 "display-message",
