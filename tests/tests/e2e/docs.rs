@@ -447,11 +447,7 @@ async fn run_blocks(names: &[&str], limit: Duration) -> Ran {
         status.success(),
         "the docs blocks {names:?} failed ({status}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n--- broker log\n{broker_log}"
     );
-    let written: Vec<String> = std::fs::read_dir(home.path())
-        .expect("home")
-        .filter_map(Result::ok)
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
+    let written = crate::kit::names_in(home.path());
     assert!(
         written.is_empty(),
         "the docs blocks {names:?} wrote outside WORK, into HOME: {written:?}"

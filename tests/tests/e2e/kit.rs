@@ -419,6 +419,15 @@ pub async fn run(cmd: std::process::Command) -> (i32, String, String) {
     )
 }
 
+/// The names in `dir` (what a run wrote into a `HOME` that must stay empty).
+pub fn names_in(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .expect("read_dir")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
 /// Polls `check` until it holds (bounded by WAIT).
 pub async fn eventually<F: FnMut() -> bool>(what: &str, mut check: F) {
     let deadline = tokio::time::Instant::now() + WAIT;

@@ -200,11 +200,7 @@ async fn run_section(harness: &str) {
         stdout.contains("files.read") && stdout.contains("succeeded/ok"),
         "{stdout}"
     );
-    let written: Vec<String> = std::fs::read_dir(home.path())
-        .expect("home")
-        .filter_map(Result::ok)
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
+    let written = crate::kit::names_in(home.path());
     assert!(
         written.is_empty(),
         "the README's {harness} section wrote outside WORK, into HOME: {written:?}"
