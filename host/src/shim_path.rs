@@ -17,6 +17,21 @@ pub enum ShimPathError {
     NotFound,
 }
 
+/// Whether `cargo run` sets `key` for the program it runs (cargo's "environment variables Cargo
+/// sets for crates"), as opposed to a setting the person gave cargo (`CARGO_HOME`,
+/// `CARGO_TARGET_DIR`, `CARGO_PROFILE_*`, …), which the inner build must keep.
+fn set_by_cargo_run(key: &str) -> bool {
+    matches!(
+        key,
+        "CARGO_MANIFEST_DIR"
+            | "CARGO_MANIFEST_PATH"
+            | "CARGO_MANIFEST_LINKS"
+            | "CARGO_CRATE_NAME"
+            | "CARGO_BIN_NAME"
+            | "CARGO_PRIMARY_PACKAGE"
+    ) || key.starts_with("CARGO_PKG_")
+}
+
 /// Finds the shim binary: `SHAREDOS_SHIM`, next to this executable, or on PATH. Under
 /// `cargo run` (which builds only the binary it runs) it builds the shim with the same profile.
 pub fn locate_shim() -> Result<PathBuf, ShimPathError> {
@@ -61,6 +76,16 @@ pub fn locate_shim() -> Result<PathBuf, ShimPathError> {
             "--manifest-path",
         ])
         .arg(PathBuf::from(manifest).join("../Cargo.toml"));
+        // `cargo run` gave this process the variables cargo sets for the program it runs
+        // (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`, …). Build scripts watch some of them (ring's
+        // declares `rerun-if-env-changed=CARGO_MANIFEST_DIR`): inherited, they made this build
+        // compile ring, rustls, reqwest, rmcp and the shim's library again, 75 s of a first demo
+        // on a two-core machine (BENCHMARKS, time to a first demo). The outer build ran without them.
+        for (key, _) in std::env::vars_os() {
+            if key.to_str().is_some_and(set_by_cargo_run) {
+                cmd.env_remove(key);
+            }
+        }
         if release {
             cmd.arg("--release");
         }
@@ -146,6 +171,27 @@ pub fn linking(path: &Path) -> Result<Linking, LinkingError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_inner_build_drops_what_cargo_run_set_and_keeps_what_the_person_set() {
+        for set in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_BIN_NAME",
+        ] {
+            assert!(set_by_cargo_run(set), "{set}");
+        }
+        for kept in [
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_PROFILE_RELEASE_DEBUG",
+            "PATH",
+        ] {
+            assert!(!set_by_cargo_run(kept), "{kept}");
+        }
+    }
 
     #[test]
     fn this_test_binary_is_dynamic_and_a_text_file_is_no_elf() {
