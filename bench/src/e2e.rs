@@ -133,6 +133,17 @@ async fn one_call(
     Ok(result.is_error != Some(true))
 }
 
+/// One `tools/call` of `req` on `peer`, timed from the request to the answer (bounded by
+/// [`WAIT`]): its round trip, and whether it succeeded (not `isError`).
+pub async fn timed_call(
+    peer: &rmcp::service::Peer<rmcp::RoleClient>,
+    req: &CallToolRequestParams,
+) -> anyhow::Result<(Duration, bool)> {
+    let t = Instant::now();
+    let ok = one_call(peer, req).await?;
+    Ok((t.elapsed(), ok))
+}
+
 /// Spawns one client per command (each its own server process), warms each up, then runs every
 /// caller at once: each calls `files.read` in a loop, one call at a time, until its count or
 /// the deadline. Stops every client before returning. `others` are processes whose CPU time is

@@ -9,6 +9,10 @@
 //! - [`e2e`]: real processes: cold start, round trips with N concurrent callers.
 //! - [`micro`]: in-process: decision, catalogue and turn open, record, fdatasync.
 //! - [`memory`]: resident memory of the shim, the direct server and the broker.
+//! - [`sandboxed`]: a sandboxed upstream's cold start against the same command unsandboxed.
+//! - [`instances`]: a per-principal instance's first call and steady state.
+//! - [`remote`]: a remote provider over Streamable HTTP, direct, through the broker, and
+//!   through a byte-copying relay that counts connections and TLS handshakes.
 //! - [`procs`]: starting and stopping brokers, shims, direct servers; `/proc` memory.
 //! - [`stats`]: samples, percentiles, formatting.
 //! - [`report`]: the machine, the tables, the markdown.
@@ -16,10 +20,13 @@
 //! The baseline server is the second binary, `direct-files-server` (`src/bin/`).
 
 mod e2e;
+mod instances;
 mod memory;
 mod micro;
 mod procs;
+mod remote;
 mod report;
+mod sandboxed;
 mod stats;
 mod suite;
 

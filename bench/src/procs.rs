@@ -189,6 +189,12 @@ pub fn files_provider(namespace: &str, root: &Path, writable: bool) -> String {
     )
 }
 
+/// A policy that lets every principal call every tool (the sections of brokered and remote
+/// upstreams measure the path, not the policy).
+pub const PERMIT_CALLS: &str = r#"@id("bench-calls")
+permit(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool);
+"#;
+
 /// A TOML basic string.
 pub fn toml_string(s: &str) -> String {
     let mut out = String::from("\"");
@@ -215,15 +221,26 @@ pub struct BrokerProc {
 
 impl BrokerProc {
     pub async fn start(bins: &Bins, data: &Path, record_sync: &str) -> anyhow::Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("sharedos-bench-broker-")
-            .tempdir()?;
-        let config = write_config(
-            dir.path(),
+        Self::start_with(
+            bins,
             record_sync,
             sharedos_broker::config::DEFAULT_POLICY,
             &files_provider("files", data, false),
-        )?;
+        )
+        .await
+    }
+
+    /// A broker on `policy` (Cedar text) and `providers` (the TOML of its `[[providers]]`).
+    pub async fn start_with(
+        bins: &Bins,
+        record_sync: &str,
+        policy: &str,
+        providers: &str,
+    ) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("sharedos-bench-broker-")
+            .tempdir()?;
+        let config = write_config(dir.path(), record_sync, policy, providers)?;
         let runtime = dir.path().join("run");
         let log = std::fs::File::create(dir.path().join("broker.log"))?;
         let mut cmd = Command::new(&bins.broker);

@@ -667,4 +667,15 @@ async fn docs_benchmarks_block_runs_as_written() {
         report.contains("--quick: a smoke run"),
         "not the smoke run's report:\n{report}"
     );
+    // The sections of the sandbox, per-principal instances and remote providers ran too: each
+    // heading once, and with a Python for the remote server, its rows measured.
+    for section in ["\n## 7. ", "\n## 8. ", "\n## 9. "] {
+        assert_eq!(report.matches(section).count(), 1, "{section:?}:\n{report}");
+    }
+    if std::env::var_os("SHAREDOS_PYTHON").is_some_and(|p| !p.is_empty()) {
+        assert!(
+            !report.contains("Not measured in this run") && report.contains("HTTPS (test CA)"),
+            "the remote section did not run with SHAREDOS_PYTHON set:\n{report}"
+        );
+    }
 }

@@ -1111,7 +1111,9 @@ when { resource.name == "ev.echo" || resource.name == "ev.get-sum"
     let _ = server.kill().await;
 }
 
-/// The cost in BENCHMARKS.md ("Remote providers"): one `echo` call to the PyPI `mcp` server over
+/// The debug measurement recorded in bench/NOTES.md ("Remote providers"; the release figures,
+/// with the floor of one relay hop and the connections counted, are section 9 of
+/// `sharedos-bench`): one `echo` call to the PyPI `mcp` server over
 /// Streamable HTTP on loopback, sent directly by an rmcp client, against the same call through the
 /// shim, the broker's kernel and the broker's own HTTP session. 5 rounds of 60 sequential calls
 /// each way, interleaved, after 20 warm-up calls each; medians and p99 printed.

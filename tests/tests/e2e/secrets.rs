@@ -735,7 +735,8 @@ async fn steady(raw: &mut Raw, tool: &str) -> Vec<Duration> {
     took
 }
 
-/// The cost in BENCHMARKS.md ("Per-principal instances"): the first call of 8 principals, each
+/// The debug measurement recorded in bench/NOTES.md ("Per-principal instances"; the release
+/// figures are section 8 of `sharedos-bench`): the first call of 8 principals, each
 /// spawning their instance, against the steady-state call on a running per-principal instance
 /// and on a shared one (the same upstream script), sequential, through the real shim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
