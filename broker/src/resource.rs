@@ -37,7 +37,21 @@ impl Resource {
 
     /// `SharedOS::File::"/public/a.txt"`, for people and records.
     pub fn display(&self) -> String {
-        format!("{NAMESPACE}::{}::{:?}", self.type_name(), self.id())
+        let (ty, id) = (self.type_name(), self.id());
+        // The common id (printable ASCII, no `"` or backslash) is its own `Debug` text between
+        // quotes: written straight, where `{:?}` escapes it a char at a time on every call
+        // (bench/NOTES.md). Any other id takes `{:?}`.
+        if id
+            .bytes()
+            .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+        {
+            let mut s = String::with_capacity(NAMESPACE.len() + ty.len() + id.len() + 6);
+            for part in [NAMESPACE, "::", ty, "::\"", id, "\""] {
+                s.push_str(part);
+            }
+            return s;
+        }
+        format!("{NAMESPACE}::{ty}::{id:?}")
     }
 
     /// The bare id (`/public/a.txt`), for sentences.
@@ -174,6 +188,27 @@ mod tests {
                 .namespace,
             None
         );
+    }
+
+    #[test]
+    fn the_written_display_is_the_debug_text() {
+        let ids = [
+            "/public/a.txt",
+            "",
+            " ~!#$%&'()*+,-./:;<=>?@[]^_`{|}",
+            "/a \"quoted\"",
+            "/back\\slash",
+            "/tab\there",
+            "/del\u{7f}",
+            "/é",
+            "/e\u{301}",
+        ];
+        for id in ids {
+            for r in [file(id), Resource::Tool { name: id.into() }] {
+                let debug = format!("{NAMESPACE}::{}::{:?}", r.type_name(), id);
+                assert_eq!(r.display(), debug, "{id:?}");
+            }
+        }
     }
 
     #[test]

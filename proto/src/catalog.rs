@@ -132,14 +132,10 @@ fn hex_of(digest: &[u8]) -> CatalogHash {
     CatalogHash(hex(digest))
 }
 
-/// Lowercase hex of bytes (a digest).
+/// Lowercase hex of bytes (a digest). Every record line's `prev` is one: a `write!` per byte
+/// cost the broker about 16,000 instructions a call (bench/NOTES.md).
 pub fn hex(bytes: &[u8]) -> String {
-    let mut hex = String::with_capacity(2 * bytes.len());
-    for byte in bytes {
-        use fmt::Write;
-        let _ = write!(hex, "{byte:02x}");
-    }
-    hex
+    hex::encode(bytes)
 }
 
 /// Lowercase hex SHA-256 of bytes (record digests of arguments and over-size lines).

@@ -25,9 +25,14 @@ pub enum FrameError {
     Encode(String),
 }
 
+/// Bytes reserved for a frame before it is written: a `files.read` call or answer fits.
+const FRAME_CAPACITY: usize = 512;
+
 /// Encodes one message as a frame.
 pub fn encode<T: Serialize>(message: &T) -> Result<Vec<u8>, FrameError> {
-    let mut out = vec![0u8; HEADER_BYTES];
+    // Room for a typical call or answer up front (an empty Vec reallocates as it doubles).
+    let mut out = Vec::with_capacity(FRAME_CAPACITY);
+    out.resize(HEADER_BYTES, 0);
     serde_json::to_writer(&mut out, message).map_err(|e| FrameError::Encode(e.to_string()))?;
     let len = out.len() - HEADER_BYTES;
     if len > MAX_FRAME_BYTES {
