@@ -153,6 +153,70 @@ pub async fn decisions(
     Ok(out)
 }
 
+/// The decision on a brokered tool with typed arguments (issue 44) against today's on the tool
+/// alone: 10 policies for alice (4 read `context.arguments`), a call with 1 KiB of arguments.
+/// `plain`: `PolicyEngine::decide` without arguments; `typed`: the arguments typed from the
+/// tool's inputSchema (`arguments::typed`) and `decide_with` them, together.
+pub struct TypedDecision {
+    pub plain: Samples,
+    pub typed: Samples,
+    pub permitted: bool,
+    pub argument_bytes: usize,
+}
+
+pub fn typed_decision(budget: Budget) -> anyhow::Result<TypedDecision> {
+    use sharedos_broker::policy::{ArgumentTypes, PolicyEngine, arguments};
+    let dir = tempdir("typed")?;
+    let mut policy = String::new();
+    for i in 0..6 {
+        policy.push_str(&format!(
+            "@id(\"p{i}\") permit(principal == SharedOS::User::\"alice\", action == SharedOS::Action::\"call\", resource is SharedOS::Tool) when {{ resource.name == \"chat.t{i}\" }};\n"
+        ));
+    }
+    policy.push_str(r#"@id("public") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool) when { resource.name == "chat.post" && context.arguments has channel && context.arguments.channel == "public" };
+@id("small") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool) when { resource.name == "chat.post" && context.arguments has amount && context.arguments.amount <= 100 };
+@id("no-exec") forbid(principal, action, resource) when { context.arguments has channel && context.arguments.channel == "exec" };
+@id("no-tag") forbid(principal, action, resource) when { context.arguments has tags && context.arguments.tags.contains("secret") };
+"#);
+    let path = dir.path().join("policy.cedar");
+    std::fs::write(&path, policy)?;
+    let engine = PolicyEngine::load(None, &path)?;
+    let schema = json!({"type": "object", "properties": {
+        "channel": {"type": "string"}, "text": {"type": "string"}, "amount": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "meta": {"type": "object", "properties": {"thread": {"type": "string"}, "urgent": {"type": "boolean"}}}}});
+    let mut types = ArgumentTypes::known();
+    types.add_tool("call", Some(&schema));
+    engine.set_argument_types(types)?;
+    let args = json!({"channel": "public", "text": "x".repeat(880), "amount": 42,
+        "tags": ["a", "b", "c"], "meta": {"thread": "t-1", "urgent": false}});
+    let argument_bytes = args.to_string().len();
+    let serde_json::Value::Object(map) = args else {
+        anyhow::bail!("arguments are an object")
+    };
+    let (pv, ctx) = (engine.current(), AccessContext::new("alice", None));
+    let tool = Resource::Tool {
+        name: "chat.post".into(),
+    };
+    let typed = arguments::typed(Some(&schema), &map);
+    let permitted = engine
+        .decide_with(&pv, &ctx, "call", &tool, Some(&typed))
+        .allowed;
+    let plain = time_loop(budget, || {
+        black_box(engine.decide(&pv, &ctx, "call", &tool));
+    });
+    let typed = time_loop(budget, || {
+        let t = arguments::typed(Some(&schema), &map);
+        black_box(engine.decide_with(&pv, &ctx, "call", &tool, Some(&t)));
+    });
+    Ok(TypedDecision {
+        plain,
+        typed,
+        permitted,
+        argument_bytes,
+    })
+}
+
 /// Rounds of the decision benchmark (see [`decisions`]).
 pub const DECISION_ROUNDS: usize = 4;
 

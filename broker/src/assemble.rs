@@ -186,6 +186,19 @@ pub(crate) async fn build(
         config.call_timeout,
     );
     kernel.record_max_argument_bytes = config.record_max_argument_bytes;
+    // Every provider has listed its tools: policies that read `context.arguments` are
+    // validated against them now, and a name no tool has refuses the start.
+    match kernel.validate_arguments() {
+        Ok(warnings) => {
+            for w in warnings {
+                tracing::warn!(policy = %config.policy.display(), "{}", w.trim());
+            }
+        }
+        Err(e) => {
+            root.cancel();
+            return Err(e.into());
+        }
+    }
     kernel.known_secrets = secrets.known.clone();
     if let Some(otel) = crate::telemetry::effective(config.otel.as_ref()) {
         kernel.telemetry = crate::telemetry::Telemetry::start(&otel)?;

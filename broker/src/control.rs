@@ -397,6 +397,7 @@ fn policy_check(
         Err(e) => return e.into(),
     };
     let catalog = broker.kernel.catalog(&ctx);
+    let seen = broker.kernel.seen_context(&ctx, &catalog, tool, arguments);
     match broker.kernel.check(&ctx, &catalog, tool, arguments) {
         Verdict::Refused {
             outcome,
@@ -418,6 +419,7 @@ fn policy_check(
             outcome,
             requirement,
             policies,
+            context: seen,
         },
         Verdict::Permitted {
             resolved,
@@ -435,6 +437,7 @@ fn policy_check(
             ),
             requirement: Some(resolved.resource.requirement(&resolved.action)),
             policies,
+            context: seen,
         },
     }
 }
@@ -597,6 +600,7 @@ async fn policy_reload(broker: &Arc<Broker>) -> ControlResponse {
                 version: pv.version,
                 policies: pv.count,
                 path: broker.kernel.policy.policy_path().display().to_string(),
+                policy_digest: Some(pv.digest()),
                 turn: None,
             });
             if let Err(e) = broker.kernel.recorder.append(&line).await {

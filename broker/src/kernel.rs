@@ -103,6 +103,46 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// The argument types of every tool, per action: built-in tools and each brokered
+    /// provider's listed ones; a provider that has not listed leaves every action open.
+    pub fn argument_types(&self) -> crate::policy::ArgumentTypes {
+        let mut types = crate::policy::ArgumentTypes::known();
+        let mut add = |t: &Registered| {
+            types.add_tool(t.authority.handler.shape().0, t.input_schema.as_ref());
+        };
+        self.tools.iter().for_each(|t| add(t));
+        let mut open = false;
+        for p in &self.providers {
+            match p.listed() {
+                Some(tools) => tools.iter().for_each(|t| add(t)),
+                None => open = true,
+            }
+        }
+        if open {
+            types.open_all();
+        }
+        types
+    }
+
+    /// What `context.arguments` leaves out of each tool's arguments (a fraction, a value of no
+    /// single type, ...), by tool name; tools that lose nothing are not named.
+    pub fn arguments_left_out(&self) -> Vec<(String, Vec<String>)> {
+        let mut out = Vec::new();
+        let mut note = |t: &Registered| {
+            let left = crate::policy::arguments::typing(t.input_schema.as_ref()).left_out;
+            if !left.is_empty() {
+                out.push((t.name.to_string(), left));
+            }
+        };
+        self.tools.iter().for_each(|t| note(t));
+        for p in &self.providers {
+            p.listed().unwrap_or_default().iter().for_each(|t| note(t));
+        }
+        out
+    }
+}
+
+impl Registry {
     /// Registers one built-in provider's tools. A name already taken, or an inputSchema that
     /// does not compile, is an error naming the tool.
     pub fn register(
@@ -219,6 +259,8 @@ pub struct Kernel {
     pub budgets: Budgets,
     /// The calls waiting for a person's approval, and how long they wait.
     pub approvals: Approvals,
+    /// The registry generation the policy set was last validated against (argument types).
+    typed_generation: AtomicU64,
     /// The secret values given to upstream instances, by principal: replaced by
     /// `[redacted: NAME]` in what a call returns and in what the record keeps of its arguments.
     pub known_secrets: Arc<crate::secrets::Known>,
@@ -307,6 +349,7 @@ impl Kernel {
             telemetry: Telemetry::off(),
             budgets: Budgets::default(),
             approvals: Approvals::new(crate::config::DEFAULT_APPROVAL_TIMEOUT),
+            typed_generation: AtomicU64::new(u64::MAX),
             known_secrets: Arc::new(crate::secrets::Known::default()),
         }
     }
@@ -321,8 +364,55 @@ impl Kernel {
         &self.registry
     }
 
+    /// The policy set validated against the tools' argument types, when the tools changed since
+    /// the last time (at start, and when an upstream's tools drift). `Err` names policies that
+    /// read an argument no tool has: refused at start; later the set stays in force and the
+    /// error is logged as a warning (the caller says so).
+    pub fn validate_arguments(&self) -> Result<Vec<String>, crate::policy::PolicyError> {
+        let generation = self
+            .registry
+            .generation
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if self
+            .typed_generation
+            .swap(generation, std::sync::atomic::Ordering::Relaxed)
+            == generation
+        {
+            return Ok(self.policy.argument_warnings());
+        }
+        self.policy
+            .set_argument_types(self.registry.argument_types())
+    }
+
+    /// [`validate_arguments`](Self::validate_arguments) while serving: what it finds is logged.
+    fn revalidate_arguments(&self) {
+        let generation = self
+            .registry
+            .generation
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if self
+            .typed_generation
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == generation
+        {
+            return;
+        }
+        match self.validate_arguments() {
+            Ok(warnings) => {
+                for w in warnings {
+                    tracing::warn!(policy = %self.policy.policy_path().display(), "{}", w.trim());
+                }
+            }
+            Err(e) => tracing::warn!(
+                policy = %self.policy.policy_path().display(),
+                "the tools changed and the policy set in force no longer validates against their arguments (it stays in force; fix it and `policy reload`): {e}"
+            ),
+        }
+    }
+
     /// What `providers` shows: built-in providers, then brokered ones with their state.
     pub fn provider_statuses(&self) -> Vec<Value> {
+        self.revalidate_arguments();
         let mut builtin: Vec<(&str, &str, Vec<String>)> = Vec::new();
         for t in &self.registry.tools {
             let h = &t.authority.handler;
@@ -336,12 +426,39 @@ impl Kernel {
             .map(|(ns, kind, tools)| json!({"namespace": ns, "type": kind, "state": "ready", "tools": tools, "rejected": []}))
             .collect();
         out.extend(self.registry.providers.iter().map(|p| p.status()));
+        // What policies cannot see of each tool's arguments (`context.arguments`), and what the
+        // last validation of the policy set against the tools' arguments found (on each brokered
+        // provider: their tools come and go).
+        let left_out = self.registry.arguments_left_out();
+        let warnings = self.policy.argument_warnings();
+        for status in &mut out {
+            if !warnings.is_empty()
+                && status.get("type").and_then(Value::as_str) == Some("mcp")
+                && let Some(o) = status.as_object_mut()
+            {
+                o.insert("policy_warnings".into(), json!(warnings));
+            }
+            let Some(tools) = status.get("tools").and_then(Value::as_array).cloned() else {
+                continue;
+            };
+            let notes: Map<String, Value> = left_out
+                .iter()
+                .filter(|(name, _)| tools.iter().any(|t| t.as_str() == Some(name)))
+                .map(|(name, notes)| (name.clone(), json!(notes)))
+                .collect();
+            if !notes.is_empty()
+                && let Some(o) = status.as_object_mut()
+            {
+                o.insert("arguments_left_out".into(), Value::Object(notes));
+            }
+        }
         out
     }
 
     /// The effective catalogue for a context: every registered tool that some call could be
     /// permitted, decided once per requirement shape (action, resource type), not per tool.
     pub fn catalog(&self, context: &AccessContext) -> Arc<Catalog> {
+        self.revalidate_arguments();
         let pv = self.policy.current();
         let generation = self
             .registry
@@ -353,7 +470,10 @@ impl Kernel {
         {
             return c.clone();
         }
-        let mut shapes: HashMap<(&str, &'static str), bool> = HashMap::new();
+        // File tools: per (action, type, namespace), the namespace being known before the call;
+        // and per tool when a policy reads the arguments (each tool has its own).
+        let mut shapes: HashMap<(&str, &'static str, &str, &str), bool> = HashMap::new();
+        let per_arguments = pv.reads_any_arguments();
         // For tools whose resource is the tool itself: one type-level answer per action, and
         // a per-tool evaluation only where the answer depends on which tool it is.
         let mut tool_shapes: HashMap<&str, Option<bool>> = HashMap::new();
@@ -375,9 +495,31 @@ impl Kernel {
                     }
                 }
             } else {
+                let namespace = tool.authority.handler.namespace();
+                let which = if per_arguments {
+                    tool.name.as_str()
+                } else {
+                    ""
+                };
                 *shapes
-                    .entry(shape)
-                    .or_insert_with(|| self.policy.could_permit(&pv, context, shape.0, shape.1))
+                    .entry((shape.0, shape.1, namespace, which))
+                    .or_insert_with(|| {
+                        let known = if shape.1 == "File" {
+                            vec![("namespace", json!(namespace))]
+                        } else {
+                            vec![]
+                        };
+                        let typing = per_arguments
+                            .then(|| crate::policy::arguments::typing(tool.input_schema.as_ref()));
+                        self.policy.could_permit_known(
+                            &pv,
+                            context,
+                            shape.0,
+                            shape.1,
+                            &known,
+                            typing.as_ref(),
+                        )
+                    })
             };
             if visible {
                 visible_tools.push(tool.clone());
@@ -385,7 +527,17 @@ impl Kernel {
         }
         for (action, tools) in per_tool {
             let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
-            let answers = self.policy.permitted_tools(&pv, context, action, &names);
+            let typings: Vec<crate::policy::arguments::Typing> = if per_arguments {
+                tools
+                    .iter()
+                    .map(|t| crate::policy::arguments::typing(t.input_schema.as_ref()))
+                    .collect()
+            } else {
+                vec![]
+            };
+            let answers = self
+                .policy
+                .permitted_tools_with(&pv, context, action, &names, &typings);
             visible_tools.extend(
                 tools
                     .iter()
@@ -449,6 +601,27 @@ impl Kernel {
             shapes.iter().map(|(a, t)| (a.as_str(), *t)).collect();
         self.policy
             .check_context(&self.policy.current(), context, &shapes)
+    }
+
+    /// The context a call of `tool` with `arguments` is decided in, as JSON (`policy check`
+    /// prints it): `agent`, `turn` and the typed `arguments`. `None` when the tool is not in
+    /// the catalogue or its arguments are not an object.
+    pub fn seen_context(
+        &self,
+        context: &AccessContext,
+        catalog: &Catalog,
+        tool: &str,
+        arguments: Option<&Value>,
+    ) -> Option<Value> {
+        let registered = catalog.by_name.get(tool)?;
+        let empty = Map::new();
+        let arguments = match arguments {
+            None | Some(Value::Null) => &empty,
+            Some(Value::Object(m)) => m,
+            Some(_) => return None,
+        };
+        let typed = crate::policy::arguments::typed(registered.input_schema.as_ref(), arguments);
+        Some(PolicyEngine::context_shown(context, Some(&typed)))
     }
 
     /// Everything before execution: the refusals, or the permission with its requirement.
@@ -590,9 +763,18 @@ impl Kernel {
             }
         };
         let pv = self.policy.current();
-        let decision = self
-            .policy
-            .decide(&pv, context, &resolved.action, &resolved.resource);
+        // `context.arguments`: what the policy sees of the arguments, typed by the tool's own
+        // schema (which they passed above). Only a set that reads them needs them made.
+        let typed = pv
+            .reads_any_arguments()
+            .then(|| crate::policy::arguments::typed(registered.input_schema.as_ref(), &arguments));
+        let decision = self.policy.decide_with(
+            &pv,
+            context,
+            &resolved.action,
+            &resolved.resource,
+            typed.as_ref(),
+        );
         let requirement = Some(requirement_of(&resolved));
         if !decision.allowed {
             if !decision.errors.is_empty() {

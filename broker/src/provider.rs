@@ -146,6 +146,11 @@ pub trait Provider: Send + Sync {
     fn upstream_hash(&self) -> Option<String>;
     /// Checks the pin again (after `providers pin`).
     fn repin(self: Arc<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+    /// Every tool it lists now, whoever it is for (what policies that read arguments are
+    /// validated against); `None` while it has not listed them (its tool set is open).
+    fn listed(&self) -> Option<Vec<Arc<Registered>>> {
+        None
+    }
 }
 
 /// What a registration carries besides its published surface. Never leaves the broker.

@@ -236,6 +236,7 @@ pub async fn start(
         version: env!("CARGO_PKG_VERSION").into(),
         tools: broker.kernel.registry().len(),
         config: broker.config.source.clone(),
+        policy_digest: Some(broker.kernel.policy.current().digest()),
         turn: None,
     });
     broker.kernel.recorder.append(&started).await?;

@@ -1133,6 +1133,7 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                         requirement,
                         policies,
                         message,
+                        context,
                     } = &r
                     else {
                         return Err(unexpected(r));
@@ -1140,7 +1141,8 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                     if json {
                         print_json(
                             &serde_json::json!({"decision": decision, "outcome": outcome.word(), "code": outcome.code(),
-                                                       "requirement": requirement, "policies": policies, "message": message}),
+                                                       "requirement": requirement, "policies": policies, "message": message,
+                                                       "context": context}),
                         )?;
                     } else {
                         outln!("{message}");
@@ -1158,6 +1160,9 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                             )
                         };
                         outln!("policies: {deciding}");
+                        if let Some(context) = context {
+                            outln!("context: {context}");
+                        }
                     }
                     if decision != "allow" {
                         return Ok(ExitCode::from(3));

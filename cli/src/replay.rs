@@ -72,6 +72,24 @@ pub fn run(args: ReplayArgs, default_dir: &Path) -> anyhow::Result<ExitCode> {
     } else {
         args.record.clone()
     };
+    // The record's chain first: a replay says what the policy would have decided of what the
+    // record says happened, so a record changed since it was written is not replayed. (The key is
+    // the one the chain recorded; `records verify --public-key` checks it against a kept copy.)
+    for path in &given {
+        let report = sharedos_broker::evidence::chain::verify(path, None)
+            .with_context(|| format!("cannot verify record `{}`", path.display()))?;
+        if let Some(b) = &report.broken {
+            anyhow::bail!(
+                "record `{}` does not verify: at seq {} (`{}` line {}): {}; it is not replayed (`sharedos-broker records verify --record {}` says more)",
+                path.display(),
+                b.seq,
+                b.file.display(),
+                b.line,
+                b.reason,
+                path.display()
+            );
+        }
+    }
     // A rotated record is its rotated files (`<record>.<first seq>`) and then itself.
     let mut records = Vec::new();
     for path in given {

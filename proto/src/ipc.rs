@@ -738,6 +738,10 @@ pub enum ControlResponse {
         requirement: Option<Requirement>,
         policies: Vec<String>,
         message: String,
+        /// The context the policy saw (`agent`, `turn`, the call's typed `arguments`), when the
+        /// tool is in the principal's catalogue.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        context: Option<Value>,
     },
     PolicyReloaded {
         version: u64,

@@ -177,6 +177,14 @@ pub struct BrokerStarted {
     pub tools: usize,
     /// Where the configuration came from (a path, or `<embedded default>`).
     pub config: String,
+    /// The SHA-256 (hex) of the policy file's bytes the broker started with: which policies
+    /// decided the calls that follow (until a `policy_reloaded` names another).
+    #[serde(
+        rename = "policyDigest",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub policy_digest: Option<String>,
     /// Always `null`: this line belongs to no turn.
     pub turn: Option<String>,
 }
@@ -520,6 +528,13 @@ pub struct PolicyReloaded {
     pub version: u64,
     pub policies: usize,
     pub path: String,
+    /// The SHA-256 (hex) of the policy file's bytes now in force (see `BrokerStarted`).
+    #[serde(
+        rename = "policyDigest",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub policy_digest: Option<String>,
     /// Always `null`.
     pub turn: Option<String>,
 }

@@ -1576,6 +1576,7 @@ mod tests {
             version: "t".into(),
             tools: 1,
             config: "t".into(),
+            policy_digest: None,
             turn: None,
         });
         let last = {
@@ -1837,6 +1838,7 @@ mod tests {
             version: 2,
             policies: 3,
             path: "p.cedar".into(),
+            policy_digest: None,
             turn: None,
         });
         assert_eq!(rec.append(&global).await.expect("3"), 3);

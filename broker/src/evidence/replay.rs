@@ -67,6 +67,12 @@ enum NotReplayable {
     UnknownResource,
     /// An outcome this version does not know.
     UnknownOutcome,
+    /// The set reads `context.arguments`, and the line keeps only their SHA-256
+    /// (`redact_arguments = true`).
+    ArgumentsRedacted,
+    /// The set reads `context.arguments`, and the line keeps only their size and SHA-256
+    /// (longer than `record_max_argument_bytes`).
+    ArgumentsDigested,
 }
 
 impl NotReplayable {
@@ -81,6 +87,12 @@ impl NotReplayable {
                 "its resource is of a kind this version does not know"
             }
             NotReplayable::UnknownOutcome => "its outcome is one this version does not know",
+            NotReplayable::ArgumentsRedacted => {
+                "the policy reads context.arguments, and the record was written with redact_arguments = true (it keeps their SHA-256 only): it cannot be replayed on arguments"
+            }
+            NotReplayable::ArgumentsDigested => {
+                "the policy reads context.arguments, and the line keeps only the digest of arguments longer than record_max_argument_bytes: it cannot be replayed on arguments"
+            }
         }
     }
 }
@@ -220,6 +232,13 @@ struct CallView {
     code: String,
     #[serde(default)]
     policies: Option<Vec<String>>,
+    /// The arguments as given (absent when redacted or too long, see below).
+    #[serde(default)]
+    arguments: Option<Value>,
+    #[serde(default)]
+    arguments_sha256: Option<String>,
+    #[serde(default)]
+    arguments_digest: Option<Value>,
 }
 
 /// A replay in progress: feed it the record's files in order, then take its [`Report`].
@@ -395,10 +414,27 @@ impl<'a> Replay<'a> {
                 return self.report.skip(NotReplayable::UnknownResource);
             }
         };
+        // `context.arguments`, typed from the recorded arguments (the record does not keep the
+        // tools' schemas: see `arguments::typed_from_values`).
+        let typed = match &call.arguments {
+            Some(Value::Object(m)) => crate::policy::arguments::typed_from_values(m),
+            _ if !self.pv.reads_any_arguments() => crate::policy::arguments::empty(),
+            _ if call.arguments_sha256.is_some() => {
+                return self.report.skip(NotReplayable::ArgumentsRedacted);
+            }
+            _ if call.arguments_digest.is_some() => {
+                return self.report.skip(NotReplayable::ArgumentsDigested);
+            }
+            _ => crate::policy::arguments::empty(),
+        };
         self.report.replayable += 1;
-        let decision = self
-            .engine
-            .decide(&self.pv, &context, &requirement.action, &resource);
+        let decision = self.engine.decide_with(
+            &self.pv,
+            &context,
+            &requirement.action,
+            &resource,
+            Some(&typed),
+        );
         let now_held = decision.allowed && decision.approval.is_some();
         if decision.allowed == allowed && (!allowed || now_held == held) {
             self.report.unchanged += 1;

@@ -1745,6 +1745,11 @@ impl Provider for McpProvider {
     fn repin(self: Arc<Self>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
         Box::pin(async move { McpProvider::repin(&self).await })
     }
+
+    fn listed(&self) -> Option<Vec<Arc<Registered>>> {
+        let inner = self.read();
+        (inner.state == State::Ready).then(|| inner.tools.clone())
+    }
 }
 
 impl ToolHandler for McpHandler {

@@ -8,6 +8,7 @@
 )]
 
 mod approvals;
+mod arguments;
 mod boundary;
 mod budgets;
 mod cli;

@@ -14,11 +14,15 @@ use std::sync::{Arc, Mutex, RwLock};
 use crate::lock;
 use crate::resource::NAMESPACE;
 
+pub mod arguments;
+mod known;
+pub use arguments::{ArgumentTypes, Typed};
+
 use cedar_policy::{
-    ActionConstraint, Authorizer, Context, Decision as CedarDecision, Effect, Entities, Entity,
-    EntityId, EntityTypeName, EntityUid, PartialEntities, PartialEntityUid, PartialRequest, Policy,
-    PolicyId, PolicySet, PrincipalConstraint, Request, ResourceConstraint, RestrictedExpression,
-    Schema, ValidationMode, Validator,
+    ActionConstraint, AuthorizationError, Authorizer, Context, Decision as CedarDecision, Effect,
+    Entities, Entity, EntityId, EntityTypeName, EntityUid, PartialEntities, PartialEntityUid,
+    PartialRequest, Policy, PolicyId, PolicySet, PrincipalConstraint, Request, ResourceConstraint,
+    RestrictedExpression, Schema, SchemaFragment, ValidationMode, Validator,
 };
 
 /// The schema that covers the built-in tools. A config may name its own (`schema = ...`).
@@ -255,6 +259,12 @@ pub struct PolicyVersion {
     pub version: u64,
     set: PolicySet,
     pub count: usize,
+    /// The policy file's text this set was made from (validated again when the tools' argument
+    /// types change).
+    source: String,
+    /// Ids of the policies that read `context.arguments`: a catalogue question on a set holding
+    /// one leaves the context unknown (the arguments are not known before the call).
+    reads_arguments: HashSet<String>,
     /// Ids of the permits annotated `@approval("required")` (empty in most sets: then a
     /// decision does not look).
     approval: HashMap<String, Approver>,
@@ -264,12 +274,34 @@ pub struct PolicyVersion {
     prepared: Mutex<HashMap<PrincipalKey, Arc<Prepared>>>,
 }
 
+impl PolicyVersion {
+    /// Some policy of the set reads `context.arguments`.
+    pub fn reads_any_arguments(&self) -> bool {
+        !self.reads_arguments.is_empty()
+    }
+
+    /// The SHA-256 (hex) of the policy file's text this set was made from: what a record line
+    /// names the set by.
+    pub fn digest(&self) -> String {
+        use sha2::Digest as _;
+        sha2::Sha256::digest(self.source.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
 /// A turn's whole context: principal, agent, its owner and the turn's attributes.
 type PrincipalKey = AccessContext;
 
 impl PolicyVersion {
-    fn new(version: u64, set: PolicySet) -> Self {
+    fn new(version: u64, set: PolicySet, source: String) -> Self {
         let count = set.policies().count();
+        let reads_arguments = set
+            .policies()
+            .filter(|p| arguments::reads_arguments(p))
+            .map(|p| p.id().to_string())
+            .collect();
         let approval = set
             .policies()
             .filter_map(|p| {
@@ -281,6 +313,8 @@ impl PolicyVersion {
             version,
             set,
             count,
+            source,
+            reads_arguments,
             approval,
             sliced: Mutex::new(HashMap::new()),
             prepared: Mutex::new(HashMap::new()),
@@ -293,6 +327,8 @@ impl PolicyVersion {
 /// principal's slice of the set. Only the resource entity is added per call.
 struct Prepared {
     principal: EntityUid,
+    /// The context's attributes (`agent`, `turn`): a call's `arguments` are added to them.
+    pairs: Vec<(String, RestrictedExpression)>,
     /// What schema conformance of this context depends on (see [`Shape`]).
     signature: String,
     base: Entities,
@@ -362,6 +398,20 @@ pub struct PolicyEngine {
     conforming: RwLock<Vec<Shape>>,
     /// The entity store a catalogue's tools are decided against, for the last list of names.
     tool_store: Mutex<Option<Arc<ToolStore>>>,
+    /// The schema in its JSON form, which the argument types are added to (`None` if it has
+    /// none: then policies that read arguments cannot be validated, and fail to load).
+    schema_json: Option<serde_json::Value>,
+    /// The tools' argument types and the schema they make (see [`arguments`]).
+    arguments: RwLock<Arc<ArgumentState>>,
+}
+
+/// What policies that read `context.arguments` are validated against, and what that found.
+struct ArgumentState {
+    types: ArgumentTypes,
+    /// The engine's schema with each action's `context.arguments` declared by `types`.
+    schema: Schema,
+    /// Problems that do not refuse the set (see [`arguments::check`]).
+    warnings: Vec<String>,
 }
 
 /// The schema's action entities and one `Tool` entity per name, built once per list of tool
@@ -383,6 +433,29 @@ struct ToolStore {
 /// contents play no part in conformance. The schema never changes while the engine lives
 /// (only policies reload), so a shape validated once stays valid.
 type Shape = (String, &'static str, String);
+
+/// A context's `agent` and `turn` as Cedar's JSON form of values (an entity as `__entity`).
+fn context_json(ctx: &AccessContext) -> serde_json::Map<String, serde_json::Value> {
+    let mut m = serde_json::Map::new();
+    if let Some(agent) = &ctx.agent {
+        m.insert(
+            "agent".to_owned(),
+            serde_json::json!({"__entity": {"type": format!("{NAMESPACE}::Agent"), "id": agent}}),
+        );
+    }
+    if let Some(turn) = ctx.turn_attributes() {
+        m.insert("turn".to_owned(), turn);
+    }
+    m
+}
+
+/// Does `set` hold a policy that reads `context.arguments`?
+fn reads_arguments(pv: &PolicyVersion, set: &PolicySet) -> bool {
+    !pv.reads_arguments.is_empty()
+        && set
+            .policies()
+            .any(|p| pv.reads_arguments.contains(&p.id().to_string()))
+}
 
 fn type_name(name: &str) -> Result<EntityTypeName, String> {
     EntityTypeName::from_str(&format!("{NAMESPACE}::{name}")).map_err(|e| e.to_string())
@@ -441,11 +514,15 @@ fn read(path: &Path, what: &str, check: SettingsCheck) -> Result<String, PolicyE
 
 /// Parses a schema (the built-in one when `path` is None).
 pub fn load_schema(path: Option<&Path>) -> Result<Schema, PolicyError> {
-    load_schema_checked(path, None)
+    load_schema_checked(path, None).map(|(s, _)| s)
 }
 
-/// [`load_schema`], its file checked as `check` says.
-fn load_schema_checked(path: Option<&Path>, check: SettingsCheck) -> Result<Schema, PolicyError> {
+/// [`load_schema`], its file checked as `check` says; with its JSON form (what argument types
+/// are added to).
+fn load_schema_checked(
+    path: Option<&Path>,
+    check: SettingsCheck,
+) -> Result<(Schema, Option<serde_json::Value>), PolicyError> {
     let (shown, src) = match path {
         Some(p) => (p.display().to_string(), read(p, "schema", check)?),
         None => ("<built-in schema>".to_owned(), BUILTIN_SCHEMA.to_owned()),
@@ -456,7 +533,10 @@ fn load_schema_checked(path: Option<&Path>, check: SettingsCheck) -> Result<Sche
             if !warnings.is_empty() {
                 tracing::warn!(schema = %shown, ?warnings, "schema warnings");
             }
-            Ok(schema)
+            let json = SchemaFragment::from_cedarschema_str(&src)
+                .ok()
+                .and_then(|(f, _)| f.to_json_value().ok());
+            Ok((schema, json))
         }
         Err(e) => Err(PolicyError::Schema {
             detail: render(&e, &shown, &src),
@@ -465,8 +545,21 @@ fn load_schema_checked(path: Option<&Path>, check: SettingsCheck) -> Result<Sche
     }
 }
 
-/// Parses, re-ids (by `@id("...")`) and validates a policy text.
+/// Parses, re-ids (by `@id("...")`) and validates a policy text. Policies that read
+/// `context.arguments` are validated once the tools' argument types are known
+/// ([`PolicyEngine::set_argument_types`]).
 pub fn compile_policies(schema: &Schema, path: &Path, src: &str) -> Result<PolicySet, PolicyError> {
+    compile_with(schema, &ArgumentTypes::unknown(), path, src).map(|(set, _)| set)
+}
+
+/// [`compile_policies`] against `schema` with the argument types `types` (see
+/// [`arguments::check`]): the set, and the warnings that do not refuse it.
+fn compile_with(
+    schema: &Schema,
+    types: &ArgumentTypes,
+    path: &Path,
+    src: &str,
+) -> Result<(PolicySet, Vec<String>), PolicyError> {
     let shown = path.display().to_string();
     let parsed = PolicySet::from_str(src).map_err(|errs| PolicyError::Parse {
         detail: errs
@@ -510,11 +603,38 @@ pub fn compile_policies(schema: &Schema, path: &Path, src: &str) -> Result<Polic
             }
         }
     }
+    let (mut errors, mut warnings) = (String::new(), Vec::new());
+    let mut unvalidated = HashSet::new();
+    for p in &renamed {
+        let (e, w, skip) = arguments::check(p, types, &shown, src);
+        for e in e {
+            errors.push_str(&e);
+            errors.push('\n');
+        }
+        warnings.extend(w);
+        if skip {
+            unvalidated.insert(p.id().clone());
+        }
+    }
+    if !errors.is_empty() {
+        return Err(PolicyError::Invalid {
+            path: shown,
+            detail: errors,
+        });
+    }
+    let checked = renamed
+        .iter()
+        .filter(|p| !unvalidated.contains(p.id()))
+        .cloned();
+    let checked = PolicySet::from_policies(checked).map_err(|e| PolicyError::Parse {
+        path: shown.clone(),
+        detail: format!("  {shown}: {e}\n"),
+    })?;
     let set = PolicySet::from_policies(renamed).map_err(|e| PolicyError::Parse {
         path: shown.clone(),
         detail: format!("  {shown}: {e}\n"),
     })?;
-    let result = Validator::new(schema.clone()).validate(&set, ValidationMode::Strict);
+    let result = Validator::new(schema.clone()).validate(&checked, ValidationMode::Strict);
     if !result.validation_passed_without_warnings() {
         let mut detail = String::new();
         for e in result.validation_errors() {
@@ -528,7 +648,7 @@ pub fn compile_policies(schema: &Schema, path: &Path, src: &str) -> Result<Polic
             detail,
         });
     }
-    Ok(set)
+    Ok((set, warnings))
 }
 
 impl PolicyEngine {
@@ -544,13 +664,20 @@ impl PolicyEngine {
         policy_path: &Path,
         check: SettingsCheck,
     ) -> Result<Self, PolicyError> {
-        let schema = load_schema_checked(schema_path, check)?;
+        let (schema, schema_json) = load_schema_checked(schema_path, check)?;
         let src = read(policy_path, "policy", check)?;
-        let set = compile_policies(&schema, policy_path, &src)?;
+        let types = ArgumentTypes::unknown();
+        let (set, warnings) = compile_with(&schema, &types, policy_path, &src)?;
         Ok(Self {
             check,
             policy_path: policy_path.to_path_buf(),
-            current: RwLock::new(Arc::new(PolicyVersion::new(1, set))),
+            current: RwLock::new(Arc::new(PolicyVersion::new(1, set, src))),
+            schema_json,
+            arguments: RwLock::new(Arc::new(ArgumentState {
+                types,
+                schema: schema.clone(),
+                warnings,
+            })),
             names: Names::new(),
             authorizer: Authorizer::new(),
             action_entities: schema.action_entities().ok(),
@@ -575,14 +702,68 @@ impl PolicyEngine {
     /// Re-reads the policy file. On any error the old set stays in force.
     pub fn reload(&self) -> Result<Arc<PolicyVersion>, PolicyError> {
         let src = read(&self.policy_path, "policy", self.check)?;
-        let set = compile_policies(&self.schema, &self.policy_path, &src)?;
+        let state = self.argument_state();
+        let (set, warnings) = compile_with(&state.schema, &state.types, &self.policy_path, &src)?;
         let mut guard = match self.current.write() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
         };
-        let next = Arc::new(PolicyVersion::new(guard.version + 1, set));
+        let next = Arc::new(PolicyVersion::new(guard.version + 1, set, src));
         *guard = next.clone();
+        drop(guard);
+        *self.arguments.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(ArgumentState {
+            types: state.types.clone(),
+            schema: state.schema.clone(),
+            warnings,
+        });
         Ok(next)
+    }
+
+    fn argument_state(&self) -> Arc<ArgumentState> {
+        self.arguments
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The tools' argument types are known (at start, once every provider listed its tools) or
+    /// changed (an upstream's tools drifted): the policy set in force is validated again
+    /// against them. `Err` names the policies that read an argument no tool has (at start,
+    /// the broker refuses to start; later, the set stays in force and the caller says so);
+    /// `Ok` carries the warnings. The types are kept either way: they are what the tools are.
+    pub fn set_argument_types(&self, types: ArgumentTypes) -> Result<Vec<String>, PolicyError> {
+        let schema = self
+            .schema_json
+            .clone()
+            .and_then(|mut json| {
+                arguments::augment(&mut json, &types);
+                let fragment = SchemaFragment::from_json_value(json)
+                    .inspect_err(|e| tracing::warn!(error = %e, "the schema with argument types does not load; arguments are not validated"))
+                    .ok()?;
+                Schema::from_schema_fragments([fragment])
+                    .inspect_err(|e| tracing::warn!(error = %e, "the schema with argument types does not load; arguments are not validated"))
+                    .ok()
+            })
+            .unwrap_or_else(|| self.schema.clone());
+        let pv = self.current();
+        let result = compile_with(&schema, &types, &self.policy_path, &pv.source);
+        // An error here does not take the set out of force (the caller refuses a start, or says
+        // so): it is what the operator must see, as a warning, until the set is fixed.
+        let warnings = match &result {
+            Ok((_, w)) => w.clone(),
+            Err(e) => vec![e.to_string()],
+        };
+        *self.arguments.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(ArgumentState {
+            types,
+            schema,
+            warnings: warnings.clone(),
+        });
+        result.map(|(_, w)| w)
+    }
+
+    /// What the last validation of the policy set found that does not refuse it.
+    pub fn argument_warnings(&self) -> Vec<String> {
+        self.argument_state().warnings.clone()
     }
 
     /// The policies that can apply to `principal`, cached per principal for this version.
@@ -690,10 +871,31 @@ impl PolicyEngine {
         action: &str,
         resource: &Resource,
     ) -> Decision {
-        match self.try_decide(pv, ctx, action, resource) {
+        self.decide_with(pv, ctx, action, resource, None)
+    }
+
+    /// [`Self::decide`] for a call: `context.arguments` holds the call's typed arguments.
+    pub fn decide_with(
+        &self,
+        pv: &PolicyVersion,
+        ctx: &AccessContext,
+        action: &str,
+        resource: &Resource,
+        arguments: Option<&Typed>,
+    ) -> Decision {
+        match self.try_decide(pv, ctx, action, resource, arguments) {
             Ok(d) => d,
             Err(e) => Decision::internal(e),
         }
+    }
+
+    /// The context a decision with `arguments` sees, as JSON (`policy check` prints it).
+    pub fn context_shown(ctx: &AccessContext, arguments: Option<&Typed>) -> serde_json::Value {
+        let mut m = context_json(ctx);
+        if let Some(t) = arguments {
+            m.insert("arguments".to_owned(), t.shown.clone());
+        }
+        serde_json::Value::Object(m)
     }
 
     /// The decision inputs shared by every call of one context under `pv`.
@@ -725,7 +927,7 @@ impl PolicyEngine {
         if let Some(t) = &turn {
             pairs.push(("turn".to_owned(), restricted("turn", t)?));
         }
-        let context = Context::from_pairs(pairs).map_err(|e| e.to_string())?;
+        let context = Context::from_pairs(pairs.clone()).map_err(|e| e.to_string())?;
         let signature = format!(
             "{}{}{}",
             u8::from(agent_uid.is_some()),
@@ -735,6 +937,7 @@ impl PolicyEngine {
         let set = self.slice(pv, &p);
         let prepared = Arc::new(Prepared {
             principal: p,
+            pairs,
             signature,
             base,
             context,
@@ -809,6 +1012,7 @@ impl PolicyEngine {
         ctx: &AccessContext,
         action: &str,
         resource: &Resource,
+        arguments: Option<&Typed>,
     ) -> Result<Decision, String> {
         let prepared = self.prepared(pv, ctx)?;
         let a = self.names.action(action)?;
@@ -849,6 +1053,46 @@ impl PolicyEngine {
                 conforming.push(shape);
             }
         }
+        // Every decision carries `context.arguments` when a policy reads them (an empty record
+        // when this decision has no call: a search hit's read check); when none does, they
+        // change nothing and are left out.
+        let empty;
+        let arguments = match (pv.reads_any_arguments(), arguments) {
+            (false, _) => None,
+            (true, Some(t)) => Some(t),
+            (true, None) => {
+                empty = arguments::empty();
+                Some(&empty)
+            }
+        };
+        // The call's arguments join the context validated above. They are not validated against
+        // the schema: a Cedar record type is closed, and the schema's `context.arguments` (see
+        // `arguments`) is the union of every tool of the action, not this tool's type. They were
+        // typed from this tool's own inputSchema, which the arguments passed; what could still go
+        // wrong is a policy reading an argument this tool lacks, an evaluation error, which
+        // below denies even when it is a `forbid`'s.
+        let request = match arguments {
+            None => request,
+            Some(t) => {
+                let mut pairs = prepared.pairs.clone();
+                pairs.push(("arguments".to_owned(), t.expr.clone()));
+                let context = Context::from_pairs(pairs).map_err(|e| e.to_string())?;
+                Request::new(
+                    prepared.principal.clone(),
+                    request
+                        .action()
+                        .cloned()
+                        .ok_or("the request lost its action")?,
+                    request
+                        .resource()
+                        .cloned()
+                        .ok_or("the request lost its resource")?,
+                    context,
+                    None,
+                )
+                .map_err(|e| format!("request does not fit the schema: {e}"))?
+            }
+        };
         let response = self.authorizer.is_authorized(&request, set, &entities);
         let policies: Vec<String> = response
             .diagnostics()
@@ -860,7 +1104,23 @@ impl PolicyEngine {
             .errors()
             .map(|e| e.to_string())
             .collect();
-        let allowed = response.decision() == CedarDecision::Allow;
+        // Cedar skips a policy whose condition errors: for a `forbid`, that is failing open. A
+        // `forbid` that errors denies here, and names itself.
+        let erring_forbids: Vec<String> = response
+            .diagnostics()
+            .errors()
+            .map(|e| {
+                let AuthorizationError::PolicyEvaluationError(e) = e;
+                e.policy_id()
+            })
+            .filter(|id| set.policy(id).is_some_and(|p| p.effect() == Effect::Forbid))
+            .map(|id| id.to_string())
+            .collect();
+        let (allowed, policies) = if erring_forbids.is_empty() {
+            (response.decision() == CedarDecision::Allow, policies)
+        } else {
+            (false, erring_forbids)
+        };
         let forbidden = !allowed
             && policies.iter().any(|id| {
                 set.policy(&PolicyId::new(id))
@@ -895,7 +1155,23 @@ impl PolicyEngine {
         action: &str,
         resource_type: &str,
     ) -> bool {
-        self.could_permit_on(pv, ctx, action, resource_type, None)
+        self.could_permit_on(pv, ctx, action, resource_type, None, &[], None)
+    }
+
+    /// [`Self::could_permit`] for one tool whose resource has attributes known before the call
+    /// (a file tool's `namespace`: its provider's), and whose arguments can be only those
+    /// `arguments` types (its own; `None`: not known): a policy that permits only another
+    /// namespace's files, or reads an argument the tool does not have, hides it.
+    pub fn could_permit_known(
+        &self,
+        pv: &PolicyVersion,
+        ctx: &AccessContext,
+        action: &str,
+        resource_type: &str,
+        known: &[(&str, serde_json::Value)],
+        arguments: Option<&arguments::Typing>,
+    ) -> bool {
+        self.could_permit_on(pv, ctx, action, resource_type, None, known, arguments)
     }
 
     /// Is the answer the same for every resource of `resource_type`? `Some(false)`: no call can
@@ -909,7 +1185,7 @@ impl PolicyEngine {
         action: &str,
         resource_type: &str,
     ) -> Option<bool> {
-        match self.partial_decision(pv, ctx, action, resource_type, None) {
+        match self.partial_decision(pv, ctx, action, resource_type, None, &[], None) {
             Ok(Some(CedarDecision::Allow)) => Some(true),
             Ok(Some(CedarDecision::Deny)) => Some(false),
             Ok(None) => None,
@@ -933,6 +1209,19 @@ impl PolicyEngine {
         action: &str,
         names: &[&str],
     ) -> Vec<bool> {
+        self.permitted_tools_with(pv, ctx, action, names, &[])
+    }
+
+    /// [`Self::permitted_tools`], each tool's argument types given (`typings[i]` for
+    /// `names[i]`; missing: not known), for a set that reads `context.arguments`.
+    pub fn permitted_tools_with(
+        &self,
+        pv: &PolicyVersion,
+        ctx: &AccessContext,
+        action: &str,
+        names: &[&str],
+        typings: &[arguments::Typing],
+    ) -> Vec<bool> {
         let batch = || -> Result<Vec<bool>, String> {
             let Some(first) = names.first() else {
                 return Ok(vec![]);
@@ -941,7 +1230,7 @@ impl PolicyEngine {
             let probe = Resource::Tool {
                 name: (*first).to_owned(),
             };
-            let d = self.try_decide(pv, ctx, action, &probe)?;
+            let d = self.try_decide(pv, ctx, action, &probe, None)?;
             if !d.errors.is_empty() {
                 return Err(d.errors.join("; "));
             }
@@ -950,6 +1239,11 @@ impl PolicyEngine {
             let store = self.tool_store(names)?;
             let (uids, entities) = (&store.uids, &store.entities);
             let narrowed = self.narrowed(&prepared, action, &a, "Tool");
+            if reads_arguments(pv, &narrowed) {
+                // A concrete evaluation would see no arguments; each tool is asked with them
+                // unknown instead.
+                return Err("a policy reads the call's arguments".into());
+            }
             // What is left of those policies once everything but the tool is known (Cedar's
             // residual policies, made for re-authorization): each tool evaluates only that.
             let residual = self.residual_for_type(&prepared, &a, "Tool", &narrowed);
@@ -976,14 +1270,19 @@ impl PolicyEngine {
                 tracing::debug!(principal = %ctx.principal, %action, error = %e, "batch tool decision failed; asking per tool");
                 names
                     .iter()
-                    .map(|name| {
-                        self.could_permit_resource(
+                    .enumerate()
+                    .map(|(i, name)| {
+                        let resource = Resource::Tool {
+                            name: (*name).to_owned(),
+                        };
+                        self.could_permit_on(
                             pv,
                             ctx,
                             action,
-                            &Resource::Tool {
-                                name: (*name).to_owned(),
-                            },
+                            resource.type_name(),
+                            Some(&resource),
+                            &[],
+                            typings.get(i),
                         )
                     })
                     .collect()
@@ -1068,9 +1367,21 @@ impl PolicyEngine {
         action: &str,
         resource: &Resource,
     ) -> bool {
-        self.could_permit_on(pv, ctx, action, resource.type_name(), Some(resource))
+        self.could_permit_on(
+            pv,
+            ctx,
+            action,
+            resource.type_name(),
+            Some(resource),
+            &[],
+            None,
+        )
     }
 
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the question's parts: who, what, and what is known of the resource and the arguments"
+    )]
     fn could_permit_on(
         &self,
         pv: &PolicyVersion,
@@ -1078,8 +1389,10 @@ impl PolicyEngine {
         action: &str,
         resource_type: &str,
         resource: Option<&Resource>,
+        known: &[(&str, serde_json::Value)],
+        arguments: Option<&arguments::Typing>,
     ) -> bool {
-        match self.partial_decision(pv, ctx, action, resource_type, resource) {
+        match self.partial_decision(pv, ctx, action, resource_type, resource, known, arguments) {
             Ok(decision) => decision != Some(CedarDecision::Deny),
             Err(e) => {
                 tracing::debug!(principal = %ctx.principal, %action, %resource_type, error = %e, "partial evaluation failed; showing the tool");
@@ -1089,7 +1402,12 @@ impl PolicyEngine {
     }
 
     /// Type-aware partial evaluation with the principal and the context known and (without
-    /// `resource`) the resource unknown: `Some` decision when it is definite.
+    /// `resource`) the resource unknown, save the attributes in `known`: `Some` decision when
+    /// it is definite.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the question's parts: who, what, and what is known of the resource and the arguments"
+    )]
     fn partial_decision(
         &self,
         pv: &PolicyVersion,
@@ -1097,6 +1415,8 @@ impl PolicyEngine {
         action: &str,
         resource_type: &str,
         resource: Option<&Resource>,
+        known: &[(&str, serde_json::Value)],
+        arguments: Option<&arguments::Typing>,
     ) -> Result<Option<CedarDecision>, String> {
         let prepared = self.prepared(pv, ctx)?;
         let a = self.names.action(action)?;
@@ -1111,19 +1431,44 @@ impl PolicyEngine {
             }
             None => PartialEntityUid::new(self.names.type_name(resource_type)?, None),
         };
+        // A policy that reads `context.arguments` cannot be decided before the call: the
+        // arguments are unknown then. Partial evaluation leaves a whole context known or
+        // unknown, so with such a policy in the slice the context is unknown, typed by the
+        // schema that declares the arguments, and what is known of it (agent, turn) is written
+        // into the policies instead (see `known`), as are the resource's known attributes.
+        let unknown_context = reads_arguments(pv, &prepared.set);
+        let rewritten = if unknown_context || !known.is_empty() {
+            let shown = unknown_context.then(|| context_json(ctx));
+            known::substitute(
+                &prepared.set,
+                &known::Known {
+                    resource: known,
+                    context: shown.as_ref(),
+                    arguments: arguments.map(|t| &t.fields),
+                },
+            )
+        } else {
+            None
+        };
+        let set = rewritten.as_ref().unwrap_or(&prepared.set);
+        let state = self.argument_state();
+        let schema = if unknown_context {
+            &state.schema
+        } else {
+            &self.schema
+        };
         let request = PartialRequest::new(
             PartialEntityUid::from_concrete(prepared.principal.clone()),
             a,
             partial_resource,
-            Some(prepared.context.clone()),
-            &self.schema,
+            (!unknown_context).then(|| prepared.context.clone()),
+            schema,
         )
         .map_err(|e| e.to_string())?;
         let partial =
-            PartialEntities::from_concrete(entities, &self.schema).map_err(|e| e.to_string())?;
-        let response = prepared
-            .set
-            .tpe(&request, &partial, &self.schema)
+            PartialEntities::from_concrete(entities, schema).map_err(|e| e.to_string())?;
+        let response = set
+            .tpe(&request, &partial, schema)
             .map_err(|e| e.to_string())?;
         Ok(response.decision())
     }
@@ -1562,5 +1907,363 @@ when { resource.path like "*/secret*" };
             turn: None,
         };
         assert_eq!(AccessContext::from_recorded(&recorded), Ok(plain));
+    }
+
+    fn chat_schema() -> serde_json::Value {
+        serde_json::json!({"type": "object", "properties": {
+            "channel": {"type": "string"}, "text": {"type": "string"}}})
+    }
+
+    fn bank_schema() -> serde_json::Value {
+        serde_json::json!({"type": "object", "properties": {
+            "amount": {"type": "integer"}, "to": {"type": "string"}}})
+    }
+
+    fn call_types() -> ArgumentTypes {
+        let mut types = ArgumentTypes::known();
+        types.add_tool("call", Some(&chat_schema()));
+        types.add_tool("call", Some(&bank_schema()));
+        types.add_tool(
+            "read",
+            Some(&serde_json::json!({"properties": {"path": {"type": "string"}}})),
+        );
+        types
+    }
+
+    fn args(v: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+        match v {
+            serde_json::Value::Object(m) => m,
+            _ => serde_json::Map::new(),
+        }
+    }
+
+    const ARGUMENT_POLICY: &str = r#"@id("public")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool)
+when { resource.name == "chat.post" && context has arguments && context.arguments has channel && context.arguments.channel == "public" };
+@id("small")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool)
+when { resource.name == "bank.transfer" && context.arguments has amount && context.arguments.amount <= 100 };
+"#;
+
+    #[test]
+    fn a_call_is_decided_on_its_typed_arguments() {
+        let e = engine(ARGUMENT_POLICY);
+        assert_eq!(
+            e.set_argument_types(call_types()).expect("valid"),
+            Vec::<String>::new()
+        );
+        let pv = e.current();
+        let alice = AccessContext::new("alice", None);
+        let decide = |tool: &str, schema: serde_json::Value, a: serde_json::Value| {
+            let typed = arguments::typed(Some(&schema), &args(a));
+            e.decide_with(
+                &pv,
+                &alice,
+                "call",
+                &Resource::Tool { name: tool.into() },
+                Some(&typed),
+            )
+        };
+        let public = decide(
+            "chat.post",
+            chat_schema(),
+            serde_json::json!({"channel": "public", "text": "hi"}),
+        );
+        assert!(public.allowed, "{public:?}");
+        assert_eq!(public.policies, vec!["public".to_owned()]);
+        assert!(
+            !decide(
+                "chat.post",
+                chat_schema(),
+                serde_json::json!({"channel": "exec"})
+            )
+            .allowed
+        );
+        assert!(!decide("chat.post", chat_schema(), serde_json::json!({})).allowed);
+        assert!(
+            decide(
+                "bank.transfer",
+                bank_schema(),
+                serde_json::json!({"amount": 100})
+            )
+            .allowed
+        );
+        assert!(
+            !decide(
+                "bank.transfer",
+                bank_schema(),
+                serde_json::json!({"amount": 101})
+            )
+            .allowed
+        );
+        // A fraction is left out: the guarded permit does not apply.
+        assert!(
+            !decide(
+                "bank.transfer",
+                bank_schema(),
+                serde_json::json!({"amount": 1.5})
+            )
+            .allowed
+        );
+        // The same tool under another name's policy: no.
+        assert!(!decide("chat.post", bank_schema(), serde_json::json!({"amount": 1})).allowed);
+        // Without a call's arguments (a search hit's read check) they are an empty record.
+        assert!(
+            !e.decide(
+                &pv,
+                &alice,
+                "call",
+                &Resource::Tool {
+                    name: "chat.post".into()
+                }
+            )
+            .allowed
+        );
+        // What `policy check` prints of it.
+        let typed = arguments::typed(
+            Some(&chat_schema()),
+            &args(serde_json::json!({"channel": "public", "n": 1})),
+        );
+        let seen =
+            PolicyEngine::context_shown(&AccessContext::new("alice", Some("a1")), Some(&typed));
+        assert_eq!(seen["arguments"], serde_json::json!({"channel": "public"}));
+        assert_eq!(seen["agent"]["__entity"]["id"], serde_json::json!("a1"));
+    }
+
+    #[test]
+    fn a_misspelt_argument_is_refused_naming_file_line_and_argument() {
+        let typo = ARGUMENT_POLICY.replace(
+            "arguments has channel && context.arguments.channel",
+            "arguments has chanel && context.arguments.chanel",
+        );
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("p.cedar");
+        std::fs::write(&path, &typo).expect("write");
+        // Before the tools are known it loads (a replay, or a start before the providers listed).
+        let e = PolicyEngine::load(None, &path).expect("load");
+        let err = e
+            .set_argument_types(call_types())
+            .expect_err("a typo")
+            .to_string();
+        assert!(err.contains("p.cedar:3:"), "{err}");
+        assert!(err.contains("`context.arguments.chanel`"), "{err}");
+        assert!(err.contains("channel"), "the arguments there are: {err}");
+        assert_eq!(err.matches("policy `public`").count(), 1, "{err}");
+        // Where some tools are not known yet, it is a warning and the set loads.
+        let mut open = call_types();
+        open.open_action("call");
+        let warnings = e.set_argument_types(open).expect("a warning only");
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("p.cedar:3:") && warnings[0].contains("chanel"),
+            "{warnings:?}"
+        );
+        // Known again (the upstream listed): a reload of the same file is refused.
+        e.set_argument_types(call_types())
+            .expect_err("still a typo");
+        assert!(e.reload().is_err());
+        assert_eq!(e.current().version, 1);
+        // An argument of the wrong type is the validator's error, with its place.
+        std::fs::write(
+            &path,
+            ARGUMENT_POLICY.replace("amount <= 100", "amount <= \"100\""),
+        )
+        .expect("w");
+        let err = e.reload().err().expect("a type error").to_string();
+        assert!(err.contains("p.cedar:6:"), "{err}");
+        std::fs::write(&path, ARGUMENT_POLICY).expect("w");
+        assert_eq!(e.reload().expect("fixed").version, 2);
+    }
+
+    #[test]
+    fn a_forbid_whose_condition_errors_denies() {
+        let e = engine(
+            r#"@id("all") permit(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool);
+               @id("limit") forbid(principal, action, resource) when { context.arguments.limit > 5 };"#,
+        );
+        let mut types = call_types();
+        types.open_all();
+        assert_eq!(e.set_argument_types(types).expect("open").len(), 1);
+        let pv = e.current();
+        let typed = arguments::typed(
+            Some(&chat_schema()),
+            &args(serde_json::json!({"channel": "x"})),
+        );
+        let d = e.decide_with(
+            &pv,
+            &AccessContext::new("alice", None),
+            "call",
+            &Resource::Tool {
+                name: "chat.post".into(),
+            },
+            Some(&typed),
+        );
+        assert!(!d.allowed && d.forbidden, "{d:?}");
+        assert_eq!(d.policies, vec!["limit".to_owned()]);
+        assert_eq!(d.errors.len(), 1, "{d:?}");
+    }
+
+    #[test]
+    fn the_catalogue_knows_the_namespace_and_not_the_arguments() {
+        let e = engine(
+            r#"@id("files-only") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"read", resource is SharedOS::File)
+                 when { resource.namespace == "files" && resource.path like "/public/*" };
+               @id("helper-public") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool)
+                 when { context has agent && context.agent == SharedOS::Agent::"helper" && context.arguments has channel && context.arguments.channel == "public" };
+               @id("never-read") forbid(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool)
+                 when { resource.name == "chat.read" };"#,
+        );
+        e.set_argument_types(call_types()).expect("valid");
+        let pv = e.current();
+        let ns = |n: &str| vec![("namespace", serde_json::json!(n))];
+        let alice = AccessContext::new("alice", None);
+        assert!(e.could_permit_known(&pv, &alice, "read", "File", &ns("files"), None));
+        assert!(!e.could_permit_known(&pv, &alice, "read", "File", &ns("docs"), None));
+        let helper = AccessContext::new("alice", Some("helper"));
+        let other = AccessContext::new("alice", Some("other"));
+        let names = ["chat.post", "chat.read", "bank.pay"];
+        let typings = [
+            arguments::typing(Some(&chat_schema())),
+            arguments::typing(Some(&chat_schema())),
+            arguments::typing(Some(&bank_schema())),
+        ];
+        // bank.pay has no `channel`: no call of it can be permitted.
+        assert_eq!(
+            e.permitted_tools_with(&pv, &helper, "call", &names, &typings),
+            vec![true, false, false]
+        );
+        assert_eq!(
+            e.permitted_tools(&pv, &helper, "call", &names),
+            vec![true, false, true]
+        );
+        let names = ["chat.post", "chat.read"];
+        assert_eq!(
+            e.permitted_tools(&pv, &other, "call", &names),
+            vec![false, false]
+        );
+        assert_eq!(
+            e.permitted_tools(&pv, &alice, "call", &names),
+            vec![false, false]
+        );
+    }
+
+    /// The catalogue against brute force: a tool is listed exactly when some sampled arguments
+    /// are permitted.
+    mod exact {
+        use super::*;
+        use proptest::prelude::*;
+
+        const CANDIDATES: &[&str] = &[
+            r#"permit(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool) when { resource.name == "chat.post" && context.arguments has channel && context.arguments.channel == "public" };"#,
+            r#"permit(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool) when { resource.name like "bank.*" && context.arguments has amount && context.arguments.amount <= 100 };"#,
+            r#"forbid(principal, action, resource) when { context has arguments && context.arguments has amount && context.arguments.amount > 50 };"#,
+            r#"forbid(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool) when { resource.name == "chat.read" };"#,
+            r#"permit(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool);"#,
+            r#"forbid(principal, action, resource) when { context has arguments && context.arguments has channel && context.arguments.channel == "exec" };"#,
+            r#"permit(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool) when { context has agent && context.agent == SharedOS::Agent::"helper" && context.arguments has channel };"#,
+            r#"permit(principal, action == SharedOS::Action::"read", resource is SharedOS::File) when { resource.namespace == "files" };"#,
+            r#"permit(principal, action == SharedOS::Action::"read", resource is SharedOS::File) when { resource.path like "/public/*" && context.arguments has path };"#,
+            r#"forbid(principal, action, resource is SharedOS::File) when { resource.namespace == "docs" && resource.path like "/private/*" };"#,
+            r#"forbid(principal, action, resource);"#,
+            r#"forbid(principal, action == SharedOS::Action::"call", resource) when { context has agent };"#,
+        ];
+
+        /// (name, action, namespace for a file tool, schema).
+        fn tools() -> Vec<(
+            &'static str,
+            &'static str,
+            Option<&'static str>,
+            serde_json::Value,
+        )> {
+            let path = serde_json::json!({"properties": {"path": {"type": "string"}}});
+            vec![
+                ("chat.post", "call", None, chat_schema()),
+                ("chat.read", "call", None, chat_schema()),
+                ("bank.pay", "call", None, bank_schema()),
+                ("files.read", "read", Some("files"), path.clone()),
+                ("docs.read", "read", Some("docs"), path),
+            ]
+        }
+
+        fn samples(schema: &serde_json::Value) -> Vec<serde_json::Map<String, serde_json::Value>> {
+            let props: Vec<String> = schema["properties"]
+                .as_object()
+                .map(|p| p.keys().cloned().collect())
+                .unwrap_or_default();
+            let values = |name: &str| -> Vec<Option<serde_json::Value>> {
+                match name {
+                    "channel" => ["public", "exec", "other"]
+                        .iter()
+                        .map(|v| Some(serde_json::json!(v)))
+                        .chain([None])
+                        .collect(),
+                    "amount" => [0, 50, 51, 100, 101]
+                        .iter()
+                        .map(|v| Some(serde_json::json!(v)))
+                        .chain([None])
+                        .collect(),
+                    "path" => ["/public/a", "/private/b", "/other"]
+                        .iter()
+                        .map(|v| Some(serde_json::json!(v)))
+                        .collect(),
+                    _ => vec![None, Some(serde_json::json!("x"))],
+                }
+            };
+            let mut out = vec![serde_json::Map::new()];
+            for p in props {
+                out = out
+                    .into_iter()
+                    .flat_map(|m| {
+                        values(&p).into_iter().map({
+                            let p = p.clone();
+                            move |v| {
+                                let mut m = m.clone();
+                                if let Some(v) = v {
+                                    m.insert(p.clone(), v);
+                                }
+                                m
+                            }
+                        })
+                    })
+                    .collect();
+            }
+            out
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(48))]
+            #[test]
+            fn listed_tools_are_what_brute_force_finds(pick in proptest::collection::vec(any::<bool>(), CANDIDATES.len())) {
+                let src: String = CANDIDATES.iter().zip(&pick).filter(|(_, p)| **p).enumerate()
+                    .map(|(i, (c, _))| format!("@id(\"p{i}\") {c}\n")).collect();
+                let e = engine(&src);
+                let mut types = ArgumentTypes::known();
+                for (_, action, _, schema) in tools() {
+                    types.add_tool(action, Some(&schema));
+                }
+                e.set_argument_types(types).expect("valid");
+                let pv = e.current();
+                for ctx in [AccessContext::new("alice", None), AccessContext::new("alice", Some("helper")), AccessContext::new("alice", Some("other"))] {
+                    for (name, action, namespace, schema) in tools() {
+                        let listed = match namespace {
+                            Some(ns) => e.could_permit_known(&pv, &ctx, action, "File", &[("namespace", serde_json::json!(ns))], Some(&arguments::typing(Some(&schema)))),
+                            None => match e.permit_for_every(&pv, &ctx, action, "Tool") {
+                                Some(answer) => answer,
+                                None => e.permitted_tools_with(&pv, &ctx, action, &[name], &[arguments::typing(Some(&schema))])[0],
+                            },
+                        };
+                        let found = samples(&schema).iter().any(|a| {
+                            let resource = match namespace {
+                                Some(ns) => Resource::File { namespace: ns.into(), path: a.get("path").and_then(|p| p.as_str()).unwrap_or("/").into() },
+                                None => Resource::Tool { name: name.into() },
+                            };
+                            let typed = arguments::typed(Some(&schema), a);
+                            e.decide_with(&pv, &ctx, action, &resource, Some(&typed)).allowed
+                        });
+                        prop_assert_eq!(listed, found, "{} for {:?} under\n{}", name, ctx.agent, src);
+                    }
+                }
+            }
+        }
     }
 }
