@@ -189,6 +189,13 @@ pub struct McpProviderConfig {
     /// Seconds to wait for the TCP and TLS connection (default 10).
     #[serde(default)]
     pub connect_timeout_seconds: Option<u64>,
+    /// Requests in flight to the server at once per session (default 8): over HTTP/1.1 the most
+    /// connections kept open, besides the session's listening stream.
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    /// An idle connection is closed after this many seconds (default 4); 0: none is kept.
+    #[serde(default)]
+    pub idle_connection_seconds: Option<u64>,
     /// OAuth 2.0 for the server (`[providers.oauth]`): the broker gets its own access token
     /// and sends it as `Authorization: Bearer …`; the harness's never passes through.
     #[serde(default)]
@@ -640,6 +647,8 @@ const REMOTE_ONLY: &[&str] = &[
     "headers",
     "connect_timeout_seconds",
     "oauth",
+    "max_connections",
+    "idle_connection_seconds",
 ];
 
 impl McpProviderConfig {
@@ -662,6 +671,8 @@ impl McpProviderConfig {
                 !r.headers.is_empty(),
                 r.connect_timeout_seconds.is_some(),
                 r.oauth.is_some(),
+                r.max_connections.is_some(),
+                r.idle_connection_seconds.is_some(),
             ];
             if let Some(i) = set.iter().position(|s| *s) {
                 return Err(format!(
@@ -700,6 +711,14 @@ impl McpProviderConfig {
         if self.connect_timeout_seconds == Some(0) {
             return Err(format!(
                 "provider `{ns}`: connect_timeout_seconds = 0: at least 1"
+            ));
+        }
+        let max = crate::upstream::MAX_CONNECTIONS;
+        if let Some(n) = self.max_connections
+            && !(1..=max).contains(&n)
+        {
+            return Err(format!(
+                "provider `{ns}`: max_connections = {n}: from 1 to {max}"
             ));
         }
         for name in self.headers.keys() {
@@ -1555,6 +1574,40 @@ mod tests {
         ))
         .expect_err("grant");
         assert!(e.contains("password"), "{e}");
+    }
+
+    /// Issue 46: the connection pool's keys, for a remote provider only, bounded.
+    #[test]
+    fn the_pool_keys_are_checked() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("broker.toml");
+        let base = "record = \"r.jsonl\"\npolicy = \"p.cedar\"\n[[providers]]\ntype = \"mcp\"\nnamespace = \"r\"\n";
+        let load = |text: String| {
+            std::fs::write(&path, text).expect("w");
+            Config::from_file(&path)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        let url = "url = \"https://mcp.example.com/mcp\"\n";
+        load(format!(
+            "{base}{url}max_connections = 256\nidle_connection_seconds = 0\n"
+        ))
+        .expect("valid");
+        for n in [0, 257] {
+            let e = load(format!("{base}{url}max_connections = {n}\n")).expect_err("bound");
+            assert!(
+                e.contains(&format!("max_connections = {n}: from 1 to 256")),
+                "{e}"
+            );
+        }
+        for key in ["max_connections = 2", "idle_connection_seconds = 9"] {
+            let e = load(format!("{base}command = \"srv\"\n{key}\n")).expect_err("stdio");
+            let name = key.split(' ').next().unwrap_or_default();
+            assert!(
+                e.contains(&format!("`{name}` is for a remote provider")),
+                "{e}"
+            );
+        }
     }
 
     /// Issue 42 item 9: URLs are read as the HTTP client reads them.

@@ -12,8 +12,13 @@ With --oauth CLIENT=SECRET,... it is also its own OAuth authorization server: PO
 expire after --expires seconds (a `token-issued <client>` line in REMOTE_LOG, or
 `token-endpoint-refused <client>`); bearer tokens are then the issued, unexpired ones.
 
+--stateless serves Streamable HTTP statelessly (no session, no listening stream), --json answers
+with JSON bodies instead of SSE streams, --keep-alive SECONDS closes a connection idle that long
+(uvicorn's default: 5).
+
 Usage: python remote_server.py [--port N] [--tls CERT KEY [--client-ca CA]] [--tokens ID=TOKEN,...]
                                [--oauth CLIENT=SECRET,... [--expires SECONDS]]
+                               [--stateless] [--json] [--keep-alive SECONDS]
 """
 import asyncio
 import base64
@@ -46,6 +51,9 @@ def main():
     tokens = None
     oauth = None
     expires = 3600
+    stateless = False
+    json_response = False
+    keep_alive = 5
     while args:
         a = args.pop(0)
         if a == "--port":
@@ -61,6 +69,12 @@ def main():
             tokens = {}
         elif a == "--expires":
             expires = float(args.pop(0))
+        elif a == "--stateless":
+            stateless = True
+        elif a == "--json":
+            json_response = True
+        elif a == "--keep-alive":
+            keep_alive = int(args.pop(0))
         else:
             raise SystemExit(f"unknown argument {a}")
 
@@ -162,7 +176,7 @@ def main():
     sock.bind(("127.0.0.1", port))
     sock.listen(128)
     port = sock.getsockname()[1]
-    http_app = app.streamable_http_app()
+    http_app = app.streamable_http_app(json_response=json_response, stateless_http=stateless)
     if oauth is not None:
         from starlette.responses import Response
         from starlette.routing import Route
@@ -201,6 +215,7 @@ def main():
         ssl_ca_certs=client_ca,
         ssl_cert_reqs=2 if client_ca else 0,
         timeout_graceful_shutdown=1,
+        timeout_keep_alive=keep_alive,
     )
     server = uvicorn.Server(config)
     print(f"PORT {port}", flush=True)

@@ -7,11 +7,29 @@
 //! Bounded: a connect time limit, a maximum response size (as for stdio upstreams), redirects
 //! followed only on the same scheme, host and port. Outbound authorization is the provider's own
 //! headers; nothing the harness sends is passed through.
+//!
+//! Connections are kept and reused, per session (so per principal where instances are per
+//! principal): at most `max_connections` requests in flight at once (a request waits for a
+//! place), so at most that many connections over HTTP/1.1 besides the session's listening
+//! stream, and one over HTTP/2 (offered by ALPN over TLS); an idle connection is closed by the
+//! broker after `idle_connection_seconds`, before the 5 s keep-alive common to uvicorn and Node
+//! servers closes it under a request. Every response body is read to its end before its
+//! connection is given back ([`Drained`]): a body left unread would close the connection, and a
+//! reused connection with an unread body stalls on the server's delayed ACK. TLS sessions are
+//! resumed from one store per provider; `TCP_NODELAY` is set. A request is only sent again by
+//! the HTTP client where it cannot have reached the server: a pooled HTTP/1.1 connection found
+//! closed before the request was written, an HTTP/2 stream the server refused (`REFUSED_STREAM`)
+//! or that a graceful `GOAWAY` left unprocessed; never a request the server may have read.
 
 use std::collections::HashMap;
 use std::error::Error as StdError;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use futures::stream::{BoxStream, Stream, StreamExt as _};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use reqwest::header::{HeaderName, HeaderValue};
 use rmcp::ServiceExt;
@@ -40,6 +58,25 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_HTTP_ENVELOPE_BYTES: usize = 64 * 1024;
 /// Redirects followed, each only to the same scheme, host and port.
 pub const MAX_REDIRECTS: usize = 5;
+/// Requests in flight to a remote server at once per session, by default (`max_connections`):
+/// over HTTP/1.1 the most connections open, besides the session's listening stream.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 8;
+/// Most `max_connections` can be.
+pub const MAX_CONNECTIONS: usize = 256;
+/// An idle connection is closed after this many seconds, by default (`idle_connection_seconds`):
+/// under the 5 s keep-alive of uvicorn and Node servers, so the broker closes it first, and a
+/// request never goes out on a connection the server is closing.
+pub const DEFAULT_IDLE_CONNECTION_SECONDS: u64 = 4;
+/// TLS sessions remembered per provider, for resumption.
+const TLS_SESSIONS: usize = 64;
+/// A response stream the MCP client stopped reading (it had its answer, or the call was
+/// cancelled) is read on for at most this long, to its end, so its connection can be reused;
+/// a stream still open then is dropped, and its connection closed.
+const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+/// A request's place is given back this long after its response ended: the HTTP client puts
+/// the connection back in its pool on a task of its own, and a request let in before that would
+/// open another connection.
+const RETURN_GRACE: Duration = Duration::from_millis(2);
 
 /// What `providers` shows of a remote provider.
 #[derive(Debug, Clone, Serialize)]
@@ -57,6 +94,10 @@ pub struct RemoteStatus {
     pub sessions: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_latency_ms: Option<f64>,
+    /// Requests in flight at once per session (`max_connections`).
+    pub max_connections: usize,
+    /// How long an idle connection is kept (`idle_connection_seconds`; 0: none).
+    pub idle_connection_seconds: u64,
     /// With `[providers.oauth]`: its token endpoint, and the token requests made so far.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oauth_token_url: Option<String>,
@@ -71,10 +112,20 @@ struct RemoteState {
     last_latency: Option<Duration>,
 }
 
-/// A remote provider's session bookkeeping.
-#[derive(Default)]
+/// A remote provider's session bookkeeping, and its TLS sessions (resumed by every session and
+/// instance of the provider).
 pub struct Remote {
     state: Mutex<RemoteState>,
+    tls_sessions: rustls::client::Resumption,
+}
+
+impl Default for Remote {
+    fn default() -> Self {
+        Self {
+            state: Mutex::default(),
+            tls_sessions: rustls::client::Resumption::in_memory_sessions(TLS_SESSIONS),
+        }
+    }
 }
 
 impl Remote {
@@ -222,6 +273,8 @@ impl McpProvider {
             last_latency_ms: state
                 .last_latency
                 .map(|d| (d.as_secs_f64() * 1e5).round() / 100.0),
+            max_connections: self.max_connections(),
+            idle_connection_seconds: self.idle_connection().as_secs(),
             oauth_token_url: self.config.oauth.as_ref().map(|o| o.token_url.clone()),
             oauth_token_fetches: self.config.oauth.as_ref().map(|_| self.oauth.fetches()),
         })
@@ -280,12 +333,31 @@ impl McpProvider {
             }
             _ => builder.with_no_client_auth(),
         };
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        // HTTP/2 where the server offers it, else HTTP/1.1.
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        config.resumption = self.remote.tls_sessions.clone();
         Ok(config)
     }
 
-    /// The HTTP client: rustls, no proxy from the environment, the connect time limit, and
-    /// redirects only to the same origin.
+    /// Requests in flight at once per session (`max_connections`).
+    pub fn max_connections(&self) -> usize {
+        self.config
+            .max_connections
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS)
+    }
+
+    /// How long an idle connection is kept (`idle_connection_seconds`; 0: none is kept).
+    pub fn idle_connection(&self) -> Duration {
+        Duration::from_secs(
+            self.config
+                .idle_connection_seconds
+                .unwrap_or(DEFAULT_IDLE_CONNECTION_SECONDS),
+        )
+    }
+
+    /// The HTTP client: rustls, no proxy from the environment, the connect time limit,
+    /// redirects only to the same origin, and idle connections kept for reuse (at most
+    /// `max_connections`, each for `idle_connection_seconds`).
     fn http_client(&self) -> Result<reqwest::Client, String> {
         let policy = reqwest::redirect::Policy::custom(|attempt| {
             let origin = |u: &reqwest::Url| {
@@ -308,13 +380,18 @@ impl McpProvider {
                 attempt.follow()
             }
         });
+        let idle = self.idle_connection();
         reqwest::Client::builder()
             .tls_backend_preconfigured(self.tls_config()?)
             .no_proxy()
-            // No idle connection is reused: a reused one waits ~40 ms on the server's delayed
-            // ACK after rmcp leaves an SSE response body unread (rmcp's own default client
-            // does the same; measured: 54 ms per loopback call with reuse, see BENCHMARKS.md).
-            .pool_max_idle_per_host(0)
+            // Reused: every response body is read to its end first ([`Drained`]).
+            .pool_max_idle_per_host(if idle.is_zero() {
+                0
+            } else {
+                self.max_connections()
+            })
+            .pool_idle_timeout(idle)
+            .tcp_nodelay(true)
             .redirect(policy)
             .connect_timeout(
                 self.config
@@ -391,6 +468,7 @@ impl McpProvider {
         let client = super::oauth::TokenClient {
             inner: client,
             tokens,
+            places: Arc::new(Semaphore::new(self.max_connections())),
         };
         let transport = StreamableHttpClientTransport::with_client(client, config);
         let limit = self.startup_timeout();
@@ -515,5 +593,104 @@ impl McpProvider {
                 ),
             ),
         })
+    }
+}
+
+/// A request's place among the session's `max_connections`, given back [`RETURN_GRACE`] after
+/// its response ended (at once outside a runtime).
+pub(super) fn give_back(place: Option<OwnedSemaphorePermit>) {
+    let Some(place) = place else { return };
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move {
+            tokio::time::sleep(RETURN_GRACE).await;
+            drop(place);
+        });
+    }
+}
+
+type SseStream = BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>;
+
+/// A response's SSE stream that is read to its end: its place is given back at the end, and a
+/// stream dropped after it carried its answer (rmcp stops reading once it has it) is read on,
+/// for at most [`DRAIN_LIMIT`], on a task of its own, so its connection goes back to the pool
+/// rather than being closed. One dropped before its answer (the call was cancelled or timed out)
+/// is closed at once: under 2026-07-28 closing the stream is how a server learns of the cancel.
+pub(super) struct Drained {
+    inner: Option<SseStream>,
+    place: Option<OwnedSemaphorePermit>,
+    answered: bool,
+}
+
+impl Drained {
+    pub(super) fn new(inner: SseStream, place: Option<OwnedSemaphorePermit>) -> Self {
+        Self {
+            inner: Some(inner),
+            place,
+            answered: false,
+        }
+    }
+}
+
+/// Whether an SSE event's data is a JSON-RPC response or error (not a request or notification).
+fn is_answer(data: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Shape {
+        #[serde(default)]
+        method: Option<serde::de::IgnoredAny>,
+        #[serde(default)]
+        result: Option<serde::de::IgnoredAny>,
+        #[serde(default)]
+        error: Option<serde::de::IgnoredAny>,
+    }
+    serde_json::from_str::<Shape>(data)
+        .is_ok_and(|s| s.method.is_none() && (s.result.is_some() || s.error.is_some()))
+}
+
+impl Stream for Drained {
+    type Item = Result<sse_stream::Sse, sse_stream::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let Some(inner) = self.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let next = inner.poll_next_unpin(cx);
+        match &next {
+            Poll::Ready(None) => {
+                self.inner = None;
+                give_back(self.place.take());
+            }
+            Poll::Ready(Some(Ok(event))) if !self.answered => {
+                self.answered = event.data.as_deref().is_some_and(is_answer);
+            }
+            _ => {}
+        }
+        next
+    }
+}
+
+impl Drop for Drained {
+    fn drop(&mut self) {
+        let place = self.place.take();
+        let Some(mut inner) = self.inner.take() else {
+            give_back(place);
+            return;
+        };
+        if !self.answered {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            let ended =
+                tokio::time::timeout(DRAIN_LIMIT, async { while inner.next().await.is_some() {} })
+                    .await
+                    .is_ok();
+            drop(inner);
+            if ended {
+                give_back(place);
+            }
+            // Not ended: the connection is closed with the stream, and the place is free now.
+        });
     }
 }

@@ -49,6 +49,7 @@ pub mod sandbox;
 mod stdio;
 mod template;
 
+pub use http::{DEFAULT_IDLE_CONNECTION_SECONDS, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS};
 pub use instances::{UidMap, UidPool, uid_map_path};
 pub use log::UpstreamLog;
 use log::upstream_text;

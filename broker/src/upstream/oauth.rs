@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt as _;
 use futures::stream::BoxStream;
 use reqwest::header::{HeaderName, HeaderValue};
 use rmcp::model::ClientJsonRpcMessage;
@@ -275,11 +276,14 @@ impl TokenCaches {
 }
 
 /// rmcp's reqwest client, with the current OAuth token (when the provider has one) as the
-/// bearer of every request.
+/// bearer of every request, and the session's places: at most `max_connections` requests in
+/// flight at once, each holding its place until its response is read to its end
+/// ([`super::http::Drained`]).
 #[derive(Clone)]
 pub struct TokenClient {
     pub inner: reqwest::Client,
     pub tokens: Option<Arc<Tokens>>,
+    pub places: Arc<tokio::sync::Semaphore>,
 }
 
 type HttpResult<T> = Result<T, StreamableHttpError<reqwest::Error>>;
@@ -298,6 +302,28 @@ impl From<TokenError> for StreamableHttpError<reqwest::Error> {
 }
 
 impl TokenClient {
+    /// `message`'s place among the session's `max_connections`: a request waits for one. A
+    /// notification or an answer to the server does not: it may be what a call holding a place
+    /// waits for (the answer to its server's question, a cancel), and its response is empty.
+    async fn place(
+        &self,
+        message: &ClientJsonRpcMessage,
+    ) -> HttpResult<Option<tokio::sync::OwnedSemaphorePermit>> {
+        if !matches!(message, ClientJsonRpcMessage::Request(_)) {
+            return Ok(None);
+        }
+        self.places
+            .clone()
+            .acquire_owned()
+            .await
+            .map(Some)
+            .map_err(|_| {
+                StreamableHttpError::UnexpectedServerResponse(
+                    "the session's connections are closed".into(),
+                )
+            })
+    }
+
     /// Runs `send` with the bearer to use; a 401 on a token of ours gets one new token and one
     /// more try (the server refused the request, so it had no effect).
     async fn with_token<T, F, Fut>(&self, given: Option<String>, send: F) -> HttpResult<T>
@@ -330,16 +356,19 @@ impl StreamableHttpClient for TokenClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> HttpResult<StreamableHttpPostResponse> {
-        self.with_token(auth_header, |token| {
-            self.inner.post_message(
-                uri.clone(),
-                message.clone(),
-                session_id.clone(),
-                token,
-                custom_headers.clone(),
-            )
-        })
-        .await
+        let place = self.place(&message).await?;
+        let response = self
+            .with_token(auth_header, |token| {
+                self.inner.post_message(
+                    uri.clone(),
+                    message.clone(),
+                    session_id.clone(),
+                    token,
+                    custom_headers.clone(),
+                )
+            })
+            .await;
+        held(response, place)
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -351,17 +380,20 @@ impl StreamableHttpClient for TokenClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> HttpResult<StreamableHttpPostResponse> {
-        self.with_token(auth_header, |token| {
-            self.inner.post_message_with_max_sse_event_size(
-                uri.clone(),
-                message.clone(),
-                session_id.clone(),
-                token,
-                custom_headers.clone(),
-                max_sse_event_size,
-            )
-        })
-        .await
+        let place = self.place(&message).await?;
+        let response = self
+            .with_token(auth_header, |token| {
+                self.inner.post_message_with_max_sse_event_size(
+                    uri.clone(),
+                    message.clone(),
+                    session_id.clone(),
+                    token,
+                    custom_headers.clone(),
+                    max_sse_event_size,
+                )
+            })
+            .await;
+        held(response, place)
     }
 
     async fn post_message_with_response_limits(
@@ -373,17 +405,20 @@ impl StreamableHttpClient for TokenClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         limits: StreamableHttpResponseLimits,
     ) -> HttpResult<StreamableHttpPostResponse> {
-        self.with_token(auth_header, |token| {
-            self.inner.post_message_with_response_limits(
-                uri.clone(),
-                message.clone(),
-                session_id.clone(),
-                token,
-                custom_headers.clone(),
-                limits,
-            )
-        })
-        .await
+        let place = self.place(&message).await?;
+        let response = self
+            .with_token(auth_header, |token| {
+                self.inner.post_message_with_response_limits(
+                    uri.clone(),
+                    message.clone(),
+                    session_id.clone(),
+                    token,
+                    custom_headers.clone(),
+                    limits,
+                )
+            })
+            .await;
+        held(response, place)
     }
 
     async fn delete_session(
@@ -444,5 +479,25 @@ impl StreamableHttpClient for TokenClient {
             )
         })
         .await
+    }
+}
+
+/// A response with its place: an SSE stream keeps it until it is read to its end; anything
+/// else was read whole (or failed) and gives it back.
+fn held(
+    response: HttpResult<StreamableHttpPostResponse>,
+    place: Option<tokio::sync::OwnedSemaphorePermit>,
+) -> HttpResult<StreamableHttpPostResponse> {
+    match response {
+        Ok(StreamableHttpPostResponse::Sse(stream, session)) => {
+            Ok(StreamableHttpPostResponse::Sse(
+                super::http::Drained::new(stream, place).boxed(),
+                session,
+            ))
+        }
+        other => {
+            super::http::give_back(place);
+            other
+        }
     }
 }

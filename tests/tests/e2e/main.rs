@@ -31,6 +31,7 @@ mod outside_client;
 mod races;
 mod readme;
 mod remote;
+mod remote_pool;
 mod replay;
 mod robustness;
 mod sandbox;

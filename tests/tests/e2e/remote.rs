@@ -393,6 +393,11 @@ async fn hostile_remote_servers_are_bounded() {
     append(&b, &provider(&format!("http://127.0.0.1:{port}/mcp"), ""));
     let e = start_error(&mut b).await;
     assert!(e.contains("another origin: not followed"), "{e}");
+    // The server writes its line after sending the redirect: it may come after the error.
+    eventually("the redirecting server logs the request", || {
+        !std::fs::read_to_string(&log).unwrap_or_default().is_empty()
+    })
+    .await;
     let seen = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(
         !seen.is_empty() && seen.lines().all(|l| l.contains("127.0.0.1")),
@@ -402,7 +407,7 @@ async fn hostile_remote_servers_are_bounded() {
 
 /// A test CA and a server certificate for `san` (a host name or an IP address) signed by it,
 /// made with rcgen and written to `dir`: (ca, cert, key) PEM files.
-fn test_pki(dir: &Path, san: &str) -> (PathBuf, PathBuf, PathBuf) {
+pub(crate) fn test_pki(dir: &Path, san: &str) -> (PathBuf, PathBuf, PathBuf) {
     use rcgen::{
         BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
     };
@@ -997,18 +1002,16 @@ async fn the_clients_trace_context_reaches_the_server() {
 /// npm server-everything (not written here) in its Streamable HTTP mode, behind the kernel as a
 /// remote provider: allowed, unpublished, invalid arguments (its own inputSchema), timed out,
 /// cancelled by the client; each recorded like a stdio call.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs npm server-everything from .ci/install-mcp-servers: bash .ci/run installs it and runs this"]
-async fn server_everything_over_streamable_http() {
-    let Some(s) = crate::upstream::servers() else {
-        return;
-    };
+/// npm server-everything in its Streamable HTTP mode on a free loopback port, once it listens.
+pub(crate) async fn everything_http(
+    s: &std::collections::BTreeMap<String, String>,
+) -> (tokio::process::Child, u16) {
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr").port()
     };
     let preload = concat!(env!("CARGO_MANIFEST_DIR"), "/node/loopback.cjs");
-    let mut server = tokio::process::Command::new(&s["EVERYTHING_CMD"])
+    let server = tokio::process::Command::new(&s["EVERYTHING_CMD"])
         .args(["-r", preload, &s["EVERYTHING_ARGS"], "streamableHttp"])
         .env("PORT", port.to_string())
         .stdout(std::process::Stdio::null())
@@ -1027,6 +1030,16 @@ async fn server_everything_over_streamable_http() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    (server, port)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs npm server-everything from .ci/install-mcp-servers: bash .ci/run installs it and runs this"]
+async fn server_everything_over_streamable_http() {
+    let Some(s) = crate::upstream::servers() else {
+        return;
+    };
+    let (mut server, port) = everything_http(&s).await;
     let mut b = TestBroker::start(Options {
         policy: r#"
 @id("alice-everything")
