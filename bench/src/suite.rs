@@ -1557,7 +1557,6 @@ mod generated_whole {
     /// generator writes (a section of the suite) or one of `bench/NOTES.md`'s, in the order a
     /// `--write` run writes them, so no section is kept by hand that a `--write` would erase.
     #[test]
-    #[ignore = "the committed BENCHMARKS.md predates sections 7-9 (the machine was too loaded to regenerate it before the deadline): run `cargo run --release -p sharedos-bench -- --write BENCHMARKS.md`, then drop this ignore"]
     fn the_committed_benchmarks_md_holds_only_generated_sections_and_the_notes() {
         let committed = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../BENCHMARKS.md"));
         assert_eq!(
