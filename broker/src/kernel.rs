@@ -353,7 +353,7 @@ impl Kernel {
         {
             return c.clone();
         }
-        let mut shapes: HashMap<(&str, &'static str), bool> = HashMap::new();
+        let mut shapes: HashMap<(&str, &str), bool> = HashMap::new();
         // For tools whose resource is the tool itself: one type-level answer per action, and
         // a per-tool evaluation only where the answer depends on which tool it is.
         let mut tool_shapes: HashMap<&str, Option<bool>> = HashMap::new();
@@ -438,15 +438,17 @@ impl Kernel {
     /// Does a turn's context fit the schema for every requirement shape the registry has? See
     /// [`PolicyEngine::check_context`].
     pub fn check_context(&self, context: &AccessContext) -> Result<(), String> {
-        let mut shapes: Vec<(String, &'static str)> = Vec::new();
+        let mut shapes: Vec<(String, String)> = Vec::new();
         for tool in self.registry.tools_for(context) {
             let (action, ty) = tool.authority.handler.shape();
-            if !shapes.iter().any(|(a, t)| a == action && *t == ty) {
-                shapes.push((action.to_owned(), ty));
+            if !shapes.iter().any(|(a, t)| a == action && t == ty) {
+                shapes.push((action.to_owned(), ty.to_owned()));
             }
         }
-        let shapes: Vec<(&str, &'static str)> =
-            shapes.iter().map(|(a, t)| (a.as_str(), *t)).collect();
+        let shapes: Vec<(&str, &str)> = shapes
+            .iter()
+            .map(|(a, t)| (a.as_str(), t.as_str()))
+            .collect();
         self.policy
             .check_context(&self.policy.current(), context, &shapes)
     }
@@ -589,6 +591,19 @@ impl Kernel {
                 );
             }
         };
+        // An operator's entity whose attributes (from the arguments) do not fit its schema
+        // cannot be decided on: said so, rather than a deny for no visible reason.
+        if matches!(resolved.resource, Resource::Entity { .. })
+            && let Err(why) = self.policy.check_resource(&resolved.resource)
+        {
+            return refuse(
+                Outcome::Denied(DenyCode::UnresolvableRequirement),
+                format!(
+                    "denied: {tool} could not resolve the resource it would touch: {} does not fit the schema: {why}",
+                    resolved.resource.display()
+                ),
+            );
+        }
         let pv = self.policy.current();
         let decision = self
             .policy
@@ -1679,6 +1694,8 @@ fn resource_noun(r: &Resource) -> &'static str {
     match r {
         Resource::File { .. } => "file",
         Resource::Tool { .. } => "tool",
+        Resource::Url(_) => "URL",
+        Resource::Entity { .. } => "resource",
     }
 }
 
@@ -1743,7 +1760,7 @@ mod tests {
         fn kind(&self) -> &'static str {
             "fake"
         }
-        fn shape(&self) -> (&str, &'static str) {
+        fn shape(&self) -> (&str, &str) {
             ("read", "File")
         }
         fn changes_state(&self, _annotations: Option<&Value>) -> bool {

@@ -807,6 +807,7 @@ mod tests {
                 action: "read".into(),
                 resource: "SharedOS::File::\"/private/a\"".into(),
                 namespace: Some("files".into()),
+                attributes: None,
             }),
             policies: vec![],
         };
