@@ -31,6 +31,7 @@ mod races;
 mod readme;
 mod remote;
 mod replay;
+mod resources;
 mod robustness;
 mod sandbox;
 mod secrets;
