@@ -403,6 +403,7 @@ fn call_line(i: u64) -> Event {
             action: "read".into(),
             resource: "SharedOS::File::\"/public/hello.txt\"".into(),
             namespace: Some("files".into()),
+            attributes: None,
         }),
         outcome: "succeeded".into(),
         code: "ok".into(),

@@ -494,6 +494,7 @@ mod tests {
             action: "read".into(),
             resource: format!("SharedOS::File::{path:?}"),
             namespace: Some("files".into()),
+            attributes: None,
         };
         let id = |call: &str, path: &str, decided: &str| {
             approval_id(

@@ -41,6 +41,25 @@ pub(crate) async fn build(
         &config.policy,
         Some(config.admin_group),
     )?;
+    // Every template's requirement can be decided under the schema (its type declared, its
+    // action applying to it): a typo stops the start, naming the tool.
+    for provider in &config.providers {
+        let ProviderConfig::Mcp(cfg) = provider else {
+            continue;
+        };
+        for (tool, t) in &cfg.tools {
+            policy
+                .check_template(&t.action, t.resource_type())
+                .map_err(|detail| StartError::Provider {
+                    namespace: cfg.namespace.clone(),
+                    config: config.source.clone(),
+                    detail: format!(
+                        "the template for `{tool}` (action = \"{}\"): {detail}",
+                        t.action
+                    ),
+                })?;
+        }
+    }
     let mut registry = Registry::default();
     let signing_key =
         crate::evidence::record::load_or_create_signing_key(&config.record_signing_key)?;

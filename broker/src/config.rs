@@ -100,18 +100,131 @@ impl Scope {
     }
 }
 
-/// The requirement of one upstream tool, built from its call's arguments.
+/// The requirement of one upstream tool, built from its call's arguments: exactly one of
+/// `file`, `url` and `entity` says what the call touches.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TemplateConfig {
-    /// The Cedar action (`read`, `list`, `search`, `write`).
+    /// The Cedar action (`read`, `list`, `search`, `write` on a file, `fetch` on a URL, or any
+    /// action the schema applies to the resource's type).
     pub action: String,
     /// `SharedOS::File` path template, e.g. `"{path}"`: `{arg}` is replaced by that argument.
-    pub file: String,
+    #[serde(default)]
+    pub file: Option<String>,
     /// The argument is a host path under this folder; the policy sees the path relative to it
     /// (`/srv/data/public/a.txt` → `/public/a.txt`). Without it the argument is a virtual path.
     #[serde(default)]
     pub file_root: Option<PathBuf>,
+    /// `SharedOS::Url` template, e.g. `"{url}"`: read by the WHATWG URL parser.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// An entity of a type of the operator's schema.
+    #[serde(default)]
+    pub entity: Option<EntityTemplate>,
+}
+
+/// `entity = { type = "Github::Repo", id = "{owner}/{repo}", attributes = { owner = "{owner}" } }`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EntityTemplate {
+    /// The entity type as the schema names it; without `::`, a type of the SharedOS namespace.
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// The entity id template: every `{arg}` a non-empty string or integer argument.
+    pub id: String,
+    /// Attribute name → template. A bare `"{arg}"` is that argument's value as it is typed
+    /// (string, integer, boolean, a set, a record; left out when the call omits it); any other
+    /// template is a string.
+    #[serde(default)]
+    pub attributes: BTreeMap<String, String>,
+}
+
+impl TemplateConfig {
+    /// The Cedar type of the resource it makes: `File`, `Url`, or the entity's type.
+    pub fn resource_type(&self) -> &str {
+        match (&self.url, &self.entity) {
+            (Some(_), _) => "Url",
+            (None, Some(e)) => crate::resource::entity_type(&e.type_name),
+            (None, None) => "File",
+        }
+    }
+
+    /// Every `{arg}` it reads: each must be in the upstream tool's inputSchema.
+    pub fn args(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let templates = self.file.iter().chain(&self.url).chain(
+            self.entity
+                .iter()
+                .flat_map(|e| std::iter::once(&e.id).chain(e.attributes.values())),
+        );
+        for t in templates {
+            for a in crate::upstream::template_args(t) {
+                if !out.contains(&a) {
+                    out.push(a);
+                }
+            }
+        }
+        out
+    }
+
+    /// Exactly one kind of resource, and what that kind needs (`tool`: the upstream name).
+    fn check(&self, ns: &str, tool: &str) -> Result<(), String> {
+        let at = format!("provider `{ns}`: [providers.tools.{tool}]");
+        let kinds = [
+            self.file.is_some(),
+            self.url.is_some(),
+            self.entity.is_some(),
+        ];
+        if kinds.iter().filter(|k| **k).count() != 1 {
+            return Err(format!(
+                "{at}: give exactly one of `file` (a path), `url` or `entity` (what the call touches)"
+            ));
+        }
+        if self.file_root.is_some() && self.file.is_none() {
+            return Err(format!("{at}: `file_root` goes with `file`"));
+        }
+        let text = |key: &str, t: &str| {
+            if t.is_empty() {
+                return Err(format!("{at}: `{key}` is empty"));
+            }
+            let args = crate::upstream::template_args(t);
+            if let Some(a) = args.iter().find(|a| a.is_empty() || a.contains('{')) {
+                return Err(format!(
+                    "{at}: `{key}` = \"{t}\" has a malformed `{{{a}}}` (write `{{argument}}`)"
+                ));
+            }
+            Ok(args)
+        };
+        if let Some(u) = &self.url {
+            text("url", u)?;
+        }
+        if let Some(e) = &self.entity {
+            let ty = crate::resource::entity_type(&e.type_name);
+            if ty.is_empty()
+                || ty.split("::").any(|p| {
+                    p.is_empty()
+                        || !p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                        || p.starts_with(|c: char| c.is_ascii_digit())
+                })
+            {
+                return Err(format!(
+                    "{at}: entity type `{}` is not a Cedar type name (`Repo`, `Github::Repo`)",
+                    e.type_name
+                ));
+            }
+            if crate::resource::BUILT_IN_TYPES.contains(&ty) {
+                return Err(format!(
+                    "{at}: entity type `{}` is one the broker makes itself (use `file` or `url`, or a type of your own)",
+                    e.type_name
+                ));
+            }
+            text("entity.id", &e.id)?;
+            for (name, t) in &e.attributes {
+                text(&format!("entity.attributes.{name}"), t)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A `[[providers]] type = "mcp"` entry.
@@ -656,6 +769,9 @@ impl McpProviderConfig {
     /// loopback host unless `insecure_http`.
     pub fn check(&self) -> Result<(), String> {
         let ns = &self.namespace;
+        for (tool, t) in &self.tools {
+            t.check(ns, tool)?;
+        }
         let Some(url) = &self.url else {
             if self.command.is_empty() {
                 return Err(format!(
@@ -1651,6 +1767,99 @@ mod tests {
         assert!(check_url("r", "url", "http://192.0.2.1/", true).is_ok());
         assert!(check_url("r", "url", "http://u@192.0.2.1/", true).is_err());
         assert!(check_url("r", "url", "http://a\\@192.0.2.1/", true).is_err());
+    }
+
+    /// Issue 44 item 2: a template says what a call touches with exactly one of `file`, `url`
+    /// and `entity`, and each is checked at load, naming the tool.
+    #[test]
+    fn templates_name_one_kind_of_resource() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("broker.toml");
+        let base = "record = \"r.jsonl\"\npolicy = \"p.cedar\"\n[[providers]]\ntype = \"mcp\"\nnamespace = \"gh\"\ncommand = \"srv\"\n[providers.tools.t]\naction = \"write\"\n";
+        let load = |extra: &str| {
+            std::fs::write(&path, format!("{base}{extra}")).expect("w");
+            Config::from_file(&path).map_err(|e| e.to_string())
+        };
+        let tools = |c: Config| match c.providers.into_iter().next() {
+            Some(ProviderConfig::Mcp(m)) => m.tools,
+            other => panic!("{other:?}"),
+        };
+        let t = tools(load("url = \"{url}\"\n").expect("url"));
+        assert_eq!(t["t"].resource_type(), "Url");
+        assert_eq!(t["t"].args(), ["url"]);
+        let t = tools(
+            load("entity = { type = \"Github::Repo\", id = \"{owner}/{repo}\", attributes = { owner = \"{owner}\", private = \"{private}\", title = \"Re: {title}\" } }\n")
+                .expect("entity"),
+        );
+        assert_eq!(t["t"].resource_type(), "Github::Repo");
+        assert_eq!(t["t"].args(), ["owner", "repo", "private", "title"]);
+        let t = tools(
+            load("entity = { type = \"SharedOS::Channel\", id = \"{channel}\" }\n")
+                .expect("entity"),
+        );
+        assert_eq!(t["t"].resource_type(), "Channel");
+        let t = tools(load("entity = { type = \"Transfer\", id = \"transfer\", attributes = { amount = \"{amount}\" } }\n").expect("fixed id"));
+        assert_eq!(t["t"].args(), ["amount"]);
+        assert_eq!(
+            tools(load("file = \"{path}\"\n").expect("file"))["t"].resource_type(),
+            "File"
+        );
+        for (extra, problem) in [
+            ("", "exactly one of `file`"),
+            (
+                "file = \"{path}\"\nurl = \"{url}\"\n",
+                "exactly one of `file`",
+            ),
+            (
+                "url = \"{url}\"\nentity = { type = \"A\", id = \"{a}\" }\n",
+                "exactly one of `file`",
+            ),
+            (
+                "url = \"{url}\"\nfile_root = \"/srv\"\n",
+                "`file_root` goes with `file`",
+            ),
+            ("url = \"\"\n", "`url` is empty"),
+            ("url = \"{}\"\n", "malformed `{}`"),
+            (
+                "entity = { type = \"Repo\", id = \"\" }\n",
+                "`entity.id` is empty",
+            ),
+            (
+                "entity = { type = \"Github::\", id = \"{a}\" }\n",
+                "not a Cedar type name",
+            ),
+            (
+                "entity = { type = \"Git hub\", id = \"{a}\" }\n",
+                "not a Cedar type name",
+            ),
+            (
+                "entity = { type = \"1Repo\", id = \"{a}\" }\n",
+                "not a Cedar type name",
+            ),
+            (
+                "entity = { type = \"File\", id = \"{a}\" }\n",
+                "one the broker makes itself",
+            ),
+            (
+                "entity = { type = \"SharedOS::Url\", id = \"{a}\" }\n",
+                "one the broker makes itself",
+            ),
+            (
+                "entity = { type = \"Repo\", id = \"{a}\", attributes = { x = \"{a{b}\" } }\n",
+                "entity.attributes.x",
+            ),
+            (
+                "entity = { type = \"Repo\", id = \"{a}\", attrs = {} }\n",
+                "attrs",
+            ),
+        ] {
+            let e = load(extra).expect_err(extra);
+            assert!(e.contains(problem), "{extra}: {e}");
+            assert!(
+                e.contains("attrs") || e.contains("[providers.tools.t]"),
+                "{extra}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -472,7 +472,7 @@ impl Kernel {
         }
         // File tools: per (action, type, namespace), the namespace being known before the call;
         // and per tool when a policy reads the arguments (each tool has its own).
-        let mut shapes: HashMap<(&str, &'static str, &str, &str), bool> = HashMap::new();
+        let mut shapes: HashMap<(&str, &str, &str, &str), bool> = HashMap::new();
         let per_arguments = pv.reads_any_arguments();
         // For tools whose resource is the tool itself: one type-level answer per action, and
         // a per-tool evaluation only where the answer depends on which tool it is.
@@ -590,15 +590,17 @@ impl Kernel {
     /// Does a turn's context fit the schema for every requirement shape the registry has? See
     /// [`PolicyEngine::check_context`].
     pub fn check_context(&self, context: &AccessContext) -> Result<(), String> {
-        let mut shapes: Vec<(String, &'static str)> = Vec::new();
+        let mut shapes: Vec<(String, String)> = Vec::new();
         for tool in self.registry.tools_for(context) {
             let (action, ty) = tool.authority.handler.shape();
-            if !shapes.iter().any(|(a, t)| a == action && *t == ty) {
-                shapes.push((action.to_owned(), ty));
+            if !shapes.iter().any(|(a, t)| a == action && t == ty) {
+                shapes.push((action.to_owned(), ty.to_owned()));
             }
         }
-        let shapes: Vec<(&str, &'static str)> =
-            shapes.iter().map(|(a, t)| (a.as_str(), *t)).collect();
+        let shapes: Vec<(&str, &str)> = shapes
+            .iter()
+            .map(|(a, t)| (a.as_str(), t.as_str()))
+            .collect();
         self.policy
             .check_context(&self.policy.current(), context, &shapes)
     }
@@ -762,6 +764,19 @@ impl Kernel {
                 );
             }
         };
+        // An operator's entity whose attributes (from the arguments) do not fit its schema
+        // cannot be decided on: said so, rather than a deny for no visible reason.
+        if matches!(resolved.resource, Resource::Entity { .. })
+            && let Err(why) = self.policy.check_resource(&resolved.resource)
+        {
+            return refuse(
+                Outcome::Denied(DenyCode::UnresolvableRequirement),
+                format!(
+                    "denied: {tool} could not resolve the resource it would touch: {} does not fit the schema: {why}",
+                    resolved.resource.display()
+                ),
+            );
+        }
         let pv = self.policy.current();
         // `context.arguments`: what the policy sees of the arguments, typed by the tool's own
         // schema (which they passed above). Only a set that reads them needs them made.
@@ -1861,6 +1876,8 @@ fn resource_noun(r: &Resource) -> &'static str {
     match r {
         Resource::File { .. } => "file",
         Resource::Tool { .. } => "tool",
+        Resource::Url(_) => "URL",
+        Resource::Entity { .. } => "resource",
     }
 }
 
@@ -1925,7 +1942,7 @@ mod tests {
         fn kind(&self) -> &'static str {
             "fake"
         }
-        fn shape(&self) -> (&str, &'static str) {
+        fn shape(&self) -> (&str, &str) {
             ("read", "File")
         }
         fn changes_state(&self, _annotations: Option<&Value>) -> bool {

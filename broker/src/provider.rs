@@ -115,7 +115,7 @@ pub trait ToolHandler: Send + Sync {
     fn kind(&self) -> &'static str;
     /// The requirement shape (action, resource type): tools of one shape share the catalogue
     /// answer.
-    fn shape(&self) -> (&str, &'static str);
+    fn shape(&self) -> (&str, &str);
     /// Can a call change state? Such calls are written ahead of running.
     fn changes_state(&self, annotations: Option<&Value>) -> bool;
     /// Why calls are refused before anything else is checked, if they are now (a brokered

@@ -231,6 +231,11 @@ pub struct Requirement {
     /// resources, and on lines written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
+    /// For an entity of the operator's own type (an `entity` template): its attributes, as
+    /// JSON, which the text of `resource` does not show (present, perhaps empty, for every
+    /// such entity; absent for the built-in types).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attributes: Option<Box<serde_json::Map<String, Value>>>,
 }
 
 /// Size and SHA-256 (hex) of arguments the record does not keep whole (on a `call` line, and in

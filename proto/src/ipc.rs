@@ -811,6 +811,7 @@ mod tests {
                 action: "read".into(),
                 resource: "SharedOS::File::\"/private/a\"".into(),
                 namespace: Some("files".into()),
+                attributes: None,
             }),
             policies: vec![],
         };

@@ -220,6 +220,10 @@ impl Caller {
 }
 
 /// What a call resolves with.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "an answer is the common item: boxing it would cost every call an allocation"
+)]
 pub enum Reply {
     /// The broker's answer (or the shim's own).
     Answer(CallAnswer),

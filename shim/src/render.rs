@@ -263,6 +263,7 @@ mod tests {
                 action: "read".into(),
                 resource: "SharedOS::File::\"/x\"".into(),
                 namespace: Some("files".into()),
+                attributes: None,
             }),
             policies: vec![],
         }

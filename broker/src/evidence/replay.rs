@@ -608,6 +608,45 @@ when { resource.path like "/public/*" };
         }
     }
 
+    /// Issue 44 item 2: a fetch decided on its URL is decided again on the recorded URL (its
+    /// attributes read again from the canonical text); a URL not in that form is not one the
+    /// broker recorded.
+    #[test]
+    fn a_url_call_is_decided_again_on_its_recorded_url() {
+        let fetch = |seq: u64, url: &str| {
+            json!({"seq": seq, "at": format!("2026-12-03T16:00:{seq:02}.000000Z"), "kind": "call",
+                   "turn": "t-1", "callId": format!("t-1.{seq}"), "requestId": "1",
+                   "tool": "web.fetch", "arguments": {"url": url},
+                   "requirement": {"action": "fetch", "resource": format!("SharedOS::Url::{url:?}")},
+                   "outcome": "succeeded", "code": "ok", "policies": ["web"], "durationUs": 3})
+        };
+        let record = text(&[
+            opened(1, "t-1", alice()),
+            fetch(2, "http://127.0.0.1:8080/"),
+            fetch(3, "https://docs.example.com/a"),
+            fetch(4, "HTTP://Docs.Example.COM./a"),
+        ]);
+        let r = run(
+            r#"@id("web") permit(principal, action == SharedOS::Action::"fetch", resource is SharedOS::Url);
+               @id("no-loopback") forbid(principal, action, resource is SharedOS::Url)
+               when { resource has ip && resource.ip.isLoopback() };"#,
+            &record,
+            None,
+        );
+        assert_eq!(
+            (
+                r.calls,
+                r.replayable,
+                r.unchanged,
+                r.allowed_to_denied,
+                r.not_replayable
+            ),
+            (3, 2, 1, 1, 1)
+        );
+        assert_eq!(seqs(&r), [2]);
+        assert_eq!(r.changes[0].new.deciding(), "forbidden by no-loopback");
+    }
+
     #[test]
     fn a_stricter_set_denies_what_was_allowed() {
         let r = run(

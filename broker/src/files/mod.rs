@@ -125,7 +125,7 @@ impl ToolHandler for FileTool {
         "files"
     }
 
-    fn shape(&self) -> (&str, &'static str) {
+    fn shape(&self) -> (&str, &str) {
         (self.op.action(), "File")
     }
 

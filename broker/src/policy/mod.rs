@@ -31,6 +31,7 @@ pub const BUILTIN_SCHEMA: &str = r#"namespace SharedOS {
   entity Agent { owner?: User };
   entity File { path: String, namespace: String };
   entity Tool { name: String };
+  entity Url { scheme: String, host: String, port: Long, path: String, ip?: ipaddr };
   type Turn = { tenant?: String, project?: String, purpose?: String };
   action read, list, search, write appliesTo {
     principal: [User],
@@ -40,6 +41,11 @@ pub const BUILTIN_SCHEMA: &str = r#"namespace SharedOS {
   action call appliesTo {
     principal: [User],
     resource: [Tool],
+    context: { agent?: Agent, turn?: Turn }
+  };
+  action fetch appliesTo {
+    principal: [User],
+    resource: [Url],
     context: { agent?: Agent, turn?: Turn }
   };
 }
@@ -336,7 +342,7 @@ struct Prepared {
     set: Arc<PolicySet>,
     /// The slice narrowed to one (action, resource type): only policies whose action and
     /// resource scopes can match it. Cedar evaluates every policy it is given.
-    narrowed: RwLock<Vec<(String, &'static str, Arc<PolicySet>)>>,
+    narrowed: RwLock<Vec<(String, String, Arc<PolicySet>)>>,
 }
 
 /// Cached decision inputs are bounded: a broker serving many principals must not grow without
@@ -351,11 +357,11 @@ struct Names {
 
 impl Names {
     fn new() -> Self {
-        let types = ["User", "Agent", "File", "Tool"]
+        let types = ["User", "Agent", "File", "Tool", "Url"]
             .into_iter()
             .filter_map(|t| type_name(t).ok().map(|n| (t, n)))
             .collect();
-        let actions = ["read", "list", "search", "write", "call"]
+        let actions = ["read", "list", "search", "write", "call", "fetch"]
             .into_iter()
             .filter_map(|a| uid("Action", a).ok().map(|u| (a, u)))
             .collect();
@@ -431,8 +437,10 @@ struct ToolStore {
 /// without an `owner`) and `turn` (whose value types make the signature), a `File` carries
 /// exactly `path` and `namespace` and a `Tool` exactly `name`, all strings; ids and string
 /// contents play no part in conformance. The schema never changes while the engine lives
-/// (only policies reload), so a shape validated once stays valid.
-type Shape = (String, &'static str, String);
+/// (only policies reload), so a shape validated once stays valid. (A `Url`, whose `ip` comes
+/// and goes, and an operator's entity, whose attributes come from arguments, are validated
+/// at every call: see [`Resource::fixed_shape`].)
+type Shape = (String, String, String);
 
 /// A context's `agent` and `turn` as Cedar's JSON form of values (an entity as `__entity`).
 fn context_json(ctx: &AccessContext) -> serde_json::Map<String, serde_json::Value> {
@@ -457,8 +465,14 @@ fn reads_arguments(pv: &PolicyVersion, set: &PolicySet) -> bool {
             .any(|p| pv.reads_arguments.contains(&p.id().to_string()))
 }
 
+/// `File` is `SharedOS::File`; a qualified name (`Github::Repo`) is taken as it is.
 fn type_name(name: &str) -> Result<EntityTypeName, String> {
-    EntityTypeName::from_str(&format!("{NAMESPACE}::{name}")).map_err(|e| e.to_string())
+    let full = if name.contains("::") {
+        name.to_owned()
+    } else {
+        format!("{NAMESPACE}::{name}")
+    };
+    EntityTypeName::from_str(&full).map_err(|e| e.to_string())
 }
 
 fn uid(ty: &str, id: &str) -> Result<EntityUid, String> {
@@ -816,6 +830,59 @@ impl PolicyEngine {
         Ok(out)
     }
 
+    /// Can a template's requirement be decided under this schema: does it declare the
+    /// resource type, and does `action` apply to it? Asked at start for every template, so a
+    /// typo is an error naming it rather than a deny on every call.
+    pub fn check_template(&self, action: &str, resource_type: &str) -> Result<(), String> {
+        let ty = self.names.type_name(resource_type)?;
+        if !self.schema.entity_types().any(|t| t == &ty) {
+            return Err(format!("the schema declares no entity type `{ty}`"));
+        }
+        let a = self.names.action(action)?;
+        let Some(types) = self.schema.resources_for_action(&a) else {
+            let known: Vec<String> = self
+                .schema
+                .actions()
+                .map(|a| format!("`{}`", a.id().unescaped()))
+                .collect();
+            return Err(format!(
+                "the schema has no action `{action}` (it has {})",
+                known.join(", ")
+            ));
+        };
+        if !types.into_iter().any(|t| t == &ty) {
+            let fits: Vec<String> = self
+                .schema
+                .actions()
+                .filter(|a| {
+                    self.schema
+                        .resources_for_action(a)
+                        .is_some_and(|mut ts| ts.any(|t| t == &ty))
+                })
+                .map(|a| format!("`{}`", a.id().unescaped()))
+                .collect();
+            return Err(format!(
+                "the schema's action `{action}` does not apply to `{ty}` (actions that do: {})",
+                if fits.is_empty() {
+                    "none".to_owned()
+                } else {
+                    fits.join(", ")
+                }
+            ));
+        }
+        Ok(())
+    }
+
+    /// Does `resource` fit the schema (its type's attributes, their types)? For an entity of
+    /// the operator's type, whose attributes come from the call's arguments: one that does not
+    /// cannot be decided on.
+    pub fn check_resource(&self, resource: &Resource) -> Result<(), String> {
+        let r = self.names.uid(resource.type_name(), resource.id())?;
+        Entities::from_entities([Self::resource_entity(resource, &r)?], Some(&self.schema))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
     fn resource_entity(resource: &Resource, r: &EntityUid) -> Result<Entity, String> {
         let attrs = match resource {
             Resource::File { namespace, path } => HashMap::from([
@@ -832,6 +899,37 @@ impl PolicyEngine {
                 "name".to_owned(),
                 RestrictedExpression::new_string(name.clone()),
             )]),
+            Resource::Url(u) => {
+                let mut attrs = HashMap::from([
+                    (
+                        "scheme".to_owned(),
+                        RestrictedExpression::new_string(u.scheme.clone()),
+                    ),
+                    (
+                        "host".to_owned(),
+                        RestrictedExpression::new_string(u.host.clone()),
+                    ),
+                    (
+                        "port".to_owned(),
+                        RestrictedExpression::new_long(i64::from(u.port)),
+                    ),
+                    (
+                        "path".to_owned(),
+                        RestrictedExpression::new_string(u.path.clone()),
+                    ),
+                ]);
+                if let Some(ip) = u.ip {
+                    attrs.insert(
+                        "ip".to_owned(),
+                        RestrictedExpression::new_ip(ip.to_string()),
+                    );
+                }
+                attrs
+            }
+            Resource::Entity { attributes, .. } => attributes
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), restricted(k, v)?)))
+                .collect::<Result<HashMap<_, _>, String>>()?,
         };
         Entity::new(r.clone(), attrs, HashSet::new()).map_err(|e| e.to_string())
     }
@@ -843,7 +941,7 @@ impl PolicyEngine {
         &self,
         pv: &PolicyVersion,
         ctx: &AccessContext,
-        shapes: &[(&str, &'static str)],
+        shapes: &[(&str, &str)],
     ) -> Result<(), String> {
         let prepared = self.prepared(pv, ctx)?;
         for (action, ty) in shapes {
@@ -961,7 +1059,7 @@ impl PolicyEngine {
         prepared: &Prepared,
         action: &str,
         action_uid: &EntityUid,
-        resource_type: &'static str,
+        resource_type: &str,
     ) -> Arc<PolicySet> {
         if let Some((_, _, set)) = prepared
             .narrowed
@@ -1001,7 +1099,7 @@ impl PolicyEngine {
         };
         let mut cache = prepared.narrowed.write().unwrap_or_else(|p| p.into_inner());
         if cache.len() < CACHE_MAX {
-            cache.push((action.to_owned(), resource_type, set.clone()));
+            cache.push((action.to_owned(), resource_type.to_owned(), set.clone()));
         }
         set
     }
@@ -1026,7 +1124,8 @@ impl PolicyEngine {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .any(|(a, t, g)| a == action && *t == resource.type_name() && *g == prepared.signature);
+            .any(|(a, t, g)| a == action && t == resource.type_name() && *g == prepared.signature)
+            && resource.fixed_shape();
         let schema = (!known).then_some(&self.schema);
         // Only the resource entity is new per call.
         let entities = prepared
@@ -1042,10 +1141,10 @@ impl PolicyEngine {
             schema,
         )
         .map_err(|e| format!("request does not fit the schema: {e}"))?;
-        if !known {
+        if !known && resource.fixed_shape() {
             let shape = (
                 action.to_owned(),
-                resource.type_name(),
+                resource.type_name().to_owned(),
                 prepared.signature.clone(),
             );
             let mut conforming = self.conforming.write().unwrap_or_else(|p| p.into_inner());
@@ -1642,6 +1741,194 @@ when { resource.path like "*/secret*" };
             &Resource::Tool { name: "x.y".into() },
         );
         assert!(!tool.allowed && tool.errors.is_empty(), "{tool:?}");
+    }
+
+    fn url(text: &str) -> Resource {
+        Resource::Url(crate::resource::WebUrl::parse(text).expect("url").0)
+    }
+
+    /// Issue 44 item 2: a URL is decided on its parts, and on its `ip` (Cedar's `ipaddr`)
+    /// when its host is an address, however that address was spelled.
+    #[test]
+    fn a_url_is_decided_on_its_host_and_its_address() {
+        let e = engine(
+            r#"
+@id("docs")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"fetch", resource is SharedOS::Url)
+when { resource.scheme == "https" && resource.host == "docs.example.com" && resource.port == 443
+    && resource.path like "/guide/*" };
+
+@id("anything-public")
+permit(principal == SharedOS::User::"bob", action == SharedOS::Action::"fetch", resource is SharedOS::Url);
+
+@id("no-internal-addresses")
+forbid(principal, action, resource is SharedOS::Url)
+when { resource has ip && (resource.ip.isLoopback() || resource.ip.isInRange(ip("169.254.0.0/16"))
+    || resource.ip.isInRange(ip("10.0.0.0/8"))) };
+"#,
+        );
+        let pv = e.current();
+        let (alice, bob) = (
+            AccessContext::new("alice", None),
+            AccessContext::new("bob", None),
+        );
+        let decide = |ctx: &AccessContext, text: &str| {
+            let d = e.decide(&pv, ctx, "fetch", &url(text));
+            assert!(d.errors.is_empty(), "{text}: {d:?}");
+            (d.allowed, d.forbidden)
+        };
+        for text in [
+            "https://docs.example.com/guide/a",
+            "HTTPS://DOCS.EXAMPLE.COM./guide/a",
+            "https://user@docs.example.com:443/guide/../guide/b?x#y",
+        ] {
+            assert_eq!(decide(&alice, text), (true, false), "{text}");
+        }
+        for text in [
+            "http://docs.example.com/guide/a",
+            "https://docs.example.com:8443/guide/a",
+            "https://docs.example.com/guide",
+            "https://docs.example.com/guide/../admin",
+            "https://docs.example.com.evil.example/guide/a",
+            "https://docs.example.com@evil.example/guide/a",
+        ] {
+            assert_eq!(decide(&alice, text), (false, false), "{text}");
+        }
+        assert_eq!(decide(&bob, "https://example.org/"), (true, false));
+        for text in [
+            "http://127.0.0.1/",
+            "http://2130706433/",
+            "http://0x7f.1/",
+            "http://0177.0.0.1/",
+            "http://[::1]/",
+            "http://[::ffff:127.0.0.1]/",
+            "http://169.254.169.254/latest/meta-data/",
+            "http://0xA9FEA9FE/",
+            "http://10.1.2.3/",
+            "http://example.org@10.0.0.1/",
+        ] {
+            assert_eq!(decide(&bob, text), (false, true), "{text}");
+        }
+        // The shape of a URL with and without an address is validated each time.
+        assert_eq!(decide(&bob, "https://example.org/"), (true, false));
+        // Some URL could be fetched by alice: her catalogue keeps a fetch tool.
+        assert!(e.could_permit(&pv, &alice, "fetch", "Url"));
+        assert!(!e.could_permit(&pv, &AccessContext::new("carol", None), "fetch", "Url"));
+    }
+
+    /// An operator's entity type: decided on its attributes, checked against the schema (a
+    /// template whose type or action the schema lacks is refused at start, an entity whose
+    /// attributes do not fit it is refused at the call).
+    #[test]
+    fn an_operators_entity_is_decided_on_its_attributes() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let schema = dir.path().join("s.cedarschema");
+        std::fs::write(
+            &schema,
+            BUILTIN_SCHEMA
+                .replace("resource: [Tool],", "resource: [Tool, Github::Repo, Channel],")
+                .replace(
+                    "entity Tool { name: String };",
+                    "entity Tool { name: String };\n  entity Channel { name: String };",
+                )
+                + "namespace Github { entity Repo { owner: String, private?: Bool, stars?: Long, topics?: Set<String> }; }\n",
+        )
+        .expect("schema");
+        let policy = dir.path().join("p.cedar");
+        std::fs::write(
+            &policy,
+            r#"
+@id("alice-octo")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is Github::Repo)
+when { resource.owner == "octo" && !(resource has private && resource.private) };
+
+@id("alice-public-channel")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Channel)
+when { resource.name == "public" };
+"#,
+        )
+        .expect("policy");
+        let e = PolicyEngine::load(Some(&schema), &policy).expect("load");
+        let pv = e.current();
+        let alice = AccessContext::new("alice", None);
+        let entity = |ty: &str, attrs: serde_json::Value| Resource::Entity {
+            type_name: ty.into(),
+            id: "x".into(),
+            attributes: attrs
+                .as_object()
+                .expect("object")
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        };
+        let decide = |r: &Resource| {
+            let d = e.decide(&pv, &alice, "call", r);
+            (d.allowed, d.errors.is_empty())
+        };
+        let repo = |v| entity("Github::Repo", v);
+        assert_eq!(
+            decide(&repo(serde_json::json!({"owner": "octo"}))),
+            (true, true)
+        );
+        assert_eq!(
+            decide(&repo(
+                serde_json::json!({"owner": "octo", "stars": 3, "topics": ["a"]})
+            )),
+            (true, true)
+        );
+        assert_eq!(
+            decide(&repo(serde_json::json!({"owner": "octo", "private": true}))),
+            (false, true)
+        );
+        assert_eq!(
+            decide(&repo(serde_json::json!({"owner": "evil"}))),
+            (false, true)
+        );
+        assert_eq!(
+            decide(&entity("Channel", serde_json::json!({"name": "public"}))),
+            (true, true)
+        );
+        assert_eq!(
+            decide(&entity("Channel", serde_json::json!({"name": "exec"}))),
+            (false, true)
+        );
+        // Attributes that do not fit the schema: refused by check_resource, never permitted.
+        for bad in [
+            serde_json::json!({}),
+            serde_json::json!({"owner": 7}),
+            serde_json::json!({"owner": "octo", "private": "no"}),
+            serde_json::json!({"owner": "octo", "extra": 1}),
+        ] {
+            let r = repo(bad.clone());
+            let why = e.check_resource(&r).expect_err("does not fit");
+            assert!(!why.is_empty(), "{bad}");
+            let (allowed, _) = decide(&r);
+            assert!(!allowed, "{bad}");
+        }
+        assert_eq!(
+            e.check_resource(&repo(serde_json::json!({"owner": "octo"}))),
+            Ok(())
+        );
+        // At start: the type must be declared and the action must apply to it.
+        assert_eq!(e.check_template("call", "Github::Repo"), Ok(()));
+        assert_eq!(e.check_template("call", "Channel"), Ok(()));
+        assert_eq!(e.check_template("fetch", "Url"), Ok(()));
+        assert_eq!(e.check_template("read", "File"), Ok(()));
+        let err = e
+            .check_template("read", "Github::Repo")
+            .expect_err("read on a repo");
+        assert!(
+            err.contains("does not apply to `Github::Repo`") && err.contains("`call`"),
+            "{err}"
+        );
+        let err = e.check_template("call", "Github::Rpeo").expect_err("typo");
+        assert!(err.contains("no entity type `Github::Rpeo`"), "{err}");
+        let err = e.check_template("fecth", "Url").expect_err("typo");
+        assert!(
+            err.contains("no action `fecth`") && err.contains("`fetch`"),
+            "{err}"
+        );
+        assert!(e.could_permit(&pv, &alice, "call", "Github::Repo"));
     }
 
     #[test]

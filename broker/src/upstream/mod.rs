@@ -1116,7 +1116,7 @@ impl McpProvider {
                 ));
             };
             let props = tool["inputSchema"]["properties"].as_object();
-            for arg in template_args(&template.file) {
+            for arg in template.args() {
                 if !props.is_some_and(|p| p.contains_key(&arg)) {
                     return Err(format!(
                         "provider `{}`: the template for `{name}` uses argument `{arg}`, which the upstream's inputSchema does not have",
@@ -1527,7 +1527,27 @@ impl McpProvider {
                 object: None,
             });
         };
-        let path = fill_template(&t.file, args)?;
+        if let Some(u) = &t.url {
+            let (url, forwarded) = template::resolve_url(u, args)?;
+            return Ok(Requirement {
+                action: t.action.clone(),
+                resource: Resource::Url(url),
+                forwarded,
+                object: None,
+            });
+        }
+        if let Some(e) = &t.entity {
+            return Ok(Requirement {
+                action: t.action.clone(),
+                resource: template::resolve_entity(e, args)?,
+                forwarded: None,
+                object: None,
+            });
+        }
+        let Some(file) = &t.file else {
+            return Err("the tool's template names no resource".into());
+        };
+        let path = fill_template(file, args)?;
         let Some(root) = &t.file_root else {
             let virtual_path = vpath::canonicalize(&path).map_err(|e| e.to_string())?;
             return Ok(Requirement {
@@ -1585,8 +1605,8 @@ impl McpProvider {
             namespace: self.config.namespace.clone(),
             path: resolved.virtual_path().to_owned(),
         };
-        let forwarded = match template_args(&t.file).as_slice() {
-            [only] if t.file == format!("{{{only}}}") => {
+        let forwarded = match template_args(file).as_slice() {
+            [only] if *file == format!("{{{only}}}") => {
                 if args.get(only).and_then(Value::as_str) == Some(host.as_str()) {
                     None
                 } else {
@@ -1762,9 +1782,9 @@ impl ToolHandler for McpHandler {
         "mcp"
     }
 
-    fn shape(&self) -> (&str, &'static str) {
+    fn shape(&self) -> (&str, &str) {
         match &self.template {
-            Some(t) => (t.action.as_str(), "File"),
+            Some(t) => (t.action.as_str(), t.resource_type()),
             None => ("call", "Tool"),
         }
     }

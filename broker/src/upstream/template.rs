@@ -1,6 +1,11 @@
 //! Requirement templates: what a brokered tool's call touches, read from its own arguments.
 
+use std::collections::BTreeMap;
+
 use serde_json::{Map, Value};
+
+use crate::config::EntityTemplate;
+use crate::resource::{Resource, WebUrl, entity_type};
 
 /// `{arg}` names in a template.
 pub fn template_args(template: &str) -> Vec<String> {
@@ -72,10 +77,251 @@ pub(super) fn fill_template(template: &str, args: &Map<String, Value>) -> Result
     Ok(path)
 }
 
+/// The `SharedOS::Url` a `url` template names, and the arguments to send upstream when they
+/// are not the call's own: a bare `"{url}"` is sent as the broker read it (the canonical text,
+/// so an upstream whose parser reads URLs otherwise still fetches what was decided on); any
+/// other template goes on only when its text already is that.
+pub(super) fn resolve_url(
+    template: &str,
+    args: &Map<String, Value>,
+) -> Result<(WebUrl, Option<Map<String, Value>>), String> {
+    let filled = fill_template(template, args)?;
+    let (url, canonical) = WebUrl::parse(&filled)?;
+    let forwarded = match template_args(template).as_slice() {
+        [only] if template == format!("{{{only}}}") => {
+            if filled == canonical {
+                None
+            } else {
+                let mut a = args.clone();
+                a.insert(only.clone(), Value::String(canonical));
+                Some(a)
+            }
+        }
+        _ if filled == canonical => None,
+        _ => {
+            return Err(format!(
+                "URL `{}` reads as `{}`, and this tool's template cannot be sent that",
+                sharedos_proto::name::shown(&filled),
+                sharedos_proto::name::shown(&canonical)
+            ));
+        }
+    };
+    Ok((url, forwarded))
+}
+
+/// The entity an `entity` template names: its id from the id template (each `{arg}` a
+/// non-empty string, or an integer written in decimal), its attributes from theirs.
+pub(super) fn resolve_entity(
+    template: &EntityTemplate,
+    args: &Map<String, Value>,
+) -> Result<Resource, String> {
+    // Integers name ids too (an issue number); nothing else that is not a string does.
+    let texts: Map<String, Value> = args
+        .iter()
+        .filter_map(|(k, v)| match v {
+            Value::String(_) => Some((k.clone(), v.clone())),
+            Value::Number(n) if n.is_i64() || n.is_u64() => {
+                Some((k.clone(), Value::String(n.to_string())))
+            }
+            _ => None,
+        })
+        .collect();
+    let fill = |t: &str| -> Result<String, String> {
+        for a in template_args(t) {
+            if texts.get(&a).and_then(Value::as_str) == Some("") {
+                return Err(format!("argument `{a}` is empty"));
+            }
+        }
+        fill_template(t, &texts).map_err(|e| {
+            e.replace(
+                "has no string argument",
+                "has no string or integer argument",
+            )
+        })
+    };
+    let id = fill(&template.id)?;
+    let mut attributes = BTreeMap::new();
+    for (name, t) in &template.attributes {
+        let value = match template_args(t).as_slice() {
+            [only] if *t == format!("{{{only}}}") => match args.get(only) {
+                // Left out: a policy asks `resource has <name>`.
+                None | Some(Value::Null) => continue,
+                Some(v) => {
+                    cedar_value(only, v)?;
+                    v.clone()
+                }
+            },
+            _ => Value::String(fill(t)?),
+        };
+        attributes.insert(name.clone(), value);
+    }
+    Ok(Resource::Entity {
+        type_name: entity_type(&template.type_name).to_owned(),
+        id,
+        attributes,
+    })
+}
+
+/// Whether Cedar can hold `v` (strings, booleans, 64-bit integers, sets and records of them):
+/// no fractions, no null.
+fn cedar_value(arg: &str, v: &Value) -> Result<(), String> {
+    match v {
+        Value::String(_) | Value::Bool(_) => Ok(()),
+        Value::Number(n) if n.is_i64() => Ok(()),
+        Value::Number(n) => Err(format!(
+            "argument `{arg}`: {n} is not a 64-bit integer (Cedar has no fractions)"
+        )),
+        Value::Null => Err(format!("argument `{arg}` holds a null (Cedar has none)")),
+        Value::Array(items) => items.iter().try_for_each(|i| cedar_value(arg, i)),
+        Value::Object(m) => m.values().try_for_each(|i| cedar_value(arg, i)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn object(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().expect("object")
+    }
+
+    #[test]
+    fn a_url_template_sends_the_url_as_the_broker_read_it() {
+        let (u, sent) = resolve_url(
+            "{url}",
+            &object(json!({"url": "HTTP://Docs.Example.COM./a", "max_length": 5})),
+        )
+        .expect("url");
+        assert_eq!(
+            (u.host.as_str(), u.port, u.path.as_str()),
+            ("docs.example.com", 80, "/a")
+        );
+        assert_eq!(
+            sent,
+            Some(object(
+                json!({"url": "http://docs.example.com/a", "max_length": 5})
+            ))
+        );
+        // Already canonical: the call's own arguments go.
+        let (_, sent) = resolve_url(
+            "{url}",
+            &object(json!({"url": "http://docs.example.com/a"})),
+        )
+        .expect("url");
+        assert_eq!(sent, None);
+        // A template with its own text goes on only when it already reads as written.
+        let t = "https://api.example.com/repos/{owner}/{repo}";
+        let (u, sent) =
+            resolve_url(t, &object(json!({"owner": "octo", "repo": "hello"}))).expect("url");
+        assert_eq!((u.path.as_str(), sent), ("/repos/octo/hello", None));
+        for (args, why) in [
+            (json!({"owner": "octo", "repo": "%2e%2e"}), "reads as"),
+            (json!({"owner": "octo", "repo": "a b"}), "reads as"),
+            (json!({"owner": "octo", "repo": "a/b"}), "holds a `/`"),
+            (json!({"owner": "..", "repo": "b"}), "`..`"),
+            (json!({"owner": "octo"}), "no string argument `repo`"),
+        ] {
+            let e = resolve_url(t, &object(args.clone())).expect_err("refused");
+            assert!(e.contains(why), "{args}: {e}");
+        }
+        for (args, why) in [
+            (json!({"url": "docs.example.com"}), "is not a URL"),
+            (json!({"url": "file:///etc/passwd"}), "scheme `file`"),
+            (json!({"url": 7}), "no string argument `url`"),
+            (json!({}), "no string argument `url`"),
+        ] {
+            let e = resolve_url("{url}", &object(args.clone())).expect_err("refused");
+            assert!(e.contains(why), "{args}: {e}");
+        }
+    }
+
+    #[test]
+    fn an_entity_template_takes_its_id_and_attributes_from_the_arguments() {
+        let template = |id: &str, attributes: &[(&str, &str)]| EntityTemplate {
+            type_name: "SharedOS::Repo".into(),
+            id: id.into(),
+            attributes: attributes
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        };
+        let t = template(
+            "{owner}/{repo}#{number}",
+            &[
+                ("owner", "{owner}"),
+                ("number", "{number}"),
+                ("labels", "{labels}"),
+                ("meta", "{meta}"),
+                ("title", "Re: {title}"),
+                ("draft", "{draft}"),
+            ],
+        );
+        let r = resolve_entity(
+            &t,
+            &object(
+                json!({"owner": "octo", "repo": "hello", "number": 42, "labels": ["bug"],
+                "meta": {"a": true}, "title": "x", "draft": null}),
+            ),
+        )
+        .expect("entity");
+        assert_eq!(
+            r,
+            Resource::Entity {
+                type_name: "Repo".into(),
+                id: "octo/hello#42".into(),
+                attributes: object(json!({"owner": "octo", "number": 42, "labels": ["bug"],
+                    "meta": {"a": true}, "title": "Re: x"}))
+                .into_iter()
+                .collect(),
+            }
+        );
+        assert_eq!(r.display(), "SharedOS::Repo::\"octo/hello#42\"");
+        for (args, why) in [
+            (
+                json!({"owner": "octo", "number": 1, "title": "x"}),
+                "no string or integer argument `repo`",
+            ),
+            (
+                json!({"owner": "", "repo": "r", "number": 1, "title": "x"}),
+                "argument `owner` is empty",
+            ),
+            (
+                json!({"owner": "o", "repo": "a/b", "number": 1, "title": "x"}),
+                "holds a `/`",
+            ),
+            (
+                json!({"owner": "o", "repo": "r", "number": 1.5, "title": "x"}),
+                "no string or integer argument `number`",
+            ),
+            (
+                json!({"owner": "o", "repo": "r", "number": true, "title": "x"}),
+                "no string or integer argument `number`",
+            ),
+            (
+                json!({"owner": "o", "repo": "r", "number": 1, "title": "x", "labels": [1.5]}),
+                "not a 64-bit integer",
+            ),
+            (
+                json!({"owner": "o", "repo": "r", "number": 1, "title": "x", "meta": {"a": null}}),
+                "holds a null",
+            ),
+            (
+                json!({"owner": "o", "repo": "r", "number": 1}),
+                "no string or integer argument `title`",
+            ),
+        ] {
+            let e = resolve_entity(&t, &object(args.clone())).expect_err("refused");
+            assert!(e.contains(why), "{args}: {e}");
+        }
+        // A fixed id: one entity, its attributes from the call.
+        let r = resolve_entity(
+            &template("transfer", &[("amount", "{amount}")]),
+            &object(json!({"amount": 100})),
+        )
+        .expect("entity");
+        assert_eq!(r.id(), "transfer");
+    }
 
     #[test]
     fn template_arguments() {

@@ -33,6 +33,7 @@ mod readme;
 mod remote;
 mod remote_pool;
 mod replay;
+mod resources;
 mod robustness;
 mod sandbox;
 mod secrets;

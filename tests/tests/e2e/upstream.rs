@@ -15,20 +15,20 @@ pub(crate) fn servers() -> Option<BTreeMap<String, String>> {
     crate::kit::installed("mcp-servers", ".ci/install-mcp-servers")
 }
 
-fn q(s: &str) -> String {
+pub(crate) fn q(s: &str) -> String {
     serde_json::to_string(s).expect("quote")
 }
 
 /// A temp folder that is an upstream's write folder made writable by any uid: under a root
 /// broker the upstream runs under a uid of its own (issue 42), not root's.
-fn open_to_every_uid(dir: &std::path::Path) {
+pub(crate) fn open_to_every_uid(dir: &std::path::Path) {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
 }
 
 /// A `[providers.sandbox]` table (issue 32): what the upstream may read and write besides the
 /// defaults (the system, the command's own folder, its templates' `file_root`s).
-fn sandboxed(read: &[&str], write: &[&str]) -> String {
+pub(crate) fn sandboxed(read: &[&str], write: &[&str]) -> String {
     let list = |l: &[&str]| l.iter().map(|p| q(p)).collect::<Vec<_>>().join(", ");
     format!(
         "[providers.sandbox]\nread = [{}]\nwrite = [{}]\n",
@@ -39,7 +39,7 @@ fn sandboxed(read: &[&str], write: &[&str]) -> String {
 
 /// An npm server's package folder (its `node_modules` and everything it loads), from the path
 /// of its entry file.
-fn package(entry: &str) -> &str {
+pub(crate) fn package(entry: &str) -> &str {
     entry.split("/node_modules/").next().unwrap_or(entry)
 }
 
