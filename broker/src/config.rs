@@ -14,6 +14,22 @@ use crate::evidence::record::RecordSync;
 use crate::telemetry::OtelSettings;
 use crate::trusted::{TrustError, TrustedDir};
 
+/// Most a remote provider's `max_connections` can be.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// `{arg}` names in a template.
+pub fn template_args(template: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = template;
+    while let Some(start) = rest.find('{') {
+        let after = &rest[start + 1..];
+        let Some(end) = after.find('}') else { break };
+        out.push(after[..end].to_owned());
+        rest = &after[end + 1..];
+    }
+    out
+}
+
 /// The embedded default policy: `alice` may read, list and search `/public/...`, and search from
 /// `/` (as `files.search` does when no path is given), which returns only the files she may read.
 /// Where a root broker's sandboxed upstreams without `run_as` (or `upstream_uids`) take their
@@ -158,7 +174,7 @@ impl TemplateConfig {
                 .flat_map(|e| std::iter::once(&e.id).chain(e.attributes.values())),
         );
         for t in templates {
-            for a in crate::upstream::template_args(t) {
+            for a in template_args(t) {
                 if !out.contains(&a) {
                     out.push(a);
                 }
@@ -187,7 +203,7 @@ impl TemplateConfig {
             if t.is_empty() {
                 return Err(format!("{at}: `{key}` is empty"));
             }
-            let args = crate::upstream::template_args(t);
+            let args = template_args(t);
             if let Some(a) = args.iter().find(|a| a.is_empty() || a.contains('{')) {
                 return Err(format!(
                     "{at}: `{key}` = \"{t}\" has a malformed `{{{a}}}` (write `{{argument}}`)"
@@ -829,7 +845,7 @@ impl McpProviderConfig {
                 "provider `{ns}`: connect_timeout_seconds = 0: at least 1"
             ));
         }
-        let max = crate::upstream::MAX_CONNECTIONS;
+        let max = MAX_CONNECTIONS;
         if let Some(n) = self.max_connections
             && !(1..=max).contains(&n)
         {

@@ -61,8 +61,7 @@ pub const MAX_REDIRECTS: usize = 5;
 /// Requests in flight to a remote server at once per session, by default (`max_connections`):
 /// over HTTP/1.1 the most connections open, besides the session's listening stream.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 8;
-/// Most `max_connections` can be.
-pub const MAX_CONNECTIONS: usize = 256;
+pub use crate::config::MAX_CONNECTIONS;
 /// An idle connection is closed after this many seconds, by default (`idle_connection_seconds`):
 /// under the 5 s keep-alive of uvicorn and Node servers, so the broker closes it first, and a
 /// request never goes out on a connection the server is closing.

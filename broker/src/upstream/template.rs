@@ -5,20 +5,8 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use crate::config::EntityTemplate;
+pub use crate::config::template_args;
 use crate::resource::{Resource, WebUrl, entity_type};
-
-/// `{arg}` names in a template.
-pub fn template_args(template: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut rest = template;
-    while let Some(start) = rest.find('{') {
-        let after = &rest[start + 1..];
-        let Some(end) = after.find('}') else { break };
-        out.push(after[..end].to_owned());
-        rest = &after[end + 1..];
-    }
-    out
-}
 
 /// A template's path with each `{arg}` replaced by that string argument, in one pass (an
 /// argument holding `{other}` stays as it is).
