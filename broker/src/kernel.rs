@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 use sharedos_proto::ipc::{CallAnswer, PendingApproval, Question};
-use sharedos_proto::record::{self, Arguments, Event};
+use sharedos_proto::record::{self, Arguments, BY_HARNESS_SESSION, BY_OPERATOR, Event};
 use sharedos_proto::{
     CancelCode, CatalogHash, DenyCode, FailCode, Outcome, PublishedToolDefinition, Requirement,
     SystemIdentity, ToolCall, ToolDefinition, ToolName,
@@ -1202,8 +1202,10 @@ impl Kernel {
                 d.reason.clone(),
                 match (&d.principal, d.unavailable) {
                     (_, true) => None,
-                    (Some(_), false) => Some("principal".to_owned()),
-                    (None, false) => Some("operator".to_owned()),
+                    // A form answered through the harness proves only that the turn token's
+                    // holder answered, not that the person did (issue 45).
+                    (Some(_), false) => Some(BY_HARNESS_SESSION.to_owned()),
+                    (None, false) => Some(BY_OPERATOR.to_owned()),
                 },
                 d.principal.clone(),
             ),

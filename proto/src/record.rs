@@ -422,6 +422,15 @@ pub struct ApprovalRequested {
     pub system_identity: Option<SystemIdentity>,
 }
 
+/// `approval_decided.by` for an operator's decision over `control.sock`.
+pub const BY_OPERATOR: &str = "operator";
+/// `approval_decided.by` for a form answered through the harness (MCP elicitation): it proves
+/// only that the holder of the turn's token answered.
+pub const BY_HARNESS_SESSION: &str = "harness_session";
+/// `approval_decided.by` for the person's own decision on the person's page, signed in with the
+/// operator's identity provider.
+pub const BY_PRINCIPAL: &str = "principal";
+
 /// How the wait for an approval ended. The line's `at` is when.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -436,8 +445,10 @@ pub struct ApprovalDecided {
     pub decided_by: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// Who answered: `operator` (over `control.sock`) or `principal` (in the harness, through
-    /// MCP elicitation). Absent for timeout and cancelled.
+    /// Who answered: `operator` (over `control.sock`), `harness_session` (a form answered in the
+    /// harness, through MCP elicitation: whoever holds the turn's token can give it, so it is not
+    /// recorded as the person's), or `principal` (the person signed in on the person's page).
+    /// Absent for timeout and cancelled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
     /// The principal's answer: the harness session it came from (the bridge connection of the
