@@ -402,7 +402,7 @@ async fn hostile_remote_servers_are_bounded() {
 
 /// A test CA and a server certificate for `san` (a host name or an IP address) signed by it,
 /// made with rcgen and written to `dir`: (ca, cert, key) PEM files.
-fn test_pki(dir: &Path, san: &str) -> (PathBuf, PathBuf, PathBuf) {
+pub(crate) fn test_pki(dir: &Path, san: &str) -> (PathBuf, PathBuf, PathBuf) {
     use rcgen::{
         BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
     };
