@@ -71,6 +71,16 @@ pub struct Decision {
     /// The harness could not ask and the policy lets nobody else answer: refused
     /// `denied/approval_unavailable`, `reason` saying why.
     pub unavailable: bool,
+    /// The person decided on the person's page, signed in with the operator's identity
+    /// provider: the provider's subject (`sub`) of the ID token.
+    pub page: Option<PageDecider>,
+}
+
+/// Who decided on the person's page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageDecider {
+    /// The identity provider's `sub` of the signed-in person.
+    pub subject: String,
 }
 
 impl Decision {
@@ -82,6 +92,7 @@ impl Decision {
             reason,
             principal: None,
             unavailable: false,
+            page: None,
         }
     }
 }
@@ -103,6 +114,76 @@ pub enum DecideError {
     NotAsked(String),
 }
 
+/// Why a link of the person's page decides nothing. Each is refused, and recorded, by the page.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LinkError {
+    #[error("no approval has this link")]
+    Unknown,
+    #[error("this link was used already: an approval link decides once")]
+    Used,
+    #[error(
+        "the call this link was for is no longer waiting (it timed out, was cancelled, or an operator decided it)"
+    )]
+    Ended,
+    #[error("this link is for another call than the one the form names")]
+    OtherCall,
+    #[error("this call is for principal `{owner}` to approve; you are signed in as `{signed_in}`")]
+    NotYours { owner: String, signed_in: String },
+}
+
+impl LinkError {
+    /// The word the record keeps for it.
+    pub fn code(&self) -> &'static str {
+        match self {
+            LinkError::Unknown => "link_unknown",
+            LinkError::Used => "link_used",
+            LinkError::Ended => "link_ended",
+            LinkError::OtherCall => "other_call",
+            LinkError::NotYours { .. } => "not_the_principal",
+        }
+    }
+}
+
+/// What the page shows of a waiting call: the call, and what only the page needs (the agent,
+/// the policies that asked for approval, its link).
+#[derive(Debug, Clone)]
+pub struct OnPage {
+    pub info: PendingApproval,
+    pub agent: Option<String>,
+    pub policies: Vec<String>,
+    pub link: String,
+}
+
+/// What became of a page link: the approval it asks about while the call waits, then how it
+/// ended (bounded like the decided ids).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum LinkState {
+    Waiting(String),
+    Used,
+    Ended,
+}
+
+#[derive(Default)]
+struct Links {
+    state: HashMap<String, LinkState>,
+    /// Links no longer waiting, oldest first, for the bound.
+    ended: VecDeque<String>,
+}
+
+impl Links {
+    fn end(&mut self, link: &str, how: LinkState) {
+        if let Some(s) = self.state.get_mut(link) {
+            *s = how;
+            self.ended.push_back(link.to_owned());
+            if self.ended.len() > DECIDED_MAX
+                && let Some(old) = self.ended.pop_front()
+            {
+                self.state.remove(&old);
+            }
+        }
+    }
+}
+
 /// What a principal's answer did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answered {
@@ -119,6 +200,10 @@ struct Waiting {
     by: Approver,
     /// The bridge connection the principal was asked on, until it answers.
     asked: Option<u64>,
+    /// Asked on the person's page: the call's agent, deciding policies and link.
+    page: Option<(Option<String>, Vec<String>, String)>,
+    /// An answer through a bridge was refused (and recorded) for this page approval already.
+    bridge_refused: bool,
 }
 
 #[derive(Default)]
@@ -132,6 +217,10 @@ pub struct Approvals {
     pub timeout: Duration,
     waiting: Mutex<HashMap<String, Waiting>>,
     decided: Mutex<Decided>,
+    /// The person's page (`[page]`): its public URL. With it, a principal's approval is asked
+    /// there, never through the harness.
+    page: Option<url::Url>,
+    links: Mutex<Links>,
 }
 
 /// The approval id of one call attempt.
@@ -173,8 +262,9 @@ impl Ticket<'_> {
     pub fn withdraw(&mut self) -> Option<Decision> {
         let removed = lock(&self.approvals.waiting).remove(&self.id);
         match removed {
-            Some(_) => {
+            Some(w) => {
                 self.approvals.remember(&self.id);
+                self.approvals.end_link(&w, LinkState::Ended);
                 None
             }
             None => self.answer.try_recv().ok(),
@@ -184,8 +274,10 @@ impl Ticket<'_> {
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        if lock(&self.approvals.waiting).remove(&self.id).is_some() {
+        let removed = lock(&self.approvals.waiting).remove(&self.id);
+        if let Some(w) = removed {
             self.approvals.remember(&self.id);
+            self.approvals.end_link(&w, LinkState::Ended);
         }
     }
 }
@@ -196,6 +288,156 @@ impl Approvals {
             timeout,
             waiting: Mutex::default(),
             decided: Mutex::default(),
+            page: None,
+            links: Mutex::default(),
+        }
+    }
+
+    /// Principals' approvals are asked on the person's page at `public_url`.
+    pub fn with_page(mut self, public_url: Option<url::Url>) -> Self {
+        self.page = public_url;
+        self
+    }
+
+    /// The person's page, when one is configured.
+    pub fn page(&self) -> Option<&url::Url> {
+        self.page.as_ref()
+    }
+
+    /// Puts waiting call `id` on the person's page: a one-time link (128 random bits, hex),
+    /// bound to that approval (and so to its call, principal and decided object), with what
+    /// the page shows besides the call. Returns the link's URL; `None` without a page, or when
+    /// `id` no longer waits.
+    pub fn put_on_page(
+        &self,
+        id: &str,
+        agent: Option<String>,
+        policies: Vec<String>,
+    ) -> Option<url::Url> {
+        let base = self.page.as_ref()?;
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes).ok()?;
+        let link: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let url = base.join(&format!("approval/{link}")).ok()?;
+        let mut waiting = lock(&self.waiting);
+        let w = waiting.get_mut(id)?;
+        w.page = Some((agent, policies, link.clone()));
+        lock(&self.links)
+            .state
+            .insert(link, LinkState::Waiting(id.to_owned()));
+        Some(url)
+    }
+
+    /// An answer through a bridge for `id`, a call asked on the page: `true` the first time
+    /// (the refusal is then recorded; later ones only logged, so a bridge cannot grow the
+    /// record with them).
+    pub fn first_bridge_answer(&self, id: &str) -> bool {
+        match lock(&self.waiting).get_mut(id) {
+            Some(w) if w.page.is_some() && !w.bridge_refused => {
+                w.bridge_refused = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The waiting call link `link` is for, as the page shows it.
+    pub fn on_page(&self, link: &str) -> Result<OnPage, LinkError> {
+        let id = match lock(&self.links).state.get(link) {
+            None => return Err(LinkError::Unknown),
+            Some(LinkState::Used) => return Err(LinkError::Used),
+            Some(LinkState::Ended) => return Err(LinkError::Ended),
+            Some(LinkState::Waiting(id)) => id.clone(),
+        };
+        let waiting = lock(&self.waiting);
+        let w = waiting.get(&id).ok_or(LinkError::Ended)?;
+        let (agent, policies, link) = w.page.clone().ok_or(LinkError::Unknown)?;
+        Ok(OnPage {
+            info: w.info.clone(),
+            agent,
+            policies,
+            link,
+        })
+    }
+
+    /// The calls waiting on the page for `principal`, oldest first.
+    pub fn on_page_for(&self, principal: &str) -> Vec<OnPage> {
+        let mut all: Vec<OnPage> = lock(&self.waiting)
+            .values()
+            .filter(|w| w.info.principal == principal)
+            .filter_map(|w| {
+                let (agent, policies, link) = w.page.clone()?;
+                Some(OnPage {
+                    info: w.info.clone(),
+                    agent,
+                    policies,
+                    link,
+                })
+            })
+            .collect();
+        all.sort_by(|a, b| {
+            (a.info.requested_at.as_str(), a.info.id.as_str())
+                .cmp(&(b.info.requested_at.as_str(), b.info.id.as_str()))
+        });
+        all
+    }
+
+    /// The signed-in person's decision through `link` on the page: taken only while the call
+    /// waits, for the approval the form names (`approval`: the link's own), from the principal
+    /// the call names; the link is used up by it.
+    pub fn decide_on_page(
+        &self,
+        link: &str,
+        approval: &str,
+        principal: &str,
+        approve: bool,
+        decider: PageDecider,
+    ) -> Result<PendingApproval, LinkError> {
+        // Locks in the order every path takes them: the table, then the links.
+        let state = lock(&self.links).state.get(link).cloned();
+        let id = match state {
+            None => return Err(LinkError::Unknown),
+            Some(LinkState::Used) => return Err(LinkError::Used),
+            Some(LinkState::Ended) => return Err(LinkError::Ended),
+            Some(LinkState::Waiting(id)) => id,
+        };
+        if id != approval {
+            return Err(LinkError::OtherCall);
+        }
+        let mut waiting = lock(&self.waiting);
+        let owner = match waiting.get(&id) {
+            None => return Err(LinkError::Ended),
+            Some(w) => w.info.principal.clone(),
+        };
+        if owner != principal {
+            return Err(LinkError::NotYours {
+                owner,
+                signed_in: principal.to_owned(),
+            });
+        }
+        let decision = Decision {
+            approve,
+            by: None,
+            reason: None,
+            principal: None,
+            unavailable: false,
+            page: Some(decider),
+        };
+        let info = waiting.get(&id).map(|w| w.info.clone());
+        self.settle(&mut waiting, &id, decision)
+            .map_err(|_| LinkError::Ended)?;
+        lock(&self.links).end(link, LinkState::Used);
+        info.ok_or(LinkError::Ended)
+    }
+
+    /// A call leaving the table ends its link (used when the page decided it: see
+    /// [`Approvals::decide_on_page`]).
+    fn end_link(&self, w: &Waiting, how: LinkState) {
+        if let Some((_, _, link)) = &w.page {
+            let mut links = lock(&self.links);
+            if links.state.get(link) == Some(&LinkState::Waiting(w.info.id.clone())) {
+                links.end(link, how);
+            }
         }
     }
 
@@ -215,6 +457,8 @@ impl Approvals {
                 answer: tx,
                 by,
                 asked: None,
+                page: None,
+                bridge_refused: false,
             },
         );
         Some(Ticket {
@@ -281,6 +525,7 @@ impl Approvals {
             reason,
             principal: Some(session),
             unavailable: unable,
+            page: None,
         };
         self.settle(&mut waiting, id, decision)
             .map(|()| Answered::Decided)
@@ -301,6 +546,9 @@ impl Approvals {
             });
         };
         self.remember(id);
+        if decision.page.is_none() {
+            self.end_link(&w, LinkState::Ended);
+        }
         // Sent under the lock: a call that withdraws after this finds the decision waiting.
         w.answer
             .send(decision)
@@ -412,6 +660,7 @@ pub fn question(
         }),
         arguments: shown,
         expires_at: expires_at.to_owned(),
+        url: None,
     }
 }
 
@@ -649,6 +898,65 @@ mod tests {
             Err(DecideError::NotAsked("q".into()))
         );
         approvals.decide("q", yes()).expect("the operator decides");
+    }
+
+    #[test]
+    fn a_page_link_decides_once_for_its_own_call_and_principal() {
+        let base = url::Url::parse("https://approvals.example/").expect("url");
+        let approvals = Approvals::new(Duration::from_secs(1)).with_page(Some(base));
+        let mut ticket = approvals
+            .wait(info("p"), Approver::Principal)
+            .expect("waits");
+        let other_ticket = approvals
+            .wait(info("q"), Approver::Principal)
+            .expect("waits");
+        let url = approvals
+            .put_on_page("p", Some("helper".into()), vec!["ask".into()])
+            .expect("a link");
+        let link = url.path().trim_start_matches("/approval/").to_owned();
+        assert_eq!(link.len(), 32, "{url}");
+        let other = approvals.put_on_page("q", None, vec![]).expect("a link");
+        let other = other.path().trim_start_matches("/approval/").to_owned();
+        assert_ne!(link, other);
+        let shown = approvals.on_page(&link).expect("on the page");
+        assert_eq!(
+            (shown.info.id.as_str(), shown.agent.as_deref()),
+            ("p", Some("helper"))
+        );
+        assert_eq!(approvals.on_page_for("alice").len(), 2);
+        assert!(approvals.on_page_for("bob").is_empty());
+        let me = || PageDecider {
+            subject: "sub-alice".into(),
+        };
+        assert_eq!(
+            approvals.decide_on_page(&other, "p", "alice", true, me()),
+            Err(LinkError::OtherCall)
+        );
+        assert!(matches!(
+            approvals.decide_on_page(&link, "p", "bob", true, me()),
+            Err(LinkError::NotYours { .. })
+        ));
+        assert_eq!(
+            approvals.decide_on_page("0000", "p", "alice", true, me()),
+            Err(LinkError::Unknown)
+        );
+        // Not the harness's: a bridge answer is not taken, and is noted once.
+        assert!(approvals.first_bridge_answer("p"));
+        assert!(!approvals.first_bridge_answer("p"));
+        approvals
+            .decide_on_page(&link, "p", "alice", true, me())
+            .expect("decided");
+        assert_eq!(
+            approvals.decide_on_page(&link, "p", "alice", true, me()),
+            Err(LinkError::Used)
+        );
+        assert_eq!(approvals.on_page(&link).err(), Some(LinkError::Used));
+        let d = ticket.withdraw().expect("decided");
+        assert_eq!(d.page, Some(me()));
+        assert!(d.approve && d.principal.is_none());
+        // The other call times out: its link ends with it.
+        drop(other_ticket);
+        assert_eq!(approvals.on_page(&other).err(), Some(LinkError::Ended));
     }
 
     #[test]

@@ -231,7 +231,8 @@ pub(crate) async fn build(
         }
     }
     kernel.budgets = crate::budget::Budgets::new(&config.budgets);
-    kernel.approvals = crate::approval::Approvals::new(config.approval_timeout);
+    kernel.approvals = crate::approval::Approvals::new(config.approval_timeout)
+        .with_page(config.page.as_ref().map(|p| p.public_url.clone()));
     Ok((kernel, recovery))
 }
 

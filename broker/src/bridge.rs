@@ -715,8 +715,29 @@ async fn decide(
         }
         Err(e) => {
             tracing::warn!(turn = %turn.id, bridge = harness.serial, error = %e, "a principal's answer refused");
+            let approval_id = approval.clone();
             let mut shown = approval;
             sharedos_proto::name::clip(&mut shown, 80);
+            // With the person's page, the person decides there: an answer through the harness
+            // (which the turn token's holder can give) is refused, and on record.
+            if broker.kernel.approvals.first_bridge_answer(&approval_id) {
+                let line = record::Event::ApprovalAnswerRefused(record::ApprovalAnswerRefused {
+                    approval: Some(shown.clone()),
+                    turn: Some(turn.id.clone()),
+                    via: "bridge".into(),
+                    code: "asked_on_page".into(),
+                    reason: format!(
+                        "{e}; with the person's page configured, a principal's approval is given only there, by the person signed in"
+                    ),
+                    principal: None,
+                    subject: None,
+                    bridge: Some(harness.serial),
+                    peer: None,
+                });
+                if let Err(e) = broker.kernel.recorder.append(&line).await {
+                    tracing::error!(error = %e, "a refused bridge answer not recorded");
+                }
+            }
             send_event(
                 out,
                 BridgeEvent::DecideRefused {

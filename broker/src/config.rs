@@ -1240,6 +1240,147 @@ struct RawConfig {
     /// How long the helper may run for one secret (default 10 s).
     #[serde(default)]
     secret_command_timeout_seconds: Option<u64>,
+    /// The person's page (issue 45): off unless present.
+    #[serde(default)]
+    page: Option<RawPage>,
+}
+
+/// `[page]` as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPage {
+    listen: String,
+    public_url: String,
+    #[serde(default)]
+    cert: Option<PathBuf>,
+    #[serde(default)]
+    key: Option<PathBuf>,
+    issuer: String,
+    #[serde(default)]
+    issuer_ca_file: Option<PathBuf>,
+    client_id: String,
+    #[serde(default)]
+    client_secret_file: Option<PathBuf>,
+    #[serde(default)]
+    principal_claim: Option<String>,
+    #[serde(default)]
+    scopes: Option<Vec<String>>,
+}
+
+/// The person's page (`[page]`): where it listens, the URL people reach it at, its certificate,
+/// and the operator's OpenID Connect provider that signs people in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PageConfig {
+    pub listen: std::net::SocketAddr,
+    /// The page's public base URL (ends in `/`): links and the sign-in's redirect are made
+    /// from it.
+    pub public_url: url::Url,
+    /// The certificate chain and key (PEM): HTTPS. Without them, plain HTTP (loopback only).
+    pub tls: Option<(PathBuf, PathBuf)>,
+    pub issuer: String,
+    /// Roots for the issuer's TLS besides the system's.
+    pub issuer_ca_file: Option<PathBuf>,
+    pub client_id: String,
+    /// The client secret, read at start (none: a public client, PKCE alone).
+    pub client_secret_file: Option<PathBuf>,
+    /// The ID token claim whose value is the principal (default `sub`).
+    pub principal_claim: String,
+    pub scopes: Vec<String>,
+}
+
+/// A host that only this machine reaches: a loopback address or `localhost`.
+fn loopback_host(url: &url::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(a)) => a.is_loopback(),
+        Some(url::Host::Ipv6(a)) => a.is_loopback(),
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        None => false,
+    }
+}
+
+impl RawPage {
+    fn resolve(self, rel: &dyn Fn(&Path) -> PathBuf) -> Result<PageConfig, String> {
+        let listen: std::net::SocketAddr = self.listen.parse().map_err(|e| {
+            format!(
+                "[page] listen = {:?}: {e} (give an address and port, e.g. \"127.0.0.1:8443\")",
+                self.listen
+            )
+        })?;
+        let tls = match (self.cert, self.key) {
+            (Some(c), Some(k)) => Some((rel(&c), rel(&k))),
+            (None, None) => None,
+            _ => {
+                return Err(
+                    "[page]: give both cert and key (PEM), or neither (plain HTTP on loopback)"
+                        .into(),
+                );
+            }
+        };
+        if tls.is_none() && !listen.ip().is_loopback() {
+            return Err(format!(
+                "[page] listen = \"{listen}\" without cert and key: plain HTTP only on a loopback address; give cert and key (PEM) to serve HTTPS there"
+            ));
+        }
+        let mut public = self.public_url.clone();
+        if !public.ends_with('/') {
+            public.push('/');
+        }
+        let public_url = url::Url::parse(&public)
+            .map_err(|e| format!("[page] public_url = {:?}: {e}", self.public_url))?;
+        match public_url.scheme() {
+            "https" => {}
+            "http" if tls.is_none() && loopback_host(&public_url) => {}
+            _ => {
+                return Err(format!(
+                    "[page] public_url = {:?}: https (http only for a page on loopback without cert)",
+                    self.public_url
+                ));
+            }
+        }
+        if public_url.query().is_some() || public_url.fragment().is_some() {
+            return Err(format!(
+                "[page] public_url = {:?}: no query or fragment",
+                self.public_url
+            ));
+        }
+        let issuer_url = url::Url::parse(&self.issuer)
+            .map_err(|e| format!("[page] issuer = {:?}: {e}", self.issuer))?;
+        if !(issuer_url.scheme() == "https"
+            || (issuer_url.scheme() == "http" && loopback_host(&issuer_url)))
+        {
+            return Err(format!(
+                "[page] issuer = {:?}: https (http only on loopback)",
+                self.issuer
+            ));
+        }
+        if self.client_id.is_empty() {
+            return Err(
+                "[page] client_id = \"\": give the client id registered with the identity provider"
+                    .into(),
+            );
+        }
+        let principal_claim = self.principal_claim.unwrap_or_else(|| "sub".into());
+        if principal_claim.is_empty() {
+            return Err("[page] principal_claim = \"\": name the ID token claim whose value is the principal (default sub)".into());
+        }
+        let scopes = self
+            .scopes
+            .unwrap_or_else(|| vec!["openid".into(), "profile".into()]);
+        if !scopes.iter().any(|s| s == "openid") {
+            return Err("[page] scopes: include \"openid\"".into());
+        }
+        Ok(PageConfig {
+            listen,
+            public_url,
+            tls,
+            issuer: self.issuer,
+            issuer_ca_file: self.issuer_ca_file.as_deref().map(rel),
+            client_id: self.client_id,
+            client_secret_file: self.client_secret_file.as_deref().map(rel),
+            principal_claim,
+            scopes,
+        })
+    }
 }
 
 /// A resolved configuration (all paths absolute or relative to the working directory).
@@ -1309,6 +1450,8 @@ pub struct Config {
     /// What `secret_command` gets besides `PATH`, `LANG` and `HOME` (none of the broker's own
     /// environment).
     pub secret_env: BTreeMap<String, String>,
+    /// `[page]`: the person's page (none: principals' approvals are asked in the harness).
+    pub page: Option<PageConfig>,
 }
 
 impl Config {
@@ -1438,6 +1581,13 @@ impl Config {
             }
             _ => {}
         }
+        let page = match raw.page.take() {
+            None => None,
+            Some(p) => Some(p.resolve(&rel).map_err(|detail| ConfigError::Parse {
+                path: shown.clone(),
+                detail,
+            })?),
+        };
         if let Some(range) = raw.upstream_uids {
             allocate_uids(range, &mut raw.providers).map_err(|detail| ConfigError::Parse {
                 path: shown.clone(),
@@ -1585,6 +1735,7 @@ impl Config {
                 .filter(|s| *s > 0)
                 .map_or(crate::secrets::SECRET_COMMAND_TIMEOUT, Duration::from_secs),
             base: base.to_path_buf(),
+            page,
         })
     }
 
@@ -1661,6 +1812,7 @@ impl Config {
             secret_command_timeout: crate::secrets::SECRET_COMMAND_TIMEOUT,
             secret_env: BTreeMap::new(),
             base: dir.to_path_buf(),
+            page: None,
         })
     }
 }
@@ -1668,6 +1820,54 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_page_table_is_checked() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("broker.toml");
+        let base = "record = \"r.jsonl\"\npolicy = \"p.cedar\"\n[[providers]]\ntype = \"files\"\nroot = \"d\"\n";
+        let page = "[page]\nlisten = \"127.0.0.1:8443\"\npublic_url = \"http://127.0.0.1:8443\"\nissuer = \"http://127.0.0.1:9000\"\nclient_id = \"c\"\n";
+        let load = |text: String| {
+            std::fs::write(&path, text).expect("w");
+            Config::from_file(&path).map_err(|e| e.to_string())
+        };
+        let c = load(format!("{base}{page}")).expect("valid");
+        let p = c.page.expect("page");
+        assert_eq!(p.public_url.as_str(), "http://127.0.0.1:8443/");
+        assert_eq!((p.principal_claim.as_str(), p.tls), ("sub", None));
+        assert_eq!(p.scopes, ["openid", "profile"]);
+        let e = load(format!(
+            "{base}{}",
+            page.replace("127.0.0.1:8443\"\npublic", "0.0.0.0:8443\"\npublic")
+        ))
+        .expect_err("plain http off loopback");
+        assert!(e.contains("plain HTTP only on a loopback address"), "{e}");
+        let e = load(format!("{base}{page}cert = \"c.pem\"\n")).expect_err("cert alone");
+        assert!(e.contains("both cert and key"), "{e}");
+        let e = load(format!(
+            "{base}{}",
+            page.replace("http://127.0.0.1:9000", "http://login.example.com")
+        ))
+        .expect_err("issuer over http");
+        assert!(e.contains("[page] issuer"), "{e}");
+        let tls = load(format!(
+            "{base}{}cert = \"c.pem\"\nkey = \"k.pem\"\n",
+            page.replace(
+                "http://127.0.0.1:8443",
+                "https://approvals.example.com/sharedos"
+            )
+        ))
+        .expect("https")
+        .page
+        .expect("page");
+        assert_eq!(
+            tls.public_url.join("callback").expect("join").as_str(),
+            "https://approvals.example.com/sharedos/callback"
+        );
+        assert_eq!(tls.tls.map(|t| t.0), Some(dir.path().join("c.pem")));
+        let e = load(format!("{base}{page}scopes = [\"profile\"]\n")).expect_err("no openid");
+        assert!(e.contains("openid"), "{e}");
+    }
 
     #[test]
     fn the_oauth_table_is_checked() {

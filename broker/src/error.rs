@@ -62,6 +62,10 @@ pub enum StartError {
     InstanceUids(String),
     #[error("the broker task failed: {0}")]
     Task(String),
+    /// The person's page (`[page]`) could not start: its certificate, key, client secret or
+    /// address.
+    #[error("[page]: {0}")]
+    Page(String),
 }
 
 impl StartError {

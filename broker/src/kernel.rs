@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 use sharedos_proto::ipc::{CallAnswer, PendingApproval, Question};
-use sharedos_proto::record::{self, Arguments, Event};
+use sharedos_proto::record::{
+    self, Arguments, BY_HARNESS_SESSION, BY_OPERATOR, BY_PRINCIPAL, Event,
+};
 use sharedos_proto::{
     CancelCode, CatalogHash, DenyCode, FailCode, Outcome, PublishedToolDefinition, Requirement,
     SystemIdentity, ToolCall, ToolDefinition, ToolName,
@@ -1284,7 +1286,7 @@ impl Kernel {
             on_wait(&info, self.approvals.timeout);
         }
         let waited = self
-            .wait_for_person(site, call, &info, by, ticket, cancel)
+            .wait_for_person(site, call, &info, (by, &policies), ticket, cancel)
             .await;
         if let Err(e) = self.record_approval_decided(site, &id, &waited).await {
             tracing::error!(error = %e, call_id = %site.call_id, "approval_decided not recorded");
@@ -1332,19 +1334,41 @@ impl Kernel {
     }
 
     /// The wait itself: the principal is asked in the harness the call came from; with none (a
-    /// call from no bridge), a `principal` approval cannot be given and is refused now.
+    /// call from no bridge), a `principal` approval cannot be given and is refused now. With the
+    /// person's page configured, the principal is asked there instead: the call is put on the
+    /// page with a one-time link, the harness gets the link to show (a URL-mode elicitation),
+    /// and no answer through the harness is taken; a call from no harness waits on the page too.
     /// Otherwise the first of a decision, the call's cancellation and the time limit.
     async fn wait_for_person(
         &self,
         site: &CallSite<'_>,
         call: &ToolCall,
         info: &PendingApproval,
-        by: crate::policy::Approver,
+        (by, policies): (crate::policy::Approver, &[String]),
         mut ticket: crate::approval::Ticket<'_>,
         cancel: &CancellationToken,
     ) -> Waited {
         let mut unable = None;
-        if by.asks_principal() {
+        if by.asks_principal() && self.approvals.page().is_some() {
+            let link =
+                self.approvals
+                    .put_on_page(&info.id, site.context.agent.clone(), policies.to_vec());
+            if let (Some(link), Some(ask)) = (link, &site.ask) {
+                let mut q = crate::approval::question(
+                    &call.tool,
+                    info.requirement.as_ref().map(|r| r.resource.as_str()),
+                    &info.arguments,
+                    self.redact_arguments,
+                    &info.expires_at,
+                );
+                q.message = format!(
+                    "An agent acting for you asks to run `{}`. Open this link to see the call and approve or deny it (unanswered by {}, it is refused).",
+                    q.tool, info.expires_at
+                );
+                q.url = Some(link.to_string());
+                (ask.send)(info, q);
+            }
+        } else if by.asks_principal() {
             match &site.ask {
                 Some(ask) => {
                     if self.approvals.ask(&info.id, ask.bridge) {
@@ -1370,6 +1394,7 @@ impl Kernel {
                 reason: Some(why),
                 principal: None,
                 unavailable: true,
+                page: None,
             });
         }
         let timeout = self.approvals.timeout;
@@ -1397,15 +1422,23 @@ impl Kernel {
                 },
                 d.by,
                 d.reason.clone(),
-                match (&d.principal, d.unavailable) {
-                    (_, true) => None,
-                    (Some(_), false) => Some("principal".to_owned()),
-                    (None, false) => Some("operator".to_owned()),
+                match (&d.principal, d.unavailable, &d.page) {
+                    (_, true, _) => None,
+                    // The person, signed in on the page with the identity provider.
+                    (_, false, Some(_)) => Some(BY_PRINCIPAL.to_owned()),
+                    // A form answered through the harness proves only that the turn token's
+                    // holder answered, not that the person did (issue 45).
+                    (Some(_), false, None) => Some(BY_HARNESS_SESSION.to_owned()),
+                    (None, false, None) => Some(BY_OPERATOR.to_owned()),
                 },
                 d.principal.clone(),
             ),
             Waited::TimedOut => ("timeout", None, None, None, None),
             Waited::Cancelled(None) => ("cancelled", None, None, None, None),
+        };
+        let page = match waited {
+            Waited::Decided(d) | Waited::Cancelled(Some(d)) => d.page.as_ref(),
+            _ => None,
         };
         let decided = Event::ApprovalDecided(record::ApprovalDecided {
             turn: site.turn.to_owned(),
@@ -1416,6 +1449,8 @@ impl Kernel {
             reason,
             by: answerer,
             session,
+            via: page.map(|_| "page".to_owned()),
+            subject: page.map(|p| p.subject.clone()),
             system_identity: site.identity.cloned(),
         });
         self.recorder.append(&decided).await.map(|_| ())

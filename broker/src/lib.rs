@@ -9,7 +9,8 @@
 //! Floors from the top down; every import points down (a module imports only from floors below
 //! it, and nothing imports `server`):
 //! 1. [`server`]: the process: runtime dir, sockets, accept loops, shutdown.
-//! 2. [`bridge`] (one shim connection), [`control`] (one host connection).
+//! 2. [`bridge`] (one shim connection), [`control`] (one host connection), [`page`] (the
+//!    person's page: sign-in and approvals over HTTPS, issue 45).
 //! 3. [`state`]: the shared state below the handlers: `Broker`, the peer-uid rule, closing a
 //!    turn; [`admission`]: bounds on connections before hello.
 //! 4. [`assemble`]: the composition root, config → kernel, the only module naming concrete
@@ -56,6 +57,7 @@ pub mod evidence;
 pub mod files;
 pub mod kernel;
 pub mod lineage;
+pub mod page;
 pub mod pins;
 pub mod policy;
 pub mod provider;

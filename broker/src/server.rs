@@ -243,6 +243,10 @@ pub async fn start(
     // Before the first call is taken: what the last broker left open.
     close_out(&broker.kernel.recorder, &recovery).await?;
     tracing::info!(runtime_dir = %runtime_dir.display(), tools = broker.kernel.registry().len(), "broker ready");
+    // The person's page, on a listener of its own (none of it through the two sockets).
+    if let Some(addr) = crate::page::start(broker.clone(), broker.root.child_token()).await? {
+        eprintln!("page listening on {addr}");
+    }
     let b = broker.clone();
     let interval = broker.config.record_checkpoint_interval;
     let task = tokio::spawn(async move {

@@ -17,6 +17,7 @@ const FLOORS: &[(&str, f32)] = &[
     ("server", 1.0),
     ("bridge", 2.0),
     ("control", 2.0),
+    ("page", 2.0),
     ("state", 3.0),
     ("admission", 3.0),
     ("assemble", 4.0),

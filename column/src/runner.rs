@@ -790,12 +790,20 @@ async fn measure_version(cfg: &HostConfig, vars: &[(&str, &str)], cwd: &Path) ->
 pub fn approval_said(d: &record::ApprovalDecided) -> String {
     let by = d.by.as_deref();
     let action = d.session.as_ref().map(|s| s.action.as_str());
+    // A form answered in the harness: `harness_session` (records before issue 45 said
+    // `principal` for it, with the harness `session`).
+    let by = match (by, &d.session) {
+        (Some("principal"), Some(_)) => Some(record::BY_HARNESS_SESSION),
+        (by, _) => by,
+    };
     match (d.decision.as_str(), by, action) {
-        ("approved", Some("principal"), _) => "asked, approved".to_owned(),
+        ("approved", Some("harness_session"), _) => "asked, approved".to_owned(),
+        ("approved", Some("principal"), _) => "approved on the person's page".to_owned(),
         ("approved", Some("operator"), _) => "no question shown: operator approved".to_owned(),
-        ("denied", Some("principal"), Some("decline")) => "declined by the client".to_owned(),
-        ("denied", Some("principal"), Some("cancel")) => "cancelled by the client".to_owned(),
-        ("denied", Some("principal"), _) => "asked, denied".to_owned(),
+        ("denied", Some("harness_session"), Some("decline")) => "declined by the client".to_owned(),
+        ("denied", Some("harness_session"), Some("cancel")) => "cancelled by the client".to_owned(),
+        ("denied", Some("harness_session"), _) => "asked, denied".to_owned(),
+        ("denied", Some("principal"), _) => "denied on the person's page".to_owned(),
         ("denied", Some("operator"), _) => "no question shown: operator denied".to_owned(),
         ("unavailable", _, _) => "no question shown: the harness cannot ask".to_owned(),
         ("timeout", _, _) => "nobody answered (timed out)".to_owned(),
@@ -1647,13 +1655,13 @@ mod tests {
         };
         assert_eq!(
             approval_said(&with(
-                json!({"decision": "approved", "by": "principal", "session": {"bridge": 1, "action": "accept"}})
+                json!({"decision": "approved", "by": "harness_session", "session": {"bridge": 1, "action": "accept"}})
             )),
             "asked, approved"
         );
         assert_eq!(
             approval_said(&with(
-                json!({"decision": "denied", "by": "principal", "session": {"bridge": 1, "action": "decline", "via": "elicitation/create"}})
+                json!({"decision": "denied", "by": "harness_session", "session": {"bridge": 1, "action": "decline", "via": "elicitation/create"}})
             )),
             "declined by the client"
         );
@@ -1662,6 +1670,13 @@ mod tests {
                 json!({"decision": "denied", "by": "principal", "session": {"bridge": 1, "action": "cancel"}})
             )),
             "cancelled by the client"
+        );
+        assert_eq!(
+            approval_said(&with(
+                json!({"decision": "approved", "by": "principal", "session": {"bridge": 1, "action": "accept"}})
+            )),
+            "asked, approved",
+            "a record written before `harness_session` reads the same"
         );
         assert_eq!(
             approval_said(&with(

@@ -213,6 +213,10 @@ pub struct Question {
     /// bounded.
     pub arguments: Value,
     pub expires_at: String,
+    /// The person's page is configured: the one-time link where the person decides this call
+    /// (asked with a URL-mode elicitation; no answer through the harness is taken).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
 }
 
 /// The person's answer to an [`BridgeEvent::Ask`].

@@ -84,6 +84,8 @@ pub enum Event {
     /// the person (`elicitation/create`), a model completion (`sampling/createMessage`) or the
     /// client's roots (`roots/list`); what it asked and what the broker did.
     UpstreamRequest(UpstreamRequest),
+    /// An answer to a waiting approval refused (see [`ApprovalAnswerRefused`]).
+    ApprovalAnswerRefused(ApprovalAnswerRefused),
 }
 
 /// An upstream server's request to the broker (as its MCP client), and what became of it. The
@@ -141,6 +143,7 @@ impl Event {
             Event::ControlRefused(_) => "control_refused",
             Event::MalformedFrame(_) => "malformed_frame",
             Event::UpstreamRequest(_) => "upstream_request",
+            Event::ApprovalAnswerRefused(_) => "approval_answer_refused",
         }
     }
 
@@ -165,6 +168,7 @@ impl Event {
             Event::BridgeRefused(e) | Event::ControlRefused(e) => e.turn.as_deref(),
             Event::MalformedFrame(e) => Some(&e.turn),
             Event::UpstreamRequest(e) => e.turn.as_deref(),
+            Event::ApprovalAnswerRefused(e) => e.turn.as_deref(),
         }
     }
 }
@@ -430,6 +434,15 @@ pub struct ApprovalRequested {
     pub system_identity: Option<SystemIdentity>,
 }
 
+/// `approval_decided.by` for an operator's decision over `control.sock`.
+pub const BY_OPERATOR: &str = "operator";
+/// `approval_decided.by` for a form answered through the harness (MCP elicitation): it proves
+/// only that the holder of the turn's token answered.
+pub const BY_HARNESS_SESSION: &str = "harness_session";
+/// `approval_decided.by` for the person's own decision on the person's page, signed in with the
+/// operator's identity provider.
+pub const BY_PRINCIPAL: &str = "principal";
+
 /// How the wait for an approval ended. The line's `at` is when.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -444,8 +457,10 @@ pub struct ApprovalDecided {
     pub decided_by: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// Who answered: `operator` (over `control.sock`) or `principal` (in the harness, through
-    /// MCP elicitation). Absent for timeout and cancelled.
+    /// Who answered: `operator` (over `control.sock`), `harness_session` (a form answered in the
+    /// harness, through MCP elicitation: whoever holds the turn's token can give it, so it is not
+    /// recorded as the person's), or `principal` (the person signed in on the person's page).
+    /// Absent for timeout and cancelled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
     /// The principal's answer: the harness session it came from (the bridge connection of the
@@ -453,8 +468,42 @@ pub struct ApprovalDecided {
     /// (`accept`, `decline`, `cancel`) with the value chosen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<crate::ipc::HarnessSession>,
+    /// `page`: the person decided on the person's page (with `by: principal`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
+    /// The identity provider's subject (`sub`) of the person signed in on the page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_identity: Option<SystemIdentity>,
+}
+
+/// An answer to a waiting approval that decided nothing: a bridge's answer to a call asked on
+/// the person's page, or a request to the page refused (no session, another person's, another
+/// origin, a used, unknown or ended link, a link of another call).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalAnswerRefused {
+    /// The approval it named, when it named one the broker knows (clipped otherwise).
+    pub approval: Option<String>,
+    pub turn: Option<String>,
+    /// `bridge` (a shim's answer) or `page`.
+    pub via: String,
+    /// Why, as a word: `asked_on_page`, `no_session`, `csrf`, `cross_origin`, `link_unknown`,
+    /// `link_used`, `link_ended`, `other_call`, `not_the_principal`.
+    pub code: String,
+    pub reason: String,
+    /// The principal signed in on the page, and the identity provider's subject, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// The bridge connection (`via: bridge`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bridge: Option<u64>,
+    /// The page's peer address (`via: page`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
 }
 
 /// One call attempt's outcome.

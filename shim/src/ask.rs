@@ -32,6 +32,9 @@ use crate::link::{Answer, LinkDown};
 /// How a question is asked, as `approval_decided` records it.
 pub const VIA_REQUEST: &str = "elicitation/create";
 pub const VIA_INPUT_REQUIRED: &str = "input_required";
+/// The question carried a link of the person's page (URL mode): the person decides there, and
+/// the shim sends the broker no answer.
+pub const VIA_PAGE: &str = "page";
 
 /// The key of the shim's question in an `input_required` result's `inputRequests`.
 pub const INPUT_KEY: &str = "sharedos-approval";
@@ -299,6 +302,12 @@ impl Asker {
     /// Asks the person about a held call in a 2026-07-28 `input_required` round (see
     /// [`Asker::open_round`]).
     pub async fn ask_in_round(&self, question: &Question, ctx: &RoundCtx) -> Answer {
+        if question.url.is_some() {
+            // A URL round of input_required is not built yet: the call waits for the page,
+            // where the person's list shows it.
+            tracing::info!(tool = %question.tool, "the person decides this call on their page (a 2026-07-28 client: no URL round)");
+            return page_answer();
+        }
         tracing::info!(tool = %question.tool, "asking the person through the MCP client (an input_required result)");
         let params = json!({"message": question.message, "requestedSchema": schema()});
         let (answer, reason) = match self.open_round(ctx, INPUT_KEY, params).await {
@@ -395,6 +404,9 @@ impl Asker {
     /// cannot be asked. `current`: the call came in the 2026-07-28 revision, which has no
     /// server-to-client requests (there, [`Asker::ask_in_round`] asks, when it can).
     pub async fn ask(&self, question: &Question, current: bool) -> Answer {
+        if let Some(url) = &question.url {
+            return self.ask_on_page(question, url, current).await;
+        }
         if current {
             return Answer::unable(
                 "the client speaks MCP 2026-07-28 and did not declare form-mode elicitation in the call's clientCapabilities (or sent the call as a notification), so it cannot be asked with an input_required result",
@@ -425,6 +437,36 @@ impl Asker {
                 }
             }
         }
+    }
+
+    /// Shows the person the link of their page with a URL-mode `elicitation/create` (a client
+    /// that declared `elicitation: {url: {}}`), and waits for the client to say it did; the
+    /// decision is the page's, so nothing is sent to the broker. A client that cannot show a
+    /// link is not asked: the call waits on the page, where the person's list shows it.
+    async fn ask_on_page(&self, question: &Question, url: &str, current: bool) -> Answer {
+        if current || !self.can.url() {
+            tracing::info!(tool = %question.tool, "the person decides this call on their page; the MCP client cannot show a link (no URL-mode elicitation)");
+            return page_answer();
+        }
+        let n = self.next.load(Ordering::Relaxed);
+        let params = json!({
+            "mode": "url",
+            "message": question.message,
+            "url": url,
+            "elicitationId": format!("sharedos-page-{n}"),
+        });
+        tracing::info!(tool = %question.tool, "showing the person the link of their page (URL-mode elicitation/create)");
+        match self.request_client(params).await {
+            Ok(reply) => {
+                let action = reply
+                    .pointer("/result/action")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?");
+                tracing::info!(action, "the MCP client answered the page link");
+            }
+            Err(_) => tracing::info!("the MCP client did not take the page link"),
+        }
+        page_answer()
     }
 
     /// Sends `elicitation/create` with `params` to the client; resolves with its whole
@@ -688,6 +730,15 @@ fn client_error(reply: &Value) -> Option<String> {
     Some(why)
 }
 
+/// The answer of a question asked on the person's page: nothing for the broker.
+fn page_answer() -> Answer {
+    Answer {
+        answer: PrincipalAnswer::Unable,
+        reason: None,
+        via: Some(VIA_PAGE),
+    }
+}
+
 /// The person's answer in an `elicitation/create` response.
 fn read_answer(reply: &Value) -> (PrincipalAnswer, Option<String>) {
     if let Some(why) = client_error(reply) {
@@ -746,6 +797,7 @@ mod tests {
             resource: None,
             arguments: json!({}),
             expires_at: "later".into(),
+            url: None,
         }
     }
 

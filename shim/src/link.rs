@@ -461,8 +461,11 @@ impl Link {
                 }
                 (approval, Answer { answer, reason, via }) = asked(&mut asking), if asking.is_some() => {
                     asking = None;
-                    let via = via.map(str::to_owned);
-                    let _ = self.send(&BridgeRequest::Decide { approval, answer, reason, via }).await;
+                    // A question of the person's page is decided there: no answer goes back.
+                    if via != Some(crate::ask::VIA_PAGE) {
+                        let via = via.map(str::to_owned);
+                        let _ = self.send(&BridgeRequest::Decide { approval, answer, reason, via }).await;
+                    }
                 }
                 _ = self.ended.cancelled() => {
                     let why = self.end_reason.lock().ok().and_then(|r| r.clone());

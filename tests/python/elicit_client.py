@@ -6,7 +6,8 @@ person does, `approve`, `deny` (accept with decision deny), `decline`, `cancel`,
 approve after ELICIT_SLOW_SECONDS), or `none` (no callback: the client declares no elicitation
 capability); ELICIT_MODE: `legacy` (initialize, 2025-11-25) or `auto` (2026-07-28, where the shim
 asks with `input_required` results the client retries); ELICIT_CALLS: a JSON list of
-[tool, arguments]. Prints a JSON report as the last line: each call's [isError, text, code] and
+[tool, arguments]; ELICIT_URL_FILE: where the link of a URL-mode question is written (the
+person's page, issue 45). Prints a JSON report as the last line: each call's [isError, text, code] and
 every question the person was shown (message and schema).
 
 ELICIT_ROUNDS (mode `auto` only), instead of ELICIT_CALLS: drives input_required rounds by hand, as
@@ -46,6 +47,11 @@ async def person(ctx, params):
         # A brokered server's question, answered late too.
         await anyio.sleep(float(os.environ.get("ELICIT_SLOW_SECONDS", "5")))
     if dump.get("mode") == "url":
+        # The link goes to the person (ELICIT_URL_FILE: where the test's browser picks it up).
+        if os.environ.get("ELICIT_URL_FILE"):
+            with open(os.environ["ELICIT_URL_FILE"] + ".tmp", "w") as f:
+                f.write(dump.get("url", ""))
+            os.replace(os.environ["ELICIT_URL_FILE"] + ".tmp", os.environ["ELICIT_URL_FILE"])
         return ElicitResult(action="accept" if answer in ("approve", "slow") else answer)
     if "decision" not in dump.get("requestedSchema", {}).get("properties", {}):
         # A brokered server's own question.
@@ -97,7 +103,7 @@ async def main():
     callback = None if os.environ.get("ELICIT_ANSWER") == "none" else person
     report = {"calls": []}
     rounds = json.loads(os.environ.get("ELICIT_ROUNDS", "null"))
-    async with Client(params, mode=mode, read_timeout_seconds=60, elicitation_callback=callback) as client:
+    async with Client(params, mode=mode, read_timeout_seconds=float(os.environ.get("ELICIT_READ_TIMEOUT", "60")), elicitation_callback=callback) as client:
         report["protocol"] = str(client.protocol_version)
         if rounds is not None:
             report["rounds"] = await by_hand(client, rounds)

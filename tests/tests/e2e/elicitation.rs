@@ -107,7 +107,8 @@ const BIG: usize = 5000;
 
 /// Approve: the person is asked once, sees the tool, the resource the kernel decided on and the
 /// arguments within the bound (a long content cut, a secret-looking key redacted), and the call
-/// runs exactly once; `approval_decided` says `by: principal`, with the harness session.
+/// runs exactly once; `approval_decided` says `by: harness_session` (a form answered in the
+/// harness is not the person's word: issue 45), with the harness session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
 async fn the_person_approves_in_the_harness_and_the_call_runs_once() {
@@ -160,7 +161,7 @@ async fn the_person_approves_in_the_harness_and_the_call_runs_once() {
         let decided = lines_of(&broker, &turn.turn, "approval_decided");
         assert_eq!(decided.len(), 1, "{decided:?}");
         assert_eq!(decided[0]["decision"], "approved");
-        assert_eq!(decided[0]["by"], "principal");
+        assert_eq!(decided[0]["by"], "harness_session");
         assert_eq!(decided[0]["decidedBy"], Value::Null);
         assert_eq!(decided[0]["session"]["action"], "accept");
         assert!(
@@ -189,7 +190,7 @@ async fn the_person_approves_in_the_harness_and_the_call_runs_once() {
 }
 
 /// Deny (accept with `deny`), decline and cancel each refuse the call `denied/approval_denied`,
-/// recorded `by: principal` with the action; nothing is written.
+/// recorded `by: harness_session` with the action; nothing is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
 async fn deny_decline_and_cancel_refuse_the_call() {
@@ -227,7 +228,7 @@ async fn deny_decline_and_cancel_refuse_the_call() {
         assert_eq!(decided.len(), 1, "{decided:?}");
         assert_eq!(
             (&decided[0]["decision"], &decided[0]["by"]),
-            (&json!("denied"), &json!("principal")),
+            (&json!("denied"), &json!("harness_session")),
             "{answer}"
         );
         assert_eq!(decided[0]["session"]["action"], action, "{answer}");
@@ -658,7 +659,7 @@ async fn only_the_asked_session_answers_once() {
     let decided = lines_of(&broker, &turn.turn, "approval_decided");
     assert_eq!(decided.len(), 2, "{decided:?}");
     assert!(
-        decided.iter().all(|d| d["by"] == "principal"),
+        decided.iter().all(|d| d["by"] == "harness_session"),
         "{decided:?}"
     );
     // An operator cannot decide a `principal` approval.
@@ -946,7 +947,7 @@ async fn a_forwarded_upstream_question_reaches_the_person_and_the_answer_the_ser
 /// The TypeScript SDK client (npm `@modelcontextprotocol/sdk`, the version installed with
 /// server-everything) as the harness, with a real `elicitation/create` handler: it declares form
 /// mode in `initialize`, is asked, and its answer decides: approve runs the call once, decline
-/// refuses it `denied/approval_denied`, both `by: principal` via `elicitation/create`.
+/// refuses it `denied/approval_denied`, both `by: harness_session` via `elicitation/create`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs npm @modelcontextprotocol/sdk: bash .ci/install-mcp-servers installs it and .ci/run runs this"]
 async fn the_typescript_sdk_client_is_asked_and_its_answer_decides() {
@@ -1002,7 +1003,7 @@ async fn the_typescript_sdk_client_is_asked_and_its_answer_decides() {
         );
         let decided = lines_of(&broker, &turn.turn, "approval_decided");
         assert_eq!(decided.len(), 1, "{decided:?}");
-        assert_eq!(decided[0]["by"], "principal");
+        assert_eq!(decided[0]["by"], "harness_session");
         assert_eq!(decided[0]["session"]["via"], "elicitation/create");
         let clients = lines_of(&broker, &turn.turn, "bridge_client");
         assert_eq!(

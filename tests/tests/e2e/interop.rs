@@ -72,7 +72,7 @@ enum Asked {
     /// `denied/approval_unavailable`, `/held` goes to the operator, who approves it.
     Cannot(&'static str),
     /// It declared the elicitation capability and its client declines every question at once,
-    /// with nobody shown it: both reads are refused `denied/approval_denied`, `by: principal`.
+    /// with nobody shown it: both reads are refused `denied/approval_denied`, `by: harness_session`.
     /// How it was asked (`elicitation/create`, or `input_required` in 2026-07-28) and what its
     /// client answered (`decline`, `cancel`).
     Declines(&'static str, &'static str),
@@ -714,7 +714,7 @@ fn principal_approval(
                 );
                 assert_eq!(
                     (&row["decided"][0]["decision"], &row["decided"][0]["by"]),
-                    (&json!("denied"), &json!("principal")),
+                    (&json!("denied"), &json!("harness_session")),
                     "{measured:#}"
                 );
                 assert_eq!(
@@ -1687,7 +1687,7 @@ const PROMPT: &str = "Read /asks/plan.txt with files.read";
 /// for `files.read` of `/asks/plan.txt` (`@approval("principal")`). Claude Code shows the
 /// broker's question as its form (`MCP server “sharedos” requests your input`); the test
 /// reads it, chooses `approve` and presses `Accept`. The record shows the question asked once,
-/// decided `approved` `by: principal` (`via: input_required`, `action: accept`, no sooner than
+/// decided `approved` `by: harness_session` (`via: input_required`, `action: accept`, no sooner than
 /// the four keys at a person's pace allow), and exactly one call, `succeeded`; the model sees the file; `/exit` ends
 /// Claude Code with 0. The screens answered and the keys sent are kept beside the matrix
 /// summaries in `tests/interop/matrix/claude-code-terminal.txt` (compared like the summaries;
@@ -2027,7 +2027,7 @@ async fn a_person_at_a_terminal_answers_the_approval() {
         ),
         (
             &json!("approved"),
-            &json!("principal"),
+            &json!("harness_session"),
             &json!("input_required"),
             &json!("accept")
         ),

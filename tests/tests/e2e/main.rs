@@ -28,6 +28,7 @@ mod kit;
 mod linking;
 mod names;
 mod outside_client;
+mod page;
 mod races;
 mod readme;
 mod remote;
