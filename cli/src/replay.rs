@@ -72,6 +72,9 @@ pub fn run(args: ReplayArgs, default_dir: &Path) -> anyhow::Result<ExitCode> {
     } else {
         args.record.clone()
     };
+    // The policy first (the input given on this command line), then the record.
+    // A policy file that does not parse or validate is an error naming it, line and column.
+    let engine = PolicyEngine::load(schema.as_deref(), &args.policy)?;
     // The record's chain first: a replay says what the policy would have decided of what the
     // record says happened, so a record changed since it was written is not replayed. (The key is
     // the one the chain recorded; `records verify --public-key` checks it against a kept copy.)
@@ -100,8 +103,6 @@ pub fn run(args: ReplayArgs, default_dir: &Path) -> anyhow::Result<ExitCode> {
             records.extend(files);
         }
     }
-    // A policy file that does not parse or validate is an error naming it, line and column.
-    let engine = PolicyEngine::load(schema.as_deref(), &args.policy)?;
     let report = replay::replay(&engine, &records, since)?;
     let shown: Vec<String> = records.iter().map(|p| p.display().to_string()).collect();
     if args.json {

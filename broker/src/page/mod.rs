@@ -228,7 +228,7 @@ fn esc(s: &str) -> String {
 fn page(title: &str, body: &str) -> Html<String> {
     Html(format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>{t}</title>\
-         <meta name=\"referrer\" content=\"no-referrer\"></head>\
+         <meta name=\"referrer\" content=\"same-origin\"></head>\
          <body><h1>{t}</h1>{body}</body></html>",
         t = esc(title)
     ))
@@ -245,7 +245,7 @@ fn guarded(mut r: Response) -> Response {
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     r
 }
