@@ -32,9 +32,8 @@ use crate::link::{Answer, LinkDown};
 /// How a question is asked, as `approval_decided` records it.
 pub const VIA_REQUEST: &str = "elicitation/create";
 pub const VIA_INPUT_REQUIRED: &str = "input_required";
-/// The question carried a link of the person's page (URL mode): the person decides there, and
-/// the shim sends the broker no answer.
-pub const VIA_PAGE: &str = "page";
+/// The question carried a link of the person's page (kept with the link, which reads it).
+pub use crate::link::VIA_PAGE;
 
 /// The key of the shim's question in an `input_required` result's `inputRequests`.
 pub const INPUT_KEY: &str = "sharedos-approval";

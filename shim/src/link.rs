@@ -26,6 +26,10 @@ use tokio_util::sync::CancellationToken;
 use crate::error::ShimError;
 use crate::trust;
 
+/// The question carried a link of the person's page (URL mode): the person decides there, and
+/// the shim sends the broker no answer.
+pub const VIA_PAGE: &str = "page";
+
 /// How long the shim waits for the broker to accept and answer hello.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -462,7 +466,7 @@ impl Link {
                 (approval, Answer { answer, reason, via }) = asked(&mut asking), if asking.is_some() => {
                     asking = None;
                     // A question of the person's page is decided there: no answer goes back.
-                    if via != Some(crate::ask::VIA_PAGE) {
+                    if via != Some(VIA_PAGE) {
                         let via = via.map(str::to_owned);
                         let _ = self.send(&BridgeRequest::Decide { approval, answer, reason, via }).await;
                     }

@@ -40,6 +40,7 @@ use crate::resource::{Object, Resource};
 use crate::secrets::{Known, SHARED, Secret, SecretError, SecretStore};
 
 mod cause;
+mod drain;
 mod http;
 mod instances;
 mod log;

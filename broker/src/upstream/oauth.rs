@@ -278,7 +278,7 @@ impl TokenCaches {
 /// rmcp's reqwest client, with the current OAuth token (when the provider has one) as the
 /// bearer of every request, and the session's places: at most `max_connections` requests in
 /// flight at once, each holding its place until its response is read to its end
-/// ([`super::http::Drained`]).
+/// ([`super::drain::Drained`]).
 #[derive(Clone)]
 pub struct TokenClient {
     pub inner: reqwest::Client,
@@ -491,12 +491,12 @@ fn held(
     match response {
         Ok(StreamableHttpPostResponse::Sse(stream, session)) => {
             Ok(StreamableHttpPostResponse::Sse(
-                super::http::Drained::new(stream, place).boxed(),
+                super::drain::Drained::new(stream, place).boxed(),
                 session,
             ))
         }
         other => {
-            super::http::give_back(place);
+            super::drain::give_back(place);
             other
         }
     }
