@@ -338,8 +338,10 @@ async fn idle_connections_the_server_closes_cost_a_new_connection_only() {
         }
         let opened = relay.accepted() - before;
         let closed = relay.counts.idle_closed.load(Ordering::SeqCst);
+        // The first call may still ride the connection `initialize` opened (its idle close
+        // can come after it); each of the 11 after an idle close opens its own.
         assert!(
-            opened >= 12 && closed >= 11,
+            opened >= 11 && closed >= 11,
             "{mode}: each call after an idle close opens a connection ({opened} opened, {closed} closed idle)"
         );
         let effects = server.lines("effect add_note");
