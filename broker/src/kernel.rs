@@ -668,6 +668,9 @@ impl Kernel {
         })
     }
 
+    /// The decision itself, in its order: the tool looked up in the turn's catalogue, the
+    /// arguments checked against its input schema, the requirement resolved from them, and the
+    /// policy's decision on it. Each step either hands on or refuses.
     fn check_contained(
         &self,
         context: &AccessContext,
@@ -676,112 +679,53 @@ impl Kernel {
         arguments: Option<&Value>,
         rejected: Option<&str>,
     ) -> Verdict {
-        let refuse = |outcome, message: String| Verdict::Refused {
-            outcome,
-            message,
-            requirement: None,
-            policies: vec![],
+        let checked = look_up(catalog, tool, rejected).and_then(|registered| {
+            let arguments = checked_arguments(registered, tool, arguments)?;
+            let resolved = self.resolve_requirement(registered, tool, &arguments)?;
+            Ok(self.decide_on(context, registered, tool, arguments, resolved))
+        });
+        checked.unwrap_or_else(|(outcome, message)| refused(outcome, message))
+    }
+
+    /// The requirement resolved from the arguments; an operator's entity whose attributes (from
+    /// the arguments) do not fit its schema cannot be decided on: said so, rather than a deny
+    /// for no visible reason.
+    fn resolve_requirement(
+        &self,
+        registered: &Registered,
+        tool: &str,
+        arguments: &Map<String, Value>,
+    ) -> Result<Resolved, Refusal> {
+        let unresolvable = |why: String| {
+            (
+                Outcome::Denied(DenyCode::UnresolvableRequirement),
+                format!("denied: {tool} could not resolve the resource it would touch: {why}"),
+            )
         };
-        let shown = sharedos_proto::name::shown(tool);
-        if let Err(e) = ToolName::new(tool) {
-            return refuse(
-                Outcome::Denied(DenyCode::MalformedToolName),
-                format!("denied: `{shown}` is not a valid tool name ({e}); nothing was run"),
-            );
-        }
-        let Some(registered) = catalog.by_name.get(tool) else {
-            return refuse(
-                Outcome::Denied(DenyCode::UnpublishedTool),
-                format!(
-                    "denied: `{shown}` is not a tool in this turn's catalogue; call one of the tools listed by tools/list"
-                ),
-            );
-        };
-        // A brokered tool whose upstream drifted after this catalogue was made: the turn still
-        // holds the registration, but its upstream no longer lists what was published.
-        if let Some(why) = registered.authority.handler.unavailable() {
-            return refuse(
-                Outcome::Failed(why.code),
-                format!("failed: {tool} — {}", why.message),
-            );
-        }
-        if let Some(why) = rejected {
-            return refuse(
-                Outcome::Failed(FailCode::InvalidArguments),
-                format!("failed: {tool} arguments were not passed on: {why}"),
-            );
-        }
-        let empty = Value::Object(Map::new());
-        // The instance the input schema checks: the arguments as sent (no copy), or `{}`.
-        let instance = match arguments {
-            Some(v @ Value::Object(_)) => v,
-            _ => &empty,
-        };
-        let arguments = match arguments {
-            None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(m)) => m.clone(),
-            Some(other) => {
-                return refuse(
-                    Outcome::Failed(FailCode::InvalidArguments),
-                    format!(
-                        "failed: {tool} arguments must be a JSON object, not {}",
-                        json_kind(other)
-                    ),
-                );
-            }
-        };
-        if let Some(validator) = &registered.authority.validator {
-            let errors: Vec<String> = validator
-                .iter_errors(instance)
-                .take(3)
-                .map(|e| {
-                    let at = e.instance_path().to_string();
-                    let at = if at.is_empty() {
-                        "arguments".to_owned()
-                    } else {
-                        format!("`{at}`")
-                    };
-                    let mut msg = e.to_string();
-                    // The message quotes the call's own arguments: cut on a character boundary.
-                    sharedos_proto::name::clip(&mut msg, 200);
-                    format!("{at}: {msg}")
-                })
-                .collect();
-            if !errors.is_empty() {
-                return refuse(
-                    Outcome::Failed(FailCode::InvalidArguments),
-                    format!(
-                        "failed: {tool} arguments do not match its input schema: {}",
-                        errors.join("; ")
-                    ),
-                );
-            }
-        }
-        let resolved = match resolve(registered, &arguments) {
-            Ok(r) => r,
-            Err(why) => {
-                return refuse(
-                    Outcome::Denied(DenyCode::UnresolvableRequirement),
-                    format!("denied: {tool} could not resolve the resource it would touch: {why}"),
-                );
-            }
-        };
-        // An operator's entity whose attributes (from the arguments) do not fit its schema
-        // cannot be decided on: said so, rather than a deny for no visible reason.
+        let resolved = resolve(registered, arguments).map_err(unresolvable)?;
         if matches!(resolved.resource, Resource::Entity { .. })
             && let Err(why) = self.policy.check_resource(&resolved.resource)
         {
-            return refuse(
-                Outcome::Denied(DenyCode::UnresolvableRequirement),
-                format!(
-                    "denied: {tool} could not resolve the resource it would touch: {} does not fit the schema: {why}",
-                    resolved.resource.display()
-                ),
-            );
+            return Err(unresolvable(format!(
+                "{} does not fit the schema: {why}",
+                resolved.resource.display()
+            )));
         }
+        Ok(resolved)
+    }
+
+    /// The policy's decision on a resolved requirement, with `context.arguments` (what the
+    /// policy sees of the arguments, typed by the tool's own schema, which they passed) made
+    /// only when the policy set reads them.
+    fn decide_on(
+        &self,
+        context: &AccessContext,
+        registered: &Arc<Registered>,
+        tool: &str,
+        arguments: Map<String, Value>,
+        resolved: Resolved,
+    ) -> Verdict {
         let pv = self.policy.current();
-        // `context.arguments`: what the policy sees of the arguments, typed by the tool's own
-        // schema (which they passed above). Only a set that reads them needs them made.
         let typed = pv
             .reads_any_arguments()
             .then(|| crate::policy::arguments::typed(registered.input_schema.as_ref(), &arguments));
@@ -792,39 +736,38 @@ impl Kernel {
             &resolved.resource,
             typed.as_ref(),
         );
-        let requirement = Some(requirement_of(&resolved));
-        if !decision.allowed {
-            if !decision.errors.is_empty() {
-                tracing::warn!(tool, errors = ?decision.errors, "policy evaluation errors (treated as deny)");
-            }
-            let (code, why) = if decision.forbidden {
-                (
-                    DenyCode::Forbidden,
-                    format!("forbidden by policy {}", decision.policies.join(", ")),
-                )
-            } else {
-                (
-                    DenyCode::NoPermit,
-                    format!(
-                        "no policy permits {} on this {}",
-                        resolved.action,
-                        resource_noun(&resolved.resource)
-                    ),
-                )
-            };
-            return Verdict::Refused {
-                outcome: Outcome::Denied(code),
-                message: format!("denied: {tool} of {} — {why}", resolved.resource.short()),
-                requirement,
+        if decision.allowed {
+            return Verdict::Permitted {
+                tool: registered.clone(),
+                resolved: Box::new(resolved),
+                arguments,
                 policies: decision.policies,
+                approval: decision.approval,
             };
         }
-        Verdict::Permitted {
-            tool: registered.clone(),
-            resolved: Box::new(resolved),
-            arguments,
+        if !decision.errors.is_empty() {
+            tracing::warn!(tool, errors = ?decision.errors, "policy evaluation errors (treated as deny)");
+        }
+        let (code, why) = if decision.forbidden {
+            (
+                DenyCode::Forbidden,
+                format!("forbidden by policy {}", decision.policies.join(", ")),
+            )
+        } else {
+            (
+                DenyCode::NoPermit,
+                format!(
+                    "no policy permits {} on this {}",
+                    resolved.action,
+                    resource_noun(&resolved.resource)
+                ),
+            )
+        };
+        Verdict::Refused {
+            outcome: Outcome::Denied(code),
+            message: format!("denied: {tool} of {} — {why}", resolved.resource.short()),
+            requirement: Some(requirement_of(&resolved)),
             policies: decision.policies,
-            approval: decision.approval,
         }
     }
 
@@ -1058,22 +1001,7 @@ impl Kernel {
             return (notes, Err(ending));
         }
         let verdict = self.decide(site, call);
-        let why = match &verdict {
-            Verdict::Permitted { resolved: now, .. } => stale(&approved, now),
-            // Refused now, on something else than what was approved: it is the change that the
-            // caller has to know about.
-            Verdict::Refused {
-                outcome: Outcome::Denied(DenyCode::UnresolvableRequirement),
-                ..
-            } => Some("it no longer resolves to a resource".to_owned()),
-            Verdict::Refused {
-                requirement: Some(now),
-                ..
-            } if Some(now) != requirement.as_ref() => {
-                Some(format!("what it names changed to {}", now.resource))
-            }
-            Verdict::Refused { .. } => None,
-        };
+        let why = changed_since_approval(&approved, requirement.as_ref(), &verdict);
         let Some(why) = why else {
             return (notes, Ok(verdict));
         };
@@ -1137,26 +1065,8 @@ impl Kernel {
             site.blocking.cloned(),
             trace,
         );
-        // Dropping `job` on cancellation or timeout cancels it; for an upstream call that sends
-        // `notifications/cancelled` upstream.
-        let done = tokio::select! {
-            biased;
-            _ = cancel.cancelled() => None,
-            r = job => Some(r),
-            _ = tokio::time::sleep(timeout) => {
-                let secs = timeout.as_secs_f64();
-                Some(Err(Failure::new(FailCode::Timeout, format!("did not finish within {secs} s"))))
-            }
-        };
-        let (outcome, message, content) = match done {
-            None => (Outcome::Cancelled(cancel_cause()), None, None),
-            Some(Ok(success)) => (Outcome::Succeeded, None, Some(Ok(success))),
-            Some(Err(failure)) => (
-                Outcome::Failed(failure.code),
-                Some(format!("failed: {what} — {}", failure.message)),
-                Some(Err(failure.content)),
-            ),
-        };
+        let (outcome, message, content) =
+            run_under_limit(job, timeout, cancel, cancel_cause, &what).await;
         (outcome, message, requirement, policies, content)
     }
 
@@ -1785,6 +1695,36 @@ fn pending_approval(
     }
 }
 
+/// A call's job run under its time limit; a cancellation that comes first wins (the job is then
+/// never polled: not run). Dropping `job` on cancellation or timeout cancels it; for an upstream
+/// call that sends `notifications/cancelled` upstream.
+async fn run_under_limit(
+    job: impl Future<Output = Result<Success, Failure>>,
+    timeout: Duration,
+    cancel: &CancellationToken,
+    cancel_cause: &impl Fn() -> CancelCode,
+    what: &str,
+) -> (Outcome, Option<String>, Option<Result<Success, Vec<Value>>>) {
+    let done = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => None,
+        r = job => Some(r),
+        _ = tokio::time::sleep(timeout) => {
+            let secs = timeout.as_secs_f64();
+            Some(Err(Failure::new(FailCode::Timeout, format!("did not finish within {secs} s"))))
+        }
+    };
+    match done {
+        None => (Outcome::Cancelled(cancel_cause()), None, None),
+        Some(Ok(success)) => (Outcome::Succeeded, None, Some(Ok(success))),
+        Some(Err(failure)) => (
+            Outcome::Failed(failure.code),
+            Some(format!("failed: {what} — {}", failure.message)),
+            Some(Err(failure.content)),
+        ),
+    }
+}
+
 /// What the words of a refused approval name: the call, the approval, its time limit.
 struct AskedAbout<'a> {
     what: &'a str,
@@ -1799,20 +1739,26 @@ fn approval_ending(
     requirement: Option<Requirement>,
     policies: Vec<String>,
 ) -> (&'static str, Result<(), Box<Ending>>) {
+    match refusal_of(waited, asked) {
+        (word, None) => (word, Ok(())),
+        (word, Some((outcome, message))) => (
+            word,
+            Err(Box::new((outcome, message, requirement, policies, None))),
+        ),
+    }
+}
+
+/// The word for a wait's end, and the outcome and words of a call it does not let run.
+fn refusal_of(
+    waited: Waited,
+    asked: &AskedAbout<'_>,
+) -> (&'static str, Option<(Outcome, Option<String>)>) {
     let AskedAbout { what, id, timeout } = asked;
-    let refused = |code, message: String| {
-        Err(Box::new((
-            Outcome::Denied(code),
-            Some(message),
-            requirement.clone(),
-            policies.clone(),
-            None,
-        )))
-    };
+    let denied = |code, message: String| Some((Outcome::Denied(code), Some(message)));
     match waited {
         Waited::Decided(d) if d.unavailable => (
             "unavailable",
-            refused(
+            denied(
                 DenyCode::ApprovalUnavailable,
                 format!(
                     "denied: {what} — it needs its principal's own approval, asked in the harness, and the harness cannot ask ({}) (approval {id}); nothing was run: use a client that supports MCP elicitation, or ask for the policy to allow an operator (`@approval(\"principal_or_operator\")`)",
@@ -1820,10 +1766,10 @@ fn approval_ending(
                 ),
             ),
         ),
-        Waited::Decided(d) if d.approve => ("approved", Ok(())),
+        Waited::Decided(d) if d.approve => ("approved", None),
         Waited::Decided(d) if d.principal.is_some() => (
             "denied",
-            refused(
+            denied(
                 DenyCode::ApprovalDenied,
                 format!(
                     "denied: {what} — the user did not approve this call when asked ({}) (approval {id}); do not retry it unchanged: ask the user what they want instead",
@@ -1833,7 +1779,7 @@ fn approval_ending(
         ),
         Waited::Decided(d) => (
             "denied",
-            refused(
+            denied(
                 DenyCode::ApprovalDenied,
                 format!(
                     "denied: {what} — a person denied this call (approval {id}){}; do not retry it unchanged: tell the user, or do something else",
@@ -1843,7 +1789,7 @@ fn approval_ending(
         ),
         Waited::TimedOut => (
             "timeout",
-            refused(
+            denied(
                 DenyCode::ApprovalTimeout,
                 format!(
                     "denied: {what} — it needs a person's approval and nobody gave it within {} s (approval {id}); ask the user to approve it, then try again",
@@ -1853,14 +1799,31 @@ fn approval_ending(
         ),
         Waited::Cancelled(_) => (
             "cancelled",
-            Err(Box::new((
-                Outcome::Cancelled(CancelCode::ClientCancelled),
-                None,
-                requirement,
-                policies,
-                None,
-            ))),
+            Some((Outcome::Cancelled(CancelCode::ClientCancelled), None)),
         ),
+    }
+}
+
+/// Why a call decided again after its approval no longer matches what was approved, or `None`
+/// when it does (or when it is refused now for a reason of its own, not a change).
+fn changed_since_approval(
+    approved: &(Resource, Option<Map<String, Value>>, Option<Object>),
+    requirement: Option<&Requirement>,
+    verdict: &Verdict,
+) -> Option<String> {
+    match verdict {
+        Verdict::Permitted { resolved: now, .. } => stale(approved, now),
+        // Refused now, on something else than what was approved: it is the change that the
+        // caller has to know about.
+        Verdict::Refused {
+            outcome: Outcome::Denied(DenyCode::UnresolvableRequirement),
+            ..
+        } => Some("it no longer resolves to a resource".to_owned()),
+        Verdict::Refused {
+            requirement: Some(now),
+            ..
+        } if Some(now) != requirement => Some(format!("what it names changed to {}", now.resource)),
+        Verdict::Refused { .. } => None,
     }
 }
 
@@ -1898,6 +1861,106 @@ fn recorded_strings(call: &ToolCall) -> (String, Option<String>, Option<record::
         .as_deref()
         .map(|r| record::bounded(r, max, "requestId", &mut cut));
     (tool, request_id, cut)
+}
+
+/// How a call is refused before any requirement was resolved, and the words said.
+type Refusal = (Outcome, String);
+
+/// A refusal before any requirement was resolved.
+fn refused(outcome: Outcome, message: String) -> Verdict {
+    Verdict::Refused {
+        outcome,
+        message,
+        requirement: None,
+        policies: vec![],
+    }
+}
+
+/// The tool a call names, looked up in the turn's catalogue: a malformed name, a tool not
+/// published this turn, a brokered tool whose upstream drifted after this catalogue was made
+/// (the turn still holds the registration, its upstream no longer lists what was published), or
+/// arguments the bridge already refused to pass on end the call here.
+fn look_up<'c>(
+    catalog: &'c Catalog,
+    tool: &str,
+    rejected: Option<&str>,
+) -> Result<&'c Arc<Registered>, Refusal> {
+    let shown = sharedos_proto::name::shown(tool);
+    if let Err(e) = ToolName::new(tool) {
+        return Err((
+            Outcome::Denied(DenyCode::MalformedToolName),
+            format!("denied: `{shown}` is not a valid tool name ({e}); nothing was run"),
+        ));
+    }
+    let Some(registered) = catalog.by_name.get(tool) else {
+        return Err((
+            Outcome::Denied(DenyCode::UnpublishedTool),
+            format!(
+                "denied: `{shown}` is not a tool in this turn's catalogue; call one of the tools listed by tools/list"
+            ),
+        ));
+    };
+    if let Some(why) = registered.authority.handler.unavailable() {
+        return Err((
+            Outcome::Failed(why.code),
+            format!("failed: {tool} — {}", why.message),
+        ));
+    }
+    if let Some(why) = rejected {
+        return Err((
+            Outcome::Failed(FailCode::InvalidArguments),
+            format!("failed: {tool} arguments were not passed on: {why}"),
+        ));
+    }
+    Ok(registered)
+}
+
+/// A call's arguments as an object (absent or `null` is `{}`), checked against the tool's input
+/// schema (the first three errors said, each clipped: they quote the call's own arguments).
+fn checked_arguments(
+    registered: &Registered,
+    tool: &str,
+    arguments: Option<&Value>,
+) -> Result<Map<String, Value>, Refusal> {
+    let invalid = |message| (Outcome::Failed(FailCode::InvalidArguments), message);
+    let empty = Value::Object(Map::new());
+    // The instance the input schema checks: the arguments as sent (no copy), or `{}`.
+    let (instance, arguments) = match arguments {
+        None | Some(Value::Null) => (&empty, Map::new()),
+        Some(v @ Value::Object(m)) => (v, m.clone()),
+        Some(other) => {
+            return Err(invalid(format!(
+                "failed: {tool} arguments must be a JSON object, not {}",
+                json_kind(other)
+            )));
+        }
+    };
+    let Some(validator) = &registered.authority.validator else {
+        return Ok(arguments);
+    };
+    let errors: Vec<String> = validator
+        .iter_errors(instance)
+        .take(3)
+        .map(|e| {
+            let at = e.instance_path().to_string();
+            let at = if at.is_empty() {
+                "arguments".to_owned()
+            } else {
+                format!("`{at}`")
+            };
+            let mut msg = e.to_string();
+            sharedos_proto::name::clip(&mut msg, 200);
+            format!("{at}: {msg}")
+        })
+        .collect();
+    if errors.is_empty() {
+        Ok(arguments)
+    } else {
+        Err(invalid(format!(
+            "failed: {tool} arguments do not match its input schema: {}",
+            errors.join("; ")
+        )))
+    }
 }
 
 /// The requirement of a call, from the registration's resolver and the call's arguments.
