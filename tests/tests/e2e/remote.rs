@@ -303,7 +303,7 @@ fn append(b: &TestBroker, extra: &str) {
 }
 
 /// A hostile helper (`tests/python/hostile_http.py MODE`), and its port.
-async fn hostile(python: &str, mode: &str, log: &Path) -> (tokio::process::Child, u16) {
+pub async fn hostile(python: &str, mode: &str, log: &Path) -> (tokio::process::Child, u16) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/hostile_http.py");
     let mut child = tokio::process::Command::new(python)
         .arg(script)

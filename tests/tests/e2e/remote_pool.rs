@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::kit::{Raw, TestBroker, meta, text};
-use crate::remote::{Server, broker_with, provider, providers, python, remote_of};
+use crate::remote::{Server, broker_with, hostile, provider, providers, python, remote_of};
 
 /// What the relay saw.
 #[derive(Default)]
@@ -80,6 +80,10 @@ impl Relay {
 
     fn most_open(&self) -> usize {
         self.counts.most_open.load(Ordering::SeqCst)
+    }
+
+    fn open(&self) -> usize {
+        self.counts.open.load(Ordering::SeqCst)
     }
 }
 
@@ -466,5 +470,61 @@ async fn server_everything_connections_are_reused() {
     assert!(
         opened <= 2,
         "40 sequential calls opened {opened} connections"
+    );
+}
+
+/// A hostile server whose answer to a call is an SSE stream that never ends (the result, then a
+/// comment every 200 ms, forever): each call is answered as soon as its result arrives, the
+/// broker reads on for at most its drain limit (2 s) and then closes that connection rather than
+/// keeping it (the server sees every such stream closed), the connections fall back to none
+/// open, and a call after that opens a new one and succeeds. Each call's effect happens once.
+/// (A stream being drained keeps its place among `max_connections` until it is closed: its
+/// connection is still open, so the fifth call here waits for the first drain to end.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
+async fn a_stream_that_never_ends_is_closed_after_the_drain_limit() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    let log = dir.path().join("endless.log");
+    let (_server, port) = hostile(&py, "endless", &log).await;
+    let relay = Relay::start(port, None).await;
+    let url = format!("http://127.0.0.1:{}/mcp", relay.port);
+    let broker = broker_with(&format!(
+        "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"r\"\nurl = \"{url}\"\ncall_timeout_seconds = 3\nmax_connections = {POOL}\n"
+    ))
+    .await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    let lines = |prefix: &str| {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .count()
+    };
+    sequential(&mut raw, 1, 5).await;
+    assert_eq!(lines("CALL seq"), 5, "each call once at the server");
+    // Every endless stream closed by the broker, and no connection left open (the one that
+    // carried `initialize` closes on the pool's idle limit, 4 s).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while (lines("CLOSED") < 5 || relay.open() > 0) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(lines("CLOSED"), 5, "the broker closed each endless stream");
+    assert_eq!(relay.open(), 0, "no connection left open");
+    let opened = relay.accepted();
+    sequential(&mut raw, 6, 1).await;
+    assert_eq!(
+        relay.accepted(),
+        opened + 1,
+        "the next call opened one connection"
+    );
+    assert_eq!(lines("CALL seq"), 6);
+    let calls = broker.calls_of(&turn.turn);
+    assert_eq!(calls.len(), 6);
+    assert!(
+        calls.iter().all(|c| c["outcome"] == "succeeded"),
+        "{calls:?}"
     );
 }
