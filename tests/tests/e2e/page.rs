@@ -655,3 +655,46 @@ async fn the_page_serves_https_and_starts_sign_in_with_pkce() {
     let (_, plain) = curl(&[&format!("http://127.0.0.1:{}/", world.page)]).await;
     assert!(!plain.contains("HTTP/1.1 200"), "{plain}");
 }
+
+/// A flood of refused decisions (POSTs without a session, 150 in a row) is answered, each one,
+/// with its refusal, and recorded at most `REFUSALS_RECORDED_PER_MINUTE` (120) times a minute:
+/// a stranger cannot grow the record without bound through the page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium, selenium and oidc-provider (.ci/install-browser)"]
+async fn refusals_on_the_page_are_recorded_at_most_120_a_minute() {
+    let Some(world) = World::start(30).await else {
+        return;
+    };
+    let base = format!("http://127.0.0.1:{}", world.page);
+    let refused_lines = || world.refusals("no_session").len();
+    let before = refused_lines();
+    let mut answers = std::collections::BTreeMap::<String, usize>::new();
+    for i in 0..150 {
+        let (code, out) = curl(&[
+            "-X",
+            "POST",
+            "-H",
+            &format!("Origin: {base}"),
+            "-d",
+            "decision=approve&approval=a1&csrf=x",
+            &format!("{base}/approval/link{i}"),
+        ])
+        .await;
+        assert_eq!(code, 0, "{out}");
+        let status = out.lines().next().unwrap_or("").trim().to_owned();
+        *answers.entry(status).or_default() += 1;
+    }
+    assert_eq!(
+        answers,
+        [("HTTP/1.1 401 Unauthorized".to_owned(), 150)].into(),
+        "every POST refused for want of a session"
+    );
+    assert_eq!(
+        refused_lines() - before,
+        sharedos_broker::page::REFUSALS_RECORDED_PER_MINUTE as usize,
+        "recorded up to the bound, the rest only logged"
+    );
+    // The page still serves.
+    let (_, home) = curl(&[&format!("{base}/")]).await;
+    assert!(home.starts_with("HTTP/1.1 200"), "{home}");
+}
