@@ -1677,53 +1677,34 @@ const ASKED: &str = "the asked plan, read once the person at the terminal approv
 /// What the person types into Claude Code.
 const PROMPT: &str = "Read /asks/plan.txt with files.read";
 
-/// Issue 47: a person at a real terminal. Claude Code runs interactively in tmux (a private
-/// server, 200x50), as a person runs it: no `-p`, the config `turn open --write-config
-/// claude-code` wrote, the boundary's tools pre-allowed (`--allowedTools`, so Claude Code's own
-/// permission prompt does not show). Its config is the one a person has after the first-run
-/// screens (onboarding done, a theme, the folder trusted); the question it still asks (whether to
-/// use the API key in its environment) the test reads off the screen and answers `Yes`. The test
-/// checks with `/mcp` that `sharedos` is connected, types the prompt, and the scripted model asks
-/// for `files.read` of `/asks/plan.txt` (`@approval("principal")`). Claude Code shows the
-/// broker's question as its form (`MCP server “sharedos” requests your input`); the test
-/// reads it, chooses `approve` and presses `Accept`. The record shows the question asked once,
-/// decided `approved` `by: harness_session` (`via: input_required`, `action: accept`, no sooner than
-/// the four keys at a person's pace allow), and exactly one call, `succeeded`; the model sees the file; `/exit` ends
-/// Claude Code with 0. The screens answered and the keys sent are kept beside the matrix
-/// summaries in `tests/interop/matrix/claude-code-terminal.txt` (compared like the summaries;
-/// `SHAREDOS_GOLDEN_UPDATE=1` writes it).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the harness CLIs and tmux: run bash .ci/install-harnesses (and install tmux), then cargo test -- --include-ignored (bash .ci/run does both)"]
-async fn a_person_at_a_terminal_answers_the_approval() {
-    use terminal::{Terminal, normalized, panel};
+/// Claude Code at a real terminal, at its empty prompt (see [`claude_at_its_prompt`]).
+struct AtPrompt {
+    term: terminal::Terminal,
+    turn: String,
+    model_log: std::path::PathBuf,
+    stop: CancellationToken,
+    server: tokio::task::JoinHandle<Result<(), scripted_model::ScriptedModelError>>,
+    first_run: Vec<&'static str>,
+}
+
+/// Claude Code run interactively in tmux, as a person runs it, against `broker` for alice: the
+/// scripted model answers with `script`; the turn opened as the README's Claude Code section
+/// opens it; Claude Code's config the one a person has after its first-run screens; the
+/// questions it still asks before its prompt answered as a person would; `/mcp` shows `sharedos`
+/// connected with `tools` tools. `test` names the test in the transcript.
+async fn claude_at_its_prompt(
+    h: &BTreeMap<String, String>,
+    tmux: &str,
+    broker: &TestBroker,
+    script: Value,
+    test: &str,
+    tools: usize,
+) -> AtPrompt {
+    use terminal::{Terminal, panel};
     use tokio::time::Duration;
 
-    let Some(h) = harnesses() else {
-        return;
-    };
-    let Some(tmux) = terminal::tmux_version().await else {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI must install tmux first (bash .ci/run does)"
-        );
-        eprintln!("SKIPPED: tmux is not installed (Debian: apt-get install tmux)");
-        return;
-    };
-    let broker = TestBroker::start(Options {
-        policy: POLICY,
-        top: "approval_timeout_seconds = 120\n".into(),
-        ..Options::default()
-    })
-    .await;
+    let script: Script = serde_json::from_value(script).expect("script");
     let dir = broker.dir.path().to_path_buf();
-    std::fs::create_dir_all(dir.join("data/asks")).expect("mkdir");
-    std::fs::write(dir.join("data/asks/plan.txt"), ASKED).expect("write");
-
-    let script: Script = serde_json::from_value(json!({
-        "steps": [{"tool": "files.read", "arguments": {"path": "/asks/plan.txt"}}],
-        "final": "DONE",
-    }))
-    .expect("script");
     let listener = scripted_model::bind("127.0.0.1:0".parse().expect("addr"))
         .await
         .expect("bind");
@@ -1800,9 +1781,8 @@ async fn a_person_at_a_terminal_answers_the_approval() {
     println!("{tmux}, {}x{}", terminal::COLS, terminal::ROWS);
     let mut term = Terminal::start(&dir, &work, &env, &argv).await;
     term.note(
-        "# Claude Code run interactively under tmux by interop::a_person_at_a_terminal_answers_the_approval \
-         (tests/tests/e2e/interop.rs): each screen it answered (its last panel), the keys sent, and what the record shows."
-            .into(),
+        format!("# Claude Code run interactively under tmux by {test} \
+         (tests/tests/e2e/interop.rs): each screen it answered (its last panel), the keys sent, and what the record shows."),
     );
     term.note(format!(
         "$ claude --mcp-config {} --strict-mcp-config --allowedTools 'mcp__sharedos__*'   # Claude Code {}, {}x{}",
@@ -1874,7 +1854,7 @@ async fn a_person_at_a_terminal_answers_the_approval() {
             |s| {
                 panel(s)
                     .iter()
-                    .any(|l| l.contains("✔ sharedos") && l.contains("3 tools"))
+                    .any(|l| l.contains("✔ sharedos") && l.contains(&format!("{tools} tools")))
             },
         )
         .await;
@@ -1882,6 +1862,81 @@ async fn a_person_at_a_terminal_answers_the_approval() {
     term.press(&["Escape"]).await;
     term.wait_for("the prompt again", crate::kit::WAIT, ready)
         .await;
+
+    AtPrompt {
+        term,
+        turn,
+        model_log,
+        stop,
+        server,
+        first_run,
+    }
+}
+
+/// Issue 47: a person at a real terminal. Claude Code runs interactively in tmux (a private
+/// server, 200x50), as a person runs it: no `-p`, the config `turn open --write-config
+/// claude-code` wrote, the boundary's tools pre-allowed (`--allowedTools`, so Claude Code's own
+/// permission prompt does not show). Its config is the one a person has after the first-run
+/// screens (onboarding done, a theme, the folder trusted); the question it still asks (whether to
+/// use the API key in its environment) the test reads off the screen and answers `Yes`. The test
+/// checks with `/mcp` that `sharedos` is connected, types the prompt, and the scripted model asks
+/// for `files.read` of `/asks/plan.txt` (`@approval("principal")`). Claude Code shows the
+/// broker's question as its form (`MCP server “sharedos” requests your input`); the test
+/// reads it, chooses `approve` and presses `Accept`. The record shows the question asked once,
+/// decided `approved` `by: harness_session` (`via: input_required`, `action: accept`, no sooner than
+/// the four keys at a person's pace allow), and exactly one call, `succeeded`; the model sees the file; `/exit` ends
+/// Claude Code with 0. The screens answered and the keys sent are kept beside the matrix
+/// summaries in `tests/interop/matrix/claude-code-terminal.txt` (compared like the summaries;
+/// `SHAREDOS_GOLDEN_UPDATE=1` writes it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the harness CLIs and tmux: run bash .ci/install-harnesses (and install tmux), then cargo test -- --include-ignored (bash .ci/run does both)"]
+async fn a_person_at_a_terminal_answers_the_approval() {
+    use terminal::{normalized, panel};
+    use tokio::time::Duration;
+
+    let Some(h) = harnesses() else {
+        return;
+    };
+    let Some(tmux) = terminal::tmux_version().await else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI must install tmux first (bash .ci/run does)"
+        );
+        eprintln!("SKIPPED: tmux is not installed (Debian: apt-get install tmux)");
+        return;
+    };
+    let broker = TestBroker::start(Options {
+        policy: POLICY,
+        top: "approval_timeout_seconds = 120\n".into(),
+        ..Options::default()
+    })
+    .await;
+    let dir = broker.dir.path().to_path_buf();
+    std::fs::create_dir_all(dir.join("data/asks")).expect("mkdir");
+    std::fs::write(dir.join("data/asks/plan.txt"), ASKED).expect("write");
+
+    let script = json!({
+        "steps": [{"tool": "files.read", "arguments": {"path": "/asks/plan.txt"}}],
+        "final": "DONE",
+    });
+    let AtPrompt {
+        mut term,
+        turn,
+        model_log,
+        stop,
+        server,
+        first_run,
+    } = claude_at_its_prompt(
+        &h,
+        &tmux,
+        &broker,
+        script,
+        "interop::a_person_at_a_terminal_answers_the_approval",
+        3,
+    )
+    .await;
+    let typed =
+        |text: &'static str| move |s: &[String]| s.iter().any(|l| l.trim() == format!("❯ {text}"));
 
     // The prompt; the model asks for the read that needs the principal's approval.
     term.type_text(PROMPT).await;
