@@ -85,6 +85,9 @@ pub struct Resumed {
 /// where its results go.
 pub struct RoundCtx {
     pub call: [u8; 32],
+    /// What the call's client declared on it: form-mode and URL-mode elicitation.
+    pub form: bool,
+    pub url: bool,
     pub cancel: CancellationToken,
     pub raise: Raise,
 }
@@ -301,11 +304,13 @@ impl Asker {
     /// Asks the person about a held call in a 2026-07-28 `input_required` round (see
     /// [`Asker::open_round`]).
     pub async fn ask_in_round(&self, question: &Question, ctx: &RoundCtx) -> Answer {
-        if question.url.is_some() {
-            // A URL round of input_required is not built yet: the call waits for the page,
-            // where the person's list shows it.
-            tracing::info!(tool = %question.tool, "the person decides this call on their page (a 2026-07-28 client: no URL round)");
-            return page_answer();
+        if let Some(url) = &question.url {
+            return self.link_in_round(question, url, ctx).await;
+        }
+        if !ctx.form {
+            return Answer::unable(
+                "the client speaks MCP 2026-07-28 and declared only URL-mode elicitation in the call's clientCapabilities, so it cannot be asked a question with a form",
+            );
         }
         tracing::info!(tool = %question.tool, "asking the person through the MCP client (an input_required result)");
         let params = json!({"message": question.message, "requestedSchema": schema()});
@@ -459,6 +464,38 @@ impl Asker {
             Ok(reply) => {
                 let action = reply
                     .pointer("/result/action")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?");
+                tracing::info!(action, "the MCP client answered the page link");
+            }
+            Err(_) => tracing::info!("the MCP client did not take the page link"),
+        }
+        page_answer()
+    }
+
+    /// Shows the person the link of their page in a URL round of `input_required` (a 2026-07-28
+    /// client that declared `elicitation: {url: {}}` on the call), and waits for the retry that
+    /// says the client showed it; the decision is the page's, so nothing is sent to the broker
+    /// and the retry then waits for the page's decision. A client that cannot show a link is not
+    /// asked: the call waits on the page, where the person's list shows it.
+    async fn link_in_round(&self, question: &Question, url: &str, ctx: &RoundCtx) -> Answer {
+        if !ctx.url {
+            tracing::info!(tool = %question.tool, "the person decides this call on their page; the MCP client cannot show a link (no URL-mode elicitation on the call)");
+            return page_answer();
+        }
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let params = json!({
+            "mode": "url",
+            "message": question.message,
+            "url": url,
+            "elicitationId": format!("sharedos-page-{n}"),
+        });
+        tracing::info!(tool = %question.tool, "showing the person the link of their page (a URL round of input_required)");
+        match self.open_round(ctx, INPUT_KEY, params).await {
+            Ok(response) => {
+                let action = response
+                    .as_ref()
+                    .and_then(|r| r.get("action"))
                     .and_then(Value::as_str)
                     .unwrap_or("?");
                 tracing::info!(action, "the MCP client answered the page link");
@@ -804,6 +841,8 @@ mod tests {
         let (raise, raised) = mpsc::channel(4);
         let ctx = RoundCtx {
             call,
+            form: true,
+            url: false,
             cancel: CancellationToken::new(),
             raise,
         };

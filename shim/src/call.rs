@@ -81,13 +81,14 @@ impl Caller {
     /// broker cannot give one), or `None` when the client cancelled it (`cancel` fired). The one
     /// path for every `tools/call`, whatever the shape of its name and arguments.
     ///
-    /// A 2026-07-28 call from a client that declares form-mode elicitation may instead resolve
+    /// A 2026-07-28 call from a client that declares form- or URL-mode elicitation may instead resolve
     /// with an `input_required` result ([`Reply::InputRequired`]) when the broker asks its
     /// person: the held call goes on in a task of its own, which the client's retry takes up
     /// ([`Caller::resume`]).
     pub async fn call(&self, referral: Referral, cancel: &CancellationToken) -> Option<Reply> {
         let current = self.protocol.is_current(referral.protocol.as_deref());
-        if current && referral.elicit() == Some(true) && referral.id.is_some() {
+        let asks = referral.elicit() == Some(true) || referral.elicit_url();
+        if current && asks && referral.id.is_some() {
             return self.call_in_rounds(referral, cancel).await;
         }
         let call = self.held_call(referral, current, None);
@@ -106,6 +107,8 @@ impl Caller {
         let held_cancel = CancellationToken::new();
         let round = RoundCtx {
             call: digest,
+            form: referral.elicit() == Some(true),
+            url: referral.elicit_url(),
             cancel: held_cancel.clone(),
             raise,
         };

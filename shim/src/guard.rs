@@ -83,6 +83,9 @@ pub struct Extras {
     /// (`params._meta["io.modelcontextprotocol/clientCapabilities"]`): `Some(true)` when it
     /// declares form-mode elicitation, `None` when the request declares nothing.
     pub elicit: Option<bool>,
+    /// The same capabilities declare URL-mode elicitation (`elicitation: {url: {}}`): the
+    /// client can show the person a link in an `input_required` round.
+    pub elicit_url: bool,
     /// A retry after an `input_required` result: the `requestState` the shim gave and the
     /// client's `inputResponses`.
     pub resume: Option<Resume>,
@@ -97,6 +100,11 @@ impl Referral {
     /// The client declares form-mode elicitation on the request (2026-07-28).
     pub fn elicit(&self) -> Option<bool> {
         self.extras.as_ref().and_then(|r| r.elicit)
+    }
+
+    /// The client declares URL-mode elicitation on the request (2026-07-28).
+    pub fn elicit_url(&self) -> bool {
+        self.extras.as_ref().is_some_and(|r| r.elicit_url)
     }
 
     /// The retry the request is, after an `input_required` result.
@@ -157,6 +165,10 @@ fn extras_of(
     let extras = Extras {
         progress: progress_token(meta),
         elicit: declared_elicitation(meta),
+        elicit_url: meta
+            .and_then(|m| m.get(CAPABILITIES_META_KEY))
+            .and_then(|c| c.get("elicitation"))
+            .is_some_and(|e| e.get("url").is_some()),
         resume: resume_of(state, responses),
     };
     (extras != Extras::default()).then(|| Box::new(extras))
@@ -917,6 +929,7 @@ mod tests {
                 .to_string();
             let r = refer(line.as_bytes());
             assert_eq!((r.elicit(), r.resume()), (Some(false), None), "{line}");
+            assert_eq!(r.elicit_url(), line.contains("url"), "{line}");
         }
         // Null arguments are rmcp's "none".
         let r = refer(

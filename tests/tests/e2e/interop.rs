@@ -2217,3 +2217,185 @@ fn offers_exactly(
         }
     }
 }
+
+/// Issue 45: a person at a real terminal approves on their own page. Claude Code (which declares
+/// URL-mode elicitation) runs interactively in tmux against a broker whose person's page is
+/// configured (npm oidc-provider signs people in); the scripted model asks for `files.read` of
+/// `/private/secret.txt`, under `@approval("principal")`. Claude Code shows the link the broker
+/// sends (a URL-mode elicitation); the test reads it off the screen, and the person opens it in
+/// a real browser (headless chromium through selenium), signs in as alice, sees the call and
+/// approves it there. Nothing typed into the terminal decides it: the record shows it decided
+/// `by: principal`, `via: page`, and exactly one call, `succeeded`; the model sees the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the harness CLIs, tmux, chromium, selenium and oidc-provider: bash .ci/run installs them (.ci/install-harnesses, .ci/install-browser)"]
+async fn a_person_at_a_terminal_approves_on_their_page() {
+    use terminal::panel;
+    use tokio::time::Duration;
+
+    let Some(h) = harnesses() else {
+        return;
+    };
+    let Some(tmux) = terminal::tmux_version().await else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI must install tmux first (bash .ci/run does)"
+        );
+        eprintln!("SKIPPED: tmux is not installed (Debian: apt-get install tmux)");
+        return;
+    };
+    let Some(world) = crate::page::World::start(300).await else {
+        return;
+    };
+    let broker = &world.broker;
+    let script = json!({
+        "steps": [{"tool": "files.read", "arguments": {"path": "/private/secret.txt"}}],
+        "final": "DONE",
+    });
+    let AtPrompt {
+        mut term,
+        turn,
+        model_log,
+        stop,
+        server,
+        first_run: _,
+    } = claude_at_its_prompt(
+        &h,
+        &tmux,
+        broker,
+        script,
+        "interop::a_person_at_a_terminal_approves_on_their_page",
+        3,
+    )
+    .await;
+    let prompt = "Read /private/secret.txt with files.read";
+    term.type_text(prompt).await;
+    term.wait_for("the prompt typed", crate::kit::WAIT, |s| {
+        s.iter().any(|l| l.trim() == format!("❯ {prompt}"))
+    })
+    .await;
+    term.press(&["Enter"]).await;
+    let link_prefix = format!("http://127.0.0.1:{}/approval/", world.page);
+    let screen = term
+        .wait_for("the link to the page", Duration::from_secs(90), |s| {
+            s.iter().any(|l| l.contains(&link_prefix))
+        })
+        .await;
+    term.answered(
+        "the link to the person's page, as Claude Code shows it",
+        &screen,
+    );
+    let url: String = screen
+        .iter()
+        .find_map(|l| {
+            let at = l.find(&link_prefix)?;
+            Some(
+                l[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || "/:._-".contains(*c))
+                    .collect(),
+            )
+        })
+        .expect("the link");
+    let lines_of = |kind: &str| -> Vec<Value> {
+        broker
+            .records()
+            .into_iter()
+            .filter(|l| l["turn"] == turn.as_str() && l["kind"] == kind)
+            .collect()
+    };
+    assert_eq!(lines_of("approval_requested").len(), 1);
+    assert!(
+        lines_of("call").is_empty(),
+        "nothing run before the person decides"
+    );
+
+    let question = panel(&screen).join("\n");
+    assert!(
+        question.contains("MCP server “sharedos” wants to open a URL")
+            && question.contains("An agent acting for you asks to run `files.read`")
+            && question.contains("I'm done, continue"),
+        "the link on the screen:\n{question}"
+    );
+
+    // The person opens the link in their browser, signs in, reads the call, approves.
+    let seen = world.person(&url, "alice", "approve").await;
+    assert_eq!(
+        (&seen["tool"], &seen["principal"], &seen["policy"]),
+        (
+            &json!("files.read"),
+            &json!("alice"),
+            &json!("alice-private-asks-alice")
+        ),
+        "{seen}"
+    );
+    assert!(
+        seen["arguments"]
+            .as_str()
+            .is_some_and(|a| a.contains("/private/secret.txt")),
+        "{seen}"
+    );
+    term.note(format!(
+        "the person approved on the page: {}",
+        seen["answer"].as_str().unwrap_or("?")
+    ));
+    // Back at the terminal: "I'm done, continue".
+    term.press(&["Right"]).await;
+    let screen = term
+        .wait_for(
+            "the cursor on \"I'm done, continue\"",
+            crate::kit::WAIT,
+            |s| panel(s).iter().any(|l| l.contains("❯ I'm done, continue")),
+        )
+        .await;
+    term.shows(&panel(&screen));
+    term.press(&["Enter"]).await;
+    let screen = term
+        .wait_for("the model's answer", Duration::from_secs(90), |s| {
+            s.iter().any(|l| l.trim() == "● DONE")
+        })
+        .await;
+    term.note("screen: the session after the answer".into());
+    term.shows(&terminal::shown(&screen));
+    stop.cancel();
+    let _ = server.await;
+
+    let decided = lines_of("approval_decided");
+    let calls = lines_of("call");
+    assert_eq!(decided.len(), 1, "{decided:#?}");
+    assert_eq!(
+        (
+            &decided[0]["decision"],
+            &decided[0]["by"],
+            &decided[0]["via"]
+        ),
+        (&json!("approved"), &json!("principal"), &json!("page")),
+        "{decided:#?}"
+    );
+    assert_eq!(calls.len(), 1, "exactly one call: {calls:#?}");
+    assert_eq!(
+        (&calls[0]["outcome"], &calls[0]["arguments"]["path"]),
+        (&json!("succeeded"), &json!("/private/secret.txt"))
+    );
+    let client = lines_of("bridge_client");
+    assert!(
+        client[0]["client"]["capabilities"]["elicitation"]
+            .as_array()
+            .is_some_and(|a| a.contains(&json!("url"))),
+        "{client:#?}"
+    );
+    let log: Vec<Value> = std::fs::read_to_string(&model_log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let results: Vec<&Value> = log.iter().filter(|l| l["kind"] == "tool_result").collect();
+    assert_eq!(results.len(), 1, "{log:#?}");
+    assert_eq!(results[0]["text"], "the secret\n", "{log:#?}");
+    let root = broker.dir.path().display().to_string();
+    let text: String = term
+        .transcript
+        .iter()
+        .map(|l| terminal::normalized(l, &root) + "\n")
+        .collect();
+    println!("TRANSCRIPT:\n{text}");
+}

@@ -61,10 +61,10 @@ fn python() -> Option<String> {
 }
 
 /// The test's world: the OpenID provider, and a broker whose page signs people in with it.
-struct World {
-    broker: TestBroker,
+pub(crate) struct World {
+    pub(crate) broker: TestBroker,
     browser: std::collections::BTreeMap<String, String>,
-    page: u16,
+    pub(crate) page: u16,
     oidc: u16,
     /// The test CA of the page's certificate (HTTPS only).
     ca: Option<std::path::PathBuf>,
@@ -73,7 +73,7 @@ struct World {
 }
 
 impl World {
-    async fn start(approval_timeout_seconds: u64) -> Option<Self> {
+    pub(crate) async fn start(approval_timeout_seconds: u64) -> Option<Self> {
         Self::start_with(approval_timeout_seconds, false).await
     }
 
@@ -151,7 +151,7 @@ impl World {
     }
 
     /// The person at the browser: `page_person.py URL USER ACTION`, its report.
-    async fn person(&self, url: &str, user: &str, action: &str) -> Value {
+    pub(crate) async fn person(&self, url: &str, user: &str, action: &str) -> Value {
         let mut cmd = tokio::process::Command::new(&self.browser["SELENIUM_PYTHON"]);
         cmd.arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
