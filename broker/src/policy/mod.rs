@@ -16,6 +16,7 @@ use crate::resource::NAMESPACE;
 
 pub mod arguments;
 mod known;
+mod never;
 pub use arguments::{ArgumentTypes, Typed};
 
 use cedar_policy::{
@@ -1569,7 +1570,17 @@ impl PolicyEngine {
         let response = set
             .tpe(&request, &partial, schema)
             .map_err(|e| e.to_string())?;
-        Ok(response.decision())
+        Ok(response.decision().or_else(|| {
+            // Undecided: a deny all the same when no permit is true already and every residual
+            // permit is one no value meets (`amount > 5 && amount < 3`): see `never`.
+            let hopeless = response.true_permits().next().is_none()
+                && response.residual_permits().all(|id| {
+                    response
+                        .get_policy(id)
+                        .is_some_and(|p| never::never_true(&p))
+                });
+            hopeless.then_some(CedarDecision::Deny)
+        }))
     }
 }
 
@@ -2434,6 +2445,35 @@ when { resource.name == "bank.transfer" && context.arguments has amount && conte
         );
     }
 
+    #[test]
+    fn a_residual_no_value_meets_hides_the_tool() {
+        let e = engine(
+            r#"@id("never") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool)
+                 when { resource.name == "bank.pay" && context.arguments has amount && context.arguments.amount > 5 && context.arguments.amount < 3 };
+               @id("two-names") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool)
+                 when { resource.name == "chat.post" && context.arguments has channel && context.arguments.channel == "a" && context.arguments.channel == "b" };
+               @id("some") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool)
+                 when { resource.name == "chat.read" && context.arguments has channel && context.arguments.channel like "pub*" && context.arguments.channel != "pub" };
+               @id("no-path") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"read", resource is SharedOS::File)
+                 when { resource.path like "/public/*" && resource.path == "/private/x" };"#,
+        );
+        e.set_argument_types(call_types()).expect("valid");
+        let pv = e.current();
+        let alice = AccessContext::new("alice", None);
+        let names = ["bank.pay", "chat.post", "chat.read"];
+        let typings = [
+            arguments::typing(Some(&bank_schema())),
+            arguments::typing(Some(&chat_schema())),
+            arguments::typing(Some(&chat_schema())),
+        ];
+        assert_eq!(
+            e.permitted_tools_with(&pv, &alice, "call", &names, &typings),
+            vec![false, false, true]
+        );
+        assert!(!e.could_permit(&pv, &alice, "read", "File"));
+        assert_eq!(e.permit_for_every(&pv, &alice, "read", "File"), Some(false));
+    }
+
     /// The catalogue against brute force: a tool is listed exactly when some sampled arguments
     /// are permitted.
     mod exact {
@@ -2453,6 +2493,14 @@ when { resource.name == "bank.transfer" && context.arguments has amount && conte
             r#"forbid(principal, action, resource is SharedOS::File) when { resource.namespace == "docs" && resource.path like "/private/*" };"#,
             r#"forbid(principal, action, resource);"#,
             r#"forbid(principal, action == SharedOS::Action::"call", resource) when { context has agent };"#,
+            // Residuals no value meets (hidden), beside ones some value does (listed).
+            r#"permit(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool) when { context.arguments has amount && context.arguments.amount > 5 && context.arguments.amount < 3 };"#,
+            r#"permit(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool) when { context.arguments has channel && context.arguments.channel == "public" && context.arguments.channel == "exec" };"#,
+            r#"permit(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool) when { resource.name == "bank.pay" && context.arguments has amount && context.arguments.amount >= 10 && context.arguments.amount <= 50 && context.arguments.amount != 11 };"#,
+            r#"permit(principal, action == SharedOS::Action::"read", resource is SharedOS::File) when { context.arguments has path && context.arguments.path like "/public/*" && context.arguments.path == "/private/b" };"#,
+            r#"permit(principal, action == SharedOS::Action::"read", resource is SharedOS::File) when { resource.path == "/public/a" && resource.path == "/other" };"#,
+            r#"permit(principal, action == SharedOS::Action::"read", resource is SharedOS::File) when { resource.path like "/public/*" && !(resource.path like "/private/*") && resource.path != "/public/b" };"#,
+            r#"permit(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool) when { context.arguments has channel && ["public", "exec"].contains(context.arguments.channel) && context.arguments.channel != "public" && context.arguments.channel != "exec" };"#,
         ];
 
         /// (name, action, namespace for a file tool, schema).
