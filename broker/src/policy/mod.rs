@@ -2501,9 +2501,15 @@ when { resource.name == "bank.transfer" && context.arguments has amount && conte
             r#"permit(principal, action == SharedOS::Action::"read", resource is SharedOS::File) when { resource.path == "/public/a" && resource.path == "/other" };"#,
             r#"permit(principal, action == SharedOS::Action::"read", resource is SharedOS::File) when { resource.path like "/public/*" && !(resource.path like "/private/*") && resource.path != "/public/b" };"#,
             r#"permit(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool) when { context.arguments has channel && ["public", "exec"].contains(context.arguments.channel) && context.arguments.channel != "public" && context.arguments.channel != "exec" };"#,
+            // URL templates.
+            r#"permit(principal, action == SharedOS::Action::"fetch", resource is SharedOS::Url) when { resource.host == "docs.example.com" || resource.host == "127.0.0.1" };"#,
+            r#"forbid(principal, action, resource is SharedOS::Url) when { resource has ip && resource.ip.isLoopback() };"#,
+            r#"permit(principal, action == SharedOS::Action::"fetch", resource is SharedOS::Url) when { resource.host == "a.example" && resource.host == "b.example" };"#,
+            r#"permit(principal, action == SharedOS::Action::"fetch", resource is SharedOS::Url) when { resource.port == 8443 && resource.port < 1024 };"#,
+            r#"permit(principal, action == SharedOS::Action::"fetch", resource is SharedOS::Url) when { resource.scheme == "https" && resource.port >= 8000 && context.arguments has url };"#,
         ];
 
-        /// (name, action, namespace for a file tool, schema).
+        /// (name, action, namespace for a file tool (`url` for a URL tool), schema).
         fn tools() -> Vec<(
             &'static str,
             &'static str,
@@ -2517,6 +2523,12 @@ when { resource.name == "bank.transfer" && context.arguments has amount && conte
                 ("bank.pay", "call", None, bank_schema()),
                 ("files.read", "read", Some("files"), path.clone()),
                 ("docs.read", "read", Some("docs"), path),
+                (
+                    "web.fetch",
+                    "fetch",
+                    Some("url"),
+                    serde_json::json!({"properties": {"url": {"type": "string"}}}),
+                ),
             ]
         }
 
@@ -2541,6 +2553,16 @@ when { resource.name == "bank.transfer" && context.arguments has amount && conte
                         .iter()
                         .map(|v| Some(serde_json::json!(v)))
                         .collect(),
+                    "url" => [
+                        "https://docs.example.com/x",
+                        "http://127.0.0.1/",
+                        "https://a.example/",
+                        "https://other.example:8443/",
+                        "http://other.example:8000/",
+                    ]
+                    .iter()
+                    .map(|v| Some(serde_json::json!(v)))
+                    .collect(),
                     _ => vec![None, Some(serde_json::json!("x"))],
                 }
             };
@@ -2581,6 +2603,7 @@ when { resource.name == "bank.transfer" && context.arguments has amount && conte
                 for ctx in [AccessContext::new("alice", None), AccessContext::new("alice", Some("helper")), AccessContext::new("alice", Some("other"))] {
                     for (name, action, namespace, schema) in tools() {
                         let listed = match namespace {
+                            Some("url") => e.could_permit_known(&pv, &ctx, action, "Url", &[], Some(&arguments::typing(Some(&schema)))),
                             Some(ns) => e.could_permit_known(&pv, &ctx, action, "File", &[("namespace", serde_json::json!(ns))], Some(&arguments::typing(Some(&schema)))),
                             None => match e.permit_for_every(&pv, &ctx, action, "Tool") {
                                 Some(answer) => answer,
@@ -2589,6 +2612,7 @@ when { resource.name == "bank.transfer" && context.arguments has amount && conte
                         };
                         let found = samples(&schema).iter().any(|a| {
                             let resource = match namespace {
+                                Some("url") => url(a.get("url").and_then(|u| u.as_str()).unwrap_or("https://x.example/")),
                                 Some(ns) => Resource::File { namespace: ns.into(), path: a.get("path").and_then(|p| p.as_str()).unwrap_or("/").into() },
                                 None => Resource::Tool { name: name.into() },
                             };

@@ -269,6 +269,33 @@ async fn a_misspelt_argument_is_refused_at_start_and_at_reload() {
         .call(1, "chat.post", json!({"channel": "public", "text": "hi"}))
         .await;
     assert_eq!(outcome(&r), "succeeded/ok", "the old set decides: {r}");
+    // A set that loads: `policy_reloaded` names it by its file's SHA-256, as `broker_started`
+    // does; the refused one left no line.
+    let fixed = format!("{POLICY}// fixed\n");
+    std::fs::write(b.dir.path().join("policy.cedar"), &fixed).expect("w");
+    let mut reload = b.cli();
+    reload.args(["policy", "reload"]);
+    let (code, out, err) = run(reload).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let reloaded: Vec<Value> = b
+        .records()
+        .into_iter()
+        .filter(|l| l["kind"] == "policy_reloaded")
+        .collect();
+    assert_eq!(reloaded.len(), 1, "{reloaded:?}");
+    assert_eq!(
+        reloaded[0]["policyDigest"],
+        sha256_hex(fixed.as_bytes()),
+        "{reloaded:?}"
+    );
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
