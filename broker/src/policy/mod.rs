@@ -1572,13 +1572,21 @@ impl PolicyEngine {
             .map_err(|e| e.to_string())?;
         Ok(response.decision().or_else(|| {
             // Undecided: a deny all the same when no permit is true already and every residual
-            // permit is one no value meets (`amount > 5 && amount < 3`): see `never`.
-            let hopeless = response.true_permits().next().is_none()
-                && response.residual_permits().all(|id| {
-                    response
-                        .get_policy(id)
-                        .is_some_and(|p| never::never_true(&p))
-                });
+            // permit is one no value meets (`amount > 5 && amount < 3`), or one a residual
+            // forbid applies to whenever it is true (`amount <= 100` under a forbid of
+            // `amount < 200`): see `never`.
+            if response.true_permits().next().is_some() {
+                return None;
+            }
+            let forbids: Vec<Policy> = response
+                .residual_forbids()
+                .filter_map(|id| response.get_policy(id))
+                .collect();
+            let hopeless = response.residual_permits().all(|id| {
+                response.get_policy(id).is_some_and(|p| {
+                    never::never_true(&p) || forbids.iter().any(|f| never::covers(f, &p))
+                })
+            });
             hopeless.then_some(CedarDecision::Deny)
         }))
     }
@@ -2501,6 +2509,10 @@ when { resource.name == "bank.transfer" && context.arguments has amount && conte
             r#"permit(principal, action == SharedOS::Action::"read", resource is SharedOS::File) when { resource.path == "/public/a" && resource.path == "/other" };"#,
             r#"permit(principal, action == SharedOS::Action::"read", resource is SharedOS::File) when { resource.path like "/public/*" && !(resource.path like "/private/*") && resource.path != "/public/b" };"#,
             r#"permit(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool) when { context.arguments has channel && ["public", "exec"].contains(context.arguments.channel) && context.arguments.channel != "public" && context.arguments.channel != "exec" };"#,
+            // Forbids that take back every value a permit lets through (hidden), or not all.
+            r#"forbid(principal, action == SharedOS::Action::"call", resource) when { context.arguments has amount && context.arguments.amount < 200 };"#,
+            r#"forbid(principal, action == SharedOS::Action::"call", resource) when { context.arguments has channel && context.arguments.channel != "x" };"#,
+            r#"forbid(principal, action == SharedOS::Action::"read", resource is SharedOS::File) when { resource.path like "/public/*" };"#,
             // URL templates.
             r#"permit(principal, action == SharedOS::Action::"fetch", resource is SharedOS::Url) when { resource.host == "docs.example.com" || resource.host == "127.0.0.1" };"#,
             r#"forbid(principal, action, resource is SharedOS::Url) when { resource has ip && resource.ip.isLoopback() };"#,
@@ -2539,7 +2551,7 @@ when { resource.name == "bank.transfer" && context.arguments has amount && conte
                 .unwrap_or_default();
             let values = |name: &str| -> Vec<Option<serde_json::Value>> {
                 match name {
-                    "channel" => ["public", "exec", "other"]
+                    "channel" => ["public", "exec", "other", "x"]
                         .iter()
                         .map(|v| Some(serde_json::json!(v)))
                         .chain([None])

@@ -10,7 +10,9 @@
 //! `[literals].contains(path)`; a `false`; and that a value cannot be both a Long and a String.
 //! Anything else (`||`, `if`, arithmetic, sets of the path, two paths compared with each other,
 //! extension values) is taken as satisfiable, so the tool stays: over-approximated, never
-//! hidden wrongly.
+//! hidden wrongly. The same reading tells when a residual `forbid` (a conjunction) applies to
+//! every request a residual permit is true for ([`covers`]); `has` and `!(... has ...)` are read
+//! there too (an attribute read must be there).
 //!
 //! Owns reading a residual's JSON form; it never decides.
 
@@ -21,16 +23,52 @@ use serde_json::Value;
 
 /// Is `policy`'s condition false for every request? `false` when not sure.
 pub fn never_true(policy: &Policy) -> bool {
-    let Ok(est) = policy.to_json() else {
+    let Some((when, _)) = clauses(policy) else {
         return false;
     };
-    let Some(conditions) = est.get("conditions").and_then(Value::as_array) else {
-        return false;
-    };
-    conditions.iter().any(|c| {
-        c.get("kind").and_then(Value::as_str) == Some("when")
-            && c.get("body").is_some_and(conjunction_never_true)
+    when.iter().any(|body| {
+        let mut atoms = Vec::new();
+        flatten(body, &mut atoms);
+        conjunction_never_true(&atoms.into_iter().map(|a| (a, false)).collect::<Vec<_>>())
     })
+}
+
+/// Does the residual `forbid` apply to every request the residual `permit` is true for, so that
+/// no request is permitted by it? `false` when not sure. The forbid's `when` is a conjunction
+/// `a1 && a2 && ...`: it fails to apply only when some `ai` is false (an error applies it: a
+/// forbid whose condition errors denies), so it covers the permit when each `permit && !ai` is
+/// never true. A forbid with an `unless` is not read.
+pub fn covers(forbid: &Policy, permit: &Policy) -> bool {
+    let (Some((f_when, f_unless)), Some((p_when, _))) = (clauses(forbid), clauses(permit)) else {
+        return false;
+    };
+    if f_unless {
+        return false;
+    }
+    let mut p_atoms = Vec::new();
+    p_when.iter().for_each(|b| flatten(b, &mut p_atoms));
+    let mut f_atoms = Vec::new();
+    f_when.iter().for_each(|b| flatten(b, &mut f_atoms));
+    f_atoms.iter().all(|a| {
+        let mut both: Vec<(&Value, bool)> = p_atoms.iter().map(|p| (*p, false)).collect();
+        both.push((a, true));
+        conjunction_never_true(&both)
+    })
+}
+
+/// A policy's `when` bodies (as JSON), and whether it has an `unless`.
+fn clauses(policy: &Policy) -> Option<(Vec<Value>, bool)> {
+    let est = policy.to_json().ok()?;
+    let conditions = est.get("conditions")?.as_array()?;
+    let mut when = Vec::new();
+    let mut unless = false;
+    for c in conditions {
+        match (c.get("kind").and_then(Value::as_str), c.get("body")) {
+            (Some("when"), Some(body)) => when.push(body.clone()),
+            _ => unless = true,
+        }
+    }
+    Some((when, unless))
 }
 
 /// What the conjuncts say of one path.
@@ -47,6 +85,9 @@ struct Facts {
     string_not: BTreeSet<String>,
     /// `like` patterns it must match (`true`) or must not (`false`).
     like: Vec<(Vec<Piece>, bool)>,
+    /// `has` says it is there, or `!(... has ...)` that it is not.
+    present: bool,
+    absent: bool,
 }
 
 /// A `like` pattern's element.
@@ -56,17 +97,28 @@ enum Piece {
     Text(String),
 }
 
-fn conjunction_never_true(body: &Value) -> bool {
-    let mut atoms = Vec::new();
-    flatten(body, &mut atoms);
+/// Are these atoms (each negated when its flag is set) never all true at once?
+fn conjunction_never_true(atoms: &[(&Value, bool)]) -> bool {
     let mut facts: BTreeMap<String, Facts> = BTreeMap::new();
-    for atom in atoms {
-        if atom.get("Value") == Some(&Value::Bool(false)) {
+    for (atom, not) in atoms {
+        if let Some(Value::Bool(b)) = atom.get("Value")
+            && b == not
+        {
             return true;
         }
-        add(atom, false, &mut facts);
+        add(atom, *not, &mut facts);
     }
-    facts.values().any(Facts::unsatisfiable)
+    // Said absent, yet read (or said present), there or beneath: an attribute read that is not
+    // there is an error, never true.
+    facts.iter().any(|(path, f)| {
+        f.unsatisfiable()
+            || (f.absent
+                && (f.present
+                    || f.constrained()
+                    || facts
+                        .keys()
+                        .any(|k| k.len() > path.len() && k.starts_with(&format!("{path}.")))))
+    })
 }
 
 fn flatten<'a>(e: &'a Value, out: &mut Vec<&'a Value>) {
@@ -121,6 +173,20 @@ fn add(atom: &Value, not: bool, facts: &mut BTreeMap<String, Facts>) {
         return;
     };
     match op.as_str() {
+        "has" => {
+            let (Some(p), Some(attr)) = (
+                node.get("left").and_then(path),
+                node.get("attr").and_then(Value::as_str),
+            ) else {
+                return;
+            };
+            let f = facts.entry(format!("{p}.{attr:?}")).or_default();
+            if not {
+                f.absent = true;
+            } else {
+                f.present = true;
+            }
+        }
         "!" => {
             if let Some(arg) = node.get("arg") {
                 add(arg, !not, facts);
@@ -283,6 +349,17 @@ fn matches(s: &str, pattern: &[Piece]) -> bool {
 }
 
 impl Facts {
+    /// Whether anything is said of its value (which then must be there).
+    fn constrained(&self) -> bool {
+        self.low.is_some()
+            || self.high.is_some()
+            || self.long_in.is_some()
+            || !self.long_not.is_empty()
+            || self.string_in.is_some()
+            || !self.string_not.is_empty()
+            || !self.like.is_empty()
+    }
+
     fn is_long(&self) -> bool {
         self.low.is_some() || self.high.is_some() || self.long_in.is_some()
     }
@@ -415,6 +492,70 @@ mod tests {
         )
         .expect("policy");
         assert!(!never_true(&p));
+    }
+
+    #[test]
+    fn a_forbid_that_takes_back_every_permitted_value_covers_the_permit() {
+        let policy = |effect: &str, cond: &str| {
+            Policy::from_str(&format!(
+                "{effect}(principal, action, resource) when {{ {cond} }};"
+            ))
+            .expect("policy")
+        };
+        let a = "context.arguments.amount";
+        let c = "context.arguments.channel";
+        for (permit, forbid, want) in [
+            (
+                format!("{a} <= 100"),
+                format!("context.arguments has amount && {a} < 200"),
+                true,
+            ),
+            (
+                format!("context.arguments has channel && {c} == \"public\""),
+                format!("context.arguments has channel && {c} != \"x\""),
+                true,
+            ),
+            (
+                "resource.path like \"/public/*\" && resource.path != \"/public/b\"".to_owned(),
+                "resource.path like \"/public/*\"".to_owned(),
+                true,
+            ),
+            // One pattern within another is not read: kept.
+            (
+                "resource.path like \"/public/a*\"".to_owned(),
+                "resource.path like \"/public/*\"".to_owned(),
+                false,
+            ),
+            (format!("{a} == 7"), format!("{a} >= 0 && {a} != 8"), true),
+            ("true".to_owned(), format!("{a} > 5"), false),
+            (format!("{a} <= 100"), format!("{a} < 50"), false),
+            (
+                "context.arguments has channel".to_owned(),
+                format!("context.arguments has channel && {c} != \"x\""),
+                false,
+            ),
+            (
+                format!("{a} <= 100"),
+                format!("{a} < 200 || {c} == \"x\""),
+                false,
+            ),
+            (
+                "resource.path like \"/public/*\"".to_owned(),
+                "resource.path like \"/public/a*\"".to_owned(),
+                false,
+            ),
+        ] {
+            assert_eq!(
+                covers(&policy("forbid", &forbid), &policy("permit", &permit)),
+                want,
+                "permit {permit} / forbid {forbid}"
+            );
+        }
+        let unless = Policy::from_str(&format!(
+            "forbid(principal, action, resource) when {{ {a} < 200 }} unless {{ {a} == 3 }};"
+        ))
+        .expect("policy");
+        assert!(!covers(&unless, &policy("permit", &format!("{a} <= 100"))));
     }
 
     #[test]
