@@ -869,11 +869,25 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                     tools,
                     budgets,
                 } => {
+                    // What a policy cannot see of each tool's arguments (`context.arguments`
+                    // leaves out what Cedar cannot hold), from the schemas listed.
+                    let left_out = |t: &PublishedToolDefinition| {
+                        sharedos_broker::policy::arguments::typing(t.input_schema.as_ref()).left_out
+                    };
                     if query.json {
                         let mut v =
                             serde_json::json!({"catalogHash": catalog_hash, "tools": tools});
                         if !budgets.is_empty() {
                             v["budgets"] = serde_json::to_value(&budgets)?;
+                        }
+                        let notes: serde_json::Map<String, Value> = tools
+                            .iter()
+                            .map(|t| (t.name.to_string(), left_out(t)))
+                            .filter(|(_, l)| !l.is_empty())
+                            .map(|(n, l)| (n, serde_json::json!(l)))
+                            .collect();
+                        if !notes.is_empty() {
+                            v["argumentsLeftOut"] = Value::Object(notes);
                         }
                         print_json(&v)?;
                     } else {
@@ -884,6 +898,9 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                                 t.name,
                                 t.description.as_deref().unwrap_or("")
                             );
+                            for note in left_out(t) {
+                                outln!("  {:<24}   not in context.arguments: {note}", "");
+                            }
                         }
                         if tools.is_empty() {
                             outln!("  (no tools: no policy could permit this principal anything)");

@@ -2,6 +2,8 @@
 (uvicorn), on 127.0.0.1. It prints `PORT <n>` on its first stdout line once it listens.
 
 Tools: `echo` (read-only), `add_note` (changes state: each effect is a line in REMOTE_LOG),
+`pay` (changes state; typed arguments: an integer `amount`, a nested model `to` {channel, name},
+an array of strings `tags`, a float `rate`),
 `slow` (sleeps; a cancel is a `cancelled slow` line in REMOTE_LOG), `huge` (returns `mib` MiB
 of text), `whoami` (the client id of the bearer token it got, with --tokens), `traced` (the
 traceparent of the call's `_meta`), `chatty` (progress notifications nobody asked for), `ask` (asks the
@@ -32,6 +34,7 @@ import socket
 import sys
 
 import uvicorn
+from pydantic import BaseModel
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 
@@ -113,6 +116,16 @@ def main():
         """Add a note (changes state)."""
         log(f"effect add_note {path} {text}")
         return f"noted {path}"
+
+    class Recipient(BaseModel):
+        channel: str
+        name: str
+
+    @app.tool()
+    def pay(amount: int, to: Recipient, tags: list[str], rate: float = 1.0) -> str:
+        """Pay `amount` to a recipient on a channel (changes state)."""
+        log(f"effect pay {amount} {to.channel}/{to.name} [{','.join(tags)}] {rate}")
+        return f"paid {amount} to {to.name}"
 
     @app.tool()
     async def slow(seconds: float) -> str:

@@ -49,8 +49,65 @@ pub struct Typing {
     pub left_out: Vec<String>,
 }
 
+/// Where a `$ref` points: into the tool's whole `inputSchema` (`#/$defs/Recipient`, as the
+/// Python SDK writes every nested model), and how many were followed to get here.
+#[derive(Clone, Copy)]
+struct Refs<'a> {
+    root: &'a Value,
+    depth: usize,
+}
+
+/// More references than this in one argument's type: taken for a recursive type.
+const MAX_REFS: usize = 16;
+
+/// `schema` with its `$ref`s followed (a local JSON pointer), and `anyOf`/`oneOf` of one type
+/// and `null` (an optional model) read as that type.
+fn resolved<'a>(
+    mut schema: &'a Value,
+    mut refs: Refs<'a>,
+) -> Result<(&'a Value, Refs<'a>), String> {
+    loop {
+        if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
+            if refs.depth >= MAX_REFS {
+                return Err("a type that refers to itself (recursive `$ref`)".into());
+            }
+            schema = r
+                .strip_prefix('#')
+                .and_then(|pointer| refs.root.pointer(pointer))
+                .ok_or_else(|| format!("a `$ref` this schema does not hold (`{r}`)"))?;
+            refs.depth += 1;
+            continue;
+        }
+        if schema.get("type").is_none()
+            && let Some(alternatives) = schema
+                .get("anyOf")
+                .or_else(|| schema.get("oneOf"))
+                .and_then(Value::as_array)
+        {
+            let not_null: Vec<&Value> = alternatives
+                .iter()
+                .filter(|a| a.get("type").and_then(Value::as_str) != Some("null"))
+                .collect();
+            match not_null.as_slice() {
+                [one] => {
+                    schema = one;
+                    continue;
+                }
+                _ => return Err("it may hold values of several types".into()),
+            }
+        }
+        return Ok((schema, refs));
+    }
+}
+
 /// The argument type a property schema declares, or why Cedar cannot hold it.
-fn kind_of(schema: &Value, at: &str, notes: &mut Vec<String>) -> Result<Kind, String> {
+fn kind_of(
+    schema: &Value,
+    at: &str,
+    notes: &mut Vec<String>,
+    refs: Refs<'_>,
+) -> Result<Kind, String> {
+    let (schema, refs) = resolved(schema, refs)?;
     let declared = match schema.get("type") {
         Some(Value::String(t)) => t.clone(),
         Some(Value::Array(ts)) => {
@@ -83,7 +140,7 @@ fn kind_of(schema: &Value, at: &str, notes: &mut Vec<String>) -> Result<Kind, St
         "boolean" => Kind::Bool,
         "array" => {
             let items = schema.get("items").unwrap_or(&Value::Null);
-            match kind_of(items, at, notes) {
+            match kind_of(items, at, notes, refs) {
                 Ok(k @ (Kind::String | Kind::Long | Kind::Number | Kind::Bool)) => {
                     Kind::Set(Box::new(k))
                 }
@@ -92,7 +149,7 @@ fn kind_of(schema: &Value, at: &str, notes: &mut Vec<String>) -> Result<Kind, St
             }
         }
         "object" => match schema.get("properties").and_then(Value::as_object) {
-            Some(props) => Kind::Record(fields_of(props, &format!("{at}."), notes)),
+            Some(props) => Kind::Record(fields_of(props, &format!("{at}."), notes, refs)),
             None => return Err("an object without declared properties".into()),
         },
         "null" => return Err("always null (Cedar has no null)".into()),
@@ -104,11 +161,12 @@ fn fields_of(
     props: &Map<String, Value>,
     prefix: &str,
     notes: &mut Vec<String>,
+    refs: Refs<'_>,
 ) -> BTreeMap<String, Kind> {
     let mut fields = BTreeMap::new();
     for (name, schema) in props {
         let at = format!("{prefix}{name}");
-        match kind_of(schema, &at, notes) {
+        match kind_of(schema, &at, notes, refs) {
             Ok(k) => {
                 fields.insert(name.clone(), k);
             }
@@ -125,7 +183,15 @@ pub fn typing(input_schema: Option<&Value>) -> Typing {
         .and_then(|s| s.get("properties"))
         .and_then(Value::as_object)
     {
-        Some(props) => fields_of(props, "", &mut left_out),
+        Some(props) => fields_of(
+            props,
+            "",
+            &mut left_out,
+            Refs {
+                root: input_schema.unwrap_or(&Value::Null),
+                depth: 0,
+            },
+        ),
         None => BTreeMap::new(),
     };
     Typing { fields, left_out }
@@ -702,6 +768,65 @@ mod tests {
             assert!(notes.contains(name), "{name} in {notes}");
         }
         assert!(!notes.contains("`channel`"), "{notes}");
+    }
+
+    /// What the PyPI SDK (pydantic) writes: nested models as `$ref`s into `$defs`, an optional
+    /// one as `anyOf` with `null`.
+    #[test]
+    fn references_and_optional_models_are_followed() {
+        let schema = json!({
+            "$defs": {
+                "Recipient": {"type": "object", "properties": {
+                    "channel": {"type": "string"}, "tier": {"type": "integer"},
+                    "next": {"$ref": "#/$defs/Recipient"}}},
+                "Loop": {"$ref": "#/$defs/Loop"}
+            },
+            "type": "object",
+            "properties": {
+                "amount": {"type": "integer"},
+                "to": {"$ref": "#/$defs/Recipient"},
+                "cc": {"anyOf": [{"$ref": "#/$defs/Recipient"}, {"type": "null"}], "default": null},
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "loop": {"$ref": "#/$defs/Loop"},
+                "gone": {"$ref": "#/$defs/Missing"},
+                "either": {"anyOf": [{"type": "string"}, {"type": "integer"}]}
+            }
+        });
+        let t = typing(Some(&schema));
+        let Some(Kind::Record(to)) = t.fields.get("to") else {
+            panic!("{:?}", t.fields)
+        };
+        assert_eq!(to.get("channel"), Some(&Kind::String));
+        assert_eq!(to.get("tier"), Some(&Kind::Long));
+        assert!(
+            matches!(t.fields.get("cc"), Some(Kind::Record(_))),
+            "{:?}",
+            t.fields
+        );
+        for gone in ["loop", "gone", "either"] {
+            assert!(!t.fields.contains_key(gone), "{gone}: {:?}", t.fields);
+        }
+        let notes = t.left_out.join("\n");
+        assert!(
+            notes.contains("`loop`: a type that refers to itself"),
+            "{notes}"
+        );
+        assert!(notes.contains("`gone`: a `$ref`"), "{notes}");
+        assert!(
+            notes.contains("`either`: it may hold values of several types"),
+            "{notes}"
+        );
+        // A recursive model is followed as deep as the limit, then left out there.
+        assert!(notes.contains("`to.next.next"), "{notes}");
+        let Value::Object(m) = json!({"amount": 5, "to": {"channel": "public", "tier": 2},
+                                       "cc": null, "tags": ["a"]})
+        else {
+            panic!()
+        };
+        assert_eq!(
+            typed(Some(&schema), &m).shown,
+            json!({"amount": 5, "to": {"channel": "public", "tier": 2}, "tags": ["a"]})
+        );
     }
 
     #[test]

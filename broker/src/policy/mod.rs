@@ -16,6 +16,7 @@ use crate::resource::NAMESPACE;
 
 pub mod arguments;
 mod known;
+mod never;
 pub use arguments::{ArgumentTypes, Typed};
 
 use cedar_policy::{
@@ -1569,7 +1570,25 @@ impl PolicyEngine {
         let response = set
             .tpe(&request, &partial, schema)
             .map_err(|e| e.to_string())?;
-        Ok(response.decision())
+        Ok(response.decision().or_else(|| {
+            // Undecided: a deny all the same when no permit is true already and every residual
+            // permit is one no value meets (`amount > 5 && amount < 3`), or one a residual
+            // forbid applies to whenever it is true (`amount <= 100` under a forbid of
+            // `amount < 200`): see `never`.
+            if response.true_permits().next().is_some() {
+                return None;
+            }
+            let forbids: Vec<Policy> = response
+                .residual_forbids()
+                .filter_map(|id| response.get_policy(id))
+                .collect();
+            let hopeless = response.residual_permits().all(|id| {
+                response.get_policy(id).is_some_and(|p| {
+                    never::never_true(&p) || forbids.iter().any(|f| never::covers(f, &p))
+                })
+            });
+            hopeless.then_some(CedarDecision::Deny)
+        }))
     }
 }
 
@@ -2434,6 +2453,35 @@ when { resource.name == "bank.transfer" && context.arguments has amount && conte
         );
     }
 
+    #[test]
+    fn a_residual_no_value_meets_hides_the_tool() {
+        let e = engine(
+            r#"@id("never") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool)
+                 when { resource.name == "bank.pay" && context.arguments has amount && context.arguments.amount > 5 && context.arguments.amount < 3 };
+               @id("two-names") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool)
+                 when { resource.name == "chat.post" && context.arguments has channel && context.arguments.channel == "a" && context.arguments.channel == "b" };
+               @id("some") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"call", resource is SharedOS::Tool)
+                 when { resource.name == "chat.read" && context.arguments has channel && context.arguments.channel like "pub*" && context.arguments.channel != "pub" };
+               @id("no-path") permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"read", resource is SharedOS::File)
+                 when { resource.path like "/public/*" && resource.path == "/private/x" };"#,
+        );
+        e.set_argument_types(call_types()).expect("valid");
+        let pv = e.current();
+        let alice = AccessContext::new("alice", None);
+        let names = ["bank.pay", "chat.post", "chat.read"];
+        let typings = [
+            arguments::typing(Some(&bank_schema())),
+            arguments::typing(Some(&chat_schema())),
+            arguments::typing(Some(&chat_schema())),
+        ];
+        assert_eq!(
+            e.permitted_tools_with(&pv, &alice, "call", &names, &typings),
+            vec![false, false, true]
+        );
+        assert!(!e.could_permit(&pv, &alice, "read", "File"));
+        assert_eq!(e.permit_for_every(&pv, &alice, "read", "File"), Some(false));
+    }
+
     /// The catalogue against brute force: a tool is listed exactly when some sampled arguments
     /// are permitted.
     mod exact {
@@ -2453,9 +2501,27 @@ when { resource.name == "bank.transfer" && context.arguments has amount && conte
             r#"forbid(principal, action, resource is SharedOS::File) when { resource.namespace == "docs" && resource.path like "/private/*" };"#,
             r#"forbid(principal, action, resource);"#,
             r#"forbid(principal, action == SharedOS::Action::"call", resource) when { context has agent };"#,
+            // Residuals no value meets (hidden), beside ones some value does (listed).
+            r#"permit(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool) when { context.arguments has amount && context.arguments.amount > 5 && context.arguments.amount < 3 };"#,
+            r#"permit(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool) when { context.arguments has channel && context.arguments.channel == "public" && context.arguments.channel == "exec" };"#,
+            r#"permit(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool) when { resource.name == "bank.pay" && context.arguments has amount && context.arguments.amount >= 10 && context.arguments.amount <= 50 && context.arguments.amount != 11 };"#,
+            r#"permit(principal, action == SharedOS::Action::"read", resource is SharedOS::File) when { context.arguments has path && context.arguments.path like "/public/*" && context.arguments.path == "/private/b" };"#,
+            r#"permit(principal, action == SharedOS::Action::"read", resource is SharedOS::File) when { resource.path == "/public/a" && resource.path == "/other" };"#,
+            r#"permit(principal, action == SharedOS::Action::"read", resource is SharedOS::File) when { resource.path like "/public/*" && !(resource.path like "/private/*") && resource.path != "/public/b" };"#,
+            r#"permit(principal, action == SharedOS::Action::"call", resource is SharedOS::Tool) when { context.arguments has channel && ["public", "exec"].contains(context.arguments.channel) && context.arguments.channel != "public" && context.arguments.channel != "exec" };"#,
+            // Forbids that take back every value a permit lets through (hidden), or not all.
+            r#"forbid(principal, action == SharedOS::Action::"call", resource) when { context.arguments has amount && context.arguments.amount < 200 };"#,
+            r#"forbid(principal, action == SharedOS::Action::"call", resource) when { context.arguments has channel && context.arguments.channel != "x" };"#,
+            r#"forbid(principal, action == SharedOS::Action::"read", resource is SharedOS::File) when { resource.path like "/public/*" };"#,
+            // URL templates.
+            r#"permit(principal, action == SharedOS::Action::"fetch", resource is SharedOS::Url) when { resource.host == "docs.example.com" || resource.host == "127.0.0.1" };"#,
+            r#"forbid(principal, action, resource is SharedOS::Url) when { resource has ip && resource.ip.isLoopback() };"#,
+            r#"permit(principal, action == SharedOS::Action::"fetch", resource is SharedOS::Url) when { resource.host == "a.example" && resource.host == "b.example" };"#,
+            r#"permit(principal, action == SharedOS::Action::"fetch", resource is SharedOS::Url) when { resource.port == 8443 && resource.port < 1024 };"#,
+            r#"permit(principal, action == SharedOS::Action::"fetch", resource is SharedOS::Url) when { resource.scheme == "https" && resource.port >= 8000 && context.arguments has url };"#,
         ];
 
-        /// (name, action, namespace for a file tool, schema).
+        /// (name, action, namespace for a file tool (`url` for a URL tool), schema).
         fn tools() -> Vec<(
             &'static str,
             &'static str,
@@ -2469,6 +2535,12 @@ when { resource.name == "bank.transfer" && context.arguments has amount && conte
                 ("bank.pay", "call", None, bank_schema()),
                 ("files.read", "read", Some("files"), path.clone()),
                 ("docs.read", "read", Some("docs"), path),
+                (
+                    "web.fetch",
+                    "fetch",
+                    Some("url"),
+                    serde_json::json!({"properties": {"url": {"type": "string"}}}),
+                ),
             ]
         }
 
@@ -2479,7 +2551,7 @@ when { resource.name == "bank.transfer" && context.arguments has amount && conte
                 .unwrap_or_default();
             let values = |name: &str| -> Vec<Option<serde_json::Value>> {
                 match name {
-                    "channel" => ["public", "exec", "other"]
+                    "channel" => ["public", "exec", "other", "x"]
                         .iter()
                         .map(|v| Some(serde_json::json!(v)))
                         .chain([None])
@@ -2493,6 +2565,16 @@ when { resource.name == "bank.transfer" && context.arguments has amount && conte
                         .iter()
                         .map(|v| Some(serde_json::json!(v)))
                         .collect(),
+                    "url" => [
+                        "https://docs.example.com/x",
+                        "http://127.0.0.1/",
+                        "https://a.example/",
+                        "https://other.example:8443/",
+                        "http://other.example:8000/",
+                    ]
+                    .iter()
+                    .map(|v| Some(serde_json::json!(v)))
+                    .collect(),
                     _ => vec![None, Some(serde_json::json!("x"))],
                 }
             };
@@ -2533,6 +2615,7 @@ when { resource.name == "bank.transfer" && context.arguments has amount && conte
                 for ctx in [AccessContext::new("alice", None), AccessContext::new("alice", Some("helper")), AccessContext::new("alice", Some("other"))] {
                     for (name, action, namespace, schema) in tools() {
                         let listed = match namespace {
+                            Some("url") => e.could_permit_known(&pv, &ctx, action, "Url", &[], Some(&arguments::typing(Some(&schema)))),
                             Some(ns) => e.could_permit_known(&pv, &ctx, action, "File", &[("namespace", serde_json::json!(ns))], Some(&arguments::typing(Some(&schema)))),
                             None => match e.permit_for_every(&pv, &ctx, action, "Tool") {
                                 Some(answer) => answer,
@@ -2541,6 +2624,7 @@ when { resource.name == "bank.transfer" && context.arguments has amount && conte
                         };
                         let found = samples(&schema).iter().any(|a| {
                             let resource = match namespace {
+                                Some("url") => url(a.get("url").and_then(|u| u.as_str()).unwrap_or("https://x.example/")),
                                 Some(ns) => Resource::File { namespace: ns.into(), path: a.get("path").and_then(|p| p.as_str()).unwrap_or("/").into() },
                                 None => Resource::Tool { name: name.into() },
                             };

@@ -445,11 +445,16 @@ async fn memory_server_decided_on_the_entity_names_a_call_asks_for() {
 }
 
 const GIT_POLICY: &str = r#"
-@id("alice-public-repos")
-permit(principal == SharedOS::User::"alice",
-       action in [SharedOS::Action::"read", SharedOS::Action::"write"],
+@id("alice-reads-public-repos")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"read",
        resource is SharedOS::File)
 when { resource.path like "/public/*" };
+
+@id("alice-branches-public-repos")
+permit(principal == SharedOS::User::"alice", action == SharedOS::Action::"write",
+       resource is SharedOS::File)
+when { resource.path like "/public/*" && context has arguments
+       && context.arguments has branch_name && context.arguments.branch_name like "alice/*" };
 "#;
 
 /// `git` in `dir` (the test's own, as root), failing the test if it fails.
@@ -466,12 +471,17 @@ fn git(dir: &Path, args: &[&str]) -> String {
 }
 
 /// PyPI mcp-server-git behind the broker, its `repo_path` argument a file resource under the
-/// repositories' folder (`file = "{repo_path}"`, `file_root`): alice may read and branch the
-/// repositories under `/public`. A private repository, a `..` back out of `/public`, and a link
-/// from `/public` to the private one are denied; a path outside the folder is
-/// `denied/unresolvable_requirement`; the branch made exists only in the public repository.
-/// (A condition on `branch_name` itself, "only `alice/*` branches", is a condition on the
-/// call's typed arguments: issue 44 item 1.)
+/// repositories' folder (`file = "{repo_path}"`, `file_root`), decided on `repo_path` and on the
+/// typed argument `branch_name` (`context.arguments`): alice may read (log, status) the
+/// repositories under `/public`, and write them only on `alice/*` branches (`git_create_branch`
+/// and `git_checkout` name the branch). A private repository, a `..` back out of `/public`, and
+/// a link from `/public` to the private one are denied; a path outside the folder is
+/// `denied/unresolvable_requirement`; `bob/feature` and a checkout of `main` in the public
+/// repository are denied on their arguments alone (the same requirement as alice's permitted
+/// branch), never reach the server, and the repository has exactly the branches permitted.
+/// `git_commit` names no branch (it commits to whatever is checked out, which the broker cannot
+/// see): no permit can apply to it (it has no `branch_name`), so it is not in alice's catalogue
+/// and a call of it is `denied/unpublished_tool`; committing stays a person's step outside.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs third-party MCP servers: run bash .ci/install-mcp-servers, then cargo test -- --include-ignored (bash .ci/run does both)"]
 async fn git_server_decided_on_the_repository_it_is_given() {
@@ -507,15 +517,25 @@ async fn git_server_decided_on_the_repository_it_is_given() {
     // git refuses a repository another uid owns unless told it is safe (the test's, here).
     let provider = format!(
         "\n[[providers]]\ntype = \"mcp\"\nnamespace = \"git\"\ncommand = {}\n\
-         env = {{ GIT_CONFIG_COUNT = \"1\", GIT_CONFIG_KEY_0 = \"safe.directory\", GIT_CONFIG_VALUE_0 = \"*\" }}\n{}{}{}{}",
+         env = {{ GIT_CONFIG_COUNT = \"1\", GIT_CONFIG_KEY_0 = \"safe.directory\", GIT_CONFIG_VALUE_0 = \"*\" }}\n{}{}{}{}{}{}",
         q(&s["GIT_CMD"]),
         template("git_log", "read"),
         template("git_status", "read"),
         template("git_create_branch", "write"),
+        template("git_checkout", "write"),
+        template("git_commit", "write"),
         sandboxed(&[], &[]),
     );
     let b = broker(GIT_POLICY, &provider).await;
     let turn = b.open_turn("alice").await;
+    let names: Vec<String> = turn.tools.iter().map(|t| t.name.to_string()).collect();
+    for shown in ["git.git_log", "git.git_create_branch", "git.git_checkout"] {
+        assert!(names.contains(&shown.to_owned()), "{shown} in {names:?}");
+    }
+    assert!(
+        !names.contains(&"git.git_commit".to_owned()),
+        "no branch to decide on: hidden, {names:?}"
+    );
     let mut raw = Raw::spawn(b.shim_command(turn.token.expose()));
     raw.initialize("2025-06-18").await;
     let cases: Vec<(&str, Value, &str)> = vec![
@@ -564,6 +584,32 @@ async fn git_server_decided_on_the_repository_it_is_given() {
             json!({"repo_path": format!("{r}/public/link"), "branch_name": "alice/feature"}),
             "denied/no_permit",
         ),
+        // 9..: the same repository, decided on the branch the arguments name.
+        (
+            "git.git_create_branch",
+            json!({"repo_path": format!("{r}/public/docs"), "branch_name": "bob/feature"}),
+            "denied/no_permit",
+        ),
+        (
+            "git.git_create_branch",
+            json!({"repo_path": format!("{r}/public/docs"), "branch_name": "x/alice/feature"}),
+            "denied/no_permit",
+        ),
+        (
+            "git.git_checkout",
+            json!({"repo_path": format!("{r}/public/docs"), "branch_name": "alice/feature"}),
+            "succeeded/ok",
+        ),
+        (
+            "git.git_checkout",
+            json!({"repo_path": format!("{r}/public/docs"), "branch_name": "main"}),
+            "denied/no_permit",
+        ),
+        (
+            "git.git_commit",
+            json!({"repo_path": format!("{r}/public/docs"), "message": "on whatever is checked out"}),
+            "denied/unpublished_tool",
+        ),
     ];
     let mut answers = Vec::new();
     for (i, (tool, args, want)) in cases.iter().enumerate() {
@@ -607,4 +653,69 @@ async fn git_server_decided_on_the_repository_it_is_given() {
         "SharedOS::File::\"/private/keys\""
     );
     assert_eq!(calls[6]["requirement"]["action"], "write");
+    // The public repository has exactly the branches permitted, alice's checked out: bob's
+    // branch and the checkout of `main` never reached the server.
+    let public = repos.join("public/docs");
+    let mut branches: Vec<String> =
+        git(&public, &["branch", "--list", "--format=%(refname:short)"])
+            .lines()
+            .map(str::to_owned)
+            .collect();
+    branches.sort();
+    assert_eq!(branches, ["alice/feature", "main"]);
+    assert_eq!(
+        git(&public, &["rev-parse", "--abbrev-ref", "HEAD"]).trim(),
+        "alice/feature"
+    );
+    assert_eq!(
+        git(&public, &["rev-list", "--count", "--all"]).trim(),
+        "1",
+        "no commit made"
+    );
+    // `context.arguments` decided: alice's branch and bob's have the same requirement (write on
+    // the public repository); the permit that reads `branch_name` decided the one, no permit
+    // applied to the other, and the record keeps the arguments each was decided on.
+    assert_eq!(
+        calls[9]["requirement"], calls[6]["requirement"],
+        "{}",
+        calls[9]
+    );
+    assert_eq!(calls[6]["policies"], json!(["alice-branches-public-repos"]));
+    assert_eq!(calls[6]["arguments"]["branch_name"], "alice/feature");
+    assert_eq!(calls[9]["arguments"]["branch_name"], "bob/feature");
+    assert_eq!(calls[9]["policies"], json!([]), "{}", calls[9]);
+    assert_eq!(
+        calls[11]["policies"],
+        json!(["alice-branches-public-repos"])
+    );
+    let denied = calls
+        .iter()
+        .filter(|c| c["outcome"] == "denied" && c["requirement"] == calls[6]["requirement"])
+        .count();
+    assert_eq!(
+        denied, 3,
+        "bob/feature, x/alice/feature and main: {calls:?}"
+    );
+    // `policy check` shows the context the policy saw.
+    for (branch, decision, code) in [("bob/feature", "deny", 3), ("alice/next", "allow", 0)] {
+        let mut check = b.cli();
+        check.args([
+            "policy",
+            "check",
+            "--principal",
+            "alice",
+            "--tool",
+            "git.git_create_branch",
+            "--json",
+            "--args",
+        ]);
+        check.arg(
+            json!({"repo_path": format!("{r}/public/docs"), "branch_name": branch}).to_string(),
+        );
+        let (got, out, err) = crate::kit::run(check).await;
+        assert_eq!(got, code, "{out}{err}");
+        let v: Value = serde_json::from_str(&out).expect("json");
+        assert_eq!(v["decision"], decision, "{v}");
+        assert_eq!(v["context"]["arguments"]["branch_name"], branch, "{v}");
+    }
 }
