@@ -314,6 +314,29 @@ async fn home(State(p): State<Shared>, headers: HeaderMap) -> Response {
         }
         body.push_str("</ul>");
     }
+    if let Some(signins) = &p.broker.kernel.signins {
+        // The remote servers people sign in to: this person's sign-in to each, and its end.
+        body.push_str("<h2>Remote servers</h2><ul id=\"servers\">");
+        for ns in signins.providers() {
+            if signins.signed_in(&principal, &ns) {
+                body.push_str(&format!(
+                    "<li id=\"server-{ns}\"><code>{ns}</code>: signed in \
+                     <form method=\"post\" action=\"/connect/{ns}/signout\">\
+                     <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+                     <button type=\"submit\">Sign out of {ns}</button></form></li>",
+                    esc(&csrf),
+                    ns = esc(&ns)
+                ));
+            } else {
+                body.push_str(&format!(
+                    "<li id=\"server-{ns}\"><code>{ns}</code>: not signed in \
+                     (<a href=\"/connect/{ns}\">sign in</a>)</li>",
+                    ns = esc(&ns)
+                ));
+            }
+        }
+        body.push_str("</ul>");
+    }
     body.push_str(&format!(
         "<form method=\"post\" action=\"/logout\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
          <button type=\"submit\">Sign out</button></form>",
@@ -704,6 +727,58 @@ async fn connect(State(p): State<Shared>, Path(ns): Path<String>, headers: Heade
     }
 }
 
+/// `POST /connect/<provider>/signout`: the signed-in person's tokens for that server are
+/// forgotten (the session's CSRF token and the page's own origin required); their next call to
+/// it asks them to sign in again.
+async fn sign_out(
+    State(p): State<Shared>,
+    Path(ns): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let Some(signins) = p.broker.kernel.signins.clone() else {
+        return status_page(
+            StatusCode::NOT_FOUND,
+            "No such server",
+            "no remote server signs people in here",
+        );
+    };
+    let fields = form(&body);
+    let Some((principal, _, csrf)) = p.session(&headers) else {
+        return status_page(StatusCode::UNAUTHORIZED, "Refused", "no signed-in session");
+    };
+    let csrf_ok = fields
+        .get("csrf")
+        .is_some_and(|c| bool::from(c.as_bytes().ct_eq(csrf.as_bytes())));
+    if !origin_ok(&p, &headers) || !csrf_ok {
+        return status_page(
+            StatusCode::FORBIDDEN,
+            "Refused",
+            "the form's CSRF token is missing or not this session's, or it came from another origin",
+        );
+    }
+    if !signins.has_provider(&ns) {
+        return status_page(
+            StatusCode::NOT_FOUND,
+            "No such server",
+            "no remote server of that name signs people in here",
+        );
+    }
+    signins.forget(&principal, &ns);
+    tracing::info!(provider = %ns, %principal, "signed out of a remote server on the person's page");
+    guarded(
+        page(
+            "Signed out",
+            &format!(
+                "<p id=\"message\">You, <b id=\"principal\">{}</b>, are signed out of <code>{}</code>: the next call to it asks you to sign in again.</p><p><a href=\"/\">Back</a></p>",
+                esc(&principal),
+                esc(&ns)
+            ),
+        )
+        .into_response(),
+    )
+}
+
 /// The authorization server sends the browser back here: the code is exchanged for the
 /// person's tokens (bound by `state` to the principal and server the sign-in started for; no
 /// cookie: a `SameSite=Strict` one is not sent on the authorization server's redirect).
@@ -908,6 +983,7 @@ pub async fn start(
         .route("/approval/{link}", get(show).post(decide))
         .route("/signin/{link}", get(sign_in_link))
         .route("/connect/{ns}", get(connect))
+        .route("/connect/{ns}/signout", axum::routing::post(sign_out))
         .route("/oauth/callback", get(oauth_callback))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_FORM_BYTES))
         .with_state(page.clone());

@@ -60,6 +60,8 @@ pub use template::template_args;
 
 /// How long the broker waits at start for an upstream's first tool list.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Of a call's time limit, what a held sign-in leaves for the call itself.
+pub const SIGN_IN_CALL_MARGIN: Duration = Duration::from_secs(5);
 /// Restart backoff: first and longest delay.
 pub const BACKOFF_MIN: Duration = Duration::from_millis(200);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -1553,6 +1555,13 @@ impl McpProvider {
     /// `sign_in_required` with the link (which carries a one-time id only).
     async fn sign_in(&self, signins: &signin::SignIns, principal: &str) -> Result<(), Attempt> {
         let ns = &self.config.namespace;
+        // The wait is the call's: within its time limit (less a margin for the call itself),
+        // ended with the link rather than by the limit; the sign-in goes on on the page.
+        let started = tokio::time::Instant::now();
+        let wait = self
+            .call_timeout()
+            .saturating_sub(SIGN_IN_CALL_MARGIN)
+            .min(signin::SIGN_IN_LIFETIME);
         if signins.signed_in(principal, ns) {
             return Ok(());
         }
@@ -1579,17 +1588,13 @@ impl McpProvider {
                 let params = json!({
                     "mode": "url",
                     "message": format!(
-                        "Sign in to `{ns}` ({server}) so that the agent can use it for you. The link opens your SharedOS page; the call waits until you have signed in."
+                        "Sign in to `{ns}` ({server}) so that the agent can use it for you. The link opens your SharedOS page; the call waits until you have signed in (at most {} s).",
+                        wait.as_secs()
                     ),
                     "url": link.as_str(),
                     "elicitationId": link.path().rsplit('/').next().unwrap_or_default(),
                 });
-                match tokio::time::timeout(
-                    signin::SIGN_IN_LIFETIME,
-                    (route.ask)(ns.clone(), params),
-                )
-                .await
-                {
+                match tokio::time::timeout(wait, (route.ask)(ns.clone(), params)).await {
                     Err(_) => Err("the harness did not show the link in time".to_owned()),
                     Ok(Err(why)) => Err(format!("the harness could not show the link ({why})")),
                     Ok(Ok(answer)) => match answer.get("action").and_then(Value::as_str) {
@@ -1620,7 +1625,10 @@ impl McpProvider {
         if let Err(why) = asked {
             return Err(failed(&why));
         }
-        if signins.wait(principal, ns, signin::SIGN_IN_LIFETIME).await {
+        if signins
+            .wait(principal, ns, wait.saturating_sub(started.elapsed()))
+            .await
+        {
             self.record_as(
                 "signed_in",
                 Some(principal),
@@ -1633,7 +1641,11 @@ impl McpProvider {
             .await;
             Ok(())
         } else {
-            Err(failed("the sign-in did not finish in time"))
+            Err(failed(&format!(
+                "the sign-in did not finish within the call's time limit ({} s, call_timeout_seconds less {} s); it can still be finished on the page",
+                self.call_timeout().as_secs(),
+                SIGN_IN_CALL_MARGIN.as_secs()
+            )))
         }
     }
 

@@ -684,6 +684,9 @@ pub struct SignIns {
     links: std::sync::Mutex<HashMap<String, Link>>,
     flows: std::sync::Mutex<HashMap<String, Flow>>,
     signed_in: tokio::sync::watch::Sender<u64>,
+    /// Bumped for a principal and provider when their sign-in is forgotten: a session's
+    /// cached token of an older epoch is not sent again.
+    epochs: std::sync::Mutex<HashMap<(String, String), u64>>,
 }
 
 impl SignIns {
@@ -698,6 +701,7 @@ impl SignIns {
             links: std::sync::Mutex::default(),
             flows: std::sync::Mutex::default(),
             signed_in: tokio::sync::watch::Sender::new(0),
+            epochs: std::sync::Mutex::default(),
         })
     }
 
@@ -864,8 +868,26 @@ impl SignIns {
         }
     }
 
-    /// Forgets `principal`'s tokens for `ns` (a refused refresh, a sign-out).
+    fn epoch(&self, principal: &str, ns: &str) -> u64 {
+        crate::lock(&self.epochs)
+            .get(&(principal.to_owned(), ns.to_owned()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The providers people sign in to, by name.
+    pub fn providers(&self) -> Vec<String> {
+        let mut names: Vec<String> = crate::lock(&self.clients).keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// Forgets `principal`'s tokens for `ns` (a refused refresh, a sign-out): the next call
+    /// asks them to sign in again.
     pub fn forget(&self, principal: &str, ns: &str) {
+        *crate::lock(&self.epochs)
+            .entry((principal.to_owned(), ns.to_owned()))
+            .or_default() += 1;
         if let Err(e) = self.store.delete(principal, ns) {
             tracing::error!(provider = %ns, %principal, error = %e, "a refused sign-in could not be removed");
         }
@@ -902,7 +924,8 @@ pub struct PersonTokens {
     pub signins: Arc<SignIns>,
     pub ns: String,
     pub principal: String,
-    cached: tokio::sync::Mutex<Option<(Stored, Option<u64>)>>,
+    /// The tokens sent, their lifetime when read, and the sign-in's epoch then.
+    cached: tokio::sync::Mutex<Option<(Stored, Option<u64>, u64)>>,
 }
 
 impl PersonTokens {
@@ -958,9 +981,10 @@ impl PersonTokens {
     /// The access token to send: refreshed first when it is about to expire.
     pub async fn current(&self) -> Result<Secret, SignInError> {
         let mut cached = self.cached.lock().await;
+        let epoch = self.signins.epoch(&self.principal, &self.ns);
         let (stored, life) = match cached.take() {
-            Some(c) => c,
-            None => self.load()?,
+            Some((s, l, e)) if e == epoch => (s, l),
+            _ => self.load()?,
         };
         let fresh = if stored.due(life) {
             self.refresh(&stored).await?
@@ -968,7 +992,7 @@ impl PersonTokens {
             (stored, life)
         };
         let token = Secret::new(fresh.0.access_token.clone());
-        *cached = Some(fresh);
+        *cached = Some((fresh.0, fresh.1, epoch));
         Ok(token)
     }
 
@@ -977,6 +1001,7 @@ impl PersonTokens {
     pub async fn renew(&self, rejected: &str) -> Result<Secret, SignInError> {
         let mut cached = self.cached.lock().await;
         cached.take();
+        let epoch = self.signins.epoch(&self.principal, &self.ns);
         let (stored, _) = self.load()?;
         let fresh = if stored.access_token == rejected {
             self.refresh(&stored).await?
@@ -985,7 +1010,7 @@ impl PersonTokens {
             (stored, life)
         };
         let token = Secret::new(fresh.0.access_token.clone());
-        *cached = Some(fresh);
+        *cached = Some((fresh.0, fresh.1, epoch));
         Ok(token)
     }
 }

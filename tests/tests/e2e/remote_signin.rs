@@ -278,12 +278,42 @@ impl World {
 
     /// The person at the browser: `page_person.py URL USER show`, its report.
     async fn person(&self, url: &str, user: &str) -> Value {
+        self.person_does(url, user, "show").await
+    }
+
+    /// A crafted `POST path` to the page over HTTP/1.0: (status, body).
+    async fn post(&self, path: &str, cookie: &str, body: &str) -> (u16, String) {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.page))
+            .await
+            .expect("connect to the page");
+        let request = format!(
+            "POST {path} HTTP/1.0\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nCookie: sharedos-page={cookie}\r\n\r\n{body}",
+            self.page,
+            body.len()
+        );
+        s.write_all(request.as_bytes()).await.expect("write");
+        let mut buf = Vec::new();
+        tokio::time::timeout(WAIT, s.read_to_end(&mut buf))
+            .await
+            .expect("the page answers in time")
+            .expect("read");
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        (status, text)
+    }
+
+    /// `page_person.py URL USER ACTION`, its report.
+    async fn person_does(&self, url: &str, user: &str, action: &str) -> Value {
         let mut cmd = tokio::process::Command::new(&self.browser["SELENIUM_PYTHON"]);
         cmd.arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/python/page_person.py"
         ))
-        .args([url, user, "show"])
+        .args([url, user, action])
         .env("CHROMEDRIVER", &self.browser["CHROMEDRIVER"])
         .stdin(Stdio::null())
         .kill_on_drop(true);
@@ -448,12 +478,50 @@ async fn people_sign_in_to_a_remote_server_and_their_calls_carry_their_own_token
     let (tokens, mode) = world.stored("bob").expect("bob's tokens are stored");
     assert_eq!(mode, 0o600);
     seen_tokens.extend(tokens);
+    // bob signs out on his page: his tokens are forgotten, and his next call, from a client that
+    // shows no links, fails `sign_in_required` with a new link (nothing reaches the server).
+    let session = world
+        .person_does(&format!("{base}/"), "bob", "session")
+        .await;
+    let cookie = session["cookies"]["sharedos-page"]
+        .as_str()
+        .expect("bob's session cookie")
+        .to_owned();
+    let csrf = session["csrf"].as_str().expect("bob's csrf").to_owned();
+    let (status, body) = world
+        .post("/connect/r/signout", &cookie, "csrf=wrong")
+        .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        world.stored("bob").is_some(),
+        "a form without the CSRF token signs nobody out"
+    );
+    let (status, body) = world
+        .post("/connect/r/signout", &cookie, &format!("csrf={csrf}"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("signed out of <code>r</code>"), "{body}");
+    assert!(world.stored("bob").is_none(), "bob's tokens are forgotten");
+    let mut bob = Raw::spawn(world.shim(bob_turn.token.expose()));
+    bob.initialize("2025-11-25").await;
+    let r = whoami(&mut bob, 1).await;
+    assert_eq!(crate::kit::meta(&r)["code"], "sign_in_required", "{r}");
+    assert!(text(&r).contains(&format!("{base}/signin/")), "{r}");
+    answers.push(r.to_string());
+    assert_eq!(
+        world.server_lines("whoami bob"),
+        1,
+        "nothing reached the server"
+    );
+    drop(bob);
     let asked: Vec<Value> = world
         .records("provider_state")
         .into_iter()
         .filter(|l| l["state"] == "sign_in_asked" || l["state"] == "signed_in")
         .collect();
-    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert_eq!(asked.len(), 3, "{asked:?}");
+    assert_eq!(asked[1]["state"], "signed_in", "{asked:?}");
+    assert_eq!(asked[2]["state"], "sign_in_asked", "{asked:?}");
     assert_eq!(asked[0]["principal"], "bob");
     assert!(
         asked[0]["reason"]
