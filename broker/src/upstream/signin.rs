@@ -286,12 +286,17 @@ impl AuthCodeClient {
         {
             return Ok(f.clone());
         }
-        let fresh = Arc::new(self.discover().await?);
+        // A client the broker registered is kept when the metadata is read again.
+        let registered = found
+            .as_ref()
+            .filter(|_| self.config.client_id.is_empty())
+            .map(|f| f.client_id.clone());
+        let fresh = Arc::new(self.discover(registered).await?);
         *found = Some(fresh.clone());
         Ok(fresh)
     }
 
-    async fn discover(&self) -> Result<Found, String> {
+    async fn discover(&self, registered: Option<String>) -> Result<Found, String> {
         let ns = &self.ns;
         let mut prm = None;
         for u in self.metadata_urls().await? {
@@ -402,7 +407,10 @@ impl AuthCodeClient {
                     )
                 })?;
             let registration = self.endpoint("registration_endpoint", registration)?;
-            (self.register(&registration).await?, None)
+            match registered {
+                Some(id) => (id, None),
+                None => (self.register(&registration).await?, None),
+            }
         } else {
             let secret = match &self.config.client_secret {
                 Some(crate::config::ConfigValue::Plain(s)) => Some(Secret::new(s.clone())),
