@@ -148,6 +148,14 @@ pub(crate) async fn build(
             .clone()
             .map(|map| crate::upstream::UidPool::new(r, "instance_uids", map))
     });
+    // People's sign-ins to remote servers, on the person's page; tokens beside the record.
+    let signins = config.page.as_ref().map(|p| {
+        crate::upstream::signin::SignIns::new(
+            p.public_url.clone(),
+            &config.record,
+            secrets.known.clone(),
+        )
+    });
     let mut starting = Vec::new();
     for provider in &config.providers {
         let ProviderConfig::Mcp(cfg) = provider else {
@@ -166,6 +174,13 @@ pub(crate) async fn build(
             instance_uids.clone(),
             uid_map.clone(),
         );
+        if let Some(s) = &signins {
+            p.attach_signins(s).map_err(|detail| StartError::Provider {
+                namespace: p.namespace().to_owned(),
+                config: config.source.clone(),
+                detail,
+            })?;
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(p.clone().supervise(tx));
         registry.providers.push(p.clone());
@@ -219,6 +234,7 @@ pub(crate) async fn build(
         }
     }
     kernel.known_secrets = secrets.known.clone();
+    kernel.signins = signins;
     if let Some(otel) = crate::telemetry::effective(config.otel.as_ref()) {
         kernel.telemetry = crate::telemetry::Telemetry::start(&otel)?;
         // Checkpoints (and every line with `logs = true`) go out as log records, queued.

@@ -335,18 +335,24 @@ pub struct McpProviderConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OAuthConfig {
-    /// `client_credentials` (RFC 6749 §4.4), the only grant today. Per-person consent
-    /// (`authorization_code` with PKCE, the URL shown to the person by elicitation) is the
-    /// place left for later.
+    /// `client_credentials` (RFC 6749 §4.4, the default), or `authorization_code`: each
+    /// principal signs in on the person's page (PKCE S256, the server's authorization server
+    /// discovered from its 401; a `per_principal` provider with `[page]` only).
     #[serde(default)]
     pub grant: OAuthGrant,
     /// The authorization server's token endpoint (https; http only to loopback unless the
-    /// provider's `insecure_http`).
+    /// provider's `insecure_http`). `client_credentials` only: `authorization_code` discovers it.
+    #[serde(default)]
     pub token_url: String,
+    /// The client id (`authorization_code`: optional; without it the broker registers itself
+    /// at the authorization server, RFC 7591).
+    #[serde(default)]
     pub client_id: String,
     /// The client secret: a string or a secret reference (`{ secret = "name" }` per principal:
-    /// each principal's instance then gets its own client's tokens).
-    pub client_secret: ConfigValue,
+    /// each principal's instance then gets its own client's tokens). Required for
+    /// `client_credentials`; optional for `authorization_code` (none: a public client).
+    #[serde(default)]
+    pub client_secret: Option<ConfigValue>,
     /// Scopes asked for (space-joined in `scope`).
     #[serde(default)]
     pub scopes: Vec<String>,
@@ -365,6 +371,7 @@ pub struct OAuthConfig {
 pub enum OAuthGrant {
     #[default]
     ClientCredentials,
+    AuthorizationCode,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -731,7 +738,7 @@ impl McpProviderConfig {
             .iter()
             .chain(self.env.values())
             .chain(self.headers.values())
-            .chain(self.oauth.iter().map(|o| &o.client_secret))
+            .chain(self.oauth.iter().filter_map(|o| o.client_secret.as_ref()))
             .filter_map(|v| match v {
                 ConfigValue::Secret(r) => Some(r),
                 ConfigValue::Plain(_) => None,
@@ -762,6 +769,51 @@ impl McpProviderConfig {
         if let Some(p) = &self.list_as {
             crate::secrets::check_name("principal", p)
                 .map_err(|e| format!("provider `{ns}`: list_as: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+impl McpProviderConfig {
+    /// `[providers.oauth]` as its grant needs it: `client_credentials` a token endpoint, a
+    /// client id and secret; `authorization_code` a `per_principal` provider (each person signs
+    /// in for their own instance) and nothing to discover given by hand.
+    fn check_grant(&self, o: &OAuthConfig) -> Result<(), String> {
+        let ns = &self.namespace;
+        match o.grant {
+            OAuthGrant::ClientCredentials => {
+                check_url(ns, "oauth.token_url", &o.token_url, self.insecure_http)?;
+                if o.client_id.is_empty() {
+                    return Err(format!("provider `{ns}`: oauth.client_id is empty"));
+                }
+                if o.client_secret.is_none() {
+                    return Err(format!(
+                        "provider `{ns}`: grant = \"client_credentials\" needs oauth.client_secret (a secret reference)"
+                    ));
+                }
+            }
+            OAuthGrant::AuthorizationCode => {
+                if self.instances != Instances::PerPrincipal {
+                    return Err(format!(
+                        "provider `{ns}`: grant = \"authorization_code\" signs each person in for their own tokens, so the provider needs `instances = \"per_principal\"`"
+                    ));
+                }
+                if matches!(&o.client_secret, Some(ConfigValue::Secret(r)) if !r.shared) {
+                    return Err(format!(
+                        "provider `{ns}`: with grant = \"authorization_code\" the broker is one client for everyone: make oauth.client_secret `{{ secret = \"...\", shared = true }}`"
+                    ));
+                }
+                if !o.token_url.is_empty() {
+                    return Err(format!(
+                        "provider `{ns}`: grant = \"authorization_code\" discovers the token endpoint from the server (RFC 9728, RFC 8414): remove oauth.token_url"
+                    ));
+                }
+                if self.list_as.is_none() {
+                    return Err(format!(
+                        "provider `{ns}`: grant = \"authorization_code\" lists the server's tools with one person's sign-in: set `list_as = \"<principal>\"` (who signs in first, on the page at /connect/{ns})"
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -821,10 +873,7 @@ impl McpProviderConfig {
         }
         check_url(ns, "url", url, self.insecure_http)?;
         if let Some(o) = &self.oauth {
-            check_url(ns, "oauth.token_url", &o.token_url, self.insecure_http)?;
-            if o.client_id.is_empty() {
-                return Err(format!("provider `{ns}`: oauth.client_id is empty"));
-            }
+            self.check_grant(o)?;
             if self
                 .headers
                 .keys()
@@ -1588,6 +1637,23 @@ impl Config {
                 detail,
             })?),
         };
+        if page.is_none()
+            && let Some(ns) = raw.providers.iter().find_map(|p| match p {
+                ProviderConfig::Mcp(m)
+                    if m.oauth.as_ref().map(|o| o.grant) == Some(OAuthGrant::AuthorizationCode) =>
+                {
+                    Some(m.namespace.clone())
+                }
+                _ => None,
+            })
+        {
+            return Err(ConfigError::Parse {
+                path: shown,
+                detail: format!(
+                    "provider `{ns}`: grant = \"authorization_code\" signs people in on the person's page: configure `[page]`, or use another grant"
+                ),
+            });
+        }
         if let Some(range) = raw.upstream_uids {
             allocate_uids(range, &mut raw.providers).map_err(|detail| ConfigError::Parse {
                 path: shown.clone(),
@@ -1906,6 +1972,32 @@ mod tests {
         ))
         .expect_err("grant");
         assert!(e.contains("password"), "{e}");
+        // Issue 45: people sign in for their own instances, on the page.
+        let code = "[providers.oauth]\ngrant = \"authorization_code\"\n";
+        let page = "[page]\nlisten = \"127.0.0.1:8443\"\npublic_url = \"http://127.0.0.1:8443/\"\nissuer = \"http://127.0.0.1:9000\"\nclient_id = \"c\"\n";
+        let remote = "url = \"https://mcp.example.com/mcp\"\n";
+        let e = load(format!("{base}{remote}{code}")).expect_err("shared");
+        assert!(
+            e.contains("provider `r`") && e.contains("instances = \"per_principal\""),
+            "{e}"
+        );
+        let per = "instances = \"per_principal\"\nlist_as = \"alice\"\n";
+        let e = load(format!("{base}{remote}{per}{code}")).expect_err("no page");
+        assert!(
+            e.contains("provider `r`") && e.contains("configure `[page]`"),
+            "{e}"
+        );
+        load(format!("{base}{remote}{per}{code}{page}")).expect("valid");
+        let e = load(format!(
+            "{base}{remote}instances = \"per_principal\"\n{code}{page}"
+        ))
+        .expect_err("no list_as");
+        assert!(e.contains("list_as"), "{e}");
+        let e = load(format!(
+            "{base}{remote}{per}{code}token_url = \"https://a/t\"\n{page}"
+        ))
+        .expect_err("token_url");
+        assert!(e.contains("remove oauth.token_url"), "{e}");
     }
 
     /// Issue 46: the connection pool's keys, for a remote provider only, bounded.

@@ -266,6 +266,8 @@ pub struct Kernel {
     /// The secret values given to upstream instances, by principal: replaced by
     /// `[redacted: NAME]` in what a call returns and in what the record keeps of its arguments.
     pub known_secrets: Arc<crate::secrets::Known>,
+    /// People's sign-ins to remote servers (`grant = "authorization_code"`; with `[page]`).
+    pub signins: Option<Arc<crate::upstream::signin::SignIns>>,
 }
 
 fn requirement_of(resolved: &Resolved) -> Requirement {
@@ -353,6 +355,7 @@ impl Kernel {
             approvals: Approvals::new(crate::config::DEFAULT_APPROVAL_TIMEOUT),
             typed_generation: AtomicU64::new(u64::MAX),
             known_secrets: Arc::new(crate::secrets::Known::default()),
+            signins: None,
         }
     }
 

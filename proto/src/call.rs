@@ -140,6 +140,9 @@ pub enum FailCode {
     /// The upstream needs a secret the principal does not have (or whose store refused it):
     /// nothing was spawned or sent.
     MissingCredential,
+    /// The remote server needs the principal to sign in (`grant = "authorization_code"`) and
+    /// they have not (yet): the answer carries the link to their page; nothing was sent.
+    SignInRequired,
     /// The call ran past its time limit.
     Timeout,
     /// The broker could not process the call (it went away, an internal error).

@@ -314,6 +314,29 @@ async fn home(State(p): State<Shared>, headers: HeaderMap) -> Response {
         }
         body.push_str("</ul>");
     }
+    if let Some(signins) = &p.broker.kernel.signins {
+        // The remote servers people sign in to: this person's sign-in to each, and its end.
+        body.push_str("<h2>Remote servers</h2><ul id=\"servers\">");
+        for ns in signins.providers() {
+            if signins.signed_in(&principal, &ns) {
+                body.push_str(&format!(
+                    "<li id=\"server-{ns}\"><code>{ns}</code>: signed in \
+                     <form method=\"post\" action=\"/connect/{ns}/signout\">\
+                     <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+                     <button type=\"submit\">Sign out of {ns}</button></form></li>",
+                    esc(&csrf),
+                    ns = esc(&ns)
+                ));
+            } else {
+                body.push_str(&format!(
+                    "<li id=\"server-{ns}\"><code>{ns}</code>: not signed in \
+                     (<a href=\"/connect/{ns}\">sign in</a>)</li>",
+                    ns = esc(&ns)
+                ));
+            }
+        }
+        body.push_str("</ul>");
+    }
     body.push_str(&format!(
         "<form method=\"post\" action=\"/logout\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
          <button type=\"submit\">Sign out</button></form>",
@@ -325,7 +348,13 @@ async fn home(State(p): State<Shared>, headers: HeaderMap) -> Response {
 async fn login(State(p): State<Shared>, uri: Uri) -> Response {
     // Only a path of this page: never another site.
     let next = query(&uri, "next")
-        .filter(|n| n == "/" || (n.starts_with("/approval/") && link_shape(&n[10..])))
+        .filter(|n| {
+            n == "/"
+                || (n.starts_with("/approval/") && link_shape(&n[10..]))
+                || (n.starts_with("/signin/") && link_shape(&n[8..]))
+                || n.strip_prefix("/connect/")
+                    .is_some_and(|ns| crate::secrets::check_name("provider", ns).is_ok())
+        })
         .unwrap_or_else(|| "/".into());
     let started = match p.oidc.start().await {
         Ok(s) => s,
@@ -629,6 +658,170 @@ async fn decide(
     }
 }
 
+/// Why a sign-in to a remote server was refused, as the page says it.
+fn sign_in_refused(e: &crate::upstream::signin::LinkRefused) -> Response {
+    use crate::upstream::signin::LinkRefused;
+    let status = match e {
+        LinkRefused::Unknown => StatusCode::GONE,
+        LinkRefused::NotYours { .. } => StatusCode::FORBIDDEN,
+        LinkRefused::NoProvider(_) => StatusCode::NOT_FOUND,
+        LinkRefused::Failed(_) => StatusCode::BAD_GATEWAY,
+    };
+    tracing::warn!(error = %e, "the person's page refused a sign-in to a remote server");
+    status_page(status, "Sign-in refused", &e.to_string())
+}
+
+/// A sign-in link (`/signin/<one-time id>`, sent to the person through the harness): the
+/// signed-in person whose link it is is sent on to the server's authorization server.
+async fn sign_in_link(
+    State(p): State<Shared>,
+    Path(link): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let Some(signins) = p.broker.kernel.signins.clone() else {
+        return status_page(
+            StatusCode::NOT_FOUND,
+            "No such sign-in",
+            "no remote server signs people in here",
+        );
+    };
+    if !link_shape(&link) {
+        return status_page(
+            StatusCode::NOT_FOUND,
+            "No such sign-in",
+            "no sign-in has this link",
+        );
+    }
+    let Some((principal, _, _)) = p.session(&headers) else {
+        return to_sign_in(&format!("/signin/{link}"));
+    };
+    match signins.start_link(&link, &principal).await {
+        Ok(to) => guarded(Redirect::to(to.as_str()).into_response()),
+        Err(e) => sign_in_refused(&e),
+    }
+}
+
+/// `/connect/<provider>`: the signed-in person signs in to a remote server ahead of any call
+/// (the `list_as` principal, before the provider can list its tools).
+async fn connect(State(p): State<Shared>, Path(ns): Path<String>, headers: HeaderMap) -> Response {
+    let Some(signins) = p.broker.kernel.signins.clone() else {
+        return status_page(
+            StatusCode::NOT_FOUND,
+            "No such server",
+            "no remote server signs people in here",
+        );
+    };
+    if crate::secrets::check_name("provider", &ns).is_err() || !signins.has_provider(&ns) {
+        return status_page(
+            StatusCode::NOT_FOUND,
+            "No such server",
+            "no remote server of that name signs people in here",
+        );
+    }
+    let Some((principal, _, _)) = p.session(&headers) else {
+        return to_sign_in(&format!("/connect/{ns}"));
+    };
+    match signins.start(&principal, &ns).await {
+        Ok(to) => guarded(Redirect::to(to.as_str()).into_response()),
+        Err(e) => sign_in_refused(&e),
+    }
+}
+
+/// `POST /connect/<provider>/signout`: the signed-in person's tokens for that server are
+/// forgotten (the session's CSRF token and the page's own origin required); their next call to
+/// it asks them to sign in again.
+async fn sign_out(
+    State(p): State<Shared>,
+    Path(ns): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let Some(signins) = p.broker.kernel.signins.clone() else {
+        return status_page(
+            StatusCode::NOT_FOUND,
+            "No such server",
+            "no remote server signs people in here",
+        );
+    };
+    let fields = form(&body);
+    let Some((principal, _, csrf)) = p.session(&headers) else {
+        return status_page(StatusCode::UNAUTHORIZED, "Refused", "no signed-in session");
+    };
+    let csrf_ok = fields
+        .get("csrf")
+        .is_some_and(|c| bool::from(c.as_bytes().ct_eq(csrf.as_bytes())));
+    if !origin_ok(&p, &headers) || !csrf_ok {
+        return status_page(
+            StatusCode::FORBIDDEN,
+            "Refused",
+            "the form's CSRF token is missing or not this session's, or it came from another origin",
+        );
+    }
+    if !signins.has_provider(&ns) {
+        return status_page(
+            StatusCode::NOT_FOUND,
+            "No such server",
+            "no remote server of that name signs people in here",
+        );
+    }
+    signins.forget(&principal, &ns);
+    tracing::info!(provider = %ns, %principal, "signed out of a remote server on the person's page");
+    guarded(
+        page(
+            "Signed out",
+            &format!(
+                "<p id=\"message\">You, <b id=\"principal\">{}</b>, are signed out of <code>{}</code>: the next call to it asks you to sign in again.</p><p><a href=\"/\">Back</a></p>",
+                esc(&principal),
+                esc(&ns)
+            ),
+        )
+        .into_response(),
+    )
+}
+
+/// The authorization server sends the browser back here: the code is exchanged for the
+/// person's tokens (bound by `state` to the principal and server the sign-in started for; no
+/// cookie: a `SameSite=Strict` one is not sent on the authorization server's redirect).
+async fn oauth_callback(State(p): State<Shared>, uri: Uri) -> Response {
+    let Some(signins) = p.broker.kernel.signins.clone() else {
+        return status_page(
+            StatusCode::NOT_FOUND,
+            "No such sign-in",
+            "no remote server signs people in here",
+        );
+    };
+    if let Some(error) = query(&uri, "error") {
+        let mut error = error;
+        sharedos_proto::name::clip(&mut error, 120);
+        return status_page(
+            StatusCode::FORBIDDEN,
+            "Sign-in failed",
+            &format!("the authorization server said: {error}"),
+        );
+    }
+    let (Some(code), Some(state)) = (query(&uri, "code"), query(&uri, "state")) else {
+        return status_page(
+            StatusCode::BAD_REQUEST,
+            "Sign-in failed",
+            "the authorization server sent no code and state",
+        );
+    };
+    match signins.finish(&state, &code).await {
+        Ok((principal, ns)) => guarded(
+            page(
+                "Signed in",
+                &format!(
+                    "<p id=\"message\">You, <b id=\"principal\">{}</b>, are signed in to <code id=\"server\">{}</code>. A call waiting for it goes on; you can close this page.</p>",
+                    esc(&principal),
+                    esc(&ns)
+                ),
+            )
+            .into_response(),
+        ),
+        Err(e) => sign_in_refused(&e),
+    }
+}
+
 /// The page's listener: TCP, with a TLS handshake (each on its own task, bounded in time)
 /// when a certificate is configured.
 struct Incoming {
@@ -788,6 +981,10 @@ pub async fn start(
         .route("/callback", get(callback))
         .route("/logout", axum::routing::post(logout))
         .route("/approval/{link}", get(show).post(decide))
+        .route("/signin/{link}", get(sign_in_link))
+        .route("/connect/{ns}", get(connect))
+        .route("/connect/{ns}/signout", axum::routing::post(sign_out))
+        .route("/oauth/callback", get(oauth_callback))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_FORM_BYTES))
         .with_state(page.clone());
     let incoming = Incoming { rx, local };

@@ -91,6 +91,9 @@ pub struct RemoteStatus {
     pub oauth_token_url: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oauth_token_fetches: Option<u64>,
+    /// With `grant = "authorization_code"`: the refreshes of people's sign-ins so far.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oauth_sign_in_refreshes: Option<u64>,
 }
 
 #[derive(Default)]
@@ -141,6 +144,8 @@ enum HttpFailure {
     Unauthorized(String),
     /// The OAuth token endpoint refused the provider's client: the whole message.
     TokenRefused(String),
+    /// The person has to sign in (`authorization_code`): why.
+    SignIn(String),
     SessionExpired,
     TooLarge(usize),
     Other,
@@ -155,6 +160,8 @@ fn classify(e: &ServiceError) -> HttpFailure {
 #[derive(Debug)]
 pub struct ConnectError {
     pub unauthorized: bool,
+    /// The person behind the session has to sign in first (`authorization_code`).
+    pub sign_in: bool,
     pub message: String,
 }
 
@@ -162,6 +169,7 @@ impl From<String> for ConnectError {
     fn from(message: String) -> Self {
         Self {
             unauthorized: false,
+            sign_in: false,
             message,
         }
     }
@@ -178,6 +186,14 @@ fn classify_any(e: &(dyn StdError + 'static)) -> HttpFailure {
     while let Some(err) = current {
         if let Some(h) = err.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
             return match h {
+                StreamableHttpError::AuthRequired(a)
+                    if a.www_authenticate_header
+                        .starts_with(super::oauth::SIGN_IN_MARK) =>
+                {
+                    HttpFailure::SignIn(
+                        a.www_authenticate_header[super::oauth::SIGN_IN_MARK.len()..].to_owned(),
+                    )
+                }
                 StreamableHttpError::AuthRequired(a) => match a
                     .www_authenticate_header
                     .strip_prefix(super::oauth::REFUSED_MARK)
@@ -263,8 +279,23 @@ impl McpProvider {
                 .map(|d| (d.as_secs_f64() * 1e5).round() / 100.0),
             max_connections: self.max_connections(),
             idle_connection_seconds: self.idle_connection().as_secs(),
-            oauth_token_url: self.config.oauth.as_ref().map(|o| o.token_url.clone()),
-            oauth_token_fetches: self.config.oauth.as_ref().map(|_| self.oauth.fetches()),
+            oauth_token_url: self
+                .config
+                .oauth
+                .as_ref()
+                .filter(|o| !o.token_url.is_empty())
+                .map(|o| o.token_url.clone()),
+            oauth_token_fetches: self
+                .config
+                .oauth
+                .as_ref()
+                .filter(|o| !o.token_url.is_empty())
+                .map(|_| self.oauth.fetches()),
+            oauth_sign_in_refreshes: self
+                .signins
+                .get()
+                .filter(|s| s.has_provider(&self.config.namespace))
+                .map(|s| s.refreshes(&self.config.namespace)),
         })
     }
 
@@ -346,7 +377,7 @@ impl McpProvider {
     /// The HTTP client: rustls, no proxy from the environment, the connect time limit,
     /// redirects only to the same origin, and idle connections kept for reuse (at most
     /// `max_connections`, each for `idle_connection_seconds`).
-    fn http_client(&self) -> Result<reqwest::Client, String> {
+    pub(super) fn http_client(&self) -> Result<reqwest::Client, String> {
         let policy = reqwest::redirect::Policy::custom(|attempt| {
             let origin = |u: &reqwest::Url| {
                 (
@@ -439,18 +470,39 @@ impl McpProvider {
             // A session the server ended is not re-opened under a call: the call path decides
             // whether the call may be sent again (read-only tools only).
             .reinit_on_expired_session(false);
+        let signing_in = self
+            .config
+            .oauth
+            .as_ref()
+            .is_some_and(|o| o.grant == crate::config::OAuthGrant::AuthorizationCode);
         let tokens = match (&self.config.oauth, &launch.oauth_secret) {
-            (Some(o), Some((owner, secret))) => Some(self.oauth.get(owner, secret, || {
-                super::oauth::Tokens::new(
-                    client.clone(),
-                    o.clone(),
-                    &self.config.namespace,
-                    o.resource.clone().unwrap_or_else(|| url.to_owned()),
-                    owner.clone(),
-                    secret.clone(),
-                    self.secrets.known.clone(),
-                )
-            })),
+            _ if signing_in => {
+                let who = principal.or(self.config.list_as.as_deref()).unwrap_or("");
+                let signins = self.signins.get().ok_or_else(|| {
+                    format!(
+                        "provider `{}`: its sign-ins are not set up (the person's page is needed)",
+                        self.config.namespace
+                    )
+                })?;
+                Some(super::oauth::Source::Person(Arc::new(
+                    super::signin::PersonTokens::new(signins.clone(), &self.config.namespace, who),
+                )))
+            }
+            (Some(o), Some((owner, secret))) => Some(super::oauth::Source::Client(self.oauth.get(
+                owner,
+                secret,
+                || {
+                    super::oauth::Tokens::new(
+                        client.clone(),
+                        o.clone(),
+                        &self.config.namespace,
+                        o.resource.clone().unwrap_or_else(|| url.to_owned()),
+                        owner.clone(),
+                        secret.clone(),
+                        self.secrets.known.clone(),
+                    )
+                },
+            ))),
             _ => None,
         };
         let client = super::oauth::TokenClient {
@@ -468,13 +520,20 @@ impl McpProvider {
             .map_err(|e| match classify_any(&e) {
                 HttpFailure::Unauthorized(status) => ConnectError {
                     unauthorized: true,
+                    sign_in: false,
                     message: format!(
                         "the remote server of `{}` refused the broker's credentials (HTTP {status}) at initialize; check the provider's headers",
                         self.config.namespace
                     ),
                 },
+                HttpFailure::SignIn(message) => ConnectError {
+                    unauthorized: true,
+                    sign_in: true,
+                    message,
+                },
                 HttpFailure::TokenRefused(message) => ConnectError {
                     unauthorized: true,
+                    sign_in: false,
                     message,
                 },
                 _ => format!("MCP initialize with `{url}` failed: {}", chain(&e)).into(),
@@ -550,6 +609,7 @@ impl McpProvider {
                     "the remote server of `{ns}` refused the broker's credentials (HTTP {status}); check the provider's headers"
                 ),
             ),
+            Some(HttpFailure::SignIn(message)) => Failure::new(FailCode::SignInRequired, message),
             Some(HttpFailure::TokenRefused(message)) => {
                 Failure::new(FailCode::UpstreamUnauthorized, message)
             }

@@ -461,7 +461,9 @@ impl Pool {
                     )
                     .await;
                 return Err(Failure::new(
-                    if e.unauthorized {
+                    if e.sign_in {
+                        FailCode::SignInRequired
+                    } else if e.unauthorized {
                         FailCode::UpstreamUnauthorized
                     } else {
                         FailCode::UpstreamUnavailable

@@ -47,6 +47,7 @@ mod log;
 mod oauth;
 pub mod relay;
 pub mod sandbox;
+pub mod signin;
 mod stdio;
 mod template;
 
@@ -59,6 +60,8 @@ pub use template::template_args;
 
 /// How long the broker waits at start for an upstream's first tool list.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Of a call's time limit, what a held sign-in leaves for the call itself.
+pub const SIGN_IN_CALL_MARGIN: Duration = Duration::from_secs(5);
 /// Restart backoff: first and longest delay.
 pub const BACKOFF_MIN: Duration = Duration::from_millis(200);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -288,6 +291,8 @@ pub struct McpProvider {
     oauth: oauth::TokenCaches,
     /// Calls in flight with a route to their person (`elicitation = "forward"` only).
     in_flight: Arc<relay::InFlight>,
+    /// People's sign-ins (`grant = "authorization_code"`), set before the provider starts.
+    pub signins: std::sync::OnceLock<Arc<signin::SignIns>>,
 }
 
 /// The broker's side of one upstream session: it hears the upstream's
@@ -842,6 +847,7 @@ impl McpProvider {
             relisting: tokio::sync::Mutex::new(()),
             remote: http::Remote::default(),
             oauth: oauth::TokenCaches::default(),
+            signins: std::sync::OnceLock::new(),
             in_flight: Arc::default(),
         })
     }
@@ -948,13 +954,18 @@ impl McpProvider {
         for (k, v) in &self.config.headers {
             headers.push((k.clone(), resolve(v).await?));
         }
-        let oauth_secret = match &self.config.oauth {
-            Some(o) => {
-                let who = match &o.client_secret {
+        let oauth_secret = match self
+            .config
+            .oauth
+            .as_ref()
+            .and_then(|o| o.client_secret.as_ref())
+        {
+            Some(secret) => {
+                let who = match secret {
                     ConfigValue::Secret(r) if !r.shared => owner.unwrap_or(SHARED),
                     _ => SHARED,
                 };
-                Some((who.to_owned(), resolve(&o.client_secret).await?))
+                Some((who.to_owned(), resolve(secret).await?))
             }
             None => None,
         };
@@ -1228,8 +1239,33 @@ impl McpProvider {
                 return;
             }
             let connected = match self.launch(None).await {
-                Ok(launch) => self.connect_any(&launch, None).await.map_err(|e| e.message),
-                Err(e) => Err(e.to_string()),
+                Ok(launch) => self.connect_any(&launch, None).await,
+                Err(e) => Err(http::ConnectError::from(e.to_string())),
+            };
+            let connected = match connected {
+                Err(e) if e.sign_in => {
+                    // The tools are listed with `list_as`'s sign-in: until that person signs
+                    // in (on the page, /connect/<provider>), the provider waits, published
+                    // with no tools; the broker starts meanwhile.
+                    let who = self.config.list_as.clone().unwrap_or_default();
+                    let ns = self.config.namespace.clone();
+                    let why = format!(
+                        "waiting for `{who}` (list_as) to sign in to `{ns}` on the person's page (/connect/{ns}) to list its tools: {}",
+                        e.message
+                    );
+                    self.set_restarting(&why).await;
+                    if let Some(tx) = ready.take() {
+                        let _ = tx.send(Ok(()));
+                    }
+                    if let Some(signins) = self.signins.get().cloned() {
+                        tokio::select! {
+                            _ = signins.wait(&who, &ns, Duration::from_secs(3600)) => {}
+                            _ = self.shutdown.cancelled() => return,
+                        }
+                    }
+                    continue;
+                }
+                other => other.map_err(|e| e.message),
             };
             match connected {
                 Ok(Session {
@@ -1423,12 +1459,27 @@ impl McpProvider {
         arguments: &Map<String, Value>,
         trace: Option<&crate::telemetry::Outgoing>,
     ) -> Result<Success, Attempt> {
+        if let Some(pool) = &self.instances
+            && let Some(signins) = self.signing_in()
+        {
+            // A person's own sign-in: asked for first when there is none; a call refused for
+            // want of one (its refresh refused, before anything was sent) asks once more.
+            self.sign_in(&signins, principal).await?;
+            let first = self
+                .call_instance(pool, principal, upstream, arguments, trace)
+                .await;
+            return match first {
+                Err(Attempt::Failed(f)) if f.code == FailCode::SignInRequired => {
+                    self.sign_in(&signins, principal).await?;
+                    self.call_instance(pool, principal, upstream, arguments, trace)
+                        .await
+                }
+                r => r,
+            };
+        }
         if let Some(pool) = &self.instances {
-            let instance = pool.get(self, principal).await.map_err(Attempt::Failed)?;
-            let peer = instance.0.peer.clone();
-            // `instance` is held (busy) until the call ends or is dropped.
             return self
-                .call_on(&peer, upstream, arguments, Some(&instance.0), trace)
+                .call_instance(pool, principal, upstream, arguments, trace)
                 .await;
         }
         let peer = self.read().peer.clone().ok_or_else(|| {
@@ -1441,6 +1492,161 @@ impl McpProvider {
             ))
         })?;
         self.call_on(&peer, upstream, arguments, None, trace).await
+    }
+
+    /// One attempt on the principal's instance.
+    async fn call_instance(
+        self: &Arc<Self>,
+        pool: &instances::Pool,
+        principal: &str,
+        upstream: &str,
+        arguments: &Map<String, Value>,
+        trace: Option<&crate::telemetry::Outgoing>,
+    ) -> Result<Success, Attempt> {
+        {
+            let instance = pool.get(self, principal).await.map_err(Attempt::Failed)?;
+            let peer = instance.0.peer.clone();
+            // `instance` is held (busy) until the call ends or is dropped.
+            self.call_on(&peer, upstream, arguments, Some(&instance.0), trace)
+                .await
+        }
+    }
+
+    /// The sign-ins of this provider, when people sign in to it (`authorization_code`).
+    fn signing_in(&self) -> Option<Arc<signin::SignIns>> {
+        self.config
+            .oauth
+            .as_ref()
+            .filter(|o| o.grant == crate::config::OAuthGrant::AuthorizationCode)?;
+        self.signins.get().cloned()
+    }
+
+    /// Sets up people's sign-ins to this provider (`grant = "authorization_code"`): its OAuth
+    /// client, registered with `signins` (the page reaches it there).
+    pub fn attach_signins(&self, signins: &Arc<signin::SignIns>) -> Result<(), String> {
+        let Some(o) = self
+            .config
+            .oauth
+            .as_ref()
+            .filter(|o| o.grant == crate::config::OAuthGrant::AuthorizationCode)
+        else {
+            return Ok(());
+        };
+        let ns = &self.config.namespace;
+        let url = self.config.url.clone().unwrap_or_default();
+        let client = signin::AuthCodeClient::new(
+            ns,
+            &url,
+            o.clone(),
+            self.config.insecure_http,
+            self.http_client()?,
+            signins.redirect()?,
+            self.secrets.store.clone(),
+        );
+        signins.add(ns, Arc::new(client));
+        let _ = self.signins.set(signins.clone());
+        Ok(())
+    }
+
+    /// Makes sure `principal` has signed in to this provider: when they have not, they are
+    /// sent a link to their page (a URL-mode elicitation through the harness the call came
+    /// from), and the call waits until they have signed in (within its own time limit). Without
+    /// a harness that shows the link, or when the person declines, the call fails
+    /// `sign_in_required` with the link (which carries a one-time id only).
+    async fn sign_in(&self, signins: &signin::SignIns, principal: &str) -> Result<(), Attempt> {
+        let ns = &self.config.namespace;
+        // The wait is the call's: within its time limit (less a margin for the call itself),
+        // ended with the link rather than by the limit; the sign-in goes on on the page.
+        let started = tokio::time::Instant::now();
+        let wait = self
+            .call_timeout()
+            .saturating_sub(SIGN_IN_CALL_MARGIN)
+            .min(signin::SIGN_IN_LIFETIME);
+        if signins.signed_in(principal, ns) {
+            return Ok(());
+        }
+        let server = self.config.url.clone().unwrap_or_default();
+        let link = signins.link(principal, ns).map_err(|e| {
+            Attempt::Failed(Failure::new(
+                FailCode::Internal,
+                format!("the sign-in to `{ns}` could not be started: {e}"),
+            ))
+        })?;
+        let failed = |why: &str| {
+            Attempt::Failed(Failure::new(
+                FailCode::SignInRequired,
+                format!(
+                    "principal `{principal}` has not signed in to `{ns}` ({server}): {why}; open {link} to sign in on your SharedOS page (the link is yours alone and works once, for {} s), then call again; nothing was sent to the server",
+                    signin::SIGN_IN_LIFETIME.as_secs()
+                ),
+            ))
+        };
+        let route = relay::ROUTE.try_with(relay::Route::clone).ok();
+        let asked = match &route {
+            None => Err("the call came from no harness that could show the link".to_owned()),
+            Some(route) => {
+                let params = json!({
+                    "mode": "url",
+                    "message": format!(
+                        "Sign in to `{ns}` ({server}) so that the agent can use it for you. The link opens your SharedOS page; the call waits until you have signed in (at most {} s).",
+                        wait.as_secs()
+                    ),
+                    "url": link.as_str(),
+                    "elicitationId": link.path().rsplit('/').next().unwrap_or_default(),
+                });
+                match tokio::time::timeout(wait, (route.ask)(ns.clone(), params)).await {
+                    Err(_) => Err("the harness did not show the link in time".to_owned()),
+                    Ok(Err(why)) => Err(format!("the harness could not show the link ({why})")),
+                    Ok(Ok(answer)) => match answer.get("action").and_then(Value::as_str) {
+                        Some("accept") => Ok(()),
+                        other => Err(format!(
+                            "the person did not open the link (the harness answered `{}`)",
+                            other.unwrap_or("?")
+                        )),
+                    },
+                }
+            }
+        };
+        self.record_as(
+            "sign_in_asked",
+            Some(principal),
+            ProviderDetail::Reason {
+                reason: match &asked {
+                    Ok(()) => format!(
+                        "principal `{principal}` was sent the link {link} to sign in to `{ns}`; the call waits"
+                    ),
+                    Err(why) => format!(
+                        "principal `{principal}` has not signed in to `{ns}`; the call failed with the link {link}: {why}"
+                    ),
+                },
+            },
+        )
+        .await;
+        if let Err(why) = asked {
+            return Err(failed(&why));
+        }
+        if signins
+            .wait(principal, ns, wait.saturating_sub(started.elapsed()))
+            .await
+        {
+            self.record_as(
+                "signed_in",
+                Some(principal),
+                ProviderDetail::Reason {
+                    reason: format!(
+                        "principal `{principal}` signed in to `{ns}` on the person's page; the held call goes on"
+                    ),
+                },
+            )
+            .await;
+            Ok(())
+        } else {
+            Err(failed(&format!(
+                "the sign-in did not finish within the call's time limit ({} s, call_timeout_seconds less {} s); it can still be finished on the page",
+                self.call_timeout().as_secs(),
+                SIGN_IN_CALL_MARGIN.as_secs()
+            )))
+        }
     }
 
     /// One call on one upstream session: the provider's own, or `instance`'s.

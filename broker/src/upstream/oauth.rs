@@ -275,6 +275,46 @@ impl TokenCaches {
     }
 }
 
+/// Where a session's bearer comes from: the provider's client (client credentials), or one
+/// person's sign-in (`authorization_code`, [`super::signin`]).
+#[derive(Clone)]
+pub enum Source {
+    Client(Arc<Tokens>),
+    Person(Arc<super::signin::PersonTokens>),
+}
+
+/// Marks a sign-in that is needed in the error rmcp carries (see `http::classify_any`).
+pub const SIGN_IN_MARK: &str = "sign-in required: ";
+
+impl From<super::signin::SignInError> for StreamableHttpError<reqwest::Error> {
+    fn from(e: super::signin::SignInError) -> Self {
+        match e {
+            super::signin::SignInError::Required(why) => StreamableHttpError::AuthRequired(
+                AuthRequiredError::new(format!("{SIGN_IN_MARK}{why}")),
+            ),
+            super::signin::SignInError::Unavailable(why) => {
+                StreamableHttpError::UnexpectedServerResponse(why.into())
+            }
+        }
+    }
+}
+
+impl Source {
+    async fn current(&self) -> HttpResult<Secret> {
+        match self {
+            Source::Client(t) => Ok(t.current().await?),
+            Source::Person(p) => Ok(p.current().await?),
+        }
+    }
+
+    async fn renew(&self, rejected: &str) -> HttpResult<Secret> {
+        match self {
+            Source::Client(t) => Ok(t.renew(rejected).await?),
+            Source::Person(p) => Ok(p.renew(rejected).await?),
+        }
+    }
+}
+
 /// rmcp's reqwest client, with the current OAuth token (when the provider has one) as the
 /// bearer of every request, and the session's places: at most `max_connections` requests in
 /// flight at once, each holding its place until its response is read to its end
@@ -282,7 +322,7 @@ impl TokenCaches {
 #[derive(Clone)]
 pub struct TokenClient {
     pub inner: reqwest::Client,
-    pub tokens: Option<Arc<Tokens>>,
+    pub tokens: Option<Source>,
     pub places: Arc<tokio::sync::Semaphore>,
 }
 

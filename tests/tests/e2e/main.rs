@@ -33,6 +33,7 @@ mod races;
 mod readme;
 mod remote;
 mod remote_pool;
+mod remote_signin;
 mod replay;
 mod resources;
 mod robustness;
