@@ -465,6 +465,7 @@ impl McpProvider {
         let service = tokio::time::timeout(limit, listener.serve_with_lifecycle(transport, self.lifecycle()))
             .await
             .map_err(|_| format!("the remote server `{url}` did not finish initialize in time"))?
+            .inspect_err(|e| self.note_discover(e))
             .map_err(|e| match classify_any(&e) {
                 HttpFailure::Unauthorized(status) => ConnectError {
                     unauthorized: true,

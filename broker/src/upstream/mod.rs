@@ -297,6 +297,10 @@ pub struct McpProvider {
     oauth: oauth::TokenCaches,
     /// Calls in flight with a route to their person (`elicitation = "forward"` only).
     in_flight: Arc<relay::InFlight>,
+    /// Set when the server answered `server/discover` with something other than its result or
+    /// an error (a server that answers every unknown method `{}`): its sessions open with
+    /// `initialize` from then on.
+    discover_misanswered: std::sync::atomic::AtomicBool,
 }
 
 /// The broker's side of one upstream session: it hears the upstream's
@@ -563,10 +567,13 @@ impl ClientHandler for Listener {
             "elicitation": {"form": {}, "url": {}}
         }))
         .unwrap_or_default();
+        // `initialize` names the newest revision that has it (rmcp's default would name
+        // 2026-07-28, which a server echoing it back would take for a handshake it has not).
         rmcp::model::ClientConfig::new(
             capabilities,
             rmcp::model::Implementation::new("sharedos-broker", env!("CARGO_PKG_VERSION")),
         )
+        .with_protocol_version(rmcp::model::ProtocolVersion::LATEST_WITH_INITIALIZE)
     }
 
     async fn create_elicitation(
@@ -887,6 +894,7 @@ impl McpProvider {
             remote: http::Remote::default(),
             oauth: oauth::TokenCaches::default(),
             in_flight: Arc::default(),
+            discover_misanswered: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -1031,9 +1039,30 @@ impl McpProvider {
         launch: &Launch,
         principal: Option<&str>,
     ) -> Result<Session, http::ConnectError> {
-        match &self.config.url {
+        let misanswered = self.discover_misanswered.load(Ordering::Relaxed);
+        let first = match &self.config.url {
             Some(url) => self.connect_http(url, launch, principal).await,
-            None => Ok(self.connect(launch).await?),
+            None => self.connect(launch).await.map_err(Into::into),
+        };
+        if first.is_err() && !misanswered && self.discover_misanswered.load(Ordering::Relaxed) {
+            tracing::info!(provider = %self.config.namespace, "the server answered server/discover with something other than its result: opening with initialize (2025-11-25) instead");
+            return match &self.config.url {
+                Some(url) => self.connect_http(url, launch, principal).await,
+                None => self.connect(launch).await.map_err(Into::into),
+            };
+        }
+        first
+    }
+
+    /// Notes a start that failed because the server answered `server/discover` with something
+    /// other than its result (`e`): the next try opens with `initialize`.
+    fn note_discover(&self, e: &rmcp::service::ClientInitializeError) {
+        if matches!(
+            e,
+            rmcp::service::ClientInitializeError::ExpectedInitResult(_)
+        ) && matches!(self.lifecycle(), rmcp::ClientLifecycleMode::Auto { .. })
+        {
+            self.discover_misanswered.store(true, Ordering::Relaxed);
         }
     }
 
@@ -1122,14 +1151,19 @@ impl McpProvider {
 
     /// How a session with the upstream opens: `protocol = "auto"` asks with `server/discover`
     /// for 2026-07-28 and falls back to `initialize` 2025-11-25 for a server that does not know
-    /// it (or answers nothing within 10 s); `"2025-11-25"` opens with `initialize` only.
+    /// it (or answers nothing within 10 s, or answered it with something else before);
+    /// `"2025-11-25"` opens with `initialize` only.
     fn lifecycle(&self) -> rmcp::ClientLifecycleMode {
         match self.config.protocol {
-            crate::config::ProtocolSetting::Auto => rmcp::ClientLifecycleMode::Auto {
-                preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
-                legacy_version: Some(rmcp::model::ProtocolVersion::V_2025_11_25),
-            },
-            crate::config::ProtocolSetting::Legacy => rmcp::ClientLifecycleMode::Initialize,
+            crate::config::ProtocolSetting::Auto
+                if !self.discover_misanswered.load(Ordering::Relaxed) =>
+            {
+                rmcp::ClientLifecycleMode::Auto {
+                    preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+                    legacy_version: Some(rmcp::model::ProtocolVersion::V_2025_11_25),
+                }
+            }
+            _ => rmcp::ClientLifecycleMode::Initialize,
         }
     }
 

@@ -123,6 +123,7 @@ impl McpProvider {
             }
             Ok(Ok(service)) => service,
             Ok(Err(e)) => {
+                self.note_discover(&e);
                 // The upstream's last words and its exit status: its stderr ends when it exits
                 // (a launcher that could not apply the sandbox says why there, then exits).
                 if let Some(drained) = drained {

@@ -479,3 +479,107 @@ async fn a_2026_servers_tool_list_change_is_heard() {
         b.close_turn(&turn.turn).await;
     }
 }
+
+/// At 2026-07-28 there is no session to lose: the broker's requests to a Streamable HTTP server
+/// each stand alone, so a server restarted between two calls takes the next state-changing call
+/// as it is, once, with no new session and no retry on record (a 2025-11-25 session's end:
+/// `remote::a_server_restart_retries_read_only_calls_only`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
+async fn a_2026_server_restart_loses_nothing() {
+    use crate::remote::{Server, broker_with, call, provider, remote_of};
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    let log = dir.path().join("server.log");
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    for stateless in [false, true] {
+        let mut args = vec!["--port".to_owned(), port.to_string()];
+        if stateless {
+            args.push("--stateless".to_owned());
+        }
+        let _ = std::fs::remove_file(&log);
+        let mut server = Server::start(&py, &log, &args).await;
+        let b = broker_with(&provider(&server.url(), "")).await;
+        assert_eq!(remote_of(&providers(&b).await)["protocol"], "2026-07-28");
+        let turn = b.open_turn("alice").await;
+        let mut raw = crate::kit::Raw::spawn(b.shim_command(turn.token.expose()));
+        raw.initialize("2025-11-25").await;
+        let note = |n: &str| json!({"path": format!("/public/{n}"), "text": n});
+        let r = call(&mut raw, 1, "r.add_note", note("before")).await;
+        assert_eq!(crate::kit::meta(&r)["outcome"], "succeeded", "{r}");
+        server.stop().await;
+        server = Server::start(&py, &log, &args).await;
+        let r = call(&mut raw, 2, "r.add_note", note("after")).await;
+        assert_eq!(
+            crate::kit::meta(&r)["outcome"],
+            "succeeded",
+            "stateless={stateless}: {r}"
+        );
+        assert_eq!(
+            server.lines("effect"),
+            [
+                "effect add_note /public/before before",
+                "effect add_note /public/after after"
+            ],
+            "stateless={stateless}: each once"
+        );
+        let retried = b
+            .records()
+            .into_iter()
+            .filter(|l| l["kind"] == "provider_state" && l["state"] == "call_retried")
+            .count();
+        assert_eq!(retried, 0, "stateless={stateless}");
+        b.close_turn(&turn.turn).await;
+        server.stop().await;
+    }
+}
+
+/// Servers that do not speak 2026-07-28 are opened with `initialize` 2025-11-25 and work as
+/// before: one that answers `server/discover` with a JSON-RPC error (`listing-upstream`: -32601)
+/// and one that answers every unknown method with an empty result (`rpc_errors.py`: its
+/// session is opened again with `initialize`). `providers` names the revision of each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
+async fn servers_without_2026_are_opened_at_2025_11_25() {
+    let Some(python) = python() else { return };
+    let mut b = TestBroker::start(Options {
+        policy: POLICY,
+        ..Options::default()
+    })
+    .await;
+    let rpc = concat!(env!("CARGO_MANIFEST_DIR"), "/python/rpc_errors.py");
+    let cfg = std::fs::read_to_string(&b.config_path).expect("cfg");
+    std::fs::write(
+        &b.config_path,
+        format!(
+            "{cfg}\n[[providers]]\ntype = \"mcp\"\nnamespace = \"a\"\ncommand = {}\nsandbox = \"none\"\n\n[[providers]]\ntype = \"mcp\"\nnamespace = \"rpc\"\ncommand = {}\nargs = [{}]\nsandbox = \"none\"\n",
+            q(env!("CARGO_BIN_EXE_listing-upstream")),
+            q(&python),
+            q(rpc)
+        ),
+    )
+    .expect("w");
+    b.restart().await;
+    let list = providers(&b).await;
+    for ns in ["a", "rpc"] {
+        let p = list
+            .iter()
+            .find(|p| p["namespace"] == ns)
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            (&p["state"], &p["protocol"]),
+            (&json!("ready"), &json!("2025-11-25")),
+            "{ns}: {p}"
+        );
+    }
+    let turn = b.open_turn("alice").await;
+    let mut raw = crate::kit::Raw::spawn(b.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    let r = crate::remote::call(&mut raw, 1, "a.echo", json!({"message": "hi"})).await;
+    assert_eq!(crate::kit::text(&r), "echo: hi", "{r}");
+    b.close_turn(&turn.turn).await;
+}
