@@ -10,8 +10,8 @@ got), `forever` (asks again every round), `sample` (asks for a model completion)
 `state_only` (one round with a requestState and no question), `grow` (adds the tool `grown` and
 announces it to `subscriptions/listen` streams).
 
-Usage: python asks_2026.py [--http [--stateless]]: stdio, or Streamable HTTP on 127.0.0.1
-(`PORT <n>` on its first stdout line once it listens).
+Usage: python asks_2026.py [--http [--stateless] [--port N]]: stdio, or Streamable HTTP on
+127.0.0.1 (`PORT <n>` on its first stdout line once it listens).
 """
 import json
 import os
@@ -151,7 +151,8 @@ def main():
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    port = int(args[args.index("--port") + 1]) if "--port" in args else 0
+    sock.bind(("127.0.0.1", port))
     sock.listen(128)
     port = sock.getsockname()[1]
     http_app = app.streamable_http_app(stateless_http="--stateless" in args)

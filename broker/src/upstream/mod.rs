@@ -62,6 +62,8 @@ pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Restart backoff: first and longest delay.
 pub const BACKOFF_MIN: Duration = Duration::from_millis(200);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// First wait before a 2026-07-28 server's ended `subscriptions/listen` stream is opened again.
+const LISTEN_BACKOFF_MIN: Duration = Duration::from_secs(1);
 /// Largest upstream result passed through (serialized); larger ones fail `too_large`.
 pub const MAX_UPSTREAM_RESULT_BYTES: usize = 4 * 1024 * 1024;
 /// Most `input_required` rounds one call of a 2026-07-28 server may take (the SDKs' own cap):
@@ -1168,10 +1170,11 @@ impl McpProvider {
     }
 
     /// A 2026-07-28 server announces a changed tool list only on a `subscriptions/listen`
-    /// stream its client opened: one is opened for each such session, and its announcements wake
-    /// the supervisor as a 2025-11-25 server's `notifications/tools/list_changed` do. It ends
-    /// with the session (or when the server ends it: then changes go unheard until the next
-    /// session, logged).
+    /// stream its client opened: one is kept open for each such session (opened again, after
+    /// 1 s doubling to 30 s, when the server ends it: a restarted server, a dropped
+    /// connection; the list is then read again, as it may have changed unheard), and its
+    /// announcements wake the supervisor as a 2025-11-25 server's
+    /// `notifications/tools/list_changed` do. It ends with the session.
     fn listen_for_changes(&self, peer: &Peer<RoleClient>, changed: Arc<tokio::sync::Notify>) {
         let modern = peer
             .peer_info()
@@ -1182,32 +1185,47 @@ impl McpProvider {
         let peer = peer.clone();
         let provider = self.config.namespace.clone();
         tokio::spawn(async move {
-            let filter = rmcp::model::SubscriptionFilter::builder()
-                .tools_list_changed()
-                .build();
-            let mut sub = match peer.listen(filter).await {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(%provider, error = %e, "subscriptions/listen refused: the server's tool list changes go unheard");
-                    return;
-                }
-            };
-            if sub.acknowledged().tools_list_changed != Some(true) {
-                tracing::info!(%provider, "the server announces no tool list changes");
-                return;
-            }
-            loop {
-                match sub.next().await {
-                    Ok(Some(rmcp::model::ServerNotification::ToolListChangedNotification(_))) => {
-                        changed.notify_one();
+            let mut backoff = LISTEN_BACKOFF_MIN;
+            let mut first = true;
+            while !peer.is_transport_closed() {
+                let filter = rmcp::model::SubscriptionFilter::builder()
+                    .tools_list_changed()
+                    .build();
+                match peer.listen(filter).await {
+                    Ok(mut sub) => {
+                        if sub.acknowledged().tools_list_changed != Some(true) {
+                            tracing::info!(%provider, "the server announces no tool list changes");
+                            return;
+                        }
+                        if !first {
+                            changed.notify_one();
+                        }
+                        backoff = LISTEN_BACKOFF_MIN;
+                        loop {
+                            match sub.next().await {
+                                Ok(Some(
+                                    rmcp::model::ServerNotification::ToolListChangedNotification(_),
+                                )) => changed.notify_one(),
+                                Ok(Some(_)) => {}
+                                Ok(None) => break,
+                                Err(e) => {
+                                    tracing::info!(%provider, error = %e, "the server's subscriptions/listen stream ended");
+                                    break;
+                                }
+                            }
+                        }
                     }
-                    Ok(Some(_)) => {}
-                    Ok(None) => return,
-                    Err(e) => {
-                        tracing::info!(%provider, error = %e, "the server's subscriptions/listen stream ended");
+                    Err(rmcp::ServiceError::McpError(e)) => {
+                        tracing::warn!(%provider, code = e.code.0, message = %e.message, "the server refused subscriptions/listen: its tool list changes go unheard");
                         return;
                     }
+                    Err(e) => {
+                        tracing::warn!(%provider, error = %e, "subscriptions/listen failed: the server's tool list changes go unheard until it is open again");
+                    }
                 }
+                first = false;
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
             }
         });
     }

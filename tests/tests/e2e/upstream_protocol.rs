@@ -36,14 +36,19 @@ enum Transport {
 
 /// A running HTTP `asks_2026.py` (its port), kept for the test's length.
 struct HttpServer {
-    _child: tokio::process::Child,
+    child: tokio::process::Child,
     url: String,
+    port: u16,
 }
 
-async fn http_server(python: &str, log: &Path, stateless: bool) -> HttpServer {
+/// `asks_2026.py` over Streamable HTTP on `port` (0: any).
+async fn http_server(python: &str, log: &Path, stateless: bool, port: u16) -> HttpServer {
     use tokio::io::AsyncBufReadExt;
     let mut cmd = tokio::process::Command::new(python);
-    cmd.arg(SCRIPT).arg("--http");
+    cmd.arg(SCRIPT)
+        .arg("--http")
+        .arg("--port")
+        .arg(port.to_string());
     if stateless {
         cmd.arg("--stateless");
     }
@@ -65,8 +70,9 @@ async fn http_server(python: &str, log: &Path, stateless: bool) -> HttpServer {
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("not a port line: {first}"));
     HttpServer {
-        _child: child,
+        child,
         url: format!("http://127.0.0.1:{port}/mcp"),
+        port,
     }
 }
 
@@ -94,7 +100,13 @@ async fn broker(
             None,
         ),
         Transport::Http | Transport::HttpStateless => {
-            let s = http_server(python, &log, matches!(transport, Transport::HttpStateless)).await;
+            let s = http_server(
+                python,
+                &log,
+                matches!(transport, Transport::HttpStateless),
+                0,
+            )
+            .await;
             (format!("url = {}\n", q(&s.url)), Some(s))
         }
     };
@@ -425,13 +437,15 @@ async fn a_provider_pinned_to_2025_11_25_speaks_it() {
 
 /// A 2026-07-28 server announces a changed tool list only on a `subscriptions/listen` stream:
 /// the broker opens one per session, and the new tool is published as a 2025-11-25 server's
-/// `notifications/tools/list_changed` would have it (stdio and Streamable HTTP).
+/// `notifications/tools/list_changed` would have it (stdio and Streamable HTTP). A remote server
+/// restarted (its stream ended) is listened to again, and its list read again: the restarted
+/// server's list has no `grown`, and its own announcement is heard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
 async fn a_2026_servers_tool_list_change_is_heard() {
     let Some(python) = python() else { return };
     for transport in [Transport::Stdio, Transport::Http] {
-        let (b, log, _server) = broker(&python, transport, "").await;
+        let (b, log, server) = broker(&python, transport, "").await;
         let tools = |list: Vec<Value>| -> Vec<Value> {
             list.into_iter()
                 .find(|p| p["namespace"] == "a")
@@ -476,6 +490,40 @@ async fn a_2026_servers_tool_list_change_is_heard() {
                 .any(|t| t.as_str().is_some_and(|t| t.ends_with("grown"))),
             "{transport:?}: {after:?}"
         );
+        b.close_turn(&turn.turn).await;
+        let Some(mut server) = server else { continue };
+        // Restarted: no `grown` on the new server; the broker hears it again.
+        let port = server.port;
+        let _ = server.child.kill().await;
+        let _server = http_server(&python, &log, false, port).await;
+        let mut now = Vec::new();
+        for _ in 0..150 {
+            now = tools(providers(&b).await);
+            if now.len() == before.len() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert_eq!(now, before, "the restarted server's list is read again");
+        let turn = b.open_turn("alice").await;
+        let report = report_of(harness(
+            &python,
+            &b,
+            turn.token.expose(),
+            "auto",
+            "approve",
+            &json!([["a.grow", {}]]),
+        ))
+        .await;
+        assert_eq!(report["calls"][0], json!([false, "grew", "ok"]), "{report}");
+        for _ in 0..100 {
+            now = tools(providers(&b).await);
+            if now.len() == before.len() + 1 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert_eq!(now, after, "the restarted server's announcement is heard");
         b.close_turn(&turn.turn).await;
     }
 }
