@@ -298,6 +298,12 @@ pub struct McpProviderConfig {
     /// flight, in their harness, and the answer returned; URL mode only for https).
     #[serde(default)]
     pub elicitation: ElicitationSetting,
+    /// Which MCP revision to speak with the server: `auto` (the default: the newest it supports,
+    /// asked with `server/discover`, falling back to `initialize` 2025-11-25 for a server that
+    /// does not know it) or `2025-11-25` (`initialize` only: for a server whose tools still ask
+    /// through server-initiated requests, which 2026-07-28 forbids).
+    #[serde(default)]
+    pub protocol: ProtocolSetting,
     // A remote (`url`) provider only (checked by `McpProviderConfig::check`):
     /// Allow `http://` to a host that is not loopback (shown by `providers`, recorded).
     #[serde(default)]
@@ -389,6 +395,16 @@ pub enum ElicitationSetting {
     #[default]
     Refuse,
     Forward,
+}
+
+/// `protocol = "auto" | "2025-11-25"` on a provider.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum ProtocolSetting {
+    #[default]
+    #[serde(rename = "auto")]
+    Auto,
+    #[serde(rename = "2025-11-25")]
+    Legacy,
 }
 
 /// `sandbox = "none"` (the upstream runs with the broker's authority: shown by `providers` and

@@ -118,6 +118,10 @@ pub struct UpstreamRequest {
     /// values.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,
+    /// A question a 2026-07-28 server asked in an `input_required` result of a call (not a
+    /// request of its own): the call's round it came in, from 1. Absent: `elicitation/create`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round: Option<u32>,
 }
 
 impl Event {

@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use reqwest::header::{HeaderName, HeaderValue};
-use rmcp::ServiceExt;
+use rmcp::ClientServiceExt;
 use rmcp::service::ServiceError;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::{
@@ -514,9 +514,10 @@ impl McpProvider {
         let limit = self.startup_timeout();
         let changed = Arc::new(tokio::sync::Notify::new());
         let listener = self.listener(changed.clone(), launch);
-        let service = tokio::time::timeout(limit, listener.serve(transport))
+        let service = tokio::time::timeout(limit, listener.serve_with_lifecycle(transport, self.lifecycle()))
             .await
             .map_err(|_| format!("the remote server `{url}` did not finish initialize in time"))?
+            .inspect_err(|e| self.note_discover(e))
             .map_err(|e| match classify_any(&e) {
                 HttpFailure::Unauthorized(status) => ConnectError {
                     unauthorized: true,
@@ -539,6 +540,7 @@ impl McpProvider {
                 _ => format!("MCP initialize with `{url}` failed: {}", chain(&e)).into(),
             })?;
         let tools = self.list(service.peer()).await?;
+        self.listen_for_changes(service.peer(), changed.clone());
         self.remote.lock().sessions += 1;
         if principal.is_some() {
             // An instance's session is its own: its keeper ends it (idle, 404, shutdown), and

@@ -65,8 +65,15 @@ pub const SIGN_IN_CALL_MARGIN: Duration = Duration::from_secs(5);
 /// Restart backoff: first and longest delay.
 pub const BACKOFF_MIN: Duration = Duration::from_millis(200);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// First wait before a 2026-07-28 server's ended `subscriptions/listen` stream is opened again.
+const LISTEN_BACKOFF_MIN: Duration = Duration::from_secs(1);
 /// Largest upstream result passed through (serialized); larger ones fail `too_large`.
 pub const MAX_UPSTREAM_RESULT_BYTES: usize = 4 * 1024 * 1024;
+/// Most `input_required` rounds one call of a 2026-07-28 server may take (the SDKs' own cap):
+/// a server that asks again after this many ends the call.
+pub const MAX_INPUT_ROUNDS: u32 = 10;
+/// Most questions one `input_required` round may put to the person.
+pub const MAX_INPUT_REQUESTS: usize = 8;
 /// Lines an upstream can cause in the broker's log (its `notifications/message`, its stderr,
 /// its `tools/list_changed` announcements, the tools it lists that are rejected), per provider
 /// per [`UPSTREAM_LOG_WINDOW`]; past them, one line says lines are held back, and the next line
@@ -238,6 +245,10 @@ pub struct Status {
     pub sandbox: Value,
     /// What becomes of its server's questions: `refuse` or `forward`.
     pub elicitation: &'static str,
+    /// The MCP revision its server speaks on the provider's session (`2026-07-28`,
+    /// `2025-11-25`, …), when one is open.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
     /// A `per_principal` provider's running instances.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instances: Option<Vec<instances::InstanceStatus>>,
@@ -293,6 +304,10 @@ pub struct McpProvider {
     in_flight: Arc<relay::InFlight>,
     /// People's sign-ins (`grant = "authorization_code"`), set before the provider starts.
     pub signins: std::sync::OnceLock<Arc<signin::SignIns>>,
+    /// Set when the server answered `server/discover` with something other than its result or
+    /// an error (a server that answers every unknown method `{}`): its sessions open with
+    /// `initialize` from then on.
+    discover_misanswered: std::sync::atomic::AtomicBool,
 }
 
 /// The broker's side of one upstream session: it hears the upstream's
@@ -363,12 +378,17 @@ impl UpstreamRequests {
             reason,
             turn: None,
             answer: None,
+            round: None,
         })
         .await;
     }
 
     /// Records the refusal of `method` (`turn`: the call in flight it was refused in, when
     /// one is known) and returns the error the upstream gets.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the fields of the line, each of its own kind"
+    )]
     async fn refuse(
         &self,
         method: &str,
@@ -377,6 +397,7 @@ impl UpstreamRequests {
         host: Option<String>,
         reason: String,
         turn: Option<String>,
+        round: Option<u32>,
     ) -> rmcp::ErrorData {
         let schema = schema.map(bounded_schema);
         self.append(record::UpstreamRequest {
@@ -389,6 +410,7 @@ impl UpstreamRequests {
             reason: reason.clone(),
             turn,
             answer: None,
+            round,
         })
         .await;
         tracing::warn!(provider = %self.provider, method, reason, "an upstream's request to the client refused");
@@ -406,6 +428,7 @@ impl UpstreamRequests {
         host: Option<String>,
         turn: String,
         answer: String,
+        round: Option<u32>,
     ) {
         self.append(record::UpstreamRequest {
             provider: self.provider.clone(),
@@ -414,11 +437,105 @@ impl UpstreamRequests {
             schema: schema.map(bounded_schema),
             host,
             action: "forwarded".into(),
-            reason: "asked the person behind the call in flight, in their harness".into(),
+            reason: match round {
+                None => "asked the person behind the call in flight, in their harness".into(),
+                Some(n) => format!(
+                    "asked the person behind the call, in their harness (input_required round {n} of the call)"
+                ),
+            },
             turn: Some(turn),
             answer: Some(answer),
+            round,
         })
         .await;
+    }
+
+    /// Puts a server's question (`elicitation/create` params, `value`) to the person behind
+    /// `route` (`forward`: the route, or why there is none, and how long the person has; `None`:
+    /// the provider does not forward questions) and returns their answer; each outcome is on
+    /// record (`forwarded`, or `refused` with why: then the error is what the server is told).
+    /// `round`: the call's `input_required` round it came in (2026-07-28).
+    async fn ask_person(
+        &self,
+        forward: Option<(Result<relay::Route, String>, Duration)>,
+        value: Value,
+        redact: &(dyn Fn(&mut String) + Send + Sync),
+        round: Option<u32>,
+    ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
+        let url = value.get("mode").and_then(Value::as_str) == Some("url");
+        let (mode, schema, host, not_https) = if url {
+            let link = value.get("url").and_then(Value::as_str).unwrap_or_default();
+            let (host, not_https) = url_host(link);
+            ("url", None, host, not_https)
+        } else {
+            ("form", value.get("requestedSchema").cloned(), None, None)
+        };
+        let refuse = |reason: String, turn: Option<&str>| {
+            self.refuse(
+                "elicitation/create",
+                Some(mode),
+                schema.clone(),
+                host.clone(),
+                reason,
+                turn.map(str::to_owned),
+                round,
+            )
+        };
+        let Some((route, wait)) = forward else {
+            let mut reason = "this provider does not forward its questions to the person (`elicitation = \"forward\"` does): refused and recorded".to_owned();
+            if let Some(why) = not_https {
+                reason.push_str("; ");
+                reason.push_str(why);
+            }
+            return Err(refuse(reason, None).await);
+        };
+        // The call it belongs to first: a refusal during a call is on record with its turn.
+        if let Some(why) = not_https {
+            return Err(refuse(
+                format!("{why}: a URL-mode question is forwarded only for https"),
+                route.as_ref().ok().map(|r| r.turn.as_str()),
+            )
+            .await);
+        }
+        let route = match route {
+            Ok(r) => r,
+            Err(why) => return Err(refuse(why, None).await),
+        };
+        let turn = Some(route.turn.as_str());
+        // A secret given to this server never reaches the person through its question.
+        let mut text = value.to_string();
+        redact(&mut text);
+        let value = serde_json::from_str(&text).unwrap_or(value);
+        tracing::info!(provider = %self.provider, turn = %route.turn, principal = %route.principal, mode, ?round, "an upstream's question forwarded to the person");
+        let asked = tokio::time::timeout(wait, (route.ask)(self.provider.clone(), value)).await;
+        let result = match asked {
+            Err(_) => {
+                return Err(refuse(
+                    format!("the person did not answer within {} s", wait.as_secs()),
+                    turn,
+                )
+                .await);
+            }
+            Ok(Err(why)) => return Err(refuse(why, turn).await),
+            Ok(Ok(result)) => result,
+        };
+        let parsed: Result<rmcp::model::ElicitResult, _> = serde_json::from_value(result);
+        match parsed {
+            Ok(answer) => {
+                let action = serde_json::to_value(&answer.action)
+                    .ok()
+                    .and_then(|a| a.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                self.forwarded(mode, schema, host, route.turn.clone(), action, round)
+                    .await;
+                Ok(answer)
+            }
+            Err(e) => Err(refuse(
+                format!("the harness's answer is not an elicitation result: {e}"),
+                turn,
+            )
+            .await),
+        }
     }
 }
 
@@ -457,10 +574,13 @@ impl ClientHandler for Listener {
             "elicitation": {"form": {}, "url": {}}
         }))
         .unwrap_or_default();
+        // `initialize` names the newest revision that has it (rmcp's default would name
+        // 2026-07-28, which a server echoing it back would take for a handshake it has not).
         rmcp::model::ClientConfig::new(
             capabilities,
             rmcp::model::Implementation::new("sharedos-broker", env!("CARGO_PKG_VERSION")),
         )
+        .with_protocol_version(rmcp::model::ProtocolVersion::LATEST_WITH_INITIALIZE)
     }
 
     async fn create_elicitation(
@@ -469,88 +589,19 @@ impl ClientHandler for Listener {
         _context: rmcp::service::RequestContext<RoleClient>,
     ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
         let value = serde_json::to_value(&request).unwrap_or_default();
-        let url = value.get("mode").and_then(Value::as_str) == Some("url");
-        let (mode, schema, host, not_https) = if url {
-            let link = value.get("url").and_then(Value::as_str).unwrap_or_default();
-            let (host, not_https) = url_host(link);
-            ("url", None, host, not_https)
-        } else {
-            ("form", value.get("requestedSchema").cloned(), None, None)
+        // The call it belongs to: up to 2025-11-25 a question is tied to a call only by what is
+        // in flight on the session.
+        let forward = self
+            .forward
+            .as_ref()
+            .map(|f| (f.in_flight.route_for(f.principal.as_deref()), f.wait));
+        let secrets = self.secrets.clone();
+        let redact = move |text: &mut String| {
+            crate::secrets::redact_with(&secrets, text, &mut Default::default());
         };
-        let refuse = |reason: String, turn: Option<&str>| {
-            self.requests.refuse(
-                "elicitation/create",
-                Some(mode),
-                schema.clone(),
-                host.clone(),
-                reason,
-                turn.map(str::to_owned),
-            )
-        };
-        let Some(forward) = &self.forward else {
-            let mut reason = "this provider does not forward its questions to the person (`elicitation = \"forward\"` does): refused and recorded".to_owned();
-            if let Some(why) = not_https {
-                reason.push_str("; ");
-                reason.push_str(why);
-            }
-            return Err(refuse(reason, None).await);
-        };
-        // The call it belongs to first: a refusal during a call is on record with its turn.
-        let route = forward.in_flight.route_for(forward.principal.as_deref());
-        if let Some(why) = not_https {
-            return Err(refuse(
-                format!("{why}: a URL-mode question is forwarded only for https"),
-                route.as_ref().ok().map(|r| r.turn.as_str()),
-            )
-            .await);
-        }
-        let route = match route {
-            Ok(r) => r,
-            Err(why) => return Err(refuse(why, None).await),
-        };
-        let turn = Some(route.turn.as_str());
-        // A secret given to this server never reaches the person through its question.
-        let mut text = value.to_string();
-        crate::secrets::redact_with(&self.secrets, &mut text, &mut Default::default());
-        let value = serde_json::from_str(&text).unwrap_or(value);
-        tracing::info!(provider = %self.requests.provider, turn = %route.turn, principal = %route.principal, mode, "an upstream's question forwarded to the person");
-        let asked = tokio::time::timeout(
-            forward.wait,
-            (route.ask)(self.requests.provider.clone(), value),
-        )
-        .await;
-        let result = match asked {
-            Err(_) => {
-                return Err(refuse(
-                    format!(
-                        "the person did not answer within {} s",
-                        forward.wait.as_secs()
-                    ),
-                    turn,
-                )
-                .await);
-            }
-            Ok(Err(why)) => return Err(refuse(why, turn).await),
-            Ok(Ok(result)) => result,
-        };
-        let parsed: Result<rmcp::model::ElicitResult, _> = serde_json::from_value(result);
-        match parsed {
-            Ok(answer) => {
-                let action = serde_json::to_value(&answer.action)
-                    .ok()
-                    .and_then(|a| a.as_str().map(str::to_owned))
-                    .unwrap_or_default();
-                self.requests
-                    .forwarded(mode, schema, host, route.turn.clone(), action)
-                    .await;
-                Ok(answer)
-            }
-            Err(e) => Err(refuse(
-                format!("the harness's answer is not an elicitation result: {e}"),
-                turn,
-            )
-            .await),
-        }
+        self.requests
+            .ask_person(forward, value, &redact, None)
+            .await
     }
 
     #[expect(
@@ -570,6 +621,7 @@ impl ClientHandler for Listener {
                 None,
                 None,
                 "a brokered server may not use the person's model (sampling is refused)".into(),
+                None,
                 None,
             )
             .await)
@@ -591,6 +643,7 @@ impl ClientHandler for Listener {
                 None,
                 None,
                 "the broker shows a brokered server no roots of the client (its files are the broker's to authorize)".into(),
+                None,
                 None,
             )
             .await)
@@ -849,6 +902,7 @@ impl McpProvider {
             oauth: oauth::TokenCaches::default(),
             signins: std::sync::OnceLock::new(),
             in_flight: Arc::default(),
+            discover_misanswered: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -903,6 +957,11 @@ impl McpProvider {
                 crate::config::ElicitationSetting::Refuse => "refuse",
                 crate::config::ElicitationSetting::Forward => "forward",
             },
+            protocol: inner
+                .peer
+                .as_ref()
+                .and_then(Peer::peer_info)
+                .map(|i| i.protocol_version.to_string()),
             instances: self.instances.as_ref().map(instances::Pool::status),
             remote: self.remote_status(inner.peer.is_some()),
         }
@@ -993,9 +1052,30 @@ impl McpProvider {
         launch: &Launch,
         principal: Option<&str>,
     ) -> Result<Session, http::ConnectError> {
-        match &self.config.url {
+        let misanswered = self.discover_misanswered.load(Ordering::Relaxed);
+        let first = match &self.config.url {
             Some(url) => self.connect_http(url, launch, principal).await,
-            None => Ok(self.connect(launch).await?),
+            None => self.connect(launch).await.map_err(Into::into),
+        };
+        if first.is_err() && !misanswered && self.discover_misanswered.load(Ordering::Relaxed) {
+            tracing::info!(provider = %self.config.namespace, "the server answered server/discover with something other than its result: opening with initialize (2025-11-25) instead");
+            return match &self.config.url {
+                Some(url) => self.connect_http(url, launch, principal).await,
+                None => self.connect(launch).await.map_err(Into::into),
+            };
+        }
+        first
+    }
+
+    /// Notes a start that failed because the server answered `server/discover` with something
+    /// other than its result (`e`): the next try opens with `initialize`.
+    fn note_discover(&self, e: &rmcp::service::ClientInitializeError) {
+        if matches!(
+            e,
+            rmcp::service::ClientInitializeError::ExpectedInitResult(_)
+        ) && matches!(self.lifecycle(), rmcp::ClientLifecycleMode::Auto { .. })
+        {
+            self.discover_misanswered.store(true, Ordering::Relaxed);
         }
     }
 
@@ -1080,6 +1160,85 @@ impl McpProvider {
         if let Err(e) = self.recorder.append(&line).await {
             tracing::error!(provider = %self.config.namespace, error = %e, "cannot record provider state");
         }
+    }
+
+    /// How a session with the upstream opens: `protocol = "auto"` asks with `server/discover`
+    /// for 2026-07-28 and falls back to `initialize` 2025-11-25 for a server that does not know
+    /// it (or answers nothing within 10 s, or answered it with something else before);
+    /// `"2025-11-25"` opens with `initialize` only.
+    fn lifecycle(&self) -> rmcp::ClientLifecycleMode {
+        match self.config.protocol {
+            crate::config::ProtocolSetting::Auto
+                if !self.discover_misanswered.load(Ordering::Relaxed) =>
+            {
+                rmcp::ClientLifecycleMode::Auto {
+                    preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+                    legacy_version: Some(rmcp::model::ProtocolVersion::V_2025_11_25),
+                }
+            }
+            _ => rmcp::ClientLifecycleMode::Initialize,
+        }
+    }
+
+    /// A 2026-07-28 server announces a changed tool list only on a `subscriptions/listen`
+    /// stream its client opened: one is kept open for each such session (opened again, after
+    /// 1 s doubling to 30 s, when the server ends it: a restarted server, a dropped
+    /// connection; the list is then read again, as it may have changed unheard), and its
+    /// announcements wake the supervisor as a 2025-11-25 server's
+    /// `notifications/tools/list_changed` do. It ends with the session.
+    fn listen_for_changes(&self, peer: &Peer<RoleClient>, changed: Arc<tokio::sync::Notify>) {
+        let modern = peer
+            .peer_info()
+            .is_some_and(|i| !i.protocol_version.has_initialize());
+        if !modern {
+            return;
+        }
+        let peer = peer.clone();
+        let provider = self.config.namespace.clone();
+        tokio::spawn(async move {
+            let mut backoff = LISTEN_BACKOFF_MIN;
+            let mut first = true;
+            while !peer.is_transport_closed() {
+                let filter = rmcp::model::SubscriptionFilter::builder()
+                    .tools_list_changed()
+                    .build();
+                match peer.listen(filter).await {
+                    Ok(mut sub) => {
+                        if sub.acknowledged().tools_list_changed != Some(true) {
+                            tracing::info!(%provider, "the server announces no tool list changes");
+                            return;
+                        }
+                        if !first {
+                            changed.notify_one();
+                        }
+                        backoff = LISTEN_BACKOFF_MIN;
+                        loop {
+                            match sub.next().await {
+                                Ok(Some(
+                                    rmcp::model::ServerNotification::ToolListChangedNotification(_),
+                                )) => changed.notify_one(),
+                                Ok(Some(_)) => {}
+                                Ok(None) => break,
+                                Err(e) => {
+                                    tracing::info!(%provider, error = %e, "the server's subscriptions/listen stream ended");
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    Err(rmcp::ServiceError::McpError(e)) => {
+                        tracing::warn!(%provider, code = e.code.0, message = %e.message, "the server refused subscriptions/listen: its tool list changes go unheard");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(%provider, error = %e, "subscriptions/listen failed: the server's tool list changes go unheard until it is open again");
+                    }
+                }
+                first = false;
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        });
     }
 
     /// The client side the broker runs for one session with the upstream.
@@ -1669,24 +1828,45 @@ impl McpProvider {
             }
             params.meta = Some(meta.into());
         }
-        let started = std::time::Instant::now();
         // While it is in flight, a question the session asks may be this call's person's.
         let _entered = (self.config.elicitation == crate::config::ElicitationSetting::Forward)
             .then(|| self.in_flight.enter())
             .flatten();
-        let response = peer
-            .call_tool_once(params)
-            .await
-            .map_err(|e| self.call_failure(&e, instance))?;
-        self.remote.latency(started.elapsed());
-        let result = match response {
-            CallToolResponse::Complete(r) => r,
-            _ => {
-                return Err(Failure::new(
-                    FailCode::UpstreamError,
-                    "the upstream asked for input or a task, which SharedOS does not broker",
-                )
-                .into());
+        // A 2026-07-28 server asks in the call's own result (`input_required`): each round's
+        // questions go to the call's person, and the call is sent again with the answers.
+        let mut round = 0u32;
+        let result = loop {
+            let started = std::time::Instant::now();
+            let response = peer
+                .call_tool_once(params.clone())
+                .await
+                .map_err(|e| self.call_failure(&e, instance))?;
+            self.remote.latency(started.elapsed());
+            match response {
+                CallToolResponse::Complete(r) => break r,
+                CallToolResponse::InputRequired(asked) => {
+                    round += 1;
+                    if round > MAX_INPUT_ROUNDS {
+                        return Err(Failure::new(
+                            FailCode::UpstreamError,
+                            format!(
+                                "the upstream server of `{}` still asked for input after {MAX_INPUT_ROUNDS} rounds of `{upstream}`: the call is ended",
+                                self.config.namespace
+                            ),
+                        )
+                        .into());
+                    }
+                    let (responses, state) = self.answer_round(asked, round).await?;
+                    params.input_responses = responses;
+                    params.request_state = state;
+                }
+                _ => {
+                    return Err(Failure::new(
+                        FailCode::UpstreamError,
+                        "the upstream answered with a task, which SharedOS does not broker",
+                    )
+                    .into());
+                }
             }
         };
         let value = serde_json::to_value(&result).unwrap_or(Value::Null);
@@ -1714,6 +1894,96 @@ impl McpProvider {
             .into());
         }
         Ok(Success::content(content, result.structured_content))
+    }
+
+    /// One `input_required` round of a call (2026-07-28): each question put to the call's
+    /// person in turn ([`UpstreamRequests::ask_person`], on record with the round), and what the
+    /// retry carries: the answers by the server's keys and its `requestState`, echoed. A
+    /// request the broker refuses (a model completion, the client's roots, a question not
+    /// forwarded) ends the call: a 2026-07-28 retry has no way to say no to one request.
+    async fn answer_round(
+        &self,
+        asked: rmcp::model::InputRequiredResult,
+        round: u32,
+    ) -> Result<(Option<rmcp::model::InputResponses>, Option<String>), Attempt> {
+        let requests = asked.input_requests.unwrap_or_default();
+        if requests.is_empty() && asked.request_state.is_none() {
+            return Err(Failure::new(
+                FailCode::UpstreamError,
+                "the upstream answered `input_required` with neither a request nor a requestState",
+            )
+            .into());
+        }
+        if requests.len() > MAX_INPUT_REQUESTS {
+            return Err(Failure::new(
+                FailCode::UpstreamError,
+                format!(
+                    "the upstream asked {} questions in one round (at most {MAX_INPUT_REQUESTS} are put to the person): the call is ended",
+                    requests.len()
+                ),
+            )
+            .into());
+        }
+        let log = UpstreamRequests {
+            provider: self.config.namespace.clone(),
+            recorder: self.recorder.clone(),
+        };
+        let known = self.secrets.known.clone();
+        let redact = move |text: &mut String| {
+            known.redact_text("", text, &mut Default::default());
+        };
+        let ended = |why: String| -> Attempt {
+            Failure::new(
+                FailCode::UpstreamError,
+                format!(
+                    "the upstream server of `{}` asked for input the broker does not give: {why}",
+                    self.config.namespace
+                ),
+            )
+            .into()
+        };
+        let mut responses = rmcp::model::InputResponses::new();
+        for (key, request) in requests {
+            let value = serde_json::to_value(&request).unwrap_or_default();
+            let method = value["method"].as_str().unwrap_or_default().to_owned();
+            if method != "elicitation/create" {
+                let (method, why) = match method.as_str() {
+                    "sampling/createMessage" => (
+                        "sampling/createMessage",
+                        "a brokered server may not use the person's model (sampling is refused)",
+                    ),
+                    "roots/list" => (
+                        "roots/list",
+                        "the broker shows a brokered server no roots of the client (its files are the broker's to authorize)",
+                    ),
+                    _ => ("(unknown)", "not a request the broker answers"),
+                };
+                let route = relay::ROUTE.try_with(|r| r.turn.clone()).ok();
+                let e = log
+                    .refuse(method, None, None, None, why.into(), route, Some(round))
+                    .await;
+                return Err(ended(e.message.into_owned()));
+            }
+            let forward = (self.config.elicitation == crate::config::ElicitationSetting::Forward)
+                .then(|| {
+                    // The call this round belongs to is the one being served here.
+                    let route = relay::ROUTE.try_with(relay::Route::clone).map_err(|_| {
+                        "the call has no person to ask (it did not come from a harness)".to_owned()
+                    });
+                    (route, self.call_timeout().min(relay::FORWARD_WAIT))
+                });
+            let params = value.get("params").cloned().unwrap_or_default();
+            match log.ask_person(forward, params, &redact, Some(round)).await {
+                Ok(answer) => {
+                    responses.insert(key, serde_json::to_value(answer).unwrap_or_default());
+                }
+                Err(e) => return Err(ended(e.message.into_owned())),
+            }
+        }
+        Ok((
+            (!responses.is_empty()).then_some(responses),
+            asked.request_state,
+        ))
     }
 
     /// The resource a call touches, from its template, and the arguments to send upstream when

@@ -352,6 +352,16 @@ impl TokenClient {
         if !matches!(message, ClientJsonRpcMessage::Request(_)) {
             return Ok(None);
         }
+        // A 2026-07-28 session's `subscriptions/listen` stream stays open for the session, as
+        // a 2025-11-25 session's listening GET does: it takes no call's place.
+        if let ClientJsonRpcMessage::Request(r) = message
+            && matches!(
+                r.request,
+                rmcp::model::ClientRequest::SubscriptionsListenRequest(_)
+            )
+        {
+            return Ok(None);
+        }
         self.places
             .clone()
             .acquire_owned()

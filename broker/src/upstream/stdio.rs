@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rmcp::ServiceExt;
+use rmcp::ClientServiceExt;
 use rmcp::transport::TokioChildProcess;
 
 use super::log::{StderrTail, drain_stderr};
@@ -109,7 +109,12 @@ impl McpProvider {
         let limit = self.startup_timeout();
         let changed = Arc::new(tokio::sync::Notify::new());
         let listener = self.listener(changed.clone(), launch);
-        let service = match tokio::time::timeout(limit, listener.serve(transport)).await {
+        let service = match tokio::time::timeout(
+            limit,
+            listener.serve_with_lifecycle(transport, self.lifecycle()),
+        )
+        .await
+        {
             Err(_) => {
                 return Err(format!(
                     "the upstream did not finish initialize in time{}",
@@ -118,6 +123,7 @@ impl McpProvider {
             }
             Ok(Ok(service)) => service,
             Ok(Err(e)) => {
+                self.note_discover(&e);
                 // The upstream's last words and its exit status: its stderr ends when it exits
                 // (a launcher that could not apply the sandbox says why there, then exits).
                 if let Some(drained) = drained {
@@ -141,6 +147,7 @@ impl McpProvider {
             }
         };
         let tools = self.list(service.peer()).await?;
+        self.listen_for_changes(service.peer(), changed.clone());
         Ok(Session {
             service,
             tools,

@@ -60,7 +60,7 @@ fn python() -> Option<String> {
 
 /// The Python SDK client as the harness: one session, `calls` in order, the person answering
 /// every question with `answer`.
-fn harness(
+pub(crate) fn harness(
     python: &str,
     broker: &TestBroker,
     token: &str,
@@ -81,7 +81,7 @@ fn harness(
     cmd
 }
 
-async fn report_of(cmd: std::process::Command) -> Value {
+pub(crate) async fn report_of(cmd: std::process::Command) -> Value {
     let (code, out, err) = run(cmd).await;
     assert_eq!(code, 0, "python harness failed:\n{out}\n{err}");
     serde_json::from_str(out.lines().last().unwrap_or("{}")).expect("report json")
@@ -706,7 +706,7 @@ async fn an_upstreams_questions_are_refused_and_recorded() {
     let cfg = std::fs::read_to_string(&broker.config_path).expect("cfg");
     std::fs::write(
         &broker.config_path,
-        format!("{cfg}\n[[providers]]\ntype = \"mcp\"\nnamespace = \"py\"\ncommand = {python:?}\nargs = [{script:?}]\n[providers.sandbox]\nread = [{:?}]\n", concat!(env!("CARGO_MANIFEST_DIR"), "/python")),
+        format!("{cfg}\n[[providers]]\ntype = \"mcp\"\nnamespace = \"py\"\ncommand = {python:?}\nargs = [{script:?}]\nprotocol = \"2025-11-25\"\n[providers.sandbox]\nread = [{:?}]\n", concat!(env!("CARGO_MANIFEST_DIR"), "/python")),
     )
     .expect("w");
     broker.restart().await;
@@ -765,7 +765,9 @@ async fn an_upstreams_questions_are_refused_and_recorded() {
 }
 
 /// A broker with the PyPI `MCPServer` of `elicits.py` as the shared provider `py`, forwarding
-/// its questions, with the shared secret `py_key` = `key` in its environment.
+/// its questions, with the shared secret `py_key` = `key` in its environment. Its tools ask
+/// with `ctx.elicit` (a request of the server's, which 2026-07-28 forbids), so the provider is
+/// opened at 2025-11-25 (`protocol`); a 2026-07-28 server's questions: `upstream_protocol.rs`.
 async fn forwarding_broker(python: &str, key: &str) -> TestBroker {
     let mut broker = TestBroker::start(Options {
         policy: UPSTREAM_POLICY,
@@ -777,7 +779,7 @@ async fn forwarding_broker(python: &str, key: &str) -> TestBroker {
     let cfg = std::fs::read_to_string(&broker.config_path).expect("cfg");
     std::fs::write(
         &broker.config_path,
-        format!("{cfg}\n[[providers]]\ntype = \"mcp\"\nnamespace = \"py\"\ncommand = {python:?}\nargs = [{script:?}]\nelicitation = \"forward\"\nenv = {{ PY_API_KEY = {{ secret = \"py_key\", shared = true }} }}\n[providers.sandbox]\nread = [{:?}]\n", concat!(env!("CARGO_MANIFEST_DIR"), "/python")),
+        format!("{cfg}\n[[providers]]\ntype = \"mcp\"\nnamespace = \"py\"\ncommand = {python:?}\nargs = [{script:?}]\nelicitation = \"forward\"\nprotocol = \"2025-11-25\"\nenv = {{ PY_API_KEY = {{ secret = \"py_key\", shared = true }} }}\n[providers.sandbox]\nread = [{:?}]\n", concat!(env!("CARGO_MANIFEST_DIR"), "/python")),
     )
     .expect("w");
     broker.restart().await;

@@ -43,4 +43,5 @@ mod security;
 mod telemetry;
 mod turns;
 mod upstream;
+mod upstream_protocol;
 mod views;

@@ -138,7 +138,7 @@ pub fn remote_of(list: &[Value]) -> Value {
         .unwrap_or_default()
 }
 
-async fn call(raw: &mut Raw, id: i64, tool: &str, args: Value) -> Value {
+pub(crate) async fn call(raw: &mut Raw, id: i64, tool: &str, args: Value) -> Value {
     raw.call(id, tool, args).await["result"].clone()
 }
 
@@ -764,6 +764,8 @@ when { resource.name like "r.*" };
 /// The server restarting mid-session (its sessions are gone: HTTP 404 on the old session id):
 /// a read-only call is sent again once on a new session and succeeds; a state-changing call is
 /// refused `failed/upstream_unavailable`, recorded, and has no second effect on the server.
+/// Sessions exist up to 2025-11-25 only, so the provider is opened at that revision (at
+/// 2026-07-28 a restart loses nothing: `upstream_protocol.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
 async fn a_server_restart_retries_read_only_calls_only() {
@@ -776,7 +778,7 @@ async fn a_server_restart_retries_read_only_calls_only() {
     };
     let args = ["--port".to_owned(), port.to_string()];
     let mut server = Server::start(&py, &log, &args).await;
-    let broker = broker_with(&provider(&server.url(), "")).await;
+    let broker = broker_with(&provider(&server.url(), "protocol = \"2025-11-25\"")).await;
     let turn = broker.open_turn("alice").await;
     let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
     raw.initialize("2025-11-25").await;

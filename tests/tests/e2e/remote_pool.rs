@@ -231,7 +231,7 @@ const POOL: usize = 4;
 
 /// A stateful, a stateless and a stateless JSON-answering `MCPServer`: 60 sequential calls open
 /// at most 2 connections, 64 concurrent calls at most `max_connections` (4), never more open
-/// at once than that (plus a stateful session's listening stream); every call's effect happens
+/// at once than that (plus the `subscriptions/listen` stream); every call's effect happens
 /// once at the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
@@ -258,8 +258,11 @@ async fn connections_are_kept_and_reused() {
             (&json!(POOL), &json!(4)),
             "{p}"
         );
-        // A stateful session keeps its listening stream (GET) open besides.
-        let listening = usize::from(mode == "stateful");
+        // The broker speaks 2026-07-28 to this server (stateful or stateless alike): it keeps
+        // its `subscriptions/listen` stream open besides (at 2025-11-25, a stateful session's
+        // listening GET).
+        assert_eq!(p["protocol"], "2026-07-28", "{p}");
+        let listening = 1;
 
         let before = relay.accepted();
         sequential(&mut raw, 10, 60).await;
