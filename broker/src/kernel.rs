@@ -475,10 +475,13 @@ impl Kernel {
         {
             return c.clone();
         }
-        // File tools: per (action, type, namespace), the namespace being known before the call;
-        // and per tool when a policy reads the arguments (each tool has its own).
-        let mut shapes: HashMap<(&str, &str, &str, &str), bool> = HashMap::new();
+        // File tools: per (action, type, namespace), the namespace being known before the call
+        // (where some policy reads it: otherwise every namespace is answered alike); and, when
+        // a policy reads the arguments, per argument names too (a tool's only part of
+        // `context.arguments` known before the call is which arguments it can have).
+        let mut shapes: HashMap<(&str, &str, &str, String), bool> = HashMap::new();
         let per_arguments = pv.reads_any_arguments();
+        let per_namespace = pv.reads_resource_attribute("namespace");
         // For tools whose resource is the tool itself: one type-level answer per action, and
         // a per-tool evaluation only where the answer depends on which tool it is.
         let mut tool_shapes: HashMap<&str, Option<bool>> = HashMap::new();
@@ -500,22 +503,31 @@ impl Kernel {
                     }
                 }
             } else {
-                let namespace = tool.authority.handler.namespace();
-                let which = if per_arguments {
-                    tool.name.as_str()
+                let namespace = if shape.1 == "File" && per_namespace {
+                    tool.authority.handler.namespace()
                 } else {
                     ""
                 };
+                let typing = per_arguments
+                    .then(|| crate::policy::arguments::typing(tool.input_schema.as_ref()));
+                let which = typing
+                    .as_ref()
+                    .map(|t| {
+                        t.fields
+                            .keys()
+                            .map(String::as_str)
+                            .collect::<Vec<_>>()
+                            .join("\0")
+                    })
+                    .unwrap_or_default();
                 *shapes
                     .entry((shape.0, shape.1, namespace, which))
                     .or_insert_with(|| {
-                        let known = if shape.1 == "File" {
-                            vec![("namespace", json!(namespace))]
-                        } else {
+                        let known = if namespace.is_empty() {
                             vec![]
+                        } else {
+                            vec![("namespace", json!(namespace))]
                         };
-                        let typing = per_arguments
-                            .then(|| crate::policy::arguments::typing(tool.input_schema.as_ref()));
                         self.policy.could_permit_known(
                             &pv,
                             context,

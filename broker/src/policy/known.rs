@@ -41,6 +41,39 @@ pub fn substitute(set: &PolicySet, known: &Known<'_>) -> Option<PolicySet> {
     PolicySet::from_policies(out).ok()
 }
 
+/// The attributes `policy` reads on `resource` (`resource.<attr>` or `resource has <attr>`);
+/// `None` when its JSON form cannot be made (then take it to read every attribute). A known
+/// attribute no policy reads cannot change a catalogue answer, so the catalogue need not ask
+/// once per value of it.
+pub fn resource_attributes_read(policy: &Policy) -> Option<Vec<String>> {
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                for key in [".", "has"] {
+                    if let Some(node) = m.get(key)
+                        && node
+                            .get("left")
+                            .and_then(|l| l.get("Var"))
+                            .and_then(Value::as_str)
+                            == Some("resource")
+                        && let Some(attr) = node.get("attr").and_then(Value::as_str)
+                        && !out.iter().any(|a| a == attr)
+                    {
+                        out.push(attr.to_owned());
+                    }
+                }
+                m.values().for_each(|x| walk(x, out));
+            }
+            Value::Array(items) => items.iter().for_each(|x| walk(x, out)),
+            _ => {}
+        }
+    }
+    let est = policy.to_json().ok()?;
+    let mut out = Vec::new();
+    walk(&est, &mut out);
+    Some(out)
+}
+
 fn rewrite(v: &mut Value, known: &Known<'_>) {
     if let Some(replacement) = replacement(v, known) {
         *v = replacement;
@@ -100,6 +133,26 @@ fn replacement(v: &Value, known: &Known<'_>) -> Option<Value> {
 mod tests {
     use super::*;
     use std::str::FromStr;
+
+    #[test]
+    fn the_resource_attributes_a_policy_reads_are_listed() {
+        let set = PolicySet::from_str(
+            r#"@id("a") permit(principal, action, resource)
+               when { resource.path like "/public/*" && resource has namespace };
+               @id("b") permit(principal, action, resource is SharedOS::Tool)
+               when { resource.name == "x" && context.agent.id == "y" };"#,
+        )
+        .expect("set");
+        let read = |annotation: &str| {
+            let p = set
+                .policies()
+                .find(|p| p.annotation("id") == Some(annotation))
+                .expect("policy");
+            resource_attributes_read(p).expect("json")
+        };
+        assert_eq!(read("a"), vec!["path".to_owned(), "namespace".to_owned()]);
+        assert_eq!(read("b"), vec!["name".to_owned()]);
+    }
 
     #[test]
     fn known_reads_become_values_and_the_arguments_stay() {

@@ -272,6 +272,8 @@ pub struct PolicyVersion {
     /// Ids of the policies that read `context.arguments`: a catalogue question on a set holding
     /// one leaves the context unknown (the arguments are not known before the call).
     reads_arguments: HashSet<String>,
+    /// The attributes some policy reads on `resource` (`None`: not known, so every one).
+    reads_resource: Option<HashSet<String>>,
     /// Ids of the permits annotated `@approval("required")` (empty in most sets: then a
     /// decision does not look).
     approval: HashMap<String, Approver>,
@@ -285,6 +287,14 @@ impl PolicyVersion {
     /// Some policy of the set reads `context.arguments`.
     pub fn reads_any_arguments(&self) -> bool {
         !self.reads_arguments.is_empty()
+    }
+
+    /// Some policy of the set may read `resource.<attr>` (or `resource has <attr>`): if none
+    /// does, the attribute's value cannot change a decision.
+    pub fn reads_resource_attribute(&self, attr: &str) -> bool {
+        self.reads_resource
+            .as_ref()
+            .is_none_or(|read| read.contains(attr))
     }
 
     /// The SHA-256 (hex) of the policy file's text this set was made from: what a record line
@@ -309,6 +319,11 @@ impl PolicyVersion {
             .filter(|p| arguments::reads_arguments(p))
             .map(|p| p.id().to_string())
             .collect();
+        let reads_resource = set
+            .policies()
+            .map(known::resource_attributes_read)
+            .collect::<Option<Vec<_>>>()
+            .map(|lists| lists.into_iter().flatten().collect());
         let approval = set
             .policies()
             .filter_map(|p| {
@@ -322,6 +337,7 @@ impl PolicyVersion {
             count,
             source,
             reads_arguments,
+            reads_resource,
             approval,
             sliced: Mutex::new(HashMap::new()),
             prepared: Mutex::new(HashMap::new()),
