@@ -1150,25 +1150,6 @@ impl PolicyEngine {
             .clone()
             .add_entities([Self::resource_entity(resource, &r)?], schema)
             .map_err(|e| e.to_string())?;
-        let request = Request::new(
-            prepared.principal.clone(),
-            a,
-            r,
-            prepared.context.clone(),
-            schema,
-        )
-        .map_err(|e| format!("request does not fit the schema: {e}"))?;
-        if !known && resource.fixed_shape() {
-            let shape = (
-                action.to_owned(),
-                resource.type_name().to_owned(),
-                prepared.signature.clone(),
-            );
-            let mut conforming = self.conforming.write().unwrap_or_else(|p| p.into_inner());
-            if !conforming.contains(&shape) {
-                conforming.push(shape);
-            }
-        }
         // Every decision carries `context.arguments` when a policy reads them (an empty record
         // when this decision has no call: a search hit's read check); when none does, they
         // change nothing and are left out.
@@ -1181,32 +1162,46 @@ impl PolicyEngine {
                 Some(&empty)
             }
         };
+        // The request as the schema sees it: made (and so validated) only where it is needed,
+        // for the decision itself or for a shape not seen yet.
+        let validated = (arguments.is_none() || !known)
+            .then(|| {
+                Request::new(
+                    prepared.principal.clone(),
+                    a.clone(),
+                    r.clone(),
+                    prepared.context.clone(),
+                    schema,
+                )
+                .map_err(|e| format!("request does not fit the schema: {e}"))
+            })
+            .transpose()?;
+        if !known && resource.fixed_shape() {
+            let shape = (
+                action.to_owned(),
+                resource.type_name().to_owned(),
+                prepared.signature.clone(),
+            );
+            let mut conforming = self.conforming.write().unwrap_or_else(|p| p.into_inner());
+            if !conforming.contains(&shape) {
+                conforming.push(shape);
+            }
+        }
         // The call's arguments join the context validated above. They are not validated against
         // the schema: a Cedar record type is closed, and the schema's `context.arguments` (see
         // `arguments`) is the union of every tool of the action, not this tool's type. They were
         // typed from this tool's own inputSchema, which the arguments passed; what could still go
         // wrong is a policy reading an argument this tool lacks, an evaluation error, which
         // below denies even when it is a `forbid`'s.
-        let request = match arguments {
-            None => request,
-            Some(t) => {
+        let request = match (arguments, validated) {
+            (None, Some(request)) => request,
+            (None, None) => return Err("the request was not made".to_owned()),
+            (Some(t), _) => {
                 let mut pairs = prepared.pairs.clone();
                 pairs.push(("arguments".to_owned(), t.expr.clone()));
                 let context = Context::from_pairs(pairs).map_err(|e| e.to_string())?;
-                Request::new(
-                    prepared.principal.clone(),
-                    request
-                        .action()
-                        .cloned()
-                        .ok_or("the request lost its action")?,
-                    request
-                        .resource()
-                        .cloned()
-                        .ok_or("the request lost its resource")?,
-                    context,
-                    None,
-                )
-                .map_err(|e| format!("request does not fit the schema: {e}"))?
+                Request::new(prepared.principal.clone(), a, r, context, None)
+                    .map_err(|e| format!("request does not fit the schema: {e}"))?
             }
         };
         let response = self.authorizer.is_authorized(&request, set, &entities);
