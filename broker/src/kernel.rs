@@ -1258,12 +1258,9 @@ impl Kernel {
         self.recorder.append(&requested).await.map(|_| ())
     }
 
-    /// The wait itself: the principal is asked in the harness the call came from; with none (a
-    /// call from no bridge), a `principal` approval cannot be given and is refused now. With the
-    /// person's page configured, the principal is asked there instead: the call is put on the
-    /// page with a one-time link, the harness gets the link to show (a URL-mode elicitation),
-    /// and no answer through the harness is taken; a call from no harness waits on the page too.
-    /// Otherwise the first of a decision, the call's cancellation and the time limit.
+    /// The wait itself: the principal is asked (see [`Self::ask_person`]); a `principal`
+    /// approval that cannot be asked is refused now. Otherwise the first of a decision, the
+    /// call's cancellation and the time limit.
     async fn wait_for_person(
         &self,
         site: &CallSite<'_>,
@@ -1273,45 +1270,7 @@ impl Kernel {
         mut ticket: crate::approval::Ticket<'_>,
         cancel: &CancellationToken,
     ) -> Waited {
-        let mut unable = None;
-        if by.asks_principal() && self.approvals.page().is_some() {
-            let link =
-                self.approvals
-                    .put_on_page(&info.id, site.context.agent.clone(), policies.to_vec());
-            if let (Some(link), Some(ask)) = (link, &site.ask) {
-                let mut q = crate::approval::question(
-                    &call.tool,
-                    info.requirement.as_ref().map(|r| r.resource.as_str()),
-                    &info.arguments,
-                    self.redact_arguments,
-                    &info.expires_at,
-                );
-                q.message = format!(
-                    "An agent acting for you asks to run `{}`. Open this link to see the call and approve or deny it (unanswered by {}, it is refused).",
-                    q.tool, info.expires_at
-                );
-                q.url = Some(link.to_string());
-                (ask.send)(info, q);
-            }
-        } else if by.asks_principal() {
-            match &site.ask {
-                Some(ask) => {
-                    if self.approvals.ask(&info.id, ask.bridge) {
-                        let q = crate::approval::question(
-                            &call.tool,
-                            info.requirement.as_ref().map(|r| r.resource.as_str()),
-                            &info.arguments,
-                            self.redact_arguments,
-                            &info.expires_at,
-                        );
-                        (ask.send)(info, q);
-                    }
-                }
-                None if by.operator_may() => {}
-                None => unable = Some("the call came from no harness session".to_owned()),
-            }
-        }
-        if let Some(why) = unable {
+        if let Err(why) = self.ask_person(site, call, info, (by, policies)) {
             ticket.withdraw();
             return Waited::Decided(Approval {
                 approve: false,
@@ -1327,6 +1286,57 @@ impl Kernel {
             d = &mut ticket.answer => d.map_or(Waited::TimedOut, Waited::Decided),
             _ = cancel.cancelled() => Waited::Cancelled(ticket.withdraw()),
             _ = tokio::time::sleep(timeout) => ticket.withdraw().map_or(Waited::TimedOut, Waited::Decided),
+        }
+    }
+
+    /// Puts the question where the person answers it: in the harness the call came from; with
+    /// the person's page configured, on the page with a one-time link, the harness getting the
+    /// link to show (a URL-mode elicitation) and no answer through the harness taken (a call
+    /// from no harness waits on the page too). `Err` with why when a `principal` approval
+    /// cannot be asked at all (no page, and the call came from no harness).
+    fn ask_person(
+        &self,
+        site: &CallSite<'_>,
+        call: &ToolCall,
+        info: &PendingApproval,
+        (by, policies): (crate::policy::Approver, &[String]),
+    ) -> Result<(), String> {
+        if !by.asks_principal() {
+            return Ok(());
+        }
+        let question = || {
+            crate::approval::question(
+                &call.tool,
+                info.requirement.as_ref().map(|r| r.resource.as_str()),
+                &info.arguments,
+                self.redact_arguments,
+                &info.expires_at,
+            )
+        };
+        if self.approvals.page().is_some() {
+            let link =
+                self.approvals
+                    .put_on_page(&info.id, site.context.agent.clone(), policies.to_vec());
+            if let (Some(link), Some(ask)) = (link, &site.ask) {
+                let mut q = question();
+                q.message = format!(
+                    "An agent acting for you asks to run `{}`. Open this link to see the call and approve or deny it (unanswered by {}, it is refused).",
+                    q.tool, info.expires_at
+                );
+                q.url = Some(link.to_string());
+                (ask.send)(info, q);
+            }
+            return Ok(());
+        }
+        match &site.ask {
+            Some(ask) => {
+                if self.approvals.ask(&info.id, ask.bridge) {
+                    (ask.send)(info, question());
+                }
+                Ok(())
+            }
+            None if by.operator_may() => Ok(()),
+            None => Err("the call came from no harness session".to_owned()),
         }
     }
 
