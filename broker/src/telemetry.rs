@@ -935,6 +935,31 @@ impl Worker {
     }
 }
 
+/// What [`log_record`] reads of a record line; a string field that is not a string, or a
+/// `seq` that is not a number, leaves the line without attributes (its body is still sent).
+#[derive(serde::Deserialize)]
+struct LineHead<'a> {
+    #[serde(borrow)]
+    at: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    turn: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    outcome: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    code: Option<Cow<'a, str>>,
+    seq: Option<u64>,
+    #[serde(borrow, rename = "accessContext")]
+    access_context: Option<LineContext<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct LineContext<'a> {
+    #[serde(borrow)]
+    principal: Option<Cow<'a, str>>,
+}
+
 /// A record line as an OTLP log record: the line is the body; its `kind`, `turn`, `seq`,
 /// `outcome`, `code` and (with `principal = true`) `principal` are attributes
 /// (`sharedos.kind`, ...); its `at` is the timestamp.
@@ -949,28 +974,35 @@ fn log_record(
     r.set_observed_timestamp(SystemTime::now());
     r.set_event_name("sharedos.record");
     r.set_severity_number(Severity::Info);
-    if let Ok(v) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(line) {
-        let at = v.get("at").and_then(|a| a.as_str()).and_then(|a| {
+    // Only the fields that become attributes are read, borrowed where they need no unescaping:
+    // the rest of the line (arguments, requirement, policies) is skipped, not built.
+    if let Ok(v) = serde_json::from_slice::<LineHead<'_>>(line) {
+        let at = v.at.as_deref().and_then(|a| {
             time::OffsetDateTime::parse(a, &time::format_description::well_known::Rfc3339).ok()
         });
         r.set_timestamp(at.map_or_else(SystemTime::now, SystemTime::from));
-        for key in ["kind", "turn", "outcome", "code"] {
-            if let Some(t) = v.get(key).and_then(|t| t.as_str()) {
-                r.add_attribute(format!("sharedos.{key}"), bounded(t));
+        for (key, value) in [
+            ("sharedos.kind", &v.kind),
+            ("sharedos.turn", &v.turn),
+            ("sharedos.outcome", &v.outcome),
+            ("sharedos.code", &v.code),
+        ] {
+            if let Some(t) = value {
+                r.add_attribute(key, bounded(t));
             }
         }
-        if let Some(seq) = v.get("seq").and_then(|s| s.as_u64()) {
+        if let Some(seq) = v.seq {
             r.add_attribute("sharedos.seq", i64::try_from(seq).unwrap_or(i64::MAX));
         }
         if let Some(principals) = principals
-            && let Some(turn) = v.get("turn").and_then(|t| t.as_str())
+            && let Some(turn) = v.turn.as_deref()
         {
-            let kind = v.get("kind").and_then(|k| k.as_str()).unwrap_or("");
+            let kind = v.kind.as_deref().unwrap_or("");
             if kind == "turn_opened"
                 && let Some(p) = v
-                    .get("accessContext")
-                    .and_then(|c| c.get("principal"))
-                    .and_then(|p| p.as_str())
+                    .access_context
+                    .as_ref()
+                    .and_then(|c| c.principal.as_deref())
                 && principals.len() < MAX_LOG_TURNS
             {
                 principals.insert(turn.to_owned(), bounded(p));
