@@ -608,7 +608,7 @@ impl Relays {
         crate::upstream::relay::Route {
             turn: turn.id.clone(),
             principal: turn.context.principal.clone(),
-            ask: Arc::new(move |provider, request| {
+            ask: Arc::new(move |provider, request, sign_in| {
                 let (relays, out) = (relays.clone(), out.clone());
                 Box::pin(async move {
                     let relay = relays.next.fetch_add(1, Ordering::Relaxed);
@@ -625,6 +625,7 @@ impl Relays {
                         relay,
                         provider,
                         request,
+                        sign_in,
                     };
                     send_event(&out, event).await;
                     rx.await

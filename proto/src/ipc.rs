@@ -194,6 +194,12 @@ pub enum BridgeEvent {
         relay: u64,
         provider: String,
         request: Value,
+        /// The question is the broker's own, not the server's: SharedOS asks the person to sign
+        /// in to `provider` (a URL-mode `request` whose link is the person's page). The shim
+        /// shows it as SharedOS's, with an `elicitationId` of its own, and tells the client
+        /// when the call it held ends (`notifications/elicitation/complete`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        sign_in: bool,
     },
 }
 

@@ -607,7 +607,9 @@ pub struct ProviderState {
     /// The provider's namespace.
     pub provider: String,
     /// `starting`, `ready`, `restarting`, `drifted` or `failed`; for one principal's instance of a
-    /// `per_principal` provider, `instance_started`, `instance_stopped` or `drifted`.
+    /// `per_principal` provider, `instance_started`, `instance_stopped` or `drifted`; for a
+    /// principal's sign-in to a remote server, `sign_in_asked`, `signed_in` or
+    /// `sign_in_refused` (the provider empty when the refused request named none).
     pub state: String,
     /// The sandbox its upstream runs in: `"none"`, or {uid, gid, ownUid, read, write, network,
     /// ports, netns, memoryBytes, processes, openFiles, cpuSeconds, landlockAbi}; absent on lines
@@ -641,6 +643,10 @@ pub enum ProviderDetail {
         tools: Vec<String>,
         rejected: Vec<Rejected>,
     },
+    /// A refusal with its code: `sign_in_refused` (a sign-in to a remote server that did not
+    /// finish: `code` says which check refused it, `reason` why; never a token, a code or a
+    /// `state`).
+    Refused { code: String, reason: String },
     /// Why it is restarting or has failed.
     Reason { reason: String },
 }

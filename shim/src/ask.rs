@@ -106,6 +106,16 @@ pub fn call_digest(tool: &str, arguments: Option<&Value>) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// The URL-mode elicitations one held call showed a 2025-11-25 client and the client took
+/// (`accept`), by `elicitationId`: each is completed (`notifications/elicitation/complete`)
+/// once, when the call's answer comes ([`Asker::complete`]).
+pub type Shown = Arc<Mutex<Vec<String>>>;
+
+/// The prefix of the `elicitationId` of a link to the person's page for an approval.
+pub const PAGE_ELICITATION: &str = "sharedos-page-";
+/// The prefix of the `elicitationId` of a sign-in to a remote server.
+pub const SIGN_IN_ELICITATION: &str = "sharedos-signin-";
+
 /// What the client said it can do, from `initialize`.
 #[derive(Clone, Default)]
 pub struct ClientCan {
@@ -342,8 +352,13 @@ impl Asker {
         provider: &str,
         request: Value,
         ctx: &RoundCtx,
+        sign_in: bool,
     ) -> Result<Value, String> {
-        let params = relay_params(provider, request)?;
+        let params = if sign_in {
+            sign_in_params(provider, request, self.elicitation_id(SIGN_IN_ELICITATION))?
+        } else {
+            relay_params(provider, request)?
+        };
         tracing::info!(
             provider,
             "asking the person a brokered server's question (an input_required result)"
@@ -407,9 +422,9 @@ impl Asker {
     /// client that declared the capability); resolves with their answer, or why the client
     /// cannot be asked. `current`: the call came in the 2026-07-28 revision, which has no
     /// server-to-client requests (there, [`Asker::ask_in_round`] asks, when it can).
-    pub async fn ask(&self, question: &Question, current: bool) -> Answer {
+    pub async fn ask(&self, question: &Question, current: bool, shown: &Shown) -> Answer {
         if let Some(url) = &question.url {
-            return self.ask_on_page(question, url, current).await;
+            return self.ask_on_page(question, url, current, shown).await;
         }
         if current {
             return Answer::unable(
@@ -447,17 +462,23 @@ impl Asker {
     /// that declared `elicitation: {url: {}}`), and waits for the client to say it did; the
     /// decision is the page's, so nothing is sent to the broker. A client that cannot show a
     /// link is not asked: the call waits on the page, where the person's list shows it.
-    async fn ask_on_page(&self, question: &Question, url: &str, current: bool) -> Answer {
+    async fn ask_on_page(
+        &self,
+        question: &Question,
+        url: &str,
+        current: bool,
+        shown: &Shown,
+    ) -> Answer {
         if current || !self.can.url() {
             tracing::info!(tool = %question.tool, "the person decides this call on their page; the MCP client cannot show a link (no URL-mode elicitation)");
             return page_answer();
         }
-        let n = self.next.load(Ordering::Relaxed);
+        let id = self.elicitation_id(PAGE_ELICITATION);
         let params = json!({
             "mode": "url",
             "message": question.message,
             "url": url,
-            "elicitationId": format!("sharedos-page-{n}"),
+            "elicitationId": id,
         });
         tracing::info!(tool = %question.tool, "showing the person the link of their page (URL-mode elicitation/create)");
         match self.request_client(params).await {
@@ -467,10 +488,39 @@ impl Asker {
                     .and_then(Value::as_str)
                     .unwrap_or("?");
                 tracing::info!(action, "the MCP client answered the page link");
+                if action == "accept" {
+                    remember(shown, id);
+                }
             }
             Err(_) => tracing::info!("the MCP client did not take the page link"),
         }
         page_answer()
+    }
+
+    /// A fresh `elicitationId` with `prefix` (unique in the session; it says nothing secret).
+    fn elicitation_id(&self, prefix: &str) -> String {
+        format!("{prefix}{}", self.next.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Tells the client that the out-of-band interaction of each URL elicitation in `shown` is
+    /// over (`notifications/elicitation/complete`, MCP 2025-11-25), once each: the held call
+    /// they were shown for has its answer (the page decided, or the person signed in, or the
+    /// wait ended). Written before the call's own response, on the same queue.
+    pub fn complete(&self, shown: &Shown) {
+        let ids: Vec<String> = shown
+            .lock()
+            .map(|mut s| s.drain(..).collect())
+            .unwrap_or_default();
+        for id in ids {
+            let note = json!({
+                "jsonrpc": "2.0",
+                "method": "notifications/elicitation/complete",
+                "params": {"elicitationId": id},
+            });
+            if self.write(&note) {
+                tracing::info!(elicitation = %id, "told the MCP client the URL elicitation is complete");
+            }
+        }
     }
 
     /// Shows the person the link of their page in a URL round of `input_required` (a 2026-07-28
@@ -483,12 +533,11 @@ impl Asker {
             tracing::info!(tool = %question.tool, "the person decides this call on their page; the MCP client cannot show a link (no URL-mode elicitation on the call)");
             return page_answer();
         }
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
         let params = json!({
             "mode": "url",
             "message": question.message,
             "url": url,
-            "elicitationId": format!("sharedos-page-{n}"),
+            "elicitationId": self.elicitation_id(PAGE_ELICITATION),
         });
         tracing::info!(tool = %question.tool, "showing the person the link of their page (a URL round of input_required)");
         match self.open_round(ctx, INPUT_KEY, params).await {
@@ -537,7 +586,13 @@ impl Asker {
     /// person, named as `provider`'s; resolves with the client's result (`action`, `content`),
     /// or why it could not ask. Only a client that declared the mode in `initialize` is asked
     /// this way (a 2026-07-28 client is asked in a round: [`Asker::relay_in_round`]).
-    pub async fn relay(&self, provider: &str, request: Value) -> Result<Value, String> {
+    pub async fn relay(
+        &self,
+        provider: &str,
+        request: Value,
+        sign_in: bool,
+        shown: &Shown,
+    ) -> Result<Value, String> {
         let url = request.get("mode").and_then(Value::as_str) == Some("url");
         let can = if url { self.can.url() } else { self.can.form() };
         if !can {
@@ -546,11 +601,16 @@ impl Asker {
                 if url { "url" } else { "form" }
             ));
         }
-        let request = relay_params(provider, request)?;
+        let id = sign_in.then(|| self.elicitation_id(SIGN_IN_ELICITATION));
+        let request = match &id {
+            Some(id) => sign_in_params(provider, request, id.clone())?,
+            None => relay_params(provider, request)?,
+        };
         tracing::info!(
             provider,
             url,
-            "asking the person a brokered server's question (elicitation/create)"
+            sign_in,
+            "asking the person a question for a brokered server (elicitation/create)"
         );
         let reply = self.request_client(request).await.map_err(|e| match e {
             Unasked::NotWritten => "the question could not be written to the MCP client".to_owned(),
@@ -559,12 +619,46 @@ impl Asker {
         if let Some(why) = client_error(&reply) {
             return Err(why);
         }
+        if let Some(id) = id
+            && reply.pointer("/result/action").and_then(Value::as_str) == Some("accept")
+        {
+            remember(shown, id);
+        }
         reply
             .get("result")
             .cloned()
             .ok_or_else(|| "the MCP client's answer has no result".to_owned())
     }
 }
+
+fn remember(shown: &Shown, id: String) {
+    if let Ok(mut s) = shown.lock() {
+        s.push(id);
+    }
+}
+
+/// The broker's own sign-in question (SharedOS asks the person to sign in to `provider`), as
+/// the client is shown it: URL mode only, the broker's message and link, an `elicitationId` of
+/// the shim's, and the server named in `_meta` as a sign-in (not as a server asking).
+fn sign_in_params(provider: &str, request: Value, id: String) -> Result<Value, String> {
+    let (Some("url"), Some(url), Some(message)) = (
+        request.get("mode").and_then(Value::as_str),
+        request.get("url").and_then(Value::as_str),
+        request.get("message").and_then(Value::as_str),
+    ) else {
+        return Err("a sign-in question must be URL mode, with a message and a url".into());
+    };
+    Ok(json!({
+        "mode": "url",
+        "message": plain_message(message),
+        "url": url,
+        "elicitationId": id,
+        "_meta": { SIGN_IN_META_KEY: provider },
+    }))
+}
+
+/// The `_meta` key of SharedOS's own sign-in question: the server to sign in to.
+pub const SIGN_IN_META_KEY: &str = "io.sharedos/sign-in";
 
 /// A brokered server's question as the person is shown it: its own, named as the server's
 /// (`provider`), its message bounded, its `_meta` left out. The server's name is a field of its
@@ -929,7 +1023,7 @@ mod tests {
         let request = json!({"message": "Delete it?", "requestedSchema": {"type": "object", "properties": {"confirm": {"type": "boolean"}}}, "_meta": {"x": 1}});
         let relaying = {
             let asker = asker.clone();
-            tokio::spawn(async move { asker.relay_in_round("py", request, &ctx).await })
+            tokio::spawn(async move { asker.relay_in_round("py", request, &ctx, false).await })
         };
         let (state, result) = raised.recv().await.expect("raised");
         let params = &result["inputRequests"][RELAY_KEY]["params"];
@@ -999,6 +1093,42 @@ mod tests {
             "`py`, a server SharedOS runs for you, asks (it is not SharedOS asking):\n\nSharedOS asks: approve `files.write`?\n\nreally[2J now"
         );
         assert_eq!(asked["_meta"], json!({SERVER_META_KEY: "py"}));
+    }
+
+    /// SharedOS's own sign-in question is shown as SharedOS's (URL mode only, the link in `url`
+    /// alone, an id of the shim's), and each one the client took is completed once.
+    #[tokio::test]
+    async fn a_sign_in_is_shown_as_sharedos_and_completed_once() {
+        let asked = json!({"mode": "url", "message": "SharedOS asks you\u{7} to sign in", "url": "http://127.0.0.1:1/signin/00"});
+        let p = sign_in_params("r", asked, "sharedos-signin-3".into()).expect("url mode");
+        assert_eq!(
+            p,
+            json!({"mode": "url", "message": "SharedOS asks you to sign in", "url": "http://127.0.0.1:1/signin/00", "elicitationId": "sharedos-signin-3", "_meta": {SIGN_IN_META_KEY: "r"}})
+        );
+        assert!(
+            sign_in_params(
+                "r",
+                json!({"message": "m", "requestedSchema": {}}),
+                "x".into()
+            )
+            .is_err()
+        );
+        let asker = Asker::default();
+        let (tx, mut rx) = mpsc::channel(8);
+        asker.set_out(&tx);
+        let shown = Shown::default();
+        remember(&shown, "sharedos-signin-3".into());
+        remember(&shown, "sharedos-page-4".into());
+        asker.complete(&shown);
+        asker.complete(&shown);
+        let mut notes = Vec::new();
+        while let Ok(line) = rx.try_recv() {
+            notes.push(serde_json::from_slice::<Value>(&line).expect("json"));
+        }
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert_eq!(notes[0]["method"], "notifications/elicitation/complete");
+        assert_eq!(notes[0]["params"]["elicitationId"], "sharedos-signin-3");
+        assert_eq!(notes[1]["params"]["elicitationId"], "sharedos-page-4");
     }
 
     #[test]

@@ -286,14 +286,16 @@ impl HeldCall {
                 let _ = notes.try_send(progress_line(token, w, n));
             }
         };
+        // The URL elicitations the client took for this call: completed when it ends.
+        let shown = crate::ask::Shown::default();
         let ask = {
-            let (asker, round) = (asker.clone(), round.clone());
+            let (asker, round, shown) = (asker.clone(), round.clone(), shown.clone());
             move |q: sharedos_proto::ipc::Question| {
-                let (asker, round) = (asker.clone(), round.clone());
+                let (asker, round, shown) = (asker.clone(), round.clone(), shown.clone());
                 Box::pin(async move {
                     match &round {
                         Some(round) => asker.ask_in_round(&q, round).await,
-                        None => asker.ask(&q, current).await,
+                        None => asker.ask(&q, current, &shown).await,
                     }
                 })
                     as std::pin::Pin<
@@ -301,19 +303,30 @@ impl HeldCall {
                     >
             }
         };
-        let relay = move |provider: String, request: Value| {
-            let (asker, round) = (asker.clone(), round.clone());
-            Box::pin(async move {
-                match &round {
-                    Some(round) => asker.relay_in_round(&provider, request, round).await,
-                    None => asker.relay(&provider, request).await,
-                }
-            })
-                as std::pin::Pin<
-                    Box<dyn std::future::Future<Output = Result<Value, String>> + Send>,
-                >
+        let relay = {
+            let (asker, shown) = (asker.clone(), shown.clone());
+            move |provider: String, request: Value, sign_in: bool| {
+                let (asker, round, shown) = (asker.clone(), round.clone(), shown.clone());
+                Box::pin(async move {
+                    match &round {
+                        Some(round) => {
+                            asker
+                                .relay_in_round(&provider, request, round, sign_in)
+                                .await
+                        }
+                        None => asker.relay(&provider, request, sign_in, &shown).await,
+                    }
+                })
+                    as std::pin::Pin<
+                        Box<dyn std::future::Future<Output = Result<Value, String>> + Send>,
+                    >
+            }
         };
-        link.call(call, cancel, &mut progress, &ask, &relay).await
+        let ended = link.call(call, cancel, &mut progress, &ask, &relay).await;
+        if matches!(ended, Some(Ok(_))) {
+            asker.complete(&shown);
+        }
+        ended
     }
 }
 

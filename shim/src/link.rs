@@ -101,11 +101,13 @@ enum Reply {
         Box<Question>,
         oneshot::Receiver<Result<Reply, LinkDown>>,
     ),
-    /// A brokered server asks the call's person (`relay`, `provider`, `request`).
+    /// A brokered server asks the call's person (`relay`, `provider`, `request`, and whether
+    /// it is the broker's own sign-in question).
     Relay(
         u64,
         String,
         serde_json::Value,
+        bool,
         oneshot::Receiver<Result<Reply, LinkDown>>,
     ),
 }
@@ -137,6 +139,7 @@ pub type RelayFn<'a> = &'a (
         dyn Fn(
     String,
     serde_json::Value,
+    bool,
 ) -> Pin<
     Box<dyn std::future::Future<Output = Result<serde_json::Value, String>> + Send>,
 > + Sync
@@ -313,9 +316,11 @@ impl Link {
                         relay,
                         provider,
                         request,
+                        sign_in,
                     }) => match hand_on(&l.pending, id) {
                         Some((tx, later)) => {
-                            let _ = tx.send(Ok(Reply::Relay(relay, provider, request, later)));
+                            let _ =
+                                tx.send(Ok(Reply::Relay(relay, provider, request, sign_in, later)));
                         }
                         None => {
                             let l = l.clone();
@@ -442,13 +447,13 @@ impl Link {
                         let answer = ask(*question);
                         asking = Some(Box::pin(async move { (approval, answer.await) }));
                     }
-                    Ok(Ok(Reply::Relay(serial, provider, request, later))) => {
+                    Ok(Ok(Reply::Relay(serial, provider, request, sign_in, later))) => {
                         rx = later;
                         if relaying.is_some() {
                             let error = Some("the person is already being asked another question of this call".to_owned());
                             let _ = self.send(&BridgeRequest::Relayed { relay: serial, result: None, error }).await;
                         } else {
-                            let answer = relay(provider, request);
+                            let answer = relay(provider, request, sign_in);
                             relaying = Some(Box::pin(async move { (serial, answer.await) }));
                         }
                     }

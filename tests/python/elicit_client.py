@@ -7,8 +7,10 @@ approve after ELICIT_SLOW_SECONDS), or `none` (no callback: the client declares 
 capability); ELICIT_MODE: `legacy` (initialize, 2025-11-25) or `auto` (2026-07-28, where the shim
 asks with `input_required` results the client retries); ELICIT_CALLS: a JSON list of
 [tool, arguments]; ELICIT_URL_FILE: where the link of a URL-mode question is written (the
-person's page, issue 45). Prints a JSON report as the last line: each call's [isError, text, code] and
-every question the person was shown (message and schema).
+person's page, issue 45). Prints a JSON report as the last line: each call's [isError, text, code],
+every question the person was shown (message and schema), and the `elicitationId` of every
+`notifications/elicitation/complete` the client received (`completed`, in order; seen by the
+ClientSession's message handler).
 
 ELICIT_ROUNDS (mode `auto` only), instead of ELICIT_CALLS: drives input_required rounds by hand, as
 a client that keeps or replays `requestState` would. A JSON list of steps
@@ -25,6 +27,13 @@ from mcp import Client, MCPError, StdioServerParameters
 from mcp.types import ElicitResult
 
 questions = []
+completed = []
+
+
+async def notes(message):
+    """The client's message handler: server notifications (and transport errors) come here."""
+    if getattr(message, "method", None) == "notifications/elicitation/complete":
+        completed.append(message.params.elicitation_id)
 
 
 def filled(schema):
@@ -103,7 +112,7 @@ async def main():
     callback = None if os.environ.get("ELICIT_ANSWER") == "none" else person
     report = {"calls": []}
     rounds = json.loads(os.environ.get("ELICIT_ROUNDS", "null"))
-    async with Client(params, mode=mode, read_timeout_seconds=float(os.environ.get("ELICIT_READ_TIMEOUT", "60")), elicitation_callback=callback) as client:
+    async with Client(params, mode=mode, read_timeout_seconds=float(os.environ.get("ELICIT_READ_TIMEOUT", "60")), elicitation_callback=callback, message_handler=notes) as client:
         report["protocol"] = str(client.protocol_version)
         if rounds is not None:
             report["rounds"] = await by_hand(client, rounds)
@@ -113,6 +122,7 @@ async def main():
             meta = (result.meta or {}).get("sharedos") or {}
             report["calls"].append([bool(result.is_error), text, meta.get("code")])
     report["questions"] = questions
+    report["completed"] = completed
     print(json.dumps(report))
 
 

@@ -8,7 +8,9 @@ through Debian's chromedriver. Opens URL, signs in at oidc-provider's developmen
   session  reads the session cookie and the CSRF token of the signed-in page (for the tests'
            crafted requests).
 
-Env: CHROMEDRIVER (default /usr/bin/chromedriver). Prints one JSON object as its last line.
+Env: CHROMEDRIVER (default /usr/bin/chromedriver); THEN_URL: once URL is done, the same browser
+(signed in where URL signed it in) opens THEN_URL, and the report is of that page. Prints one JSON
+object as its last line.
 """
 import json
 import os
@@ -36,25 +38,35 @@ def text_of(element_id):
     return found[0].text if found else None
 
 
-try:
-    driver.get(url)
+def visit(to):
+    driver.get(to)
     # The front page offers a sign-in; a link sends a person without a session there itself.
     if driver.find_elements(By.ID, "sign-in"):
         driver.find_element(By.ID, "sign-in").click()
     # The page sends a person without a session to the identity provider's login.
     wait.until(lambda d: d.find_elements(By.NAME, "login") or d.find_elements(By.TAG_NAME, "h1"))
-    if driver.find_elements(By.NAME, "login"):
-        report["steps"].append("provider login: " + driver.current_url.split("?")[0])
-        driver.find_element(By.NAME, "login").send_keys(user)
-        driver.find_element(By.NAME, "password").send_keys("any password")
-        driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    consent = "//button[contains(., 'Continue')]"
+    if driver.find_elements(By.NAME, "login") or driver.find_elements(By.XPATH, consent):
+        if driver.find_elements(By.NAME, "login"):
+            report["steps"].append("provider login: " + driver.current_url.split("?")[0])
+            driver.find_element(By.NAME, "login").send_keys(user)
+            driver.find_element(By.NAME, "password").send_keys("any password")
+            driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
         # Back on the page (a consent screen, if the provider shows one, is continued).
         def back(d):
-            if d.find_elements(By.XPATH, "//button[contains(., 'Continue')]"):
-                d.find_element(By.XPATH, "//button[contains(., 'Continue')]").click()
+            if d.find_elements(By.XPATH, consent):
+                report["steps"].append("provider consent: " + d.current_url.split("?")[0])
+                d.find_element(By.XPATH, consent).click()
                 return False
             return d.find_elements(By.ID, "principal") or d.find_elements(By.ID, "message")
         wait.until(back)
+
+
+try:
+    visit(url)
+    if os.environ.get("THEN_URL"):
+        report["first_title"] = driver.find_element(By.TAG_NAME, "h1").text
+        visit(os.environ["THEN_URL"])
     report["url"] = driver.current_url
     report["title"] = driver.find_element(By.TAG_NAME, "h1").text
     report["message"] = text_of("message")

@@ -16,8 +16,10 @@
 //!   `Origin` is not the page's is refused.
 //! - A link carries a one-time id only (128 random bits), bound to one waiting approval; it
 //!   decides once, and only for the principal the call names.
-//! - Every refused decision is recorded (`approval_answer_refused`, `via: page`), at most
-//!   [`REFUSALS_RECORDED_PER_MINUTE`] lines a minute (the rest are counted in the log).
+//! - Every refused decision is recorded (`approval_answer_refused`, `via: page`), and every
+//!   sign-in to a remote server that does not finish (`provider_state` `sign_in_refused`, with
+//!   its code), at most [`REFUSALS_RECORDED_PER_MINUTE`] lines a minute together (the rest are
+//!   counted in the log).
 
 pub mod oidc;
 
@@ -174,18 +176,21 @@ impl Page {
         cookie_header(self.https, value, max_age)
     }
 
+    /// Counts a refusal: whether it may be recorded (at most
+    /// [`REFUSALS_RECORDED_PER_MINUTE`] a minute; the rest are in the log only).
+    fn count_refusal(&self) -> bool {
+        let mut n = lock(&self.refusals);
+        if n.0.elapsed() >= Duration::from_secs(60) {
+            *n = (Instant::now(), 0);
+        }
+        n.1 += 1;
+        n.1 <= REFUSALS_RECORDED_PER_MINUTE
+    }
+
     /// Records a refusal (bounded per minute) and logs it.
     async fn refuse(&self, r: Refusal<'_>) {
         tracing::warn!(code = r.code, reason = %r.reason, peer = %r.peer, "the person's page refused a request");
-        let recorded = {
-            let mut n = lock(&self.refusals);
-            if n.0.elapsed() >= Duration::from_secs(60) {
-                *n = (Instant::now(), 0);
-            }
-            n.1 += 1;
-            n.1 <= REFUSALS_RECORDED_PER_MINUTE
-        };
-        if !recorded {
+        if !self.count_refusal() {
             return;
         }
         let mut named = r.approval_named;
@@ -662,19 +667,108 @@ async fn decide(
 fn sign_in_refused(e: &crate::upstream::signin::LinkRefused) -> Response {
     use crate::upstream::signin::LinkRefused;
     let status = match e {
-        LinkRefused::Unknown => StatusCode::GONE,
-        LinkRefused::NotYours { .. } => StatusCode::FORBIDDEN,
+        LinkRefused::Unknown
+        | LinkRefused::Used(_)
+        | LinkRefused::Expired(_)
+        | LinkRefused::StateUsed(_)
+        | LinkRefused::StateExpired(_) => StatusCode::GONE,
+        LinkRefused::NotYours { .. }
+        | LinkRefused::OtherPrincipal { .. }
+        | LinkRefused::OtherBrowser(_)
+        | LinkRefused::Denied { .. } => StatusCode::FORBIDDEN,
+        LinkRefused::StateUnknown => StatusCode::BAD_REQUEST,
         LinkRefused::NoProvider(_) => StatusCode::NOT_FOUND,
-        LinkRefused::Failed(_) => StatusCode::BAD_GATEWAY,
+        LinkRefused::Failed(_) | LinkRefused::TokenFailed { .. } => StatusCode::BAD_GATEWAY,
     };
-    tracing::warn!(error = %e, "the person's page refused a sign-in to a remote server");
     status_page(status, "Sign-in refused", &e.to_string())
+}
+
+/// The sign-in cookie's name: it binds a sign-in to a remote server to the browser that
+/// started it (`SameSite=Lax`, so that the authorization server's redirect back brings it).
+fn sign_in_cookie_name(https: bool) -> &'static str {
+    if https {
+        "__Host-sharedos-signin"
+    } else {
+        "sharedos-signin"
+    }
+}
+
+impl Page {
+    /// A cookie of this request by name.
+    fn cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
+        headers
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|c| c.trim().split_once('='))
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.to_owned())
+    }
+
+    /// This browser's sign-in cookie, made when it has none (256 random bits).
+    fn browser(&self, headers: &HeaderMap) -> Result<String, String> {
+        match Self::cookie_value(headers, sign_in_cookie_name(self.https)) {
+            Some(v) if v.len() == 43 => Ok(v),
+            _ => oidc::random(32),
+        }
+    }
+
+    /// The redirect to the authorization server, with the browser's sign-in cookie.
+    fn to_authorization(&self, to: &url::Url, browser: &str) -> Response {
+        let mut r = Redirect::to(to.as_str()).into_response();
+        let secure = if self.https { "; Secure" } else { "" };
+        let cookie = format!(
+            "{}={browser}; Path=/; HttpOnly; SameSite=Lax; Max-Age={}{secure}",
+            sign_in_cookie_name(self.https),
+            crate::upstream::signin::SIGN_IN_LIFETIME.as_secs()
+        );
+        if let Ok(v) = HeaderValue::from_str(&cookie) {
+            r.headers_mut().insert(header::SET_COOKIE, v);
+        }
+        guarded(r)
+    }
+
+    /// Records a refused sign-in to a remote server (`provider_state`, `sign_in_refused`, with
+    /// its code and why; bounded per minute with the page's other refusals) and logs it.
+    async fn refuse_sign_in(
+        &self,
+        e: &crate::upstream::signin::LinkRefused,
+        peer: SocketAddr,
+    ) -> Response {
+        use sharedos_proto::record::{ProviderDetail, ProviderState};
+        let whose = e.whose();
+        tracing::warn!(code = e.code(), error = %e, %peer, "the person's page refused a sign-in to a remote server");
+        let provider = match e {
+            crate::upstream::signin::LinkRefused::NoProvider(ns) => Some(ns.clone()),
+            _ => whose.map(|w| w.provider.clone()),
+        };
+        if self.count_refusal() {
+            let line = Event::ProviderState(ProviderState {
+                provider: provider.unwrap_or_default(),
+                state: "sign_in_refused".into(),
+                sandbox: None,
+                detail: ProviderDetail::Refused {
+                    code: e.code().into(),
+                    reason: e.to_string(),
+                },
+                turn: None,
+                principal: whose.map(|w| w.principal.clone()),
+                remote: None,
+            });
+            if let Err(err) = self.broker.kernel.recorder.append(&line).await {
+                tracing::error!(error = %err, "a refused sign-in not recorded");
+            }
+        }
+        sign_in_refused(e)
+    }
 }
 
 /// A sign-in link (`/signin/<one-time id>`, sent to the person through the harness): the
 /// signed-in person whose link it is is sent on to the server's authorization server.
 async fn sign_in_link(
     State(p): State<Shared>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
     Path(link): Path<String>,
     headers: HeaderMap,
 ) -> Response {
@@ -695,15 +789,24 @@ async fn sign_in_link(
     let Some((principal, _, _)) = p.session(&headers) else {
         return to_sign_in(&format!("/signin/{link}"));
     };
-    match signins.start_link(&link, &principal).await {
-        Ok(to) => guarded(Redirect::to(to.as_str()).into_response()),
-        Err(e) => sign_in_refused(&e),
+    let browser = match p.browser(&headers) {
+        Ok(b) => b,
+        Err(e) => return status_page(StatusCode::INTERNAL_SERVER_ERROR, "Sign-in failed", &e),
+    };
+    match signins.start_link(&link, &principal, &browser).await {
+        Ok(to) => p.to_authorization(&to, &browser),
+        Err(e) => p.refuse_sign_in(&e, peer).await,
     }
 }
 
 /// `/connect/<provider>`: the signed-in person signs in to a remote server ahead of any call
 /// (the `list_as` principal, before the provider can list its tools).
-async fn connect(State(p): State<Shared>, Path(ns): Path<String>, headers: HeaderMap) -> Response {
+async fn connect(
+    State(p): State<Shared>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
+    Path(ns): Path<String>,
+    headers: HeaderMap,
+) -> Response {
     let Some(signins) = p.broker.kernel.signins.clone() else {
         return status_page(
             StatusCode::NOT_FOUND,
@@ -721,9 +824,13 @@ async fn connect(State(p): State<Shared>, Path(ns): Path<String>, headers: Heade
     let Some((principal, _, _)) = p.session(&headers) else {
         return to_sign_in(&format!("/connect/{ns}"));
     };
-    match signins.start(&principal, &ns).await {
-        Ok(to) => guarded(Redirect::to(to.as_str()).into_response()),
-        Err(e) => sign_in_refused(&e),
+    let browser = match p.browser(&headers) {
+        Ok(b) => b,
+        Err(e) => return status_page(StatusCode::INTERNAL_SERVER_ERROR, "Sign-in failed", &e),
+    };
+    match signins.start(&principal, &ns, &browser).await {
+        Ok(to) => p.to_authorization(&to, &browser),
+        Err(e) => p.refuse_sign_in(&e, peer).await,
     }
 }
 
@@ -780,9 +887,17 @@ async fn sign_out(
 }
 
 /// The authorization server sends the browser back here: the code is exchanged for the
-/// person's tokens (bound by `state` to the principal and server the sign-in started for; no
-/// cookie: a `SameSite=Strict` one is not sent on the authorization server's redirect).
-async fn oauth_callback(State(p): State<Shared>, uri: Uri) -> Response {
+/// person's tokens, bound by `state` to the principal and server the sign-in started for, and
+/// to the browser that started it (its `SameSite=Lax` sign-in cookie, which the authorization
+/// server's redirect brings; the page's `SameSite=Strict` session cookie comes only when that
+/// redirect is same-site, and then must be the same principal's). Every refusal is recorded.
+async fn oauth_callback(
+    State(p): State<Shared>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    use crate::upstream::signin::LinkRefused;
     let Some(signins) = p.broker.kernel.signins.clone() else {
         return status_page(
             StatusCode::NOT_FOUND,
@@ -790,23 +905,23 @@ async fn oauth_callback(State(p): State<Shared>, uri: Uri) -> Response {
             "no remote server signs people in here",
         );
     };
+    let state = query(&uri, "state");
     if let Some(error) = query(&uri, "error") {
-        let mut error = error;
-        sharedos_proto::name::clip(&mut error, 120);
-        return status_page(
-            StatusCode::FORBIDDEN,
-            "Sign-in failed",
-            &format!("the authorization server said: {error}"),
-        );
+        let refused = match &state {
+            Some(state) => signins.deny(state, &error),
+            None => LinkRefused::StateUnknown,
+        };
+        return p.refuse_sign_in(&refused, peer).await;
     }
-    let (Some(code), Some(state)) = (query(&uri, "code"), query(&uri, "state")) else {
-        return status_page(
-            StatusCode::BAD_REQUEST,
-            "Sign-in failed",
-            "the authorization server sent no code and state",
-        );
+    let (Some(code), Some(state)) = (query(&uri, "code"), state) else {
+        return p.refuse_sign_in(&LinkRefused::StateUnknown, peer).await;
     };
-    match signins.finish(&state, &code).await {
+    let browser = Page::cookie_value(&headers, sign_in_cookie_name(p.https));
+    let session = p.session(&headers).map(|(principal, _, _)| principal);
+    match signins
+        .finish(&state, &code, browser.as_deref(), session.as_deref())
+        .await
+    {
         Ok((principal, ns)) => guarded(
             page(
                 "Signed in",
@@ -818,7 +933,7 @@ async fn oauth_callback(State(p): State<Shared>, uri: Uri) -> Response {
             )
             .into_response(),
         ),
-        Err(e) => sign_in_refused(&e),
+        Err(e) => p.refuse_sign_in(&e, peer).await,
     }
 }
 

@@ -507,7 +507,8 @@ impl UpstreamRequests {
         redact(&mut text);
         let value = serde_json::from_str(&text).unwrap_or(value);
         tracing::info!(provider = %self.provider, turn = %route.turn, principal = %route.principal, mode, ?round, "an upstream's question forwarded to the person");
-        let asked = tokio::time::timeout(wait, (route.ask)(self.provider.clone(), value)).await;
+        let asked =
+            tokio::time::timeout(wait, (route.ask)(self.provider.clone(), value, false)).await;
         let result = match asked {
             Err(_) => {
                 return Err(refuse(
@@ -1744,16 +1745,14 @@ impl McpProvider {
         let asked = match &route {
             None => Err("the call came from no harness that could show the link".to_owned()),
             Some(route) => {
+                // The link rides in `url` alone: the shim gives the question an
+                // `elicitationId` of its own (never the link's one-time id).
                 let params = json!({
                     "mode": "url",
-                    "message": format!(
-                        "Sign in to `{ns}` ({server}) so that the agent can use it for you. The link opens your SharedOS page; the call waits until you have signed in (at most {} s).",
-                        wait.as_secs()
-                    ),
+                    "message": sign_in_message(principal, ns, &server, wait),
                     "url": link.as_str(),
-                    "elicitationId": link.path().rsplit('/').next().unwrap_or_default(),
                 });
-                match tokio::time::timeout(wait, (route.ask)(ns.clone(), params)).await {
+                match tokio::time::timeout(wait, (route.ask)(ns.clone(), params, true)).await {
                     Err(_) => Err("the harness did not show the link in time".to_owned()),
                     Ok(Err(why)) => Err(format!("the harness could not show the link ({why})")),
                     Ok(Ok(answer)) => match answer.get("action").and_then(Value::as_str) {
@@ -2329,9 +2328,52 @@ impl ToolHandler for McpHandler {
     }
 }
 
+/// What the person is told when SharedOS asks them to sign in to remote server `ns` at
+/// `server`: SharedOS asks (not the server), for which principal, which server (its namespace
+/// and host), that the link opens the person's own page, and how long the call waits. The link
+/// itself is never in the text (it is the question's `url`).
+fn sign_in_message(principal: &str, ns: &str, server: &str, wait: Duration) -> String {
+    let host = url::Url::parse(server)
+        .ok()
+        .and_then(|u| {
+            u.host_str().map(|h| {
+                u.port()
+                    .map_or_else(|| h.to_owned(), |p| format!("{h}:{p}"))
+            })
+        })
+        .unwrap_or_else(|| "?".to_owned());
+    format!(
+        "SharedOS asks you, `{principal}`, to sign in to the remote MCP server `{ns}` ({host}), so that the agent's calls to it are made with your own access. The link opens your own SharedOS page (sign in there as `{principal}`), which sends you on to the server's sign-in; nothing you type there passes through the agent. The call waits until you have signed in (at most {} s).",
+        wait.as_secs()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sign-in question says SharedOS asks, whom, which server (namespace and host), that
+    /// the link opens the person's own page; the link is not in it.
+    #[test]
+    fn the_sign_in_question_says_who_asks_and_where() {
+        let m = sign_in_message(
+            "alice",
+            "gh",
+            "https://mcp.example.com/mcp",
+            Duration::from_secs(295),
+        );
+        assert!(
+            m.starts_with("SharedOS asks you, `alice`, to sign in to the remote MCP server `gh` (mcp.example.com)"),
+            "{m}"
+        );
+        assert!(m.contains("opens your own SharedOS page"), "{m}");
+        assert!(m.contains("at most 295 s"), "{m}");
+        assert!(!m.contains("http"), "{m}");
+        assert!(
+            sign_in_message("a", "r", "http://127.0.0.1:8080/mcp", Duration::ZERO)
+                .contains("`r` (127.0.0.1:8080)")
+        );
+    }
 
     #[test]
     fn scopes() {

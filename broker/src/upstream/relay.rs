@@ -25,8 +25,9 @@ pub struct Route {
     pub principal: String,
     /// Puts one question from a provider (its namespace, and the `elicitation/create` params
     /// as the server sent them) to the person and resolves with the client's result
-    /// (`action`, `content`), or why not.
-    pub ask: std::sync::Arc<dyn Fn(String, Value) -> AskFuture + Send + Sync>,
+    /// (`action`, `content`), or why not. The flag: the question is the broker's own (a
+    /// sign-in to that provider), shown as SharedOS's rather than the server's.
+    pub ask: std::sync::Arc<dyn Fn(String, Value, bool) -> AskFuture + Send + Sync>,
 }
 
 /// What a question resolves with: the client's `ElicitResult` as JSON, or why there is none.
@@ -108,7 +109,7 @@ mod tests {
         Route {
             turn: "t".into(),
             principal: principal.into(),
-            ask: std::sync::Arc::new(|_, _| Box::pin(async { Ok(Value::Null) })),
+            ask: std::sync::Arc::new(|_, _, _| Box::pin(async { Ok(Value::Null) })),
         }
     }
 

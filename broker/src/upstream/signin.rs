@@ -10,9 +10,11 @@
 //! - A principal's call without a token is held: the person is sent a link to their page (a
 //!   URL-mode elicitation through the harness) carrying a one-time id only; the page, with the
 //!   person signed in as that principal, sends the browser to the authorization server (`state`:
-//!   random, single use, expiring, bound to principal and provider; `resource`, RFC 8707); the
-//!   callback exchanges the code and stores the tokens; the held call then goes on. Without a
-//!   harness that shows links, the call fails `sign_in_required` with the link.
+//!   random, single use, expiring, bound to principal, provider and the browser's sign-in
+//!   cookie; `resource`, RFC 8707); the callback exchanges the code and stores the tokens; the
+//!   held call then goes on. Without a harness that shows links, the call fails
+//!   `sign_in_required` with the link. Every refusal ([`LinkRefused`]) has a code the page
+//!   records; a used link or `state` is remembered for a while, so that a replay is told apart.
 //! - The tokens are stored in a folder of the broker's own, `<record>.oauth/<principal>/<provider>`
 //!   (0600 JSON files in 0700 folders, checked like the secret store's): written by the broker,
 //!   kept across restarts so a person signs in once, never another principal's. Every token read
@@ -661,25 +663,142 @@ struct Link {
     until: Instant,
 }
 
-/// A started sign-in, by its `state`.
+/// A started sign-in, by its `state`: bound to the principal and provider, and to the browser
+/// that started it (the value of its sign-in cookie).
 struct Flow {
     principal: String,
     provider: String,
     verifier: String,
+    browser: String,
     until: Instant,
 }
 
-/// Why a sign-in link or callback was refused.
+/// A used link or `state`, kept for [`SIGN_IN_LIFETIME`] so that a replay is told (and
+/// recorded) as one, with whose it was.
+struct Used {
+    principal: String,
+    provider: String,
+    until: Instant,
+}
+
+/// Whose a refused link or sign-in was: its principal and provider.
+#[derive(Debug, Clone)]
+pub struct Whose {
+    pub principal: String,
+    pub provider: String,
+}
+
+/// Why a sign-in link or callback was refused. None carries a token, a code or a `state`.
 #[derive(Debug, thiserror::Error)]
 pub enum LinkRefused {
-    #[error("no sign-in has this link, or it was used or is too old (links last {} s): call again for a new one", SIGN_IN_LIFETIME.as_secs())]
+    #[error("no sign-in has this link: call again for a new one")]
     Unknown,
-    #[error("this sign-in is for principal `{owner}`; you are signed in as `{signed_in}`")]
-    NotYours { owner: String, signed_in: String },
+    #[error("this sign-in link of `{}` to `{}` was used already: a link works once; call again for a new one", .0.principal, .0.provider)]
+    Used(Whose),
+    #[error("this sign-in link of `{}` to `{}` is too old (links last {} s): call again for a new one", .0.principal, .0.provider, SIGN_IN_LIFETIME.as_secs())]
+    Expired(Whose),
+    #[error("this sign-in is for principal `{}`; you are signed in as `{signed_in}`", .whose.principal)]
+    NotYours { whose: Whose, signed_in: String },
     #[error("no provider `{0}` signs people in")]
     NoProvider(String),
     #[error("{0}")]
     Failed(String),
+    #[error("the authorization server sent back a sign-in this page never started: start again")]
+    StateUnknown,
+    #[error("this sign-in of `{}` to `{}` was finished or refused already: a sign-in is used once; start again", .0.principal, .0.provider)]
+    StateUsed(Whose),
+    #[error("this sign-in of `{}` to `{}` is too old (sign-ins last {} s): start again", .0.principal, .0.provider, SIGN_IN_LIFETIME.as_secs())]
+    StateExpired(Whose),
+    #[error("this sign-in of `{}` to `{}` was started in another browser: it is refused here; start again from your own page", .0.principal, .0.provider)]
+    OtherBrowser(Whose),
+    #[error("this sign-in to `{}` is for principal `{}`, and this browser is signed in to the page as `{signed_in}`: refused", .whose.provider, .whose.principal)]
+    OtherPrincipal { whose: Whose, signed_in: String },
+    #[error("the authorization server refused the sign-in of `{}` to `{}` ({error})", .whose.principal, .whose.provider)]
+    Denied { whose: Whose, error: String },
+    #[error("the sign-in of `{}` to `{}` could not be finished: {why}", .whose.principal, .whose.provider)]
+    TokenFailed { whose: Whose, why: String },
+}
+
+impl LinkRefused {
+    /// The refusal's code, as the record has it.
+    pub fn code(&self) -> &'static str {
+        match self {
+            LinkRefused::Unknown => "link_unknown",
+            LinkRefused::Used(_) => "link_used",
+            LinkRefused::Expired(_) => "link_expired",
+            LinkRefused::NotYours { .. } => "link_not_yours",
+            LinkRefused::NoProvider(_) => "no_provider",
+            LinkRefused::Failed(_) => "start_failed",
+            LinkRefused::StateUnknown => "state_unknown",
+            LinkRefused::StateUsed(_) => "state_used",
+            LinkRefused::StateExpired(_) => "state_expired",
+            LinkRefused::OtherBrowser(_) => "other_browser",
+            LinkRefused::OtherPrincipal { .. } => "not_yours",
+            LinkRefused::Denied { .. } => "authorization_refused",
+            LinkRefused::TokenFailed { .. } => "token_failed",
+        }
+    }
+
+    /// Whose link or sign-in it was, when the page knows.
+    pub fn whose(&self) -> Option<&Whose> {
+        match self {
+            LinkRefused::Used(w)
+            | LinkRefused::Expired(w)
+            | LinkRefused::StateUsed(w)
+            | LinkRefused::StateExpired(w)
+            | LinkRefused::OtherBrowser(w)
+            | LinkRefused::NotYours { whose: w, .. }
+            | LinkRefused::OtherPrincipal { whose: w, .. }
+            | LinkRefused::Denied { whose: w, .. }
+            | LinkRefused::TokenFailed { whose: w, .. } => Some(w),
+            LinkRefused::Unknown
+            | LinkRefused::NoProvider(_)
+            | LinkRefused::Failed(_)
+            | LinkRefused::StateUnknown => None,
+        }
+    }
+}
+
+/// Keeps `id` as used (bounded, the oldest go first).
+fn tombstone(used: &mut HashMap<String, Used>, id: String, principal: &str, provider: &str) {
+    let now = Instant::now();
+    used.retain(|_, u| u.until > now);
+    if used.len() >= MAX_PENDING
+        && let Some(oldest) = used
+            .iter()
+            .min_by_key(|(_, u)| u.until)
+            .map(|(k, _)| k.clone())
+    {
+        used.remove(&oldest);
+    }
+    used.insert(
+        id,
+        Used {
+            principal: principal.to_owned(),
+            provider: provider.to_owned(),
+            until: now + SIGN_IN_LIFETIME,
+        },
+    );
+}
+
+/// A used id's owner, if it was used recently.
+fn used_by(used: &HashMap<String, Used>, id: &str) -> Option<Whose> {
+    used.get(id)
+        .filter(|u| u.until > Instant::now())
+        .map(|u| Whose {
+            principal: u.principal.clone(),
+            provider: u.provider.clone(),
+        })
+}
+
+/// An OAuth error code from the authorization server's redirect, as shown and recorded:
+/// printable ASCII, at most 64 characters.
+pub fn error_code(error: &str) -> String {
+    error
+        .chars()
+        .filter(char::is_ascii_graphic)
+        .take(64)
+        .collect()
 }
 
 /// The sign-ins of every `authorization_code` provider: the clients, the links and started
@@ -691,6 +810,8 @@ pub struct SignIns {
     clients: std::sync::Mutex<HashMap<String, Arc<AuthCodeClient>>>,
     links: std::sync::Mutex<HashMap<String, Link>>,
     flows: std::sync::Mutex<HashMap<String, Flow>>,
+    used_links: std::sync::Mutex<HashMap<String, Used>>,
+    used_states: std::sync::Mutex<HashMap<String, Used>>,
     signed_in: tokio::sync::watch::Sender<u64>,
     /// Bumped for a principal and provider when their sign-in is forgotten: a session's
     /// cached token of an older epoch is not sent again.
@@ -708,6 +829,8 @@ impl SignIns {
             clients: std::sync::Mutex::default(),
             links: std::sync::Mutex::default(),
             flows: std::sync::Mutex::default(),
+            used_links: std::sync::Mutex::default(),
+            used_states: std::sync::Mutex::default(),
             signed_in: tokio::sync::watch::Sender::new(0),
             epochs: std::sync::Mutex::default(),
         })
@@ -762,32 +885,60 @@ impl SignIns {
         Ok(url)
     }
 
-    /// Takes link `id` for the signed-in `principal` (used once) and starts the sign-in: the
-    /// authorization server URL to send the browser to.
-    pub async fn start_link(&self, id: &str, principal: &str) -> Result<url::Url, LinkRefused> {
+    /// Takes link `id` for the signed-in `principal` (used once) and starts the sign-in in the
+    /// browser whose sign-in cookie is `browser`: the authorization server URL to send it to.
+    /// A link of another principal is refused and stays usable by its own.
+    pub async fn start_link(
+        &self,
+        id: &str,
+        principal: &str,
+        browser: &str,
+    ) -> Result<url::Url, LinkRefused> {
         let link = {
             let mut links = crate::lock(&self.links);
+            let whose = |l: &Link| Whose {
+                principal: l.principal.clone(),
+                provider: l.provider.clone(),
+            };
             match links.get(id) {
-                None => return Err(LinkRefused::Unknown),
+                None => {
+                    return Err(match used_by(&crate::lock(&self.used_links), id) {
+                        Some(w) => LinkRefused::Used(w),
+                        None => LinkRefused::Unknown,
+                    });
+                }
                 Some(l) if l.until <= Instant::now() => {
+                    let w = whose(l);
                     links.remove(id);
-                    return Err(LinkRefused::Unknown);
+                    return Err(LinkRefused::Expired(w));
                 }
                 Some(l) if l.principal != principal => {
                     return Err(LinkRefused::NotYours {
-                        owner: l.principal.clone(),
+                        whose: whose(l),
                         signed_in: principal.to_owned(),
                     });
                 }
                 Some(_) => links.remove(id).ok_or(LinkRefused::Unknown)?,
             }
         };
-        self.start(principal, &link.provider).await
+        tombstone(
+            &mut crate::lock(&self.used_links),
+            id.to_owned(),
+            &link.principal,
+            &link.provider,
+        );
+        self.start(principal, &link.provider, browser).await
     }
 
-    /// Starts `principal`'s sign-in to `ns`: a fresh `state` (single use, expiring, bound to
-    /// both) and PKCE verifier; the authorization URL.
-    pub async fn start(&self, principal: &str, ns: &str) -> Result<url::Url, LinkRefused> {
+    /// Starts `principal`'s sign-in to `ns` in the browser whose sign-in cookie is `browser`: a
+    /// fresh `state` (single use, expiring, bound to all three) and PKCE verifier; the
+    /// authorization URL.
+    pub async fn start(
+        &self,
+        principal: &str,
+        ns: &str,
+        browser: &str,
+    ) -> Result<url::Url, LinkRefused> {
         let client = self
             .client(ns)
             .ok_or_else(|| LinkRefused::NoProvider(ns.to_owned()))?;
@@ -813,6 +964,7 @@ impl SignIns {
                 principal: principal.to_owned(),
                 provider: ns.to_owned(),
                 verifier,
+                browser: browser.to_owned(),
                 until: now + SIGN_IN_LIFETIME,
             },
         );
@@ -820,22 +972,77 @@ impl SignIns {
         Ok(url)
     }
 
-    /// The authorization server sent the browser back with `code` for `state`: the code is
-    /// exchanged and the tokens stored for the state's principal and provider (returned).
-    pub async fn finish(&self, state: &str, code: &str) -> Result<(String, String), LinkRefused> {
-        let flow = crate::lock(&self.flows)
-            .remove(state)
-            .filter(|f| f.until > Instant::now())
-            .ok_or(LinkRefused::Unknown)?;
+    /// Takes the started sign-in of `state` (once: whatever becomes of it, it is used).
+    fn take(&self, state: &str) -> Result<(Flow, Whose), LinkRefused> {
+        let Some(flow) = crate::lock(&self.flows).remove(state) else {
+            return Err(match used_by(&crate::lock(&self.used_states), state) {
+                Some(w) => LinkRefused::StateUsed(w),
+                None => LinkRefused::StateUnknown,
+            });
+        };
+        tombstone(
+            &mut crate::lock(&self.used_states),
+            state.to_owned(),
+            &flow.principal,
+            &flow.provider,
+        );
+        let whose = Whose {
+            principal: flow.principal.clone(),
+            provider: flow.provider.clone(),
+        };
+        if flow.until <= Instant::now() {
+            return Err(LinkRefused::StateExpired(whose));
+        }
+        Ok((flow, whose))
+    }
+
+    /// The authorization server sent the browser back with an error (`access_denied`, say)
+    /// for `state`: the sign-in is over, refused.
+    pub fn deny(&self, state: &str, error: &str) -> LinkRefused {
+        match self.take(state) {
+            Ok((_, whose)) => LinkRefused::Denied {
+                whose,
+                error: error_code(error),
+            },
+            Err(e) => e,
+        }
+    }
+
+    /// The authorization server sent the browser back with `code` for `state`: in the browser
+    /// that started it (`browser`, its sign-in cookie) and, if that browser is signed in to
+    /// the page (`session`), as the same principal, the code is exchanged and the tokens
+    /// stored for the state's principal and provider (returned).
+    pub async fn finish(
+        &self,
+        state: &str,
+        code: &str,
+        browser: Option<&str>,
+        session: Option<&str>,
+    ) -> Result<(String, String), LinkRefused> {
+        use subtle::ConstantTimeEq as _;
+        let (flow, whose) = self.take(state)?;
+        if let Some(signed_in) = session.filter(|p| *p != flow.principal) {
+            return Err(LinkRefused::OtherPrincipal {
+                whose,
+                signed_in: signed_in.to_owned(),
+            });
+        }
+        if !browser.is_some_and(|b| bool::from(b.as_bytes().ct_eq(flow.browser.as_bytes()))) {
+            return Err(LinkRefused::OtherBrowser(whose));
+        }
         let client = self
             .client(&flow.provider)
             .ok_or_else(|| LinkRefused::NoProvider(flow.provider.clone()))?;
+        let failed = |why: String| LinkRefused::TokenFailed {
+            whose: whose.clone(),
+            why,
+        };
         let stored = client
             .exchange(code, &flow.verifier)
             .await
-            .map_err(LinkRefused::Failed)?;
+            .map_err(failed)?;
         self.save(&flow.principal, &flow.provider, &stored)
-            .map_err(LinkRefused::Failed)?;
+            .map_err(failed)?;
         tracing::info!(provider = %flow.provider, principal = %flow.principal, "signed in to a remote server");
         self.signed_in.send_modify(|n| *n += 1);
         Ok((flow.principal, flow.provider))
@@ -1043,6 +1250,105 @@ mod tests {
         );
         assert_eq!(resource_metadata_of("Basic realm=x"), None);
         assert_eq!(resource_metadata_of("Bearer error=x"), None);
+    }
+
+    fn signins() -> Arc<SignIns> {
+        let dir = std::env::temp_dir().join("sharedos-signin-unit");
+        SignIns::new(
+            url::Url::parse("http://127.0.0.1:1/").expect("url"),
+            &dir.join("record.jsonl"),
+            Arc::new(Known::default()),
+        )
+    }
+
+    fn flow(s: &SignIns, state: &str, principal: &str, until: Instant) {
+        crate::lock(&s.flows).insert(
+            state.to_owned(),
+            Flow {
+                principal: principal.into(),
+                provider: "r".into(),
+                verifier: "v".into(),
+                browser: "b".repeat(43),
+                until,
+            },
+        );
+    }
+
+    /// Each way a link or a callback is refused has its own code; a used link or state is told
+    /// as used (with whose), an old one as expired, and a refused callback uses its state up.
+    #[tokio::test]
+    async fn refusals_are_told_apart() {
+        let s = signins();
+        let link = s.link("alice", "r").expect("link");
+        let id = link.path().rsplit('/').next().expect("id").to_owned();
+        let code = |r: Result<url::Url, LinkRefused>| r.err().map(|e| e.code());
+        let b = "b".repeat(43);
+        assert_eq!(
+            code(s.start_link(&id, "bob", &b).await),
+            Some("link_not_yours")
+        );
+        // Still alice's: it starts (no client here), and is then used.
+        assert_eq!(
+            code(s.start_link(&id, "alice", &b).await),
+            Some("no_provider")
+        );
+        assert_eq!(
+            code(s.start_link(&id, "alice", &b).await),
+            Some("link_used")
+        );
+        assert_eq!(
+            code(s.start_link("0".repeat(32).as_str(), "alice", &b).await),
+            Some("link_unknown")
+        );
+        let old = s.link("alice", "r").expect("link");
+        let old = old.path().rsplit('/').next().expect("id").to_owned();
+        if let Some(l) = crate::lock(&s.links).get_mut(&old) {
+            l.until = Instant::now() - Duration::from_secs(1);
+        }
+        assert_eq!(
+            code(s.start_link(&old, "alice", &b).await),
+            Some("link_expired")
+        );
+
+        let finish =
+            |state: &'static str, browser: Option<&'static str>, session: Option<&'static str>| {
+                let s = s.clone();
+                async move {
+                    s.finish(state, "c", browser, session)
+                        .await
+                        .err()
+                        .map(|e| e.code())
+                }
+            };
+        let later = Instant::now() + SIGN_IN_LIFETIME;
+        let b: &'static str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+        flow(&s, "s1", "alice", later);
+        assert_eq!(finish("s1", Some(b), Some("bob")).await, Some("not_yours"));
+        assert_eq!(finish("s1", Some(b), None).await, Some("state_used"));
+        flow(&s, "s2", "alice", later);
+        assert_eq!(finish("s2", None, None).await, Some("other_browser"));
+        flow(&s, "s3", "alice", later);
+        assert_eq!(
+            finish("s3", Some("x"), Some("alice")).await,
+            Some("other_browser")
+        );
+        flow(&s, "s4", "alice", Instant::now() - Duration::from_secs(1));
+        assert_eq!(finish("s4", Some(b), None).await, Some("state_expired"));
+        assert_eq!(finish("never", Some(b), None).await, Some("state_unknown"));
+        flow(&s, "s5", "alice", later);
+        let denied = s.deny("s5", "access_denied\u{7}<b>");
+        assert_eq!(denied.code(), "authorization_refused");
+        assert!(
+            denied.to_string().contains("(access_denied<b>)"),
+            "{denied}"
+        );
+        assert_eq!(finish("s5", Some(b), None).await, Some("state_used"));
+        // The browser and principal match: on to the exchange (no client here).
+        flow(&s, "s6", "alice", later);
+        assert_eq!(
+            finish("s6", Some(b), Some("alice")).await,
+            Some("no_provider")
+        );
     }
 
     #[test]

@@ -468,6 +468,19 @@ async fn the_person_approves_on_their_page_and_nothing_else_decides() {
     let questions = report["questions"].as_array().expect("questions");
     assert_eq!(questions.len(), 1, "{report}");
     assert_eq!(questions[0]["mode"], "url", "{report}");
+    // Decided on the page: the client is told once, by the question's elicitationId
+    // (`notifications/elicitation/complete`, before the call's answer).
+    assert!(
+        questions[0]["elicitationId"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("sharedos-page-")),
+        "{report}"
+    );
+    assert_eq!(
+        report["completed"],
+        json!([questions[0]["elicitationId"]]),
+        "{report}"
+    );
 
     // The used link, replayed.
     let (status, _) = world

@@ -68,6 +68,8 @@ struct World {
     log: PathBuf,
     page: u16,
     oidc: u16,
+    /// The remote MCP server's port.
+    server_port: u16,
     server_log: PathBuf,
     browser: std::collections::BTreeMap<String, String>,
     grants: Arc<Mutex<Vec<String>>>,
@@ -77,7 +79,8 @@ struct World {
 }
 
 impl World {
-    async fn start(python: &str) -> Option<Self> {
+    /// The world with `list_as` the principal the provider lists its tools as.
+    async fn start(python: &str, list_as: &str) -> Option<Self> {
         let browser = installed("browser", ".ci/install-browser")?;
         let (page, oidc, port) = (free_port(), free_port(), free_port());
         let dir = tempfile::Builder::new()
@@ -139,9 +142,9 @@ impl World {
                      issuer = \"http://127.0.0.1:{oidc}\"\nclient_id = \"{CLIENT_ID}\"\n\
                      client_secret_file = \"{}\"\nprincipal_claim = \"preferred_username\"\n\
                      [[providers]]\ntype = \"mcp\"\nnamespace = \"r\"\nurl = \"{resource}\"\n\
-                     instances = \"per_principal\"\nlist_as = \"alice\"\ncall_timeout_seconds = 300\n\
+                     instances = \"per_principal\"\nlist_as = \"{list_as}\"\ncall_timeout_seconds = 300\n\
                      startup_timeout_seconds = 20\n[providers.oauth]\ngrant = \"authorization_code\"\n",
-                    secret.display()
+                    secret.display(),
                 ),
                 ..Options::default()
             },
@@ -165,6 +168,7 @@ impl World {
             log,
             page,
             oidc,
+            server_port: port,
             server_log,
             browser,
             grants,
@@ -182,6 +186,22 @@ impl World {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Some(world)
+    }
+
+    /// Waits until provider `r` is ready with its tools listed.
+    async fn wait_listed(&self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, r) = self.providers().await;
+            if r["state"] == "ready" && r["tools"].as_array().is_some_and(|t| !t.is_empty()) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "r never listed its tools: {r}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     async fn control(&self, req: ControlRequest) -> ControlResponse {
@@ -306,9 +326,84 @@ impl World {
         (status, text)
     }
 
+    /// A crafted `GET path` to the page with `cookies` (a `Cookie` header's value): (status,
+    /// the whole response).
+    async fn get(&self, path: &str, cookies: &str) -> (u16, String) {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.page))
+            .await
+            .expect("connect to the page");
+        let request = format!(
+            "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{}\r\nCookie: {cookies}\r\n\r\n",
+            self.page
+        );
+        s.write_all(request.as_bytes()).await.expect("write");
+        let mut buf = Vec::new();
+        tokio::time::timeout(WAIT, s.read_to_end(&mut buf))
+            .await
+            .expect("the page answers in time")
+            .expect("read");
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        (status, text)
+    }
+
+    /// A sign-in started with a crafted `GET path` (`/signin/<id>` or `/connect/r`) as the
+    /// page's session `cookie`: the authorization server URL the page sends the browser to, its
+    /// `state`, and the browser's sign-in cookie (`sharedos-signin=…`).
+    async fn start_sign_in(&self, path: &str, cookie: &str) -> (String, String, String) {
+        let (status, text) = self.get(path, &format!("sharedos-page={cookie}")).await;
+        assert_eq!(status, 303, "{text}");
+        let header = |name: &str| {
+            text.lines()
+                .find_map(|l| {
+                    l.split_once(':')
+                        .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+                        .map(|(_, v)| v.trim().to_owned())
+                })
+                .unwrap_or_else(|| panic!("no {name}: {text}"))
+        };
+        let to = header("location");
+        assert!(
+            to.starts_with(&format!("http://127.0.0.1:{}/", self.oidc)),
+            "{to}"
+        );
+        // A state is URL-safe base64: as it is in the query.
+        let state = to
+            .split(['?', '&'])
+            .find_map(|p| p.strip_prefix("state="))
+            .expect("a state")
+            .to_owned();
+        let cookie = header("set-cookie");
+        assert!(
+            cookie.starts_with("sharedos-signin=")
+                && cookie.contains("HttpOnly")
+                && cookie.contains("SameSite=Lax"),
+            "{cookie}"
+        );
+        let browser = cookie.split(';').next().unwrap_or_default().to_owned();
+        (to, state, browser)
+    }
+
+    /// The person at the browser: signed in at `first` (the page), then opens `then` in the
+    /// same browser; the report of `then`.
+    async fn person_then(&self, first: &str, user: &str, then: &str) -> Value {
+        self.person_run(first, user, "show", Some(then)).await
+    }
+
     /// `page_person.py URL USER ACTION`, its report.
     async fn person_does(&self, url: &str, user: &str, action: &str) -> Value {
+        self.person_run(url, user, action, None).await
+    }
+
+    async fn person_run(&self, url: &str, user: &str, action: &str, then: Option<&str>) -> Value {
         let mut cmd = tokio::process::Command::new(&self.browser["SELENIUM_PYTHON"]);
+        if let Some(then) = then {
+            cmd.env("THEN_URL", then);
+        }
         cmd.arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/python/page_person.py"
@@ -391,7 +486,7 @@ async fn people_sign_in_to_a_remote_server_and_their_calls_carry_their_own_token
     let Some(python) = crate::remote::python() else {
         return;
     };
-    let Some(world) = World::start(&python).await else {
+    let Some(world) = World::start(&python, "alice").await else {
         return;
     };
     let base = format!("http://127.0.0.1:{}", world.page);
@@ -468,7 +563,15 @@ async fn people_sign_in_to_a_remote_server_and_their_calls_carry_their_own_token
         Some(1),
         "{report}"
     );
-    assert_eq!(report["questions"][0]["mode"], "url", "{report}");
+    let asked = &report["questions"][0];
+    assert_eq!(asked["mode"], "url", "{report}");
+    assert_sign_in_question(asked, "bob", &link, world.server_port);
+    // The client is told once that the sign-in it showed is complete, by its elicitationId.
+    assert_eq!(
+        report["completed"],
+        json!([asked["elicitationId"]]),
+        "{report}"
+    );
     answers.push(report.to_string());
     assert_eq!(world.server_lines("whoami bob"), 1);
     assert_eq!(world.grants("grant authorization_code bob mcp"), 1);
@@ -580,6 +683,8 @@ async fn people_sign_in_to_a_remote_server_and_their_calls_carry_their_own_token
     assert_eq!(report["calls"][0][2], "sign_in_required", "{report}");
     let link = std::fs::read_to_string(&url_file).expect("a new link");
     assert!(link.starts_with(&format!("{base}/signin/")), "{link}");
+    // Declined: no sign-in to complete, and none is said to be.
+    assert_eq!(report["completed"], json!([]), "{report}");
     assert!(
         report["calls"][0][1]
             .as_str()
@@ -627,4 +732,255 @@ async fn people_sign_in_to_a_remote_server_and_their_calls_carry_their_own_token
 /// A call line's outcome code.
 fn meta_code(line: &Value) -> String {
     line["code"].as_str().unwrap_or_default().to_owned()
+}
+
+/// The sign-in question as the harness showed it: SharedOS asks `principal` to sign in to `r`
+/// at the server's host, the link opens their own page, and the link is in `url` alone (the
+/// `elicitationId` is the shim's own, not the link's one-time id).
+fn assert_sign_in_question(asked: &Value, principal: &str, link: &str, port: u16) {
+    let message = asked["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with(&format!(
+            "SharedOS asks you, `{principal}`, to sign in to the remote MCP server `r` (127.0.0.1:{port})"
+        )),
+        "{message}"
+    );
+    assert!(
+        message.contains("opens your own SharedOS page"),
+        "{message}"
+    );
+    assert!(!message.contains("it is not SharedOS asking"), "{message}");
+    assert_eq!(asked["url"], link, "{asked}");
+    let id = link.rsplit('/').next().unwrap_or_default();
+    let shown = asked.to_string().replace(link, "");
+    assert!(!shown.contains(id), "the link's id outside `url`: {asked}");
+    assert!(
+        asked["elicitationId"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("sharedos-signin-")),
+        "{asked}"
+    );
+    assert_eq!(
+        asked["_meta"],
+        json!({"io.sharedos/sign-in": "r"}),
+        "{asked}"
+    );
+}
+
+/// Issue 45 item 1: every sign-in that does not finish is refused and leaves a
+/// `provider_state` line `sign_in_refused` with its code and why (never a token, a code or a
+/// state), and the held call is not sent: alice's link opened by bob, a link no sign-in has,
+/// alice's link replayed; bob completing alice's sign-in at the authorization server in his own
+/// browser (not the one that started it), and then in a browser signed in to the page as bob; a
+/// used `state` replayed; a `state` never given; the authorization server's `access_denied`; a
+/// code the token endpoint refuses. Then alice signs in herself, and her held call goes on once,
+/// with her own token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium, selenium and oidc-provider (.ci/install-browser) and PyPI mcp 2.3.0 in SHAREDOS_PYTHON"]
+async fn refused_sign_ins_are_recorded_and_the_held_call_is_not_sent() {
+    let Some(python) = crate::remote::python() else {
+        return;
+    };
+    let Some(world) = World::start(&python, "bob").await else {
+        return;
+    };
+    let base = format!("http://127.0.0.1:{}", world.page);
+
+    // bob (the provider's list_as) signs in to the server on his page; the tools are listed.
+    let bob = world
+        .person_does(&format!("{base}/connect/r"), "bob", "session")
+        .await;
+    assert_eq!(bob["title"], "Signed in", "{bob}");
+    let bob_cookie = bob["cookies"]["sharedos-page"]
+        .as_str()
+        .expect("bob's session cookie")
+        .to_owned();
+    world.wait_listed().await;
+
+    // alice's first call is held: her harness is shown a link to her page.
+    let turn = world.open_turn("alice").await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let url_file = dir.path().join("url");
+    let harness = world.harness(&python, turn.token.expose(), "approve", &url_file);
+    eventually("alice's harness is shown the link", || url_file.exists()).await;
+    let link = std::fs::read_to_string(&url_file).expect("url");
+    let link_path = link
+        .strip_prefix(&base)
+        .expect("a link of the page")
+        .to_owned();
+    let alice = world
+        .person_does(&format!("{base}/"), "alice", "session")
+        .await;
+    let alice_cookie = alice["cookies"]["sharedos-page"]
+        .as_str()
+        .expect("alice's session cookie")
+        .to_owned();
+
+    // Links: bob opens alice's; an id no link has; alice's used, then replayed.
+    let (status, text) = world
+        .get(&link_path, &format!("sharedos-page={bob_cookie}"))
+        .await;
+    assert_eq!(status, 403, "{text}");
+    let (status, text) = world
+        .get(
+            "/signin/0123456789abcdef0123456789abcdef",
+            &format!("sharedos-page={alice_cookie}"),
+        )
+        .await;
+    assert_eq!(status, 410, "{text}");
+    let (to, state, browser) = world.start_sign_in(&link_path, &alice_cookie).await;
+    let (status, text) = world
+        .get(&link_path, &format!("sharedos-page={alice_cookie}"))
+        .await;
+    assert_eq!(status, 410, "{text}");
+    assert!(text.contains("was used already"), "{text}");
+
+    // bob, in a browser of his own, signs in at the authorization server on alice's sign-in.
+    let r = world.person(&to, "bob").await;
+    assert_eq!(r["title"], "Sign-in refused", "{r}");
+    assert!(
+        r["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("started in another browser")),
+        "{r}"
+    );
+    // Its state again, from alice's own browser: used.
+    let (status, text) = world
+        .get(&format!("/oauth/callback?code=x&state={state}"), &browser)
+        .await;
+    assert_eq!(status, 410, "{text}");
+    let (status, text) = world
+        .get("/oauth/callback?code=x&state=never-given", &browser)
+        .await;
+    assert_eq!(status, 400, "{text}");
+
+    // bob, signed in to the page as bob, on another sign-in of alice's (started at /connect/r).
+    let (to, _, _) = world.start_sign_in("/connect/r", &alice_cookie).await;
+    let r = world.person_then(&format!("{base}/"), "bob", &to).await;
+    assert_eq!(r["first_title"], "Waiting for your approval", "{r}");
+    assert_eq!(r["title"], "Sign-in refused", "{r}");
+    assert!(
+        r["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("signed in to the page as `bob`")),
+        "{r}"
+    );
+
+    // The authorization server refuses (access_denied), and the token endpoint refuses a code.
+    let (_, state, browser) = world.start_sign_in("/connect/r", &alice_cookie).await;
+    let (status, text) = world
+        .get(
+            &format!("/oauth/callback?error=access_denied&state={state}"),
+            &browser,
+        )
+        .await;
+    assert_eq!(status, 403, "{text}");
+    let (_, state, browser) = world.start_sign_in("/connect/r", &alice_cookie).await;
+    let (status, text) = world
+        .get(
+            &format!("/oauth/callback?code=not-a-code&state={state}"),
+            &browser,
+        )
+        .await;
+    assert_eq!(status, 502, "{text}");
+    assert_eq!(
+        world.grants("grant-error authorization_code invalid_grant"),
+        1
+    );
+
+    // Nothing reached the server for alice, and nothing is stored for her.
+    assert_eq!(world.server_lines("whoami alice"), 0);
+    assert_eq!(world.server_lines("whoami bob"), 0);
+    assert!(
+        world.stored("alice").is_none(),
+        "bob's sign-in is not alice's"
+    );
+    let refused: Vec<Value> = world
+        .records("provider_state")
+        .into_iter()
+        .filter(|l| l["state"] == "sign_in_refused")
+        .collect();
+    let codes: Vec<&str> = refused.iter().filter_map(|l| l["code"].as_str()).collect();
+    assert_eq!(
+        codes,
+        [
+            "link_not_yours",
+            "link_unknown",
+            "link_used",
+            "other_browser",
+            "state_used",
+            "state_unknown",
+            "not_yours",
+            "authorization_refused",
+            "token_failed",
+        ],
+        "{refused:?}"
+    );
+    for line in &refused {
+        let unknown = matches!(
+            line["code"].as_str(),
+            Some("link_unknown" | "state_unknown")
+        );
+        let (provider, principal) = if unknown {
+            (json!(""), Value::Null)
+        } else {
+            (json!("r"), json!("alice"))
+        };
+        assert_eq!(line["provider"], provider, "{line}");
+        assert_eq!(line["principal"], principal, "{line}");
+        assert!(
+            line["reason"].as_str().is_some_and(|r| !r.is_empty()),
+            "{line}"
+        );
+    }
+    assert!(
+        refused[7]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("access_denied"))
+    );
+    assert!(
+        refused[8]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("invalid_grant"))
+    );
+
+    // alice signs in herself: her held call goes on, once, with her own token.
+    let shown = world.person(&format!("{base}/connect/r"), "alice").await;
+    assert_eq!(shown["title"], "Signed in", "{shown}");
+    let report = harness.await.expect("harness");
+    assert_eq!(
+        report["calls"][0],
+        json!([false, "alice", "ok"]),
+        "{report}"
+    );
+    assert_eq!(
+        report["questions"].as_array().map(Vec::len),
+        Some(1),
+        "{report}"
+    );
+    assert_sign_in_question(&report["questions"][0], "alice", &link, world.server_port);
+    assert_eq!(
+        report["completed"],
+        json!([report["questions"][0]["elicitationId"]]),
+        "{report}"
+    );
+    assert_eq!(world.server_lines("whoami alice"), 1);
+    assert_eq!(world.server_lines("whoami bob"), 0);
+    let states: Vec<String> = world
+        .records("provider_state")
+        .into_iter()
+        .filter(|l| l["principal"] == "alice")
+        .filter_map(|l| l["state"].as_str().map(str::to_owned))
+        .filter(|s| s.starts_with("sign"))
+        .collect();
+    assert_eq!(states.first().map(String::as_str), Some("sign_in_asked"));
+    assert_eq!(states.last().map(String::as_str), Some("signed_in"));
+    assert_eq!(states.len(), 2 + refused.len() - 2, "{states:?}");
+    // No token, code or state in the record.
+    let (tokens, _) = world.stored("alice").expect("alice's tokens");
+    let record = world.record();
+    for t in tokens {
+        assert!(!record.contains(&t), "a token in the record");
+    }
+    assert!(!record.contains(&state), "a state in the record");
 }
