@@ -156,6 +156,8 @@ pub(crate) async fn build(
             secrets.known.clone(),
         )
     });
+    // The subject tokens hosts hand in at turn open (`grant = "token_exchange"`).
+    let subject_tokens = Arc::new(crate::upstream::exchange::SubjectTokens::default());
     let mut starting = Vec::new();
     for provider in &config.providers {
         let ProviderConfig::Mcp(cfg) = provider else {
@@ -181,6 +183,12 @@ pub(crate) async fn build(
                 detail,
             })?;
         }
+        p.attach_exchange(&subject_tokens)
+            .map_err(|detail| StartError::Provider {
+                namespace: p.namespace().to_owned(),
+                config: config.source.clone(),
+                detail,
+            })?;
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(p.clone().supervise(tx));
         registry.providers.push(p.clone());
@@ -235,6 +243,7 @@ pub(crate) async fn build(
     }
     kernel.known_secrets = secrets.known.clone();
     kernel.signins = signins;
+    kernel.subject_tokens = subject_tokens;
     if let Some(otel) = crate::telemetry::effective(config.otel.as_ref()) {
         kernel.telemetry = crate::telemetry::Telemetry::start(&otel)?;
         // Checkpoints (and every line with `logs = true`) go out as log records, queued.

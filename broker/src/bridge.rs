@@ -608,6 +608,7 @@ impl Relays {
         crate::upstream::relay::Route {
             turn: turn.id.clone(),
             principal: turn.context.principal.clone(),
+            subject_token: turn.subject_token.clone(),
             ask: Arc::new(move |provider, request, sign_in| {
                 let (relays, out) = (relays.clone(), out.clone());
                 Box::pin(async move {

@@ -370,6 +370,32 @@ pub struct OAuthConfig {
     /// HTTP Basic, which RFC 6749 requires servers to support) or `client_secret_post`.
     #[serde(default)]
     pub auth_method: OAuthAuthMethod,
+    /// `token_exchange` only: the `audience` parameter (RFC 8693 §2.1), besides `resource`.
+    #[serde(default)]
+    pub audience: Option<String>,
+    /// `token_exchange` only: what the host hands in, `access_token` (the default) or
+    /// `id_token` (sent as RFC 8693's `subject_token_type` URN).
+    #[serde(default)]
+    pub subject_token_type: SubjectTokenType,
+}
+
+/// `subject_token_type` of `grant = "token_exchange"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubjectTokenType {
+    #[default]
+    AccessToken,
+    IdToken,
+}
+
+impl SubjectTokenType {
+    /// The RFC 8693 §3 token type identifier.
+    pub fn urn(self) -> &'static str {
+        match self {
+            SubjectTokenType::AccessToken => "urn:ietf:params:oauth:token-type:access_token",
+            SubjectTokenType::IdToken => "urn:ietf:params:oauth:token-type:id_token",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -378,6 +404,9 @@ pub enum OAuthGrant {
     #[default]
     ClientCredentials,
     AuthorizationCode,
+    /// RFC 8693: the person's token, handed in by the host at turn open, exchanged for one of
+    /// the server's audience (per principal).
+    TokenExchange,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -830,6 +859,45 @@ impl McpProviderConfig {
                     ));
                 }
             }
+            OAuthGrant::TokenExchange => self.check_exchange(o)?,
+        }
+        if o.grant != OAuthGrant::TokenExchange
+            && (o.audience.is_some() || o.subject_token_type != SubjectTokenType::default())
+        {
+            return Err(format!(
+                "provider `{ns}`: oauth.audience and oauth.subject_token_type are for grant = \"token_exchange\""
+            ));
+        }
+        Ok(())
+    }
+
+    /// `grant = "token_exchange"`: each principal's instance sends a token exchanged from the
+    /// one their host handed in, so a `per_principal` provider, listed as `list_as`, with the
+    /// broker's client id (one client for everyone); the token endpoint given or discovered.
+    fn check_exchange(&self, o: &OAuthConfig) -> Result<(), String> {
+        let ns = &self.namespace;
+        if self.instances != Instances::PerPrincipal {
+            return Err(format!(
+                "provider `{ns}`: grant = \"token_exchange\" exchanges each person's own token for their own instance, so the provider needs `instances = \"per_principal\"`"
+            ));
+        }
+        if o.client_id.is_empty() {
+            return Err(format!(
+                "provider `{ns}`: grant = \"token_exchange\" needs oauth.client_id (the broker's client at the authorization server)"
+            ));
+        }
+        if matches!(&o.client_secret, Some(ConfigValue::Secret(r)) if !r.shared) {
+            return Err(format!(
+                "provider `{ns}`: with grant = \"token_exchange\" the broker is one client for everyone: make oauth.client_secret `{{ secret = \"...\", shared = true }}`"
+            ));
+        }
+        if !o.token_url.is_empty() {
+            check_url(ns, "oauth.token_url", &o.token_url, self.insecure_http)?;
+        }
+        if self.list_as.is_none() {
+            return Err(format!(
+                "provider `{ns}`: grant = \"token_exchange\" lists the server's tools with one person's token: set `list_as = \"<principal>\"` (its tools are listed at that principal's first turn opened with a subject token)"
+            ));
         }
         Ok(())
     }
@@ -2014,6 +2082,56 @@ mod tests {
         ))
         .expect_err("token_url");
         assert!(e.contains("remove oauth.token_url"), "{e}");
+    }
+
+    /// Issue 45 item 4: token exchange is checked at load, naming the provider and the fix.
+    #[test]
+    fn the_token_exchange_grant_is_checked() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("broker.toml");
+        let base = "record = \"r.jsonl\"\npolicy = \"p.cedar\"\n[[providers]]\ntype = \"mcp\"\nnamespace = \"r\"\nurl = \"https://mcp.example.com/mcp\"\n";
+        let load = |text: String| {
+            std::fs::write(&path, text).expect("w");
+            Config::from_file(&path)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        let per = "instances = \"per_principal\"\nlist_as = \"alice\"\n";
+        let tx = "[providers.oauth]\ngrant = \"token_exchange\"\nclient_id = \"c\"\n";
+        load(format!("{base}{per}{tx}")).expect("valid, no [page] needed");
+        load(format!(
+            "{base}{per}{tx}client_secret = {{ secret = \"s\", shared = true }}\ntoken_url = \"https://auth/t\"\naudience = \"a\"\nsubject_token_type = \"id_token\"\n"
+        ))
+        .expect("valid, every key");
+        let e = load(format!("{base}{tx}")).expect_err("shared");
+        assert!(
+            e.contains("provider `r`") && e.contains("instances = \"per_principal\""),
+            "{e}"
+        );
+        let e = load(format!("{base}instances = \"per_principal\"\n{tx}")).expect_err("list_as");
+        assert!(e.contains("set `list_as"), "{e}");
+        let e = load(format!(
+            "{base}{per}[providers.oauth]\ngrant = \"token_exchange\"\n"
+        ))
+        .expect_err("client_id");
+        assert!(e.contains("needs oauth.client_id"), "{e}");
+        let e = load(format!(
+            "{base}{per}{tx}client_secret = {{ secret = \"s\" }}\n"
+        ))
+        .expect_err("per-principal secret");
+        assert!(e.contains("shared = true"), "{e}");
+        let e = load(format!(
+            "{base}{per}{tx}token_url = \"http://auth.example/t\"\n"
+        ))
+        .expect_err("plain http");
+        assert!(e.contains("oauth.token_url"), "{e}");
+        let e = load(format!("{base}{per}{tx}subject_token_type = \"saml\"\n")).expect_err("type");
+        assert!(e.contains("saml"), "{e}");
+        let e = load(format!(
+            "{base}[providers.oauth]\ntoken_url = \"https://auth/t\"\nclient_id = \"c\"\nclient_secret = \"s\"\naudience = \"a\"\n"
+        ))
+        .expect_err("audience elsewhere");
+        assert!(e.contains("for grant = \"token_exchange\""), "{e}");
     }
 
     /// Issue 46: the connection pool's keys, for a remote provider only, bounded.

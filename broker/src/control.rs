@@ -622,6 +622,19 @@ async fn policy_reload(broker: &Arc<Broker>) -> ControlResponse {
 /// turn inserted and recorded, its TTL armed.
 async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlResponse, Refusal> {
     let (ctx, token_file, ttl) = checked_open(broker, &open)?;
+    let subject = open
+        .subject_token
+        .as_ref()
+        .map(|t| crate::secrets::Secret::new(t.expose().to_owned()));
+    if let Some(s) = &subject {
+        // Redacted from here on, like a secret; the providers that exchange it hear of it (one
+        // waiting to list its tools as this principal lists them first, so this turn has them).
+        broker
+            .kernel
+            .known_secrets
+            .add(&ctx.principal, "subject token", s);
+        broker.kernel.subject_tokens.give(&ctx.principal, s).await;
+    }
     let catalog = broker.kernel.catalog(&ctx);
     let mut identity = open.system_identity.clone();
     if let Some(id) = identity.as_mut() {
@@ -640,6 +653,7 @@ async fn open_turn(broker: &Arc<Broker>, open: OpenTurn) -> Result<ControlRespon
         aliases,
         token_file,
         budget_slots: broker.kernel.budgets.slots(),
+        subject_token: subject,
     };
     let turn = broker
         .turns
@@ -682,6 +696,18 @@ fn checked_open(
         .map(TokenFileTemplate::parse)
         .transpose()
         .map_err(|e| Refusal("invalid_token_file", e))?;
+    if let Some(t) = &open.subject_token {
+        let t = t.expose();
+        if t.is_empty()
+            || t.len() > 64 * 1024
+            || t.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(Refusal(
+                "invalid_subject_token",
+                "the subject token is empty, over 64 KiB, or has whitespace or control characters in it (it is not shown)".into(),
+            ));
+        }
+    }
     broker
         .kernel
         .check_context(&ctx)

@@ -268,6 +268,8 @@ pub struct Kernel {
     pub known_secrets: Arc<crate::secrets::Known>,
     /// People's sign-ins to remote servers (`grant = "authorization_code"`; with `[page]`).
     pub signins: Option<Arc<crate::upstream::signin::SignIns>>,
+    /// The subject tokens hosts handed in at turn open, by principal (`grant = "token_exchange"`).
+    pub subject_tokens: Arc<crate::upstream::exchange::SubjectTokens>,
 }
 
 fn requirement_of(resolved: &Resolved) -> Requirement {
@@ -356,6 +358,7 @@ impl Kernel {
             typed_generation: AtomicU64::new(u64::MAX),
             known_secrets: Arc::new(crate::secrets::Known::default()),
             signins: None,
+            subject_tokens: Arc::default(),
         }
     }
 

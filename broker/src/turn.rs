@@ -67,6 +67,9 @@ pub struct Turn {
     pub token_file: Option<std::path::PathBuf>,
     /// What the turn has used of its per-turn budgets.
     pub budget: TurnUse,
+    /// The person's own token the host handed in (`grant = "token_exchange"` providers
+    /// exchange it). Never logged or recorded.
+    pub subject_token: Option<crate::secrets::Secret>,
 }
 
 impl Turn {
@@ -135,6 +138,8 @@ pub struct NewTurn {
     pub token_file: Option<TokenFileTemplate>,
     /// Budget slots the turn counts (the kernel's `Budgets::slots`).
     pub budget_slots: usize,
+    /// The person's own token, if the host handed one in.
+    pub subject_token: Option<crate::secrets::Secret>,
 }
 
 /// A host's token file path: absolute, with `{turn}` in its file name (and only there), so no
@@ -223,6 +228,7 @@ impl Turns {
             close_reason: RwLock::new(None),
             token_file: new.token_file.map(|t| t.for_turn(&id)),
             budget: TurnUse::new(new.budget_slots),
+            subject_token: new.subject_token,
         });
         if let Ok(mut m) = self.by_id.write() {
             m.insert(id.clone(), turn.clone());

@@ -398,6 +398,11 @@ pub struct OpenArgs {
     /// Like --token-file DIR/{turn}.token.
     #[arg(long, value_name = "DIR")]
     token_dir: Option<PathBuf>,
+    /// The person's own OAuth token (access or ID token) in this file, handed to the broker
+    /// for remote providers with `grant = "token_exchange"` to exchange (RFC 8693). Read here,
+    /// sent over control.sock, never printed; one trailing newline is not part of it.
+    #[arg(long, value_name = "PATH")]
+    subject_token_file: Option<PathBuf>,
     /// Give the written config and token files to this uid (and gid): a harness that runs
     /// under its own uid reads them, no other harness can. Needs the right to chown (root).
     #[arg(long, value_name = "UID[:GID]")]
@@ -521,6 +526,29 @@ pub enum PolicyCommand {
 }
 
 /// `--attr` values: KEY=VALUE (a string) or KEY:=JSON (any JSON value).
+/// `--subject-token-file`: the token in the file, one trailing newline off; never in an error.
+fn read_subject_token(path: &Path) -> anyhow::Result<sharedos_proto::ipc::SubjectToken> {
+    const MAX_SUBJECT_TOKEN_BYTES: u64 = 64 * 1024;
+    let shown = path.display();
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("--subject-token-file `{shown}` cannot be read"))?;
+    if meta.len() > MAX_SUBJECT_TOKEN_BYTES {
+        bail!("--subject-token-file `{shown}` is over {MAX_SUBJECT_TOKEN_BYTES} bytes");
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--subject-token-file `{shown}` cannot be read as text"))?;
+    let token = text
+        .strip_suffix('\n')
+        .map(|t| t.strip_suffix('\r').unwrap_or(t))
+        .unwrap_or(&text);
+    if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        bail!(
+            "--subject-token-file `{shown}` holds no token (empty, or whitespace or control characters in it)"
+        );
+    }
+    Ok(sharedos_proto::ipc::SubjectToken::new(token.to_owned()))
+}
+
 fn parse_attributes(
     given: &[String],
 ) -> anyhow::Result<Option<serde_json::Map<String, serde_json::Value>>> {
@@ -925,10 +953,15 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                 write_config,
                 token_file,
                 token_dir,
+                subject_token_file,
                 file_owner,
                 json,
             } = *open;
             let attributes = parse_attributes(&attributes)?;
+            let subject_token = subject_token_file
+                .as_deref()
+                .map(read_subject_token)
+                .transpose()?;
             let token_file = match (token_file, token_dir) {
                 (Some(t), _) => Some(std::path::absolute(&t)?.display().to_string()),
                 (None, Some(d)) => Some(
@@ -976,6 +1009,7 @@ async fn host_command(command: Command, runtime_dir: &Path) -> anyhow::Result<Ex
                 tool_policy,
                 system_identity,
                 portable_names,
+                subject_token,
             };
             let t = match client
                 .call(&ControlRequest::OpenTurn(Box::new(req)))

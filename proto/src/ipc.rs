@@ -46,6 +46,29 @@ impl fmt::Debug for TurnToken {
     }
 }
 
+/// The person's own token a host hands in at turn open (`--subject-token-file`), for the broker
+/// to exchange (RFC 8693) at a remote server's authorization server. Its `Debug` never shows it;
+/// there is no `Display`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SubjectToken(String);
+
+impl SubjectToken {
+    pub fn new(token: String) -> Self {
+        Self(token)
+    }
+    /// The token text, for the broker to exchange and nowhere else.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SubjectToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SubjectToken(<redacted>)")
+    }
+}
+
 /// What the shim knows about the client that spawned it (for diagnostics on `bridge_connected`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -511,6 +534,11 @@ pub struct OpenTurn {
     /// Present `.`-free names to the harness (refused at open if two tools would collide).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub portable_names: bool,
+    /// The person's own token (an OAuth access or ID token the host holds for them): remote
+    /// providers with `grant = "token_exchange"` exchange it for a token of their server. Never
+    /// recorded, logged or shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject_token: Option<SubjectToken>,
 }
 
 /// Broker → host: a turn was opened.

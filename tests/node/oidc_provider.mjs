@@ -11,6 +11,15 @@
 // registers clients dynamically (RFC 7591). Each token grant is a line on stdout (`grant
 // <grant_type> <account> <page|mcp>`, the page's client or another, or `grant-error <grant_type> <error>`). `POST /test/revoke?account=ID`
 // revokes that person's refresh tokens (their next refresh is refused `invalid_grant`).
+//
+// With EXCHANGE_CLIENT_ID and EXCHANGE_CLIENT_SECRET as well (the token exchange tests): a
+// token exchange grant (RFC 8693; oidc-provider has none built in, so it is registered here with
+// `registerGrantType`) for that client only: the subject token must be an unexpired access token
+// this provider issued (found with its own AccessToken model), and the token issued in exchange
+// is a JWT access token for MCP_RESOURCE (the `resource` asked for), of the subject's account.
+// Each exchange is a line `exchange <account> <resource>`, each refusal `exchange-error <why>`.
+// `POST /test/subject?account=ID` answers a fresh opaque access token of that person (what a host
+// holds for them; its audience is not the MCP server).
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 
@@ -48,8 +57,18 @@ const forResource = mcpResource ? {
   scopes: ['openid', 'offline_access', 'mcp'],
 } : {};
 
+const TOKEN_EXCHANGE = 'urn:ietf:params:oauth:grant-type:token-exchange';
+const exchangeClient = process.env.EXCHANGE_CLIENT_ID ? [{
+  client_id: process.env.EXCHANGE_CLIENT_ID,
+  client_secret: process.env.EXCHANGE_CLIENT_SECRET,
+  redirect_uris: [],
+  grant_types: [TOKEN_EXCHANGE],
+  response_types: [],
+  token_endpoint_auth_method: 'client_secret_basic',
+}] : [];
+
 const provider = new Provider(issuer, {
-  clients: [{
+  clients: [...exchangeClient, {
     client_id: process.env.CLIENT_ID,
     client_secret: process.env.CLIENT_SECRET,
     redirect_uris: [process.env.REDIRECT_URI],
@@ -109,6 +128,66 @@ if (mcpResource) {
     if (ctx.path === '/test/revoke' && ctx.method === 'POST') {
       revoked.add(String(ctx.query.account));
       ctx.body = 'revoked';
+      return undefined;
+    }
+    return next();
+  });
+}
+
+if (mcpResource && process.env.EXCHANGE_CLIENT_ID) {
+  const { errors } = await import(pathToFileURL(entry).href);
+  const refuse = (why, error) => {
+    console.log(`exchange-error ${why}`);
+    throw error;
+  };
+  provider.registerGrantType(TOKEN_EXCHANGE, async (ctx) => {
+    const { params } = ctx.oidc;
+    if (params.subject_token_type !== 'urn:ietf:params:oauth:token-type:access_token') {
+      refuse('subject_token_type', new errors.InvalidRequest('unsupported subject_token_type'));
+    }
+    if (params.resource !== mcpResource) {
+      refuse('resource', new errors.InvalidTarget('unknown resource'));
+    }
+    const subject = await provider.AccessToken.find(String(params.subject_token || ''));
+    if (!subject || subject.isExpired) {
+      refuse('subject_token', new errors.InvalidGrant('subject token invalid or expired'));
+    }
+    const token = new provider.AccessToken({
+      accountId: subject.accountId,
+      client: ctx.oidc.client,
+      grantId: subject.grantId,
+      gty: 'token_exchange',
+      scope: 'mcp',
+    });
+    token.resourceServer = new provider.ResourceServer(mcpResource, {
+      scope: 'mcp',
+      audience: mcpResource,
+      accessTokenTTL: Number(process.env.RESOURCE_TTL || 3600),
+      accessTokenFormat: 'jwt',
+      jwt: { sign: { alg: 'RS256' } },
+    });
+    ctx.oidc.entity('AccessToken', token);
+    const value = await token.save();
+    console.log(`exchange ${subject.accountId} ${params.resource}`);
+    ctx.body = {
+      access_token: value,
+      issued_token_type: 'urn:ietf:params:oauth:token-type:access_token',
+      token_type: 'Bearer',
+      expires_in: token.expiration,
+      scope: 'mcp',
+    };
+  }, ['subject_token', 'subject_token_type', 'requested_token_type', 'resource', 'audience', 'scope'], ['resource']);
+  provider.use(async (ctx, next) => {
+    if (ctx.path === '/test/subject' && ctx.method === 'POST') {
+      const account = String(ctx.query.account);
+      const client = await provider.Client.find(process.env.CLIENT_ID);
+      const grant = new provider.Grant({ clientId: client.clientId, accountId: account });
+      grant.addOIDCScope('openid');
+      const grantId = await grant.save();
+      const token = new provider.AccessToken({
+        accountId: account, client, grantId, gty: 'authorization_code', scope: 'openid',
+      });
+      ctx.body = await token.save();
       return undefined;
     }
     return next();

@@ -6,6 +6,8 @@ its protected resource metadata (RFC 9728), which names ISSUER as its authorizat
 
 Tools: `whoami` (the subject of the token the call came with), `echo`.
 Log (REMOTE_LOG): `token <sub>` or `token refused <why>` per request, `whoami <sub>` per call.
+TOKENS_SEEN (tests only): a file each accepted token is appended to, for the test to search the
+broker's record and log for them.
 
 Usage: python signin_server.py PORT ISSUER. Prints `PORT <n>` once it listens.
 """
@@ -47,6 +49,10 @@ class Verifier:
             log("token refused scope")
             return None
         log(f"token {claims['sub']}")
+        seen = os.environ.get("TOKENS_SEEN")
+        if seen:
+            with open(seen, "a") as f:
+                f.write(token + "\n")
         return AccessToken(token=token, client_id=claims.get("client_id", "?"), scopes=scopes,
                            expires_at=claims.get("exp"), subject=claims["sub"])
 

@@ -94,6 +94,9 @@ pub struct RemoteStatus {
     /// With `grant = "authorization_code"`: the refreshes of people's sign-ins so far.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oauth_sign_in_refreshes: Option<u64>,
+    /// Token exchanges made (`grant = "token_exchange"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oauth_token_exchanges: Option<u64>,
 }
 
 #[derive(Default)]
@@ -146,6 +149,8 @@ enum HttpFailure {
     TokenRefused(String),
     /// The person has to sign in (`authorization_code`): why.
     SignIn(String),
+    /// The turn lacks the person's token (`token_exchange`), or it was refused: why.
+    Missing(String),
     SessionExpired,
     TooLarge(usize),
     Other,
@@ -162,6 +167,8 @@ pub struct ConnectError {
     pub unauthorized: bool,
     /// The person behind the session has to sign in first (`authorization_code`).
     pub sign_in: bool,
+    /// The turn brought no subject token, or it was refused (`token_exchange`).
+    pub missing: bool,
     pub message: String,
 }
 
@@ -170,6 +177,7 @@ impl From<String> for ConnectError {
         Self {
             unauthorized: false,
             sign_in: false,
+            missing: false,
             message,
         }
     }
@@ -192,6 +200,14 @@ fn classify_any(e: &(dyn StdError + 'static)) -> HttpFailure {
                 {
                     HttpFailure::SignIn(
                         a.www_authenticate_header[super::oauth::SIGN_IN_MARK.len()..].to_owned(),
+                    )
+                }
+                StreamableHttpError::AuthRequired(a)
+                    if a.www_authenticate_header
+                        .starts_with(super::oauth::MISSING_MARK) =>
+                {
+                    HttpFailure::Missing(
+                        a.www_authenticate_header[super::oauth::MISSING_MARK.len()..].to_owned(),
                     )
                 }
                 StreamableHttpError::AuthRequired(a) => match a
@@ -283,19 +299,20 @@ impl McpProvider {
                 .config
                 .oauth
                 .as_ref()
-                .filter(|o| !o.token_url.is_empty())
+                .filter(|o| o.grant == crate::config::OAuthGrant::ClientCredentials)
                 .map(|o| o.token_url.clone()),
             oauth_token_fetches: self
                 .config
                 .oauth
                 .as_ref()
-                .filter(|o| !o.token_url.is_empty())
+                .filter(|o| o.grant == crate::config::OAuthGrant::ClientCredentials)
                 .map(|_| self.oauth.fetches()),
             oauth_sign_in_refreshes: self
                 .signins
                 .get()
                 .filter(|s| s.has_provider(&self.config.namespace))
                 .map(|s| s.refreshes(&self.config.namespace)),
+            oauth_token_exchanges: self.exchanger.get().map(|x| x.exchanges()),
         })
     }
 
@@ -488,6 +505,15 @@ impl McpProvider {
                     super::signin::PersonTokens::new(signins.clone(), &self.config.namespace, who),
                 )))
             }
+            _ if self.exchanger.get().is_some() => {
+                let who = principal.or(self.config.list_as.as_deref()).unwrap_or("");
+                self.exchanger.get().map(|x| {
+                    super::oauth::Source::Exchange(Arc::new(super::exchange::PersonExchange {
+                        exchanger: x.clone(),
+                        principal: who.to_owned(),
+                    }))
+                })
+            }
             (Some(o), Some((owner, secret))) => Some(super::oauth::Source::Client(self.oauth.get(
                 owner,
                 secret,
@@ -522,6 +548,7 @@ impl McpProvider {
                 HttpFailure::Unauthorized(status) => ConnectError {
                     unauthorized: true,
                     sign_in: false,
+                    missing: false,
                     message: format!(
                         "the remote server of `{}` refused the broker's credentials (HTTP {status}) at initialize; check the provider's headers",
                         self.config.namespace
@@ -530,11 +557,19 @@ impl McpProvider {
                 HttpFailure::SignIn(message) => ConnectError {
                     unauthorized: true,
                     sign_in: true,
+                    missing: false,
+                    message,
+                },
+                HttpFailure::Missing(message) => ConnectError {
+                    unauthorized: false,
+                    sign_in: false,
+                    missing: true,
                     message,
                 },
                 HttpFailure::TokenRefused(message) => ConnectError {
                     unauthorized: true,
                     sign_in: false,
+                    missing: false,
                     message,
                 },
                 _ => format!("MCP initialize with `{url}` failed: {}", chain(&e)).into(),
@@ -612,6 +647,9 @@ impl McpProvider {
                 ),
             ),
             Some(HttpFailure::SignIn(message)) => Failure::new(FailCode::SignInRequired, message),
+            Some(HttpFailure::Missing(message)) => {
+                Failure::new(FailCode::MissingCredential, message)
+            }
             Some(HttpFailure::TokenRefused(message)) => {
                 Failure::new(FailCode::UpstreamUnauthorized, message)
             }

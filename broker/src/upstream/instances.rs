@@ -463,6 +463,8 @@ impl Pool {
                 return Err(Failure::new(
                     if e.sign_in {
                         FailCode::SignInRequired
+                    } else if e.missing {
+                        FailCode::MissingCredential
                     } else if e.unauthorized {
                         FailCode::UpstreamUnauthorized
                     } else {

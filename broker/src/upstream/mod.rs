@@ -41,6 +41,7 @@ use crate::secrets::{Known, SHARED, Secret, SecretError, SecretStore};
 
 mod cause;
 mod drain;
+pub mod exchange;
 mod http;
 mod instances;
 mod log;
@@ -304,6 +305,8 @@ pub struct McpProvider {
     in_flight: Arc<relay::InFlight>,
     /// People's sign-ins (`grant = "authorization_code"`), set before the provider starts.
     pub signins: std::sync::OnceLock<Arc<signin::SignIns>>,
+    /// Token exchanges (`grant = "token_exchange"`), set before the provider starts.
+    pub exchanger: std::sync::OnceLock<Arc<exchange::Exchanger>>,
     /// Set when the server answered `server/discover` with something other than its result or
     /// an error (a server that answers every unknown method `{}`): its sessions open with
     /// `initialize` from then on.
@@ -902,6 +905,7 @@ impl McpProvider {
             remote: http::Remote::default(),
             oauth: oauth::TokenCaches::default(),
             signins: std::sync::OnceLock::new(),
+            exchanger: std::sync::OnceLock::new(),
             in_flight: Arc::default(),
             discover_misanswered: std::sync::atomic::AtomicBool::new(false),
         })
@@ -1425,8 +1429,35 @@ impl McpProvider {
                     }
                     continue;
                 }
+                Err(e) if e.missing && self.exchanger.get().is_some() => {
+                    // Listed with `list_as`'s exchanged token: until a turn of theirs brings a
+                    // subject token, the provider waits, published with no tools.
+                    let who = self.config.list_as.clone().unwrap_or_default();
+                    let ns = self.config.namespace.clone();
+                    let why = format!(
+                        "waiting for a turn of `{who}` (list_as) opened with a subject token to list the tools of `{ns}`: {}",
+                        e.message
+                    );
+                    self.set_restarting(&why).await;
+                    if let Some(tx) = ready.take() {
+                        let _ = tx.send(Ok(()));
+                    }
+                    if let Some(ex) = self.exchanger.get().cloned() {
+                        ex.subjects().waiting(&ns, &who);
+                        tokio::select! {
+                            () = ex.subjects().wait_given(&who) => {}
+                            _ = self.shutdown.cancelled() => return,
+                        }
+                    }
+                    continue;
+                }
                 other => other.map_err(|e| e.message),
             };
+            if let Some(ex) = self.exchanger.get()
+                && connected.is_err()
+            {
+                ex.subjects().listed(&self.config.namespace);
+            }
             match connected {
                 Ok(Session {
                     service,
@@ -1444,6 +1475,9 @@ impl McpProvider {
                     }
                     let peer = service.peer().clone();
                     self.publish(&tools, peer.clone()).await;
+                    if let Some(ex) = self.exchanger.get() {
+                        ex.subjects().listed(&self.config.namespace);
+                    }
                     if let Some(tx) = ready.take() {
                         let _ = tx.send(Ok(()));
                     }
@@ -1638,6 +1672,7 @@ impl McpProvider {
             };
         }
         if let Some(pool) = &self.instances {
+            self.subject_given(principal)?;
             return self
                 .call_instance(pool, principal, upstream, arguments, trace)
                 .await;
@@ -1705,6 +1740,58 @@ impl McpProvider {
         );
         signins.add(ns, Arc::new(client));
         let _ = self.signins.set(signins.clone());
+        Ok(())
+    }
+
+    /// Sets up token exchange for this provider (`grant = "token_exchange"`): its OAuth client,
+    /// reading the subject tokens hosts hand in at turn open from `subjects`.
+    pub fn attach_exchange(&self, subjects: &Arc<exchange::SubjectTokens>) -> Result<(), String> {
+        let Some(o) = self
+            .config
+            .oauth
+            .as_ref()
+            .filter(|o| o.grant == crate::config::OAuthGrant::TokenExchange)
+        else {
+            return Ok(());
+        };
+        let d = signin::Discovery {
+            ns: self.config.namespace.clone(),
+            url: self.config.url.clone().unwrap_or_default(),
+            insecure_http: self.config.insecure_http,
+            http: self.http_client()?,
+        };
+        let exchanger = exchange::Exchanger::new(
+            d,
+            o.clone(),
+            self.secrets.store.clone(),
+            self.secrets.known.clone(),
+            subjects.clone(),
+        );
+        let _ = self.exchanger.set(Arc::new(exchanger));
+        Ok(())
+    }
+
+    /// A call of a `token_exchange` provider: refused before anything is sent unless its turn
+    /// brought a subject token, which becomes its principal's.
+    fn subject_given(&self, principal: &str) -> Result<(), Attempt> {
+        let Some(ex) = self.exchanger.get() else {
+            return Ok(());
+        };
+        let subject = relay::ROUTE
+            .try_with(|r| r.subject_token.clone())
+            .ok()
+            .flatten();
+        let Some(subject) = subject else {
+            let ns = &self.config.namespace;
+            return Err(Attempt::Failed(Failure::new(
+                FailCode::MissingCredential,
+                format!(
+                    "`{ns}` ({}) takes the person's own token, exchanged (grant = \"token_exchange\"), and this turn of principal `{principal}` was opened without one: the host hands it in at turn open (`turn open --subject-token-file PATH`, or `subjectToken` in open_turn); nothing was sent to the server",
+                    self.config.url.as_deref().unwrap_or_default()
+                ),
+            )));
+        };
+        ex.subjects().set(principal, &subject);
         Ok(())
     }
 

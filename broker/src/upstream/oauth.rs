@@ -281,6 +281,28 @@ impl TokenCaches {
 pub enum Source {
     Client(Arc<Tokens>),
     Person(Arc<super::signin::PersonTokens>),
+    /// One person's token, exchanged (`token_exchange`, [`super::exchange`]).
+    Exchange(Arc<super::exchange::PersonExchange>),
+}
+
+/// Marks a credential the turn lacks in the error rmcp carries (see `http::classify_any`).
+pub const MISSING_MARK: &str = "credential missing: ";
+
+impl From<super::exchange::ExchangeError> for StreamableHttpError<reqwest::Error> {
+    fn from(e: super::exchange::ExchangeError) -> Self {
+        use super::exchange::ExchangeError;
+        match e {
+            ExchangeError::Missing(why) => StreamableHttpError::AuthRequired(
+                AuthRequiredError::new(format!("{MISSING_MARK}{why}")),
+            ),
+            ExchangeError::Refused(why) => StreamableHttpError::AuthRequired(
+                AuthRequiredError::new(format!("{REFUSED_MARK}{why}")),
+            ),
+            ExchangeError::Unavailable(why) => {
+                StreamableHttpError::UnexpectedServerResponse(why.into())
+            }
+        }
+    }
 }
 
 /// Marks a sign-in that is needed in the error rmcp carries (see `http::classify_any`).
@@ -304,6 +326,7 @@ impl Source {
         match self {
             Source::Client(t) => Ok(t.current().await?),
             Source::Person(p) => Ok(p.current().await?),
+            Source::Exchange(x) => Ok(x.current().await?),
         }
     }
 
@@ -311,6 +334,7 @@ impl Source {
         match self {
             Source::Client(t) => Ok(t.renew(rejected).await?),
             Source::Person(p) => Ok(p.renew(rejected).await?),
+            Source::Exchange(x) => Ok(x.renew(rejected).await?),
         }
     }
 }

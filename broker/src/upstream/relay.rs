@@ -23,6 +23,8 @@ use serde_json::Value;
 pub struct Route {
     pub turn: String,
     pub principal: String,
+    /// The person's own token the turn was opened with, if any (`grant = "token_exchange"`).
+    pub subject_token: Option<crate::secrets::Secret>,
     /// Puts one question from a provider (its namespace, and the `elicitation/create` params
     /// as the server sent them) to the person and resolves with the client's result
     /// (`action`, `content`), or why not. The flag: the question is the broker's own (a
@@ -109,6 +111,7 @@ mod tests {
         Route {
             turn: "t".into(),
             principal: principal.into(),
+            subject_token: None,
             ask: std::sync::Arc::new(|_, _, _| Box::pin(async { Ok(Value::Null) })),
         }
     }

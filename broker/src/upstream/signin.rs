@@ -126,65 +126,18 @@ struct Found {
     at: Instant,
 }
 
-/// The OAuth client of one provider: discovery, registration, the code exchange and refresh.
-pub struct AuthCodeClient {
-    ns: String,
-    url: String,
-    config: OAuthConfig,
-    insecure_http: bool,
-    http: reqwest::Client,
-    redirect: url::Url,
-    store: Arc<dyn SecretStore>,
-    found: tokio::sync::Mutex<Option<Arc<Found>>>,
-    refreshes: AtomicU64,
+/// Discovery from a remote server (RFC 9728, then RFC 8414 or OpenID metadata): shared by the
+/// sign-ins and the token exchange ([`super::exchange`]).
+pub struct Discovery {
+    pub ns: String,
+    pub url: String,
+    pub insecure_http: bool,
+    pub http: reqwest::Client,
 }
 
-#[derive(Deserialize)]
-struct TokenResponse {
-    access_token: String,
-    token_type: String,
-    #[serde(default)]
-    expires_in: Option<u64>,
-    #[serde(default)]
-    refresh_token: Option<String>,
-}
-
-/// A token endpoint's answer: tokens, or a refusal with the OAuth error code.
-enum Answer {
-    Tokens(TokenResponse),
-    Refused(String),
-}
-
-impl AuthCodeClient {
-    pub fn new(
-        ns: &str,
-        url: &str,
-        config: OAuthConfig,
-        insecure_http: bool,
-        http: reqwest::Client,
-        redirect: url::Url,
-        store: Arc<dyn SecretStore>,
-    ) -> Self {
-        Self {
-            ns: ns.to_owned(),
-            url: url.to_owned(),
-            config,
-            insecure_http,
-            http,
-            redirect,
-            store,
-            found: tokio::sync::Mutex::new(None),
-            refreshes: AtomicU64::new(0),
-        }
-    }
-
-    /// Refreshes made so far (for `providers`).
-    pub fn refreshes(&self) -> u64 {
-        self.refreshes.load(Ordering::Relaxed)
-    }
-
+impl Discovery {
     /// An endpoint's URL, https unless loopback (or the provider's `insecure_http`).
-    fn endpoint(&self, what: &str, u: &str) -> Result<url::Url, String> {
+    pub(super) fn endpoint(&self, what: &str, u: &str) -> Result<url::Url, String> {
         let ns = &self.ns;
         let url = url::Url::parse(u)
             .map_err(|e| format!("provider `{ns}`: the {what} `{u}` is not a URL: {e}"))?;
@@ -197,7 +150,11 @@ impl AuthCodeClient {
         }
     }
 
-    async fn read(&self, mut response: reqwest::Response, what: &str) -> Result<Vec<u8>, String> {
+    pub(super) async fn read(
+        &self,
+        mut response: reqwest::Response,
+        what: &str,
+    ) -> Result<Vec<u8>, String> {
         let mut body = Vec::new();
         while let Some(chunk) = response
             .chunk()
@@ -213,7 +170,11 @@ impl AuthCodeClient {
     }
 
     /// A JSON document at `url`: `None` when the server says 404.
-    async fn get_json(&self, url: &url::Url, what: &str) -> Result<Option<Value>, String> {
+    pub(super) async fn get_json(
+        &self,
+        url: &url::Url,
+        what: &str,
+    ) -> Result<Option<Value>, String> {
         let response = self
             .http
             .get(url.clone())
@@ -237,7 +198,7 @@ impl AuthCodeClient {
 
     /// The server's protected resource metadata URL: from its 401's `WWW-Authenticate`
     /// (`resource_metadata`), else the RFC 9728 well-known paths.
-    async fn metadata_urls(&self) -> Result<Vec<url::Url>, String> {
+    pub(super) async fn metadata_urls(&self) -> Result<Vec<url::Url>, String> {
         let ns = &self.ns;
         let server = self.endpoint("server url", &self.url)?;
         let response = self
@@ -280,25 +241,12 @@ impl AuthCodeClient {
         Ok(out)
     }
 
-    /// Discovers (or returns the discovered) endpoints, resource and client.
-    async fn found(&self) -> Result<Arc<Found>, String> {
-        let mut found = self.found.lock().await;
-        if let Some(f) = found.as_ref()
-            && f.at.elapsed() < DISCOVERY_TTL
-        {
-            return Ok(f.clone());
-        }
-        // A client the broker registered is kept when the metadata is read again.
-        let registered = found
-            .as_ref()
-            .filter(|_| self.config.client_id.is_empty())
-            .map(|f| f.client_id.clone());
-        let fresh = Arc::new(self.discover(registered).await?);
-        *found = Some(fresh.clone());
-        Ok(fresh)
-    }
-
-    async fn discover(&self, registered: Option<String>) -> Result<Found, String> {
+    /// The server's protected resource metadata, its `resource` (or `configured`, checked),
+    /// its first authorization server and that server's metadata (issuer checked).
+    pub async fn authorization_server(
+        &self,
+        configured: &Option<String>,
+    ) -> Result<(Value, String, String, Value), String> {
         let ns = &self.ns;
         let mut prm = None;
         for u in self.metadata_urls().await? {
@@ -312,7 +260,7 @@ impl AuthCodeClient {
                 "provider `{ns}`: the server publishes no protected resource metadata (RFC 9728): it does not say where to sign in"
             )
         })?;
-        let resource = match &self.config.resource {
+        let resource = match &configured {
             Some(r) => r.clone(),
             None => prm
                 .get("resource")
@@ -320,8 +268,7 @@ impl AuthCodeClient {
                 .ok_or_else(|| format!("provider `{ns}`: the server's protected resource metadata has no `resource`"))?
                 .to_owned(),
         };
-        if self.config.resource.is_none()
-            && resource.trim_end_matches('/') != self.url.trim_end_matches('/')
+        if configured.is_none() && resource.trim_end_matches('/') != self.url.trim_end_matches('/')
         {
             return Err(format!(
                 "provider `{ns}`: the server's metadata names resource `{resource}`, not its url `{}` (RFC 9728 §3.3): refused; set oauth.resource if that is right",
@@ -369,6 +316,92 @@ impl AuthCodeClient {
                 "provider `{ns}`: the authorization server's metadata says issuer `{said}`, not `{issuer}`: refused"
             ));
         }
+        Ok((prm, resource, issuer, meta))
+    }
+}
+
+/// The OAuth client of one provider: discovery, registration, the code exchange and refresh.
+pub struct AuthCodeClient {
+    ns: String,
+    d: Discovery,
+    config: OAuthConfig,
+    http: reqwest::Client,
+    redirect: url::Url,
+    store: Arc<dyn SecretStore>,
+    found: tokio::sync::Mutex<Option<Arc<Found>>>,
+    refreshes: AtomicU64,
+}
+
+#[derive(Deserialize)]
+struct TokenResponse {
+    access_token: String,
+    token_type: String,
+    #[serde(default)]
+    expires_in: Option<u64>,
+    #[serde(default)]
+    refresh_token: Option<String>,
+}
+
+/// A token endpoint's answer: tokens, or a refusal with the OAuth error code.
+enum Answer {
+    Tokens(TokenResponse),
+    Refused(String),
+}
+
+impl AuthCodeClient {
+    pub fn new(
+        ns: &str,
+        url: &str,
+        config: OAuthConfig,
+        insecure_http: bool,
+        http: reqwest::Client,
+        redirect: url::Url,
+        store: Arc<dyn SecretStore>,
+    ) -> Self {
+        Self {
+            ns: ns.to_owned(),
+            d: Discovery {
+                ns: ns.to_owned(),
+                url: url.to_owned(),
+                insecure_http,
+                http: http.clone(),
+            },
+            config,
+            http,
+            redirect,
+            store,
+            found: tokio::sync::Mutex::new(None),
+            refreshes: AtomicU64::new(0),
+        }
+    }
+
+    /// Refreshes made so far (for `providers`).
+    pub fn refreshes(&self) -> u64 {
+        self.refreshes.load(Ordering::Relaxed)
+    }
+
+    /// Discovers (or returns the discovered) endpoints, resource and client.
+    async fn found(&self) -> Result<Arc<Found>, String> {
+        let mut found = self.found.lock().await;
+        if let Some(f) = found.as_ref()
+            && f.at.elapsed() < DISCOVERY_TTL
+        {
+            return Ok(f.clone());
+        }
+        // A client the broker registered is kept when the metadata is read again.
+        let registered = found
+            .as_ref()
+            .filter(|_| self.config.client_id.is_empty())
+            .map(|f| f.client_id.clone());
+        let fresh = Arc::new(self.discover(registered).await?);
+        *found = Some(fresh.clone());
+        Ok(fresh)
+    }
+
+    async fn discover(&self, registered: Option<String>) -> Result<Found, String> {
+        let ns = &self.ns;
+        let (prm, resource, issuer, meta) =
+            self.d.authorization_server(&self.config.resource).await?;
         let s256 = meta
             .get("code_challenge_methods_supported")
             .and_then(Value::as_array)
@@ -383,9 +416,12 @@ impl AuthCodeClient {
                 format!("provider `{ns}`: the authorization server's metadata has no `{k}`")
             })
         };
-        let authorize =
-            self.endpoint("authorization_endpoint", field("authorization_endpoint")?)?;
-        let token = self.endpoint("token_endpoint", field("token_endpoint")?)?;
+        let authorize = self
+            .d
+            .endpoint("authorization_endpoint", field("authorization_endpoint")?)?;
+        let token = self
+            .d
+            .endpoint("token_endpoint", field("token_endpoint")?)?;
         let scopes = if self.config.scopes.is_empty() {
             prm.get("scopes_supported")
                 .and_then(Value::as_array)
@@ -408,7 +444,7 @@ impl AuthCodeClient {
                         self.redirect
                     )
                 })?;
-            let registration = self.endpoint("registration_endpoint", registration)?;
+            let registration = self.d.endpoint("registration_endpoint", registration)?;
             match registered {
                 Some(id) => (id, None),
                 None => (self.register(&registration).await?, None),
@@ -462,7 +498,7 @@ impl AuthCodeClient {
                 )
             })?;
         let status = response.status();
-        let bytes = self.read(response, "client registration").await?;
+        let bytes = self.d.read(response, "client registration").await?;
         if !status.is_success() {
             return Err(format!(
                 "provider `{ns}`: client registration at `{at}` answered HTTP {} ({})",
@@ -536,7 +572,7 @@ impl AuthCodeClient {
             )
         })?;
         let status = response.status();
-        let bytes = self.read(response, "the token endpoint").await?;
+        let bytes = self.d.read(response, "the token endpoint").await?;
         if status.is_client_error() {
             return Ok(Answer::Refused(format!(
                 "HTTP {}, {}",

@@ -41,6 +41,7 @@ mod sandbox;
 mod secrets;
 mod security;
 mod telemetry;
+mod token_exchange;
 mod turns;
 mod upstream;
 mod upstream_protocol;
