@@ -184,7 +184,7 @@ impl std::fmt::Display for ConnectError {
 fn classify_any(e: &(dyn StdError + 'static)) -> HttpFailure {
     let mut current: Option<&(dyn StdError + 'static)> = Some(e);
     while let Some(err) = current {
-        if let Some(h) = err.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
+        if let Some(h) = err.downcast_ref::<StreamableHttpError<super::wire::WireError>>() {
             return match h {
                 StreamableHttpError::AuthRequired(a)
                     if a.www_authenticate_header
@@ -374,7 +374,30 @@ impl McpProvider {
         )
     }
 
-    /// The HTTP client: rustls, no proxy from the environment, the connect time limit,
+    /// The session's own HTTP client (`wire`: connections that acknowledge at once): the
+    /// provider's rustls configuration, the connect time limit, redirects only to the same
+    /// origin, idle connections kept for reuse (at most `max_connections`, each for
+    /// `idle_connection_seconds`).
+    fn wire(&self) -> Result<super::wire::Wire, String> {
+        let idle = self.idle_connection();
+        Ok(super::wire::Wire::new(super::wire::WireConfig {
+            tls: self.tls_config()?,
+            connect_timeout: self
+                .config
+                .connect_timeout_seconds
+                .map_or(CONNECT_TIMEOUT, Duration::from_secs),
+            max_idle: if idle.is_zero() {
+                0
+            } else {
+                self.max_connections()
+            },
+            idle,
+            max_redirects: MAX_REDIRECTS,
+        }))
+    }
+
+    /// The HTTP client of the provider's OAuth token requests and sign-ins (the session's
+    /// requests go through [`Self::wire`]): rustls, no proxy from the environment, the connect time limit,
     /// redirects only to the same origin, and idle connections kept for reuse (at most
     /// `max_connections`, each for `idle_connection_seconds`).
     pub(super) fn http_client(&self) -> Result<reqwest::Client, String> {
@@ -506,7 +529,7 @@ impl McpProvider {
             _ => None,
         };
         let client = super::oauth::TokenClient {
-            inner: client,
+            inner: self.wire()?,
             tokens,
             places: Arc::new(Semaphore::new(self.max_connections())),
         };
