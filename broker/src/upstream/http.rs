@@ -1,6 +1,8 @@
 //! The Streamable HTTP transport: the upstream is a remote MCP server at `url`, reached through
-//! rmcp's Streamable HTTP client over reqwest with rustls (ring; the system's roots, plus the
-//! provider's `ca_file`, and its client certificate when one is configured).
+//! rmcp's Streamable HTTP client over the broker's own HTTP client (`wire`: hyper-util, with
+//! connections that acknowledge at once; its note says why not reqwest) with rustls (ring; the
+//! system's roots, plus the provider's `ca_file`, and its client certificate when one is
+//! configured). OAuth token requests and sign-ins use reqwest (`McpProvider::http_client`).
 //!
 //! Only how bytes reach the server differs from the stdio transport: the session returned here
 //! goes through the same registration, templates, pins, drift handling and call path.
