@@ -4,8 +4,8 @@
 //!
 //! Why not reqwest, as everywhere else in the broker: a server that writes its answer in several
 //! small writes with Nagle's algorithm on (the PyPI `mcp` server under uvicorn writes an SSE
-//! answer's headers, its event and the end of its chunked body apart, and uvicorn's accepted
-//! sockets have no `TCP_NODELAY`) holds each write after the first until the client acknowledges
+//! answer's headers, its event and the end of its chunked body apart, and asyncio sets no
+//! `TCP_NODELAY` on connections of a listening socket handed to it ready-made) holds each write after the first until the client acknowledges
 //! the one before. A client's kernel acknowledges at once on a new connection, but on a
 //! connection past its start that both sends and receives (a kept one) it delays the ACK, up to
 //! 40 ms on Linux: every call on a kept connection waited that long. `TCP_QUICKACK`, set before

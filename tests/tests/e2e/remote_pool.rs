@@ -537,8 +537,9 @@ async fn a_stream_that_never_ends_is_closed_after_the_drain_limit() {
 }
 
 /// A call on a kept connection to a server that writes its answer in several small writes
-/// with Nagle's algorithm on (uvicorn's accepted sockets have no `TCP_NODELAY`; here the relay
-/// in front of the stateful SSE `MCPServer` writes as it does) does not wait for a delayed ACK:
+/// with Nagle's algorithm on (the test server's uvicorn, handed a socket made with protocol 0,
+/// sets no `TCP_NODELAY`; the relay in front of the stateful SSE `MCPServer` writes the same way)
+/// does not wait for a delayed ACK:
 /// the broker acknowledges each read at once (`TCP_QUICKACK`), where a kernel's delayed ACK on
 /// a connection past its start holds the server's next write for up to 40 ms. 30 sequential
 /// calls on one kept connection: the median well under 40 ms, and at most 2 connections.
