@@ -210,7 +210,7 @@ struct Counts {
 }
 
 /// A TCP relay on 127.0.0.1 to one server that only copies bytes (`copy_bidirectional`, with
-/// `TCP_NODELAY` on both sides), counting the connections it accepts and the TLS ClientHellos
+/// `TCP_NODELAY` on both sides, and its reads from the server acknowledged at once), counting the connections it accepts and the TLS ClientHellos
 /// they open with. Stopped (with every connection it relays) when dropped.
 pub struct CountingRelay {
     addr: SocketAddr,
@@ -260,7 +260,7 @@ async fn serve(listener: TcpListener, upstream: SocketAddr, counts: Arc<Counts>)
 }
 
 async fn pipe(mut inbound: TcpStream, upstream: SocketAddr, counts: Arc<Counts>) {
-    let Ok(mut outbound) = TcpStream::connect(upstream).await else {
+    let Ok(outbound) = TcpStream::connect(upstream).await else {
         return;
     };
     let _ = inbound.set_nodelay(true);
@@ -268,7 +268,49 @@ async fn pipe(mut inbound: TcpStream, upstream: SocketAddr, counts: Arc<Counts>)
     if opens_with_client_hello(&inbound).await {
         counts.client_hellos.fetch_add(1, Ordering::Relaxed);
     }
+    let mut outbound = QuickAck(outbound);
     let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+}
+
+/// The relay's connection to the server, acknowledging what it reads at once
+/// (`TCP_QUICKACK` before each read, as the broker's own HTTP client does): a relay whose
+/// kernel delays its ACKs would hold a server that writes with Nagle's algorithm on (uvicorn)
+/// up to 40 ms per answer on a kept connection, and be no floor of one hop.
+struct QuickAck(TcpStream);
+
+impl tokio::io::AsyncRead for QuickAck {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let _ = rustix::net::sockopt::set_tcp_quickack(&self.0, true);
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for QuickAck {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
 }
 
 /// Whether a connection's first bytes are a TLS handshake record holding a ClientHello
@@ -465,7 +507,7 @@ pub async fn section(
          broker\" is an rmcp stdio client through a real shim and `sharedos-broker serve` \
          (record_sync `{RECORD_SYNC}`, the default), whose own HTTP session calls the server: \
          a remote provider with `url`, and `ca_file` for TLS. \"relay\" is a TCP relay in the \
-         benchmark process that only copies bytes (tokio `copy_bidirectional`, `TCP_NODELAY`): \
+         benchmark process that only copies bytes (tokio `copy_bidirectional`, `TCP_NODELAY`, its reads from the server acknowledged at once with `TCP_QUICKACK`): \
          the floor of one hop; it counts the connections it accepts (the connections the server \
          saw) and the TLS ClientHellos they open with (the handshakes). After {} untimed calls \
          on each path, {} rounds of {} sequential calls on each, the paths in a rotated order \

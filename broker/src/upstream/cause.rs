@@ -9,7 +9,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpError;
 /// (the transport error of a failed initialize, the worker's fatal error, the HTTP client's
 /// error), so that rustls's certificate errors under reqwest's are reached.
 pub(super) fn cause<'a>(e: &'a (dyn StdError + 'static)) -> Option<&'a (dyn StdError + 'static)> {
-    type Http = StreamableHttpError<reqwest::Error>;
+    type Http = StreamableHttpError<super::wire::WireError>;
     if let Some(rmcp::service::ClientInitializeError::TransportError { error, .. }) =
         e.downcast_ref()
     {

@@ -1,6 +1,8 @@
 //! The Streamable HTTP transport: the upstream is a remote MCP server at `url`, reached through
-//! rmcp's Streamable HTTP client over reqwest with rustls (ring; the system's roots, plus the
-//! provider's `ca_file`, and its client certificate when one is configured).
+//! rmcp's Streamable HTTP client over the broker's own HTTP client (`wire`: hyper-util, with
+//! connections that acknowledge at once; its note says why not reqwest) with rustls (ring; the
+//! system's roots, plus the provider's `ca_file`, and its client certificate when one is
+//! configured). OAuth token requests and sign-ins use reqwest (`McpProvider::http_client`).
 //!
 //! Only how bytes reach the server differs from the stdio transport: the session returned here
 //! goes through the same registration, templates, pins, drift handling and call path.
@@ -192,7 +194,7 @@ impl std::fmt::Display for ConnectError {
 fn classify_any(e: &(dyn StdError + 'static)) -> HttpFailure {
     let mut current: Option<&(dyn StdError + 'static)> = Some(e);
     while let Some(err) = current {
-        if let Some(h) = err.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
+        if let Some(h) = err.downcast_ref::<StreamableHttpError<super::wire::WireError>>() {
             return match h {
                 StreamableHttpError::AuthRequired(a)
                     if a.www_authenticate_header
@@ -391,7 +393,30 @@ impl McpProvider {
         )
     }
 
-    /// The HTTP client: rustls, no proxy from the environment, the connect time limit,
+    /// The session's own HTTP client (`wire`: connections that acknowledge at once): the
+    /// provider's rustls configuration, the connect time limit, redirects only to the same
+    /// origin, idle connections kept for reuse (at most `max_connections`, each for
+    /// `idle_connection_seconds`).
+    fn wire(&self) -> Result<super::wire::Wire, String> {
+        let idle = self.idle_connection();
+        Ok(super::wire::Wire::new(super::wire::WireConfig {
+            tls: self.tls_config()?,
+            connect_timeout: self
+                .config
+                .connect_timeout_seconds
+                .map_or(CONNECT_TIMEOUT, Duration::from_secs),
+            max_idle: if idle.is_zero() {
+                0
+            } else {
+                self.max_connections()
+            },
+            idle,
+            max_redirects: MAX_REDIRECTS,
+        }))
+    }
+
+    /// The HTTP client of the provider's OAuth token requests and sign-ins (the session's
+    /// requests go through [`Self::wire`]): rustls, no proxy from the environment, the connect time limit,
     /// redirects only to the same origin, and idle connections kept for reuse (at most
     /// `max_connections`, each for `idle_connection_seconds`).
     pub(super) fn http_client(&self) -> Result<reqwest::Client, String> {
@@ -532,7 +557,7 @@ impl McpProvider {
             _ => None,
         };
         let client = super::oauth::TokenClient {
-            inner: client,
+            inner: self.wire()?,
             tokens,
             places: Arc::new(Semaphore::new(self.max_connections())),
         };

@@ -51,6 +51,8 @@ pub mod sandbox;
 pub mod signin;
 mod stdio;
 mod template;
+mod wire;
+mod wire_mcp;
 
 pub use http::{DEFAULT_IDLE_CONNECTION_SECONDS, DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS};
 pub use instances::{UidMap, UidPool, uid_map_path};

@@ -9,7 +9,7 @@
 //! authorization-server metadata (RFC 8414 discovery) and renews only through a refresh token,
 //! which client-credentials servers do not issue; what is needed here is one form POST to a
 //! configured endpoint and a cache, so the token goes through [`TokenClient`], a thin wrapper
-//! of rmcp's own reqwest client that supplies the current token per request.
+//! of the session's HTTP client (`wire`) that supplies the current token per request.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -308,7 +308,7 @@ impl From<super::exchange::ExchangeError> for StreamableHttpError<reqwest::Error
 /// Marks a sign-in that is needed in the error rmcp carries (see `http::classify_any`).
 pub const SIGN_IN_MARK: &str = "sign-in required: ";
 
-impl From<super::signin::SignInError> for StreamableHttpError<reqwest::Error> {
+impl From<super::signin::SignInError> for StreamableHttpError<super::wire::WireError> {
     fn from(e: super::signin::SignInError) -> Self {
         match e {
             super::signin::SignInError::Required(why) => StreamableHttpError::AuthRequired(
@@ -339,20 +339,20 @@ impl Source {
     }
 }
 
-/// rmcp's reqwest client, with the current OAuth token (when the provider has one) as the
+/// The session's own HTTP client (`wire`, for rmcp), with the current OAuth token (when the provider has one) as the
 /// bearer of every request, and the session's places: at most `max_connections` requests in
 /// flight at once, each holding its place until its response is read to its end
 /// ([`super::drain::Drained`]).
 #[derive(Clone)]
 pub struct TokenClient {
-    pub inner: reqwest::Client,
+    pub inner: super::wire::Wire,
     pub tokens: Option<Source>,
     pub places: Arc<tokio::sync::Semaphore>,
 }
 
-type HttpResult<T> = Result<T, StreamableHttpError<reqwest::Error>>;
+type HttpResult<T> = Result<T, StreamableHttpError<super::wire::WireError>>;
 
-impl From<TokenError> for StreamableHttpError<reqwest::Error> {
+impl From<TokenError> for StreamableHttpError<super::wire::WireError> {
     fn from(e: TokenError) -> Self {
         match e {
             TokenError::Refused(why) => StreamableHttpError::AuthRequired(AuthRequiredError::new(
@@ -420,7 +420,7 @@ impl TokenClient {
 }
 
 impl StreamableHttpClient for TokenClient {
-    type Error = reqwest::Error;
+    type Error = super::wire::WireError;
 
     async fn post_message(
         &self,

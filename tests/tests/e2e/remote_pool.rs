@@ -114,6 +114,10 @@ async fn pipe(client: TcpStream, server: TcpStream, idle_close: Option<Duration>
         let mut first: Vec<u8> = Vec::new();
         let mut hello_read = false;
         loop {
+            // The relay acknowledges what the server sends at once, as the broker does: the
+            // relay's own delayed ACK would otherwise stall the server's answer (see
+            // `calls_on_a_kept_connection_do_not_wait_for_a_delayed_ack`).
+            let _ = rustix::net::sockopt::set_tcp_quickack(sr.as_ref(), true);
             match sr.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
@@ -530,4 +534,47 @@ async fn a_stream_that_never_ends_is_closed_after_the_drain_limit() {
         calls.iter().all(|c| c["outcome"] == "succeeded"),
         "{calls:?}"
     );
+}
+
+/// A call on a kept connection to a server that writes its answer in several small writes
+/// with Nagle's algorithm on (the test server's uvicorn, handed a socket made with protocol 0,
+/// sets no `TCP_NODELAY`; the relay in front of the stateful SSE `MCPServer` writes the same way)
+/// does not wait for a delayed ACK:
+/// the broker acknowledges each read at once (`TCP_QUICKACK`), where a kernel's delayed ACK on
+/// a connection past its start holds the server's next write for up to 40 ms. 30 sequential
+/// calls on one kept connection: the median well under 40 ms, and at most 2 connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 in SHAREDOS_PYTHON: bash .ci/run installs it and runs this"]
+async fn calls_on_a_kept_connection_do_not_wait_for_a_delayed_ack() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    let server = Server::start(&py, &dir.path().join("server.log"), &[]).await;
+    let relay = Relay::start(server.port, None).await;
+    let url = format!("http://127.0.0.1:{}/mcp", relay.port);
+    let broker = broker_with(&provider(&url, "")).await;
+    let turn = broker.open_turn("alice").await;
+    let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+    raw.initialize("2025-11-25").await;
+    // Warm: the connection past its start (a new one acknowledges at once anyway).
+    sequential(&mut raw, 1, 5).await;
+    let before = relay.accepted();
+    let mut took = Vec::new();
+    for id in 10..40 {
+        let started = std::time::Instant::now();
+        sequential(&mut raw, id, 1).await;
+        took.push(started.elapsed());
+    }
+    let opened = relay.accepted() - before;
+    took.sort();
+    let median = took[took.len() / 2];
+    eprintln!("30 calls on a kept connection: median {median:?}, {opened} connections opened");
+    assert!(
+        opened <= 2,
+        "30 sequential calls opened {opened} connections"
+    );
+    assert!(
+        median < Duration::from_millis(20),
+        "median per call {median:?}: a delayed ACK stalls the server's answer ({took:?})"
+    );
+    assert_eq!(server.lines("echo seq").len(), 35);
 }
