@@ -288,7 +288,7 @@ pub enum Source {
 /// Marks a credential the turn lacks in the error rmcp carries (see `http::classify_any`).
 pub const MISSING_MARK: &str = "credential missing: ";
 
-impl From<super::exchange::ExchangeError> for StreamableHttpError<reqwest::Error> {
+impl From<super::exchange::ExchangeError> for StreamableHttpError<super::wire::WireError> {
     fn from(e: super::exchange::ExchangeError) -> Self {
         use super::exchange::ExchangeError;
         match e {
