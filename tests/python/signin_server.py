@@ -7,7 +7,8 @@ its protected resource metadata (RFC 9728), which names ISSUER as its authorizat
 Tools: `whoami` (the subject of the token the call came with), `echo`.
 Log (REMOTE_LOG): `token <sub>` or `token refused <why>` per request, `whoami <sub>` per call.
 TOKENS_SEEN (tests only): a file each accepted token is appended to, for the test to search the
-broker's record and log for them.
+broker's record and log for them. REVOKED (tests only): a file of tokens refused though valid
+(`token refused revoked`), as a server that revoked them would.
 
 Usage: python signin_server.py PORT ISSUER. Prints `PORT <n>` once it listens.
 """
@@ -37,6 +38,12 @@ def log(line):
 
 class Verifier:
     async def verify_token(self, token):
+        revoked = os.environ.get("REVOKED")
+        if revoked and os.path.exists(revoked):
+            with open(revoked) as f:
+                if token in f.read().split():
+                    log("token refused revoked")
+                    return None
         try:
             key = keys.get_signing_key_from_jwt(token)
             claims = jwt.decode(token, key.key, algorithms=["RS256", "PS256", "ES256"],

@@ -117,6 +117,7 @@ impl World {
             .args([port.to_string(), format!("http://127.0.0.1:{oidc}")])
             .env("REMOTE_LOG", &server_log)
             .env("TOKENS_SEEN", dir.path().join("tokens-seen"))
+            .env("REVOKED", dir.path().join("revoked"))
             .stdout(Stdio::piped())
             .kill_on_drop(true);
         let mut server = server.spawn().expect("signin_server.py");
@@ -313,7 +314,8 @@ async fn whoami(raw: &mut Raw, id: i64) -> Value {
 /// alice (the provider's `list_as`) opens a turn with her own token: the provider lists its tools
 /// with her exchanged token while the open waits, so the turn has them. Her calls carry a token
 /// of the server's audience with her subject (the server says `alice`), exchanged once while it
-/// is cached, and again once it expired; bob's turn (opened with the CLI from a file) gets his.
+/// is cached, again once it expired, and once when the server refuses it (a 401: the call is
+/// sent again with the new token); bob's turn (opened with the CLI from a file) gets his.
 /// A turn without a subject token is refused `missing_credential` before anything reaches the
 /// server; a subject token the provider refuses likewise, with its OAuth error code. No token,
 /// subject or exchanged, is in the record, the broker's debug log or `providers`.
@@ -412,8 +414,32 @@ async fn a_hosts_token_is_exchanged_per_principal_for_the_servers_own() {
     let r = whoami(&mut alice, 4).await;
     assert_eq!(text(&r), "alice", "{r}");
     assert_eq!(world.exchanges("alice"), 2);
+
+    // The server refuses alice's exchanged token before it expires (revoked there): the 401 has
+    // her subject token exchanged again, once, and the call sent again with the new token.
+    let current = world
+        .read("tokens-seen")
+        .lines()
+        .last()
+        .expect("a token the server accepted")
+        .to_owned();
+    std::fs::write(world.dir.path().join("revoked"), format!("{current}\n")).expect("revoke");
+    let r = whoami(&mut alice, 5).await;
+    assert_eq!(text(&r), "alice", "{r}");
+    answers.push(r.to_string());
+    let refused = world.server_lines("token refused revoked");
+    assert!(refused >= 1, "the server refused the revoked token");
+    assert_eq!(world.exchanges("alice"), 3, "one exchange on the 401");
+    let r = whoami(&mut alice, 6).await;
+    assert_eq!(text(&r), "alice", "{r}");
+    assert_eq!(world.exchanges("alice"), 3);
+    assert_eq!(
+        world.server_lines("token refused revoked"),
+        refused,
+        "the new token is the one sent"
+    );
     let (providers, r) = world.providers().await;
-    assert_eq!(r["oauthTokenExchanges"], 4, "{r}");
+    assert_eq!(r["oauthTokenExchanges"], 5, "{r}");
 
     // No token anywhere but the wire: the subject tokens and every token the server accepted.
     tokens.extend(world.read("tokens-seen").lines().map(str::to_owned));
