@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use crate::config::{OAuthAuthMethod, OAuthConfig};
@@ -140,14 +139,6 @@ struct Endpoint {
 struct Cached {
     token: Secret,
     renew_at: Option<Instant>,
-}
-
-#[derive(Deserialize)]
-struct TokenResponse {
-    access_token: String,
-    token_type: String,
-    #[serde(default)]
-    expires_in: Option<u64>,
 }
 
 /// One provider's token exchanges: its endpoint and each principal's exchanged token.
@@ -409,17 +400,8 @@ impl Exchanger {
     /// The exchanged token in a token endpoint's answer, learned for redaction.
     fn issued(&self, principal: &str, bytes: &[u8]) -> Result<Cached, ExchangeError> {
         let ns = &self.d.ns;
-        let t: TokenResponse = serde_json::from_slice(bytes).map_err(|e| {
-            ExchangeError::Unavailable(format!(
-                "provider `{ns}`: the token endpoint answered no token: {e}"
-            ))
-        })?;
-        if !t.token_type.eq_ignore_ascii_case("bearer") || t.access_token.is_empty() {
-            return Err(ExchangeError::Unavailable(format!(
-                "provider `{ns}`: the token exchange answered a `{}` token; only a non-empty Bearer token can be sent",
-                t.token_type.chars().take(32).collect::<String>()
-            )));
-        }
+        let t = super::oauth::bearer_of(bytes)
+            .map_err(|why| ExchangeError::Unavailable(format!("provider `{ns}`: {why}")))?;
         let token = Secret::new(t.access_token);
         self.known.add(principal, "exchanged token", &token);
         let renew_at = t.expires_in.map(|s| {

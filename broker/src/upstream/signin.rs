@@ -332,15 +332,7 @@ pub struct AuthCodeClient {
     refreshes: AtomicU64,
 }
 
-#[derive(Deserialize)]
-struct TokenResponse {
-    access_token: String,
-    token_type: String,
-    #[serde(default)]
-    expires_in: Option<u64>,
-    #[serde(default)]
-    refresh_token: Option<String>,
-}
+use super::oauth::TokenResponse;
 
 /// A token endpoint's answer: tokens, or a refusal with the OAuth error code.
 enum Answer {
@@ -587,14 +579,7 @@ impl AuthCodeClient {
                 status.as_u16()
             ));
         }
-        let t: TokenResponse = serde_json::from_slice(&bytes)
-            .map_err(|e| format!("provider `{ns}`: the token endpoint answered no token: {e}"))?;
-        if !t.token_type.eq_ignore_ascii_case("bearer") || t.access_token.is_empty() {
-            return Err(format!(
-                "provider `{ns}`: the token endpoint answered a `{}` token; only a non-empty Bearer token can be sent",
-                t.token_type.chars().take(32).collect::<String>()
-            ));
-        }
+        let t = super::oauth::bearer_of(&bytes).map_err(|why| format!("provider `{ns}`: {why}"))?;
         Ok(Answer::Tokens(t))
     }
 
