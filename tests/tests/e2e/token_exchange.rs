@@ -465,3 +465,55 @@ async fn a_hosts_token_is_exchanged_per_principal_for_the_servers_own() {
     }
     drop((alice, bob, bare_shim, carol_shim));
 }
+
+/// A host's subject token that is empty, over 64 KiB, or holds whitespace or control characters
+/// is refused at turn open (`invalid_subject_token`), without the token in the refusal or the
+/// record, and no turn is opened; a well-formed one opens its turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_subject_token_is_refused_at_turn_open_without_showing_it() {
+    let b = crate::kit::TestBroker::start(Options::default()).await;
+    let long = format!("long-subject-{}", "x".repeat(64 * 1024));
+    let bad = [
+        String::new(),
+        "subject-with a-space".to_owned(),
+        "subject-with\nnewline".to_owned(),
+        "subject-with-bell\u{7}".to_owned(),
+        long.clone(),
+    ];
+    for token in &bad {
+        let refused = b
+            .host()
+            .await
+            .call(&ControlRequest::OpenTurn(Box::new(OpenTurn {
+                principal: "alice".into(),
+                subject_token: Some(SubjectToken::new(token.clone())),
+                ..Default::default()
+            })))
+            .await;
+        let message = match refused {
+            Err(e) => e.to_string(),
+            Ok(other) => panic!("expected a refusal, got {other:?}"),
+        };
+        assert!(message.contains("(invalid_subject_token)"), "{message}");
+        assert!(!message.contains("subject-with"), "the token is not shown");
+        assert!(!message.contains("long-subject"), "the token is not shown");
+    }
+    let record = std::fs::read_to_string(b.record_path()).unwrap_or_default();
+    assert!(!record.contains("subject-with") && !record.contains("long-subject"));
+    let opened = |b: &crate::kit::TestBroker| {
+        b.records()
+            .iter()
+            .filter(|l| l["kind"] == "turn_opened")
+            .count()
+    };
+    assert_eq!(opened(&b), 0, "no turn opened for a malformed token");
+    let ok = b
+        .open(OpenTurn {
+            principal: "alice".into(),
+            subject_token: Some(SubjectToken::new(long[..64 * 1024].to_owned())),
+            ..Default::default()
+        })
+        .await;
+    assert!(!ok.turn.is_empty());
+    assert_eq!(opened(&b), 1, "a token of exactly 64 KiB opens its turn");
+}
