@@ -400,7 +400,7 @@ impl Exchanger {
     /// The exchanged token in a token endpoint's answer, learned for redaction.
     fn issued(&self, principal: &str, bytes: &[u8]) -> Result<Cached, ExchangeError> {
         let ns = &self.d.ns;
-        let t = super::oauth::bearer_of(bytes)
+        let t = super::token::bearer_of(bytes)
             .map_err(|why| ExchangeError::Unavailable(format!("provider `{ns}`: {why}")))?;
         let token = Secret::new(t.access_token);
         self.known.add(principal, "exchanged token", &token);

@@ -51,6 +51,7 @@ pub mod sandbox;
 pub mod signin;
 mod stdio;
 mod template;
+mod token;
 mod wire;
 mod wire_mcp;
 

@@ -332,7 +332,7 @@ pub struct AuthCodeClient {
     refreshes: AtomicU64,
 }
 
-use super::oauth::TokenResponse;
+use super::token::TokenResponse;
 
 /// A token endpoint's answer: tokens, or a refusal with the OAuth error code.
 enum Answer {
@@ -579,7 +579,7 @@ impl AuthCodeClient {
                 status.as_u16()
             ));
         }
-        let t = super::oauth::bearer_of(&bytes).map_err(|why| format!("provider `{ns}`: {why}"))?;
+        let t = super::token::bearer_of(&bytes).map_err(|why| format!("provider `{ns}`: {why}"))?;
         Ok(Answer::Tokens(t))
     }
 
