@@ -141,16 +141,28 @@ pub enum SecretsCommand {
         #[arg(value_name = "NAME")]
         name: String,
     },
-    /// The names of a principal's secrets (never their values).
+    /// The names of a principal's secrets (never their values); with `--sign-ins`, the remote
+    /// servers they are signed in to instead.
     List {
         #[command(flatten)]
         at: SecretsAt,
+        /// List the remote servers (`[providers.oauth] grant = "authorization_code"`) the
+        /// principal signed in to on their page, kept beside the record (`<record>.oauth`);
+        /// needs `--config`.
+        #[arg(long)]
+        sign_ins: bool,
     },
-    /// Remove a secret.
+    /// Remove a secret; with `--sign-in`, sign the principal out of a remote server: its tokens
+    /// are removed, a running broker stops sending them at the next call, and that call asks
+    /// the person to sign in again.
     Delete {
         #[command(flatten)]
         at: SecretsAt,
-        /// The secret's name.
+        /// NAME is a provider whose sign-in (`<record>.oauth/<principal>/<provider>`) to
+        /// remove, not a secret; needs `--config`.
+        #[arg(long)]
+        sign_in: bool,
+        /// The secret's name (with `--sign-in`: the provider's name).
         #[arg(value_name = "NAME")]
         name: String,
     },
@@ -172,19 +184,24 @@ pub struct SecretsAt {
 /// `secrets set|list|delete`: the folder store, read and written here, without a broker.
 fn secrets_command(command: &SecretsCommand) -> anyhow::Result<ExitCode> {
     use sharedos_broker::secrets::FolderStore;
-    let at = match command {
-        SecretsCommand::Set { at, .. }
-        | SecretsCommand::List { at }
-        | SecretsCommand::Delete { at, .. } => at,
+    let (at, sign_ins) = match command {
+        SecretsCommand::Set { at, .. } => (at, false),
+        SecretsCommand::List { at, sign_ins } => (at, *sign_ins),
+        SecretsCommand::Delete { at, sign_in, .. } => (at, *sign_in),
     };
-    let dir = match (&at.dir, &at.config) {
-        (Some(d), _) => d.clone(),
-        (None, Some(c)) => Config::from_file(c)?.secrets_dir,
+    let store = match (&at.dir, &at.config) {
+        (_, Some(c)) if sign_ins => {
+            sharedos_broker::upstream::signin::store_beside(&Config::from_file(c)?.record)
+        }
+        (_, None) if sign_ins => bail!(
+            "sign-ins are kept beside the broker's record (`<record>.oauth`): give --config FILE"
+        ),
+        (Some(d), _) => FolderStore::new(d.clone()),
+        (None, Some(c)) => FolderStore::new(Config::from_file(c)?.secrets_dir),
         (None, None) => {
             bail!("give the folder store: --config FILE (its `secrets_dir`) or --dir DIR")
         }
     };
-    let store = FolderStore::new(dir);
     match command {
         SecretsCommand::Set { name, .. } => {
             use std::io::Read as _;
@@ -217,6 +234,22 @@ fn secrets_command(command: &SecretsCommand) -> anyhow::Result<ExitCode> {
             for n in store.list(&at.principal).map_err(|e| anyhow::anyhow!(e))? {
                 outln!("{n}");
             }
+        }
+        SecretsCommand::Delete { name, .. } if sign_ins => {
+            if !store
+                .delete(&at.principal, name)
+                .map_err(|e| anyhow::anyhow!(e))?
+            {
+                bail!(
+                    "principal `{}` is not signed in to `{name}` (nothing in {})",
+                    at.principal,
+                    store.dir.display()
+                );
+            }
+            outln!(
+                "`{}` signed out of `{name}`: its next call there asks them to sign in again",
+                at.principal
+            );
         }
         SecretsCommand::Delete { name, .. } => {
             if !store

@@ -18,6 +18,12 @@
 // this provider issued (found with its own AccessToken model), and the token issued in exchange
 // is a JWT access token for MCP_RESOURCE (the `resource` asked for), of the subject's account.
 // Each exchange is a line `exchange <account> <resource>`, each refusal `exchange-error <why>`.
+// With CLIENT_ID_METADATA_DOCUMENTS=1 as well: clients are named by their client ID metadata
+// document's URL (oidc-provider's `clientIdMetadataDocument`, draft-02), and none are registered
+// dynamically. Each document fetched is a line `metadata-document <url>`. oidc-provider refuses to
+// fetch from special-use addresses (loopback among them); everything here is on loopback, so the
+// fetch goes without that guard (NODE_EXTRA_CA_CERTS trusts the page's test certificate).
+//
 // `POST /test/subject?account=ID` answers a fresh opaque access token of that person (what a host
 // holds for them; its audience is not the MCP server).
 import path from 'node:path';
@@ -33,10 +39,12 @@ const mcpResource = process.env.MCP_RESOURCE;
 // People whose refresh tokens were revoked (POST /test/revoke).
 const revoked = new Set();
 
+const documents = process.env.CLIENT_ID_METADATA_DOCUMENTS === '1';
 const forResource = mcpResource ? {
   features: {
     devInteractions: { enabled: true },
-    registration: { enabled: true },
+    registration: { enabled: !documents },
+    clientIdMetadataDocument: { enabled: documents, ack: documents ? 'draft-02' : undefined },
     resourceIndicators: {
       enabled: true,
       defaultResource: (ctx, client, oneOf) => oneOf ?? mcpResource,
@@ -54,6 +62,13 @@ const forResource = mcpResource ? {
     },
   },
   issueRefreshToken: async (ctx, client) => client.grantTypeAllowed('refresh_token'),
+  ...(documents ? {
+    fetch: (url, options) => {
+      console.log(`metadata-document ${url}`);
+      const { dispatcher, ...rest } = options;
+      return globalThis.fetch(url, rest);
+    },
+  } : {}),
   scopes: ['openid', 'offline_access', 'mcp'],
 } : {};
 
@@ -119,6 +134,7 @@ if (mcpResource) {
   provider.on('grant.success', (ctx) => {
     const account = ctx.oidc.account?.accountId ?? ctx.oidc.entities?.RefreshToken?.accountId ?? '';
     const client = ctx.oidc.client?.clientId === process.env.CLIENT_ID ? 'page' : 'mcp';
+    if (documents) console.log(`client ${ctx.oidc.client?.clientId}`);
     console.log(`grant ${ctx.oidc.params.grant_type} ${account} ${client}`);
   });
   provider.on('grant.error', (ctx, error) => {

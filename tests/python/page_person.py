@@ -8,7 +8,7 @@ through Debian's chromedriver. Opens URL, signs in at oidc-provider's developmen
   session  reads the session cookie and the CSRF token of the signed-in page (for the tests'
            crafted requests).
 
-Env: CHROMEDRIVER (default /usr/bin/chromedriver); THEN_URL: once URL is done, the same browser
+Env: CHROMEDRIVER (default /usr/bin/chromedriver); TRUST_SPKI (a test page's key, trusted); THEN_URL: once URL is done, the same browser
 (signed in where URL signed it in) opens THEN_URL, and the report is of that page. Prints one JSON
 object as its last line.
 """
@@ -27,6 +27,10 @@ url, user, action = sys.argv[1], sys.argv[2], sys.argv[3]
 options = webdriver.ChromeOptions()
 for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
     options.add_argument(arg)
+# A page on HTTPS with a test CA's certificate: trust that one key only (base64 SHA-256 of its
+# SubjectPublicKeyInfo), not every certificate.
+if os.environ.get("TRUST_SPKI"):
+    options.add_argument("--ignore-certificate-errors-spki-list=" + os.environ["TRUST_SPKI"])
 service = Service(executable_path=os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver"))
 driver = webdriver.Chrome(service=service, options=options)
 wait = WebDriverWait(driver, 30)

@@ -834,6 +834,28 @@ async fn connect(
     }
 }
 
+/// `GET /oauth/client.json`: the broker's client ID metadata document, which authorization
+/// servers that take such documents fetch to learn the client whose id is this URL. Public, like
+/// any client's metadata: it names the page and its redirect URI, nothing of anyone. Only where
+/// people sign in to remote servers and the page is on HTTPS.
+async fn client_metadata(State(p): State<Shared>) -> Response {
+    match p.broker.kernel.signins.as_ref().and_then(|s| s.metadata()) {
+        Some(document) => (
+            [
+                (header::CONTENT_TYPE, "application/json"),
+                (header::CACHE_CONTROL, "max-age=3600"),
+            ],
+            document.to_string(),
+        )
+            .into_response(),
+        None => status_page(
+            StatusCode::NOT_FOUND,
+            "No such page",
+            "this page publishes no client metadata: no remote server signs people in here over HTTPS",
+        ),
+    }
+}
+
 /// `POST /connect/<provider>/signout`: the signed-in person's tokens for that server are
 /// forgotten (the session's CSRF token and the page's own origin required); their next call to
 /// it asks them to sign in again.
@@ -1100,6 +1122,7 @@ pub async fn start(
         .route("/connect/{ns}", get(connect))
         .route("/connect/{ns}/signout", axum::routing::post(sign_out))
         .route("/oauth/callback", get(oauth_callback))
+        .route("/oauth/client.json", get(client_metadata))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_FORM_BYTES))
         .with_state(page.clone());
     let incoming = Incoming { rx, local };

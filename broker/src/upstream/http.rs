@@ -96,6 +96,10 @@ pub struct RemoteStatus {
     /// With `grant = "authorization_code"`: the refreshes of people's sign-ins so far.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oauth_sign_in_refreshes: Option<u64>,
+    /// With `grant = "authorization_code"`, once discovered: how the broker is the
+    /// authorization server's client (`configured`, `metadata_document`, `dynamic`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oauth_client_registration: Option<&'static str>,
     /// Token exchanges made (`grant = "token_exchange"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oauth_token_exchanges: Option<u64>,
@@ -314,6 +318,11 @@ impl McpProvider {
                 .get()
                 .filter(|s| s.has_provider(&self.config.namespace))
                 .map(|s| s.refreshes(&self.config.namespace)),
+            oauth_client_registration: self
+                .signins
+                .get()
+                .and_then(|s| s.registration(&self.config.namespace))
+                .map(super::signin::Registration::as_str),
             oauth_token_exchanges: self.exchanger.get().map(|x| x.exchanges()),
         })
     }

@@ -1738,9 +1738,9 @@ impl McpProvider {
             o.clone(),
             self.config.insecure_http,
             self.http_client()?,
-            signins.redirect()?,
+            signins,
             self.secrets.store.clone(),
-        );
+        )?;
         signins.add(ns, Arc::new(client));
         let _ = self.signins.set(signins.clone());
         Ok(())

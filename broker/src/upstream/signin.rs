@@ -123,7 +123,29 @@ struct Found {
     scopes: Vec<String>,
     client_id: String,
     client_secret: Option<Secret>,
+    registration: Registration,
     at: Instant,
+}
+
+/// How the broker came to be a client of the authorization server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Registration {
+    /// `oauth.client_id`, registered by the operator.
+    Configured,
+    /// Its client ID metadata document's URL is its client id.
+    MetadataDocument,
+    /// Registered by the broker (RFC 7591).
+    Dynamic,
+}
+
+impl Registration {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Registration::Configured => "configured",
+            Registration::MetadataDocument => "metadata_document",
+            Registration::Dynamic => "dynamic",
+        }
+    }
 }
 
 /// Discovery from a remote server (RFC 9728, then RFC 8414 or OpenID metadata): shared by the
@@ -327,6 +349,9 @@ pub struct AuthCodeClient {
     config: OAuthConfig,
     http: reqwest::Client,
     redirect: url::Url,
+    /// The broker's client ID metadata document on its page (`oauth/client.json`), when the
+    /// page is served over HTTPS: the client id where the authorization server takes one.
+    metadata_document: Option<url::Url>,
     store: Arc<dyn SecretStore>,
     found: tokio::sync::Mutex<Option<Arc<Found>>>,
     refreshes: AtomicU64,
@@ -341,16 +366,18 @@ enum Answer {
 }
 
 impl AuthCodeClient {
+    /// The client of provider `ns` at `url`, for the sign-ins of `signins`' page (its redirect
+    /// URI and, on HTTPS, its client ID metadata document).
     pub fn new(
         ns: &str,
         url: &str,
         config: OAuthConfig,
         insecure_http: bool,
         http: reqwest::Client,
-        redirect: url::Url,
+        signins: &SignIns,
         store: Arc<dyn SecretStore>,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, String> {
+        Ok(Self {
             ns: ns.to_owned(),
             d: Discovery {
                 ns: ns.to_owned(),
@@ -360,16 +387,25 @@ impl AuthCodeClient {
             },
             config,
             http,
-            redirect,
+            redirect: signins.redirect()?,
+            metadata_document: signins.metadata_document(),
             store,
             found: tokio::sync::Mutex::new(None),
             refreshes: AtomicU64::new(0),
-        }
+        })
     }
 
     /// Refreshes made so far (for `providers`).
     pub fn refreshes(&self) -> u64 {
         self.refreshes.load(Ordering::Relaxed)
+    }
+
+    /// How the broker is this server's client, once discovered (`None` while discovery runs).
+    pub fn registration(&self) -> Option<Registration> {
+        self.found
+            .try_lock()
+            .ok()
+            .and_then(|f| f.as_ref().map(|f| f.registration))
     }
 
     /// Discovers (or returns the discovered) endpoints, resource and client.
@@ -383,7 +419,7 @@ impl AuthCodeClient {
         // A client the broker registered is kept when the metadata is read again.
         let registered = found
             .as_ref()
-            .filter(|_| self.config.client_id.is_empty())
+            .filter(|f| f.registration == Registration::Dynamic)
             .map(|f| f.client_id.clone());
         let fresh = Arc::new(self.discover(registered).await?);
         *found = Some(fresh.clone());
@@ -426,22 +462,15 @@ impl AuthCodeClient {
         } else {
             self.config.scopes.clone()
         };
-        let (client_id, client_secret) = if self.config.client_id.is_empty() {
-            let registration = meta
-                .get("registration_endpoint")
-                .and_then(Value::as_str)
-                .ok_or_else(|| {
-                    format!(
-                        "provider `{ns}`: the authorization server `{issuer}` offers no dynamic client registration: set oauth.client_id (and the redirect URI `{}` there)",
-                        self.redirect
-                    )
-                })?;
-            let registration = self.d.endpoint("registration_endpoint", registration)?;
-            match registered {
-                Some(id) => (id, None),
-                None => (self.register(&registration).await?, None),
-            }
-        } else {
+        // Which client the broker is, in the order the 2025-11-25 specification gives: one the
+        // operator registered; else its client ID metadata document, where the authorization
+        // server fetches those (`client_id_metadata_document_supported`) and the page is on
+        // HTTPS; else one it registers itself (RFC 7591).
+        let takes_documents = meta
+            .get("client_id_metadata_document_supported")
+            .and_then(Value::as_bool)
+            == Some(true);
+        let (client_id, client_secret, registration) = if !self.config.client_id.is_empty() {
             let secret = match &self.config.client_secret {
                 Some(crate::config::ConfigValue::Plain(s)) => Some(Secret::new(s.clone())),
                 Some(crate::config::ConfigValue::Secret(r)) => Some(
@@ -452,9 +481,36 @@ impl AuthCodeClient {
                 ),
                 None => None,
             };
-            (self.config.client_id.clone(), secret)
+            (
+                self.config.client_id.clone(),
+                secret,
+                Registration::Configured,
+            )
+        } else if let Some(document) = self.metadata_document.as_ref().filter(|_| takes_documents) {
+            (document.to_string(), None, Registration::MetadataDocument)
+        } else {
+            let registration = meta
+                .get("registration_endpoint")
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    let document = if !takes_documents {
+                        "no client ID metadata documents (client_id_metadata_document_supported)"
+                    } else {
+                        "client ID metadata documents, which need the page on HTTPS ([page] cert and key)"
+                    };
+                    format!(
+                        "provider `{ns}`: the authorization server `{issuer}` takes {document} and offers no dynamic client registration: set oauth.client_id (and the redirect URI `{}` there)",
+                        self.redirect
+                    )
+                })?;
+            let registration = self.d.endpoint("registration_endpoint", registration)?;
+            let id = match registered {
+                Some(id) => id,
+                None => self.register(&registration).await?,
+            };
+            (id, None, Registration::Dynamic)
         };
-        tracing::info!(provider = %ns, %issuer, %resource, client_id = %client_id, "the server's authorization server discovered");
+        tracing::info!(provider = %ns, %issuer, %resource, client_id = %client_id, registration = registration.as_str(), "the server's authorization server discovered");
         Ok(Found {
             authorize,
             token,
@@ -462,6 +518,7 @@ impl AuthCodeClient {
             scopes,
             client_id,
             client_secret,
+            registration,
             at: Instant::now(),
         })
     }
@@ -839,13 +896,31 @@ pub struct SignIns {
     epochs: std::sync::Mutex<HashMap<(String, String), u64>>,
 }
 
+/// Where a broker whose record is `record` keeps people's sign-ins: `<record>.oauth`, a folder
+/// store of its own (`<principal>/<provider>`), which `secrets list|delete --sign-in` also reads.
+pub fn store_beside(record: &std::path::Path) -> FolderStore {
+    FolderStore::new(format!("{}.oauth", record.display()))
+}
+
+/// What tells one stored file from another: its inode, size and modification time. A cached
+/// token is sent only while its file is still the one it was read from, so a sign-in removed
+/// or replaced behind the broker's back (`secrets delete --sign-in`) is not sent again.
+type FileId = (u64, u64, i64, i64);
+
+fn file_id(path: &std::path::Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+}
+
 impl SignIns {
     /// The sign-ins of a broker whose page is at `page` and whose record is `record`: tokens in
     /// `<record>.oauth`.
     pub fn new(page: url::Url, record: &std::path::Path, known: Arc<Known>) -> Arc<Self> {
         Arc::new(Self {
             page,
-            store: FolderStore::new(format!("{}.oauth", record.display())),
+            store: store_beside(record),
             known,
             clients: std::sync::Mutex::default(),
             links: std::sync::Mutex::default(),
@@ -855,6 +930,31 @@ impl SignIns {
             signed_in: tokio::sync::watch::Sender::new(0),
             epochs: std::sync::Mutex::default(),
         })
+    }
+
+    /// The broker's client ID metadata document: its URL, when the page is served over HTTPS
+    /// (a document's URL, which is the client id, must be `https`).
+    pub fn metadata_document(&self) -> Option<url::Url> {
+        (self.page.scheme() == "https")
+            .then(|| self.page.join("oauth/client.json").ok())
+            .flatten()
+    }
+
+    /// The client ID metadata document itself (draft-ietf-oauth-client-id-metadata-document,
+    /// as the 2025-11-25 MCP specification uses it): a public client (PKCE, no secret) whose
+    /// only redirect URI is the page's `oauth/callback`; `None` without HTTPS.
+    pub fn metadata(&self) -> Option<Value> {
+        let id = self.metadata_document()?;
+        let redirect = self.redirect().ok()?;
+        Some(serde_json::json!({
+            "client_id": id.as_str(),
+            "client_name": "SharedOS broker",
+            "client_uri": self.page.as_str(),
+            "redirect_uris": [redirect.as_str()],
+            "grant_types": ["authorization_code", "refresh_token"],
+            "response_types": ["code"],
+            "token_endpoint_auth_method": "none",
+        }))
     }
 
     /// The redirect URI of every provider's sign-in: the page's `oauth/callback`.
@@ -1104,6 +1204,11 @@ impl SignIns {
         }
     }
 
+    /// The identity of the file `principal`'s sign-in to `ns` is stored in, if there is one.
+    fn stored_id(&self, principal: &str, ns: &str) -> Option<FileId> {
+        file_id(&self.store.dir.join(principal).join(ns))
+    }
+
     fn epoch(&self, principal: &str, ns: &str) -> u64 {
         crate::lock(&self.epochs)
             .get(&(principal.to_owned(), ns.to_owned()))
@@ -1149,10 +1254,22 @@ impl SignIns {
         }
     }
 
+    /// How the broker is `ns`'s client, once discovered.
+    pub fn registration(&self, ns: &str) -> Option<Registration> {
+        self.client(ns)?.registration()
+    }
+
     /// Refreshes made for `ns` so far.
     pub fn refreshes(&self, ns: &str) -> u64 {
         self.client(ns).map_or(0, |c| c.refreshes())
     }
+}
+
+struct Cached {
+    stored: Stored,
+    life: Option<u64>,
+    epoch: u64,
+    file: Option<FileId>,
 }
 
 /// One principal's tokens for one provider, as a session sends them.
@@ -1160,8 +1277,9 @@ pub struct PersonTokens {
     pub signins: Arc<SignIns>,
     pub ns: String,
     pub principal: String,
-    /// The tokens sent, their lifetime when read, and the sign-in's epoch then.
-    cached: tokio::sync::Mutex<Option<(Stored, Option<u64>, u64)>>,
+    /// The tokens sent, their lifetime when read, the sign-in's epoch then, and the identity of
+    /// the file they were read from or written to.
+    cached: tokio::sync::Mutex<Option<Cached>>,
 }
 
 impl PersonTokens {
@@ -1214,12 +1332,37 @@ impl PersonTokens {
         }
     }
 
-    /// The access token to send: refreshed first when it is about to expire.
+    /// Keeps what was sent, with the identity of its file as it is now.
+    fn keep(
+        &self,
+        cached: &mut Option<Cached>,
+        fresh: (Stored, Option<u64>),
+        epoch: u64,
+    ) -> Secret {
+        let token = Secret::new(fresh.0.access_token.clone());
+        *cached = Some(Cached {
+            stored: fresh.0,
+            life: fresh.1,
+            epoch,
+            file: self.signins.stored_id(&self.principal, &self.ns),
+        });
+        token
+    }
+
+    /// The access token to send: refreshed first when it is about to expire. The cached one
+    /// is used while the sign-in was not forgotten and its file is the one it came from (one
+    /// `statx`); else the file is read again.
     pub async fn current(&self) -> Result<Secret, SignInError> {
         let mut cached = self.cached.lock().await;
         let epoch = self.signins.epoch(&self.principal, &self.ns);
         let (stored, life) = match cached.take() {
-            Some((s, l, e)) if e == epoch => (s, l),
+            Some(c)
+                if c.epoch == epoch
+                    && c.file.is_some()
+                    && c.file == self.signins.stored_id(&self.principal, &self.ns) =>
+            {
+                (c.stored, c.life)
+            }
             _ => self.load()?,
         };
         let fresh = if stored.due(life) {
@@ -1227,9 +1370,7 @@ impl PersonTokens {
         } else {
             (stored, life)
         };
-        let token = Secret::new(fresh.0.access_token.clone());
-        *cached = Some((fresh.0, fresh.1, epoch));
-        Ok(token)
+        Ok(self.keep(&mut cached, fresh, epoch))
     }
 
     /// A new token after the server refused `rejected` (401): refreshed once, unless the
@@ -1245,9 +1386,7 @@ impl PersonTokens {
             let life = stored.expires_at.map(|at| at.saturating_sub(now_secs()));
             (stored, life)
         };
-        let token = Secret::new(fresh.0.access_token.clone());
-        *cached = Some((fresh.0, fresh.1, epoch));
-        Ok(token)
+        Ok(self.keep(&mut cached, fresh, epoch))
     }
 }
 
@@ -1280,6 +1419,27 @@ mod tests {
             &dir.join("record.jsonl"),
             Arc::new(Known::default()),
         )
+    }
+
+    #[test]
+    fn the_client_metadata_document_is_published_on_https_only() {
+        assert_eq!(signins().metadata_document(), None, "plain HTTP: none");
+        assert_eq!(signins().metadata(), None);
+        let s = SignIns::new(
+            url::Url::parse("https://page.example/people/").expect("url"),
+            std::path::Path::new("/nonexistent/record.jsonl"),
+            Arc::new(Known::default()),
+        );
+        let id = "https://page.example/people/oauth/client.json";
+        assert_eq!(s.metadata_document().map(String::from).as_deref(), Some(id));
+        let m = s.metadata().expect("a document");
+        assert_eq!(m["client_id"], id, "the document names itself");
+        assert_eq!(
+            m["redirect_uris"],
+            serde_json::json!(["https://page.example/people/oauth/callback"])
+        );
+        assert_eq!(m["token_endpoint_auth_method"], "none", "a public client");
+        assert!(m.get("client_secret").is_none());
     }
 
     fn flow(s: &SignIns, state: &str, principal: &str, until: Instant) {

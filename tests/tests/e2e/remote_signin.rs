@@ -64,6 +64,7 @@ fn collect(
 
 struct World {
     dir: tempfile::TempDir,
+    config: PathBuf,
     runtime: PathBuf,
     log: PathBuf,
     page: u16,
@@ -72,6 +73,9 @@ struct World {
     server_port: u16,
     server_log: PathBuf,
     browser: std::collections::BTreeMap<String, String>,
+    /// With the page on HTTPS: its scheme and the SHA-256 of its key (base64), which the
+    /// browser is told to trust (`--ignore-certificate-errors-spki-list`).
+    https: Option<String>,
     grants: Arc<Mutex<Vec<String>>>,
     _provider: tokio::process::Child,
     _server: tokio::process::Child,
@@ -81,12 +85,40 @@ struct World {
 impl World {
     /// The world with `list_as` the principal the provider lists its tools as.
     async fn start(python: &str, list_as: &str) -> Option<Self> {
+        Self::start_with(python, list_as, false).await
+    }
+
+    /// With `https`: the page is served over HTTPS (a test CA's certificate, which the provider
+    /// trusts through NODE_EXTRA_CA_CERTS), and the provider takes client ID metadata documents
+    /// and registers no clients.
+    async fn start_with(python: &str, list_as: &str, https: bool) -> Option<Self> {
         let browser = installed("browser", ".ci/install-browser")?;
         let (page, oidc, port) = (free_port(), free_port(), free_port());
         let dir = tempfile::Builder::new()
             .prefix("sharedos-signin-")
             .tempdir()
             .expect("tmp");
+        let scheme = if https { "https" } else { "http" };
+        let (tls, spki) = if https {
+            use base64::Engine as _;
+            use rcgen::PublicKeyData as _;
+            use sha2::Digest as _;
+            let (ca, cert, key) = crate::remote::test_pki(dir.path(), "127.0.0.1");
+            let pair = rcgen::KeyPair::from_pem(&std::fs::read_to_string(&key).expect("key"))
+                .expect("the test key");
+            let spki = base64::engine::general_purpose::STANDARD
+                .encode(sha2::Sha256::digest(pair.subject_public_key_info()));
+            (
+                format!(
+                    "cert = \"{}\"\nkey = \"{}\"\n",
+                    cert.display(),
+                    key.display()
+                ),
+                Some((ca, spki)),
+            )
+        } else {
+            (String::new(), None)
+        };
         let resource = format!("http://127.0.0.1:{port}/mcp");
         let mut provider = tokio::process::Command::new(&browser["NODE"]);
         provider
@@ -98,12 +130,20 @@ impl World {
             .env("PORT", oidc.to_string())
             .env("CLIENT_ID", CLIENT_ID)
             .env("CLIENT_SECRET", CLIENT_SECRET)
-            .env("REDIRECT_URI", format!("http://127.0.0.1:{page}/callback"))
+            .env(
+                "REDIRECT_URI",
+                format!("{scheme}://127.0.0.1:{page}/callback"),
+            )
             .env("MCP_RESOURCE", &resource)
             .env("RESOURCE_TTL", TTL.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true);
+        if let Some((ca, _)) = &spki {
+            provider
+                .env("NODE_EXTRA_CA_CERTS", ca)
+                .env("CLIENT_ID_METADATA_DOCUMENTS", "1");
+        }
         let mut provider = provider.spawn().expect("node oidc_provider.mjs");
         let (grants, mut rx) = collect(provider.stdout.take().expect("stdout"));
         let first = tokio::time::timeout(WAIT, rx.recv())
@@ -138,7 +178,7 @@ impl World {
             &Options {
                 policy: POLICY,
                 tables: format!(
-                    "[page]\nlisten = \"127.0.0.1:{page}\"\npublic_url = \"http://127.0.0.1:{page}/\"\n\
+                    "[page]\nlisten = \"127.0.0.1:{page}\"\npublic_url = \"{scheme}://127.0.0.1:{page}/\"\n{tls}\
                      issuer = \"http://127.0.0.1:{oidc}\"\nclient_id = \"{CLIENT_ID}\"\n\
                      client_secret_file = \"{}\"\nprincipal_claim = \"preferred_username\"\n\
                      [[providers]]\ntype = \"mcp\"\nnamespace = \"r\"\nurl = \"{resource}\"\n\
@@ -164,6 +204,7 @@ impl World {
         let broker = broker.spawn().expect("sharedos-broker serve");
         let world = Self {
             dir,
+            config,
             runtime,
             log,
             page,
@@ -171,6 +212,7 @@ impl World {
             server_port: port,
             server_log,
             browser,
+            https: spki.map(|(_, s)| s),
             grants,
             _provider: provider,
             _server: server,
@@ -296,6 +338,24 @@ impl World {
         Some((tokens, mode))
     }
 
+    /// `sharedos-broker secrets ARGS --config <the broker's> --principal P`: exit code, stdout,
+    /// stderr.
+    fn secrets(&self, args: &[&str], principal: &str) -> (i32, String, String) {
+        let out = std::process::Command::new(bin("sharedos-broker"))
+            .arg("secrets")
+            .args(args)
+            .arg("--config")
+            .arg(&self.config)
+            .args(["--principal", principal])
+            .output()
+            .expect("sharedos-broker secrets");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     /// The person at the browser: `page_person.py URL USER show`, its report.
     async fn person(&self, url: &str, user: &str) -> Value {
         self.person_does(url, user, "show").await
@@ -403,6 +463,9 @@ impl World {
         let mut cmd = tokio::process::Command::new(&self.browser["SELENIUM_PYTHON"]);
         if let Some(then) = then {
             cmd.env("THEN_URL", then);
+        }
+        if let Some(spki) = &self.https {
+            cmd.env("TRUST_SPKI", spki);
         }
         cmd.arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -704,6 +767,52 @@ async fn people_sign_in_to_a_remote_server_and_their_calls_carry_their_own_token
     assert_eq!(calls.len(), 1, "{calls:?}");
     assert_eq!(meta_code(&calls[0]), "sign_in_required", "{calls:?}");
 
+    // alice signs in again on her page; her open session's next call carries the new token. The
+    // operator then signs her out with `secrets delete --sign-in`, the broker still running:
+    // the token her session holds is not sent again, and her next call asks her to sign in.
+    let shown = world.person(&format!("{base}/connect/r"), "alice").await;
+    assert_eq!(shown["title"], "Signed in", "{shown}");
+    assert_eq!(world.grants("grant authorization_code alice mcp"), 2);
+    let (tokens, _) = world.stored("alice").expect("alice's tokens again");
+    seen_tokens.extend(tokens);
+    let r = whoami(&mut alice, 4).await;
+    assert_eq!(text(&r), "alice", "{r}");
+    answers.push(r.to_string());
+    let whoami_alice = world.server_lines("whoami alice");
+    let (code, out, err) = world.secrets(&["list", "--sign-ins"], "alice");
+    assert_eq!((code, out.as_str()), (0, "r\n"), "{err}");
+    let (code, out, err) = world.secrets(&["list", "--sign-ins"], "bob");
+    assert_eq!(
+        (code, out.as_str()),
+        (0, ""),
+        "bob signed out on his page: {err}"
+    );
+    let (code, out, err) = world.secrets(&["delete", "--sign-in", "r"], "alice");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        "`alice` signed out of `r`: its next call there asks them to sign in again\n"
+    );
+    assert!(
+        world.stored("alice").is_none(),
+        "alice's tokens are removed"
+    );
+    let (code, _, err) = world.secrets(&["delete", "--sign-in", "r"], "alice");
+    assert_eq!(code, 1, "a second sign-out finds nothing: {err}");
+    assert!(
+        err.contains("principal `alice` is not signed in to `r`"),
+        "{err}"
+    );
+    let r = whoami(&mut alice, 5).await;
+    assert_eq!(crate::kit::meta(&r)["code"], "sign_in_required", "{r}");
+    assert!(text(&r).contains(&format!("{base}/signin/")), "{r}");
+    answers.push(r.to_string());
+    assert_eq!(
+        world.server_lines("whoami alice"),
+        whoami_alice,
+        "the removed sign-in's token was not sent"
+    );
+
     // No token anywhere but the store and the wire.
     let (providers, _) = world.providers().await;
     let record = world.record();
@@ -983,4 +1092,88 @@ async fn refused_sign_ins_are_recorded_and_the_held_call_is_not_sent() {
         assert!(!record.contains(&t), "a token in the record");
     }
     assert!(!record.contains(&state), "a state in the record");
+}
+
+/// Issue 45 item 3, the third way to be a client: where the authorization server takes client
+/// ID metadata documents (npm `oidc-provider` with its `clientIdMetadataDocument` feature, and no
+/// dynamic registration) and the page is on HTTPS, the broker's client id is the URL of the
+/// document its page serves (`/oauth/client.json`). The provider fetches it once over TLS
+/// (checking the page's certificate against the test CA), both people sign in through it, and a
+/// refresh is made as that client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium, selenium and oidc-provider (.ci/install-browser) and PyPI mcp 2.3.0 in SHAREDOS_PYTHON"]
+async fn a_client_id_metadata_document_names_the_broker_where_the_server_takes_one() {
+    let Some(python) = crate::remote::python() else {
+        return;
+    };
+    let Some(world) = World::start_with(&python, "alice", true).await else {
+        return;
+    };
+    let base = format!("https://127.0.0.1:{}", world.page);
+    let document = format!("{base}/oauth/client.json");
+
+    // alice signs in on her page: the provider fetches the document, once, and her tokens were
+    // issued to the client the document names.
+    let shown = world.person(&format!("{base}/connect/r"), "alice").await;
+    assert_eq!(shown["title"], "Signed in", "{shown}");
+    assert_eq!(world.grants(&format!("metadata-document {document}")), 1);
+    assert_eq!(world.grants("grant authorization_code alice mcp"), 1);
+    assert_eq!(world.grants(&format!("client {document}")), 1);
+    let stored = |who: &str| -> Value {
+        let path = world.dir.path().join(format!("record.jsonl.oauth/{who}/r"));
+        serde_json::from_str(&std::fs::read_to_string(path).expect("stored")).expect("JSON")
+    };
+    assert_eq!(stored("alice")["client_id"], document.as_str());
+    let (providers, r) = world.providers().await;
+    assert_eq!(r["oauthClientRegistration"], "metadata_document", "{r}");
+    world.wait_listed().await;
+
+    // Her calls carry her token.
+    let turn = world.open_turn("alice").await;
+    let mut alice = Raw::spawn(world.shim(turn.token.expose()));
+    alice.initialize("2025-11-25").await;
+    let r = whoami(&mut alice, 1).await;
+    assert_eq!(text(&r), "alice", "{r}");
+
+    // bob signs in as the same client; the provider had the document already.
+    let shown = world.person(&format!("{base}/connect/r"), "bob").await;
+    assert_eq!(shown["title"], "Signed in", "{shown}");
+    assert_eq!(world.grants("grant authorization_code bob mcp"), 1);
+    assert_eq!(world.grants(&format!("client {document}")), 2);
+    assert_eq!(stored("bob")["client_id"], document.as_str());
+    assert_eq!(world.grants(&format!("metadata-document {document}")), 1);
+
+    // alice's access token expires: it is refreshed as the document's client (a public client:
+    // no secret, as the document says), and her call goes on.
+    tokio::time::sleep(Duration::from_secs(TTL)).await;
+    let r = whoami(&mut alice, 2).await;
+    assert_eq!(text(&r), "alice", "{r}");
+    assert_eq!(world.grants("grant refresh_token alice mcp"), 1);
+    assert_eq!(world.grants(&format!("client {document}")), 3);
+    assert_eq!(world.server_lines("whoami alice"), 2);
+    // No registration was attempted, and no token is in `providers`.
+    assert_eq!(
+        world
+            .grants
+            .lock()
+            .expect("lines")
+            .iter()
+            .filter(|l| l.starts_with("grant-error"))
+            .count(),
+        0
+    );
+    for who in ["alice", "bob"] {
+        let t = stored(who)["access_token"]
+            .as_str()
+            .expect("token")
+            .to_owned();
+        assert!(!providers.contains(&t) && !world.record().contains(&t));
+    }
+    let log = std::fs::read_to_string(&world.log).expect("log");
+    assert!(
+        log.contains("registration=\"metadata_document\"")
+            || log.contains("registration=metadata_document"),
+        "the broker says how it is the client"
+    );
+    drop(alice);
 }
