@@ -18,9 +18,12 @@ expire after --expires seconds (a `token-issued <client>` line in REMOTE_LOG, or
 with JSON bodies instead of SSE streams, --keep-alive SECONDS closes a connection idle that long
 (uvicorn's default: 5).
 
+--http2 serves with hypercorn instead of uvicorn (with --tls: HTTP/2 offered by ALPN, and
+HTTP/1.1), and each request's HTTP version is a line `http <version> <method>` in REMOTE_LOG.
+
 Usage: python remote_server.py [--port N] [--tls CERT KEY [--client-ca CA]] [--tokens ID=TOKEN,...]
                                [--oauth CLIENT=SECRET,... [--expires SECONDS]]
-                               [--stateless] [--json] [--keep-alive SECONDS]
+                               [--stateless] [--json] [--keep-alive SECONDS] [--http2]
 """
 import asyncio
 import base64
@@ -57,6 +60,7 @@ def main():
     stateless = False
     json_response = False
     keep_alive = 5
+    http2 = False
     while args:
         a = args.pop(0)
         if a == "--port":
@@ -78,6 +82,8 @@ def main():
             json_response = True
         elif a == "--keep-alive":
             keep_alive = int(args.pop(0))
+        elif a == "--http2":
+            http2 = True
         else:
             raise SystemExit(f"unknown argument {a}")
 
@@ -219,6 +225,9 @@ def main():
                             media_type="application/json")
 
         http_app.router.routes.insert(0, Route("/token", token_endpoint, methods=["POST"]))
+    if http2:
+        serve_hypercorn(http_app, sock, port, tls, keep_alive)
+        return
     config = uvicorn.Config(
         http_app,
         log_level="warning",
@@ -233,6 +242,28 @@ def main():
     server = uvicorn.Server(config)
     print(f"PORT {port}", flush=True)
     server.run(sockets=[sock])
+
+
+def serve_hypercorn(http_app, sock, port, tls, keep_alive):
+    """The app under hypercorn on the bound socket: HTTP/2 by ALPN (h2, then http/1.1) with TLS."""
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    async def versions(scope, receive, send):
+        if scope["type"] == "http":
+            log(f"http {scope.get('http_version')} {scope.get('method')}")
+        await http_app(scope, receive, send)
+
+    config = Config()
+    config.bind = [f"fd://{sock.fileno()}"]
+    config.loglevel = "WARNING"
+    config.keep_alive_timeout = keep_alive
+    config.graceful_timeout = 1
+    if tls:
+        config.certfile, config.keyfile = tls
+        config.alpn_protocols = ["h2", "http/1.1"]
+    print(f"PORT {port}", flush=True)
+    asyncio.run(serve(versions, config))
 
 
 if __name__ == "__main__":

@@ -446,6 +446,91 @@ async fn tls_connections_are_reused_and_sessions_resumed() {
     }
 }
 
+/// HTTP/2 where the server offers it (ALPN): a stateful and a stateless `MCPServer` under
+/// hypercorn behind TLS with the test CA. Every request the server sees, the listening stream's
+/// included, is HTTP/2; 60 sequential calls and then 64 concurrent ones go over at most 2
+/// connections (the concurrent ones multiplexed as streams, not a connection each), with one
+/// full TLS handshake (a second connection resumes its session); every call's effect happens
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PyPI mcp 2.3.0 and hypercorn in SHAREDOS_PYTHON: bash .ci/run installs them and runs this"]
+async fn http2_is_spoken_where_the_server_offers_it() {
+    let Some(py) = python() else { return };
+    let has = std::process::Command::new(&py)
+        .args(["-c", "import hypercorn"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        has,
+        "{py} has no hypercorn: install PyPI hypercorn==0.18.0 there (bash .ci/run does)"
+    );
+    for (mode, extra) in [("stateful", None), ("stateless", Some("--stateless"))] {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (ca, cert, key) = crate::remote::test_pki(dir.path(), "127.0.0.1");
+        let mut args = vec![
+            "--http2".to_owned(),
+            "--tls".to_owned(),
+            cert.display().to_string(),
+            key.display().to_string(),
+        ];
+        args.extend(extra.map(str::to_owned));
+        let server = Server::start(&py, &dir.path().join("server.log"), &args).await;
+        let relay = Relay::start(server.port, None).await;
+        let url = format!("https://127.0.0.1:{}/mcp", relay.port);
+        let ca_line = format!("ca_file = {}\n", serde_json::to_string(&ca).expect("q"));
+        let broker = broker_with(&provider(
+            &url,
+            &format!("{ca_line}max_connections = {POOL}\n"),
+        ))
+        .await;
+        let turn = broker.open_turn("alice").await;
+        let mut raw = Raw::spawn(broker.shim_command(turn.token.expose()));
+        raw.initialize("2025-11-25").await;
+        sequential(&mut raw, 1, 60).await;
+        let burst = concurrent(&broker).await;
+        let opened = relay.accepted();
+        let full = relay.counts.full.load(Ordering::SeqCst);
+        let versions = server.lines("http ");
+        eprintln!(
+            "http2 {mode}: {} requests, {opened} connections, {full} full handshakes, {} resumed",
+            versions.len(),
+            relay.counts.resumed.load(Ordering::SeqCst)
+        );
+        assert!(
+            versions.len() >= 124,
+            "{mode}: every call a request: {}",
+            versions.len()
+        );
+        assert!(
+            versions.iter().all(|v| v.starts_with("http 2 ")),
+            "{mode}: a request not over HTTP/2: {:?}",
+            versions.iter().find(|v| !v.starts_with("http 2 "))
+        );
+        assert!(opened <= 2, "{mode}: {opened} connections for 124 calls");
+        let resumed = relay.counts.resumed.load(Ordering::SeqCst);
+        assert_eq!(
+            (full, full + resumed),
+            (1, opened),
+            "{mode}: one full TLS handshake, any other connection a resumed session"
+        );
+        assert_eq!(server.lines("echo seq").len(), 60, "{mode}");
+        assert_eq!(
+            server.lines("done slow").len(),
+            64,
+            "{mode}: each call once"
+        );
+        let (calls, burst) = (broker.calls_of(&turn.turn), broker.calls_of(&burst));
+        assert_eq!((calls.len(), burst.len()), (60, 64), "{mode}");
+        assert!(
+            calls
+                .iter()
+                .chain(&burst)
+                .all(|c| c["outcome"] == "succeeded"),
+            "{mode}"
+        );
+    }
+}
+
 /// npm server-everything in its Streamable HTTP mode: 40 sequential calls open at most 2
 /// connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
