@@ -298,21 +298,33 @@ async fn connections_are_kept_and_reused() {
             most > 1 + listening,
             "{mode}: the calls overlapped on more than one connection ({most} open at once)"
         );
-        assert_eq!(
-            server.lines("done slow").len(),
-            64,
-            "{mode}: each call once"
-        );
-        let (calls, burst) = (broker.calls_of(&turn.turn), broker.calls_of(&burst));
-        assert_eq!((calls.len(), burst.len()), (62, 64), "{mode}");
-        assert!(
-            calls
-                .iter()
-                .chain(&burst)
-                .all(|c| c["outcome"] == "succeeded"),
-            "{mode}"
-        );
+        each_call_once(&server, &broker, (&turn.turn, 62), &burst, mode);
     }
+}
+
+/// The burst's 64 `slow` calls each happened once at the server, and the turn's `sequential`
+/// calls (their number given) and the burst's are all on record as succeeded.
+fn each_call_once(
+    server: &Server,
+    broker: &TestBroker,
+    (turn, sequential): (&str, usize),
+    burst: &str,
+    mode: &str,
+) {
+    assert_eq!(
+        server.lines("done slow").len(),
+        64,
+        "{mode}: each call once"
+    );
+    let (calls, burst) = (broker.calls_of(turn), broker.calls_of(burst));
+    assert_eq!((calls.len(), burst.len()), (sequential, 64), "{mode}");
+    assert!(
+        calls
+            .iter()
+            .chain(&burst)
+            .all(|c| c["outcome"] == "succeeded"),
+        "{mode}"
+    );
 }
 
 /// A server that closes idle connections under the broker (the relay after 150 ms; then the
@@ -514,20 +526,7 @@ async fn http2_is_spoken_where_the_server_offers_it() {
             "{mode}: one full TLS handshake, any other connection a resumed session"
         );
         assert_eq!(server.lines("echo seq").len(), 60, "{mode}");
-        assert_eq!(
-            server.lines("done slow").len(),
-            64,
-            "{mode}: each call once"
-        );
-        let (calls, burst) = (broker.calls_of(&turn.turn), broker.calls_of(&burst));
-        assert_eq!((calls.len(), burst.len()), (60, 64), "{mode}");
-        assert!(
-            calls
-                .iter()
-                .chain(&burst)
-                .all(|c| c["outcome"] == "succeeded"),
-            "{mode}"
-        );
+        each_call_once(&server, &broker, (&turn.turn, 60), &burst, mode);
     }
 }
 
