@@ -387,7 +387,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     if want(Section::Remote) {
         eprintln!("bench: 9. remote provider over Streamable HTTP…");
-        remote::section(&bins, plan.remote, args.quick, &mut report).await?;
+        let must_add = shared
+            .decide
+            .zip(shared.append)
+            .map(|(decide, append)| remote::MustAdd {
+                decide,
+                append,
+                fsync: shared.fsync.summary().median,
+            });
+        remote::section(&bins, plan.remote, args.quick, must_add, &mut report).await?;
     }
     if args.only.is_empty() {
         // A full run writes every section, each under a title of [`SECTION_TITLES`] (the list
