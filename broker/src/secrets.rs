@@ -121,6 +121,10 @@ fn trimmed(mut bytes: Vec<u8>) -> Result<String, String> {
     String::from_utf8(bytes).map_err(|_| "the value is not UTF-8 text".to_owned())
 }
 
+/// One stored file as [`FolderStore::identity`] tells it apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileIdentity(u64, u64, i64, i64);
+
 /// The folder store: `dir/<principal>/<name>`, `dir/_shared/<name>`.
 pub struct FolderStore {
     pub dir: PathBuf,
@@ -262,6 +266,18 @@ impl FolderStore {
         }
         names.sort();
         Ok(names)
+    }
+
+    /// What tells one stored file from another, without reading it: its inode, size and
+    /// modification time (`None` when there is none, or the names are not a store's). A reader
+    /// that keeps a value uses it while this stays the same, so a value removed or replaced
+    /// behind its back (`secrets delete`, another writer) is read again.
+    pub fn identity(&self, principal: &str, name: &str) -> Option<FileIdentity> {
+        check_name("principal", principal).ok()?;
+        check_name("secret", name).ok()?;
+        std::fs::symlink_metadata(self.dir.join(principal).join(name))
+            .ok()
+            .map(|m| FileIdentity(m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
     }
 
     /// Removes a secret; Ok(false) when there was none.

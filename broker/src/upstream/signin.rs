@@ -33,7 +33,7 @@ use serde_json::Value;
 use sha2::Digest as _;
 
 use crate::config::OAuthConfig;
-use crate::secrets::{FolderStore, Known, SHARED, Secret, SecretStore};
+use crate::secrets::{FileIdentity, FolderStore, Known, SHARED, Secret, SecretStore};
 
 /// How long a sign-in link, and a started sign-in, stay usable.
 pub const SIGN_IN_LIFETIME: Duration = Duration::from_secs(600);
@@ -902,18 +902,6 @@ pub fn store_beside(record: &std::path::Path) -> FolderStore {
     FolderStore::new(format!("{}.oauth", record.display()))
 }
 
-/// What tells one stored file from another: its inode, size and modification time. A cached
-/// token is sent only while its file is still the one it was read from, so a sign-in removed
-/// or replaced behind the broker's back (`secrets delete --sign-in`) is not sent again.
-type FileId = (u64, u64, i64, i64);
-
-fn file_id(path: &std::path::Path) -> Option<FileId> {
-    use std::os::unix::fs::MetadataExt as _;
-    std::fs::symlink_metadata(path)
-        .ok()
-        .map(|m| (m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
-}
-
 impl SignIns {
     /// The sign-ins of a broker whose page is at `page` and whose record is `record`: tokens in
     /// `<record>.oauth`.
@@ -1205,8 +1193,8 @@ impl SignIns {
     }
 
     /// The identity of the file `principal`'s sign-in to `ns` is stored in, if there is one.
-    fn stored_id(&self, principal: &str, ns: &str) -> Option<FileId> {
-        file_id(&self.store.dir.join(principal).join(ns))
+    fn stored_id(&self, principal: &str, ns: &str) -> Option<FileIdentity> {
+        self.store.identity(principal, ns)
     }
 
     fn epoch(&self, principal: &str, ns: &str) -> u64 {
@@ -1269,7 +1257,10 @@ struct Cached {
     stored: Stored,
     life: Option<u64>,
     epoch: u64,
-    file: Option<FileId>,
+    /// The stored file the tokens were read from or written to. A cached token is sent only
+    /// while the file is still that one, so a sign-in removed or replaced behind the broker's
+    /// back (`secrets delete --sign-in`) is not sent again.
+    file: Option<FileIdentity>,
 }
 
 /// One principal's tokens for one provider, as a session sends them.
@@ -1332,45 +1323,43 @@ impl PersonTokens {
         }
     }
 
-    /// Keeps what was sent, with the identity of its file as it is now.
+    /// Keeps what was sent, and the identity of the file it came from.
     fn keep(
-        &self,
         cached: &mut Option<Cached>,
         fresh: (Stored, Option<u64>),
         epoch: u64,
+        file: Option<FileIdentity>,
     ) -> Secret {
         let token = Secret::new(fresh.0.access_token.clone());
         *cached = Some(Cached {
             stored: fresh.0,
             life: fresh.1,
             epoch,
-            file: self.signins.stored_id(&self.principal, &self.ns),
+            file,
         });
         token
     }
 
     /// The access token to send: refreshed first when it is about to expire. The cached one
     /// is used while the sign-in was not forgotten and its file is the one it came from (one
-    /// `statx`); else the file is read again.
+    /// `statx` per call); else the file is read again.
     pub async fn current(&self) -> Result<Secret, SignInError> {
         let mut cached = self.cached.lock().await;
         let epoch = self.signins.epoch(&self.principal, &self.ns);
+        let mut file = self.signins.stored_id(&self.principal, &self.ns);
         let (stored, life) = match cached.take() {
-            Some(c)
-                if c.epoch == epoch
-                    && c.file.is_some()
-                    && c.file == self.signins.stored_id(&self.principal, &self.ns) =>
-            {
-                (c.stored, c.life)
-            }
+            Some(c) if c.epoch == epoch && file.is_some() && c.file == file => (c.stored, c.life),
             _ => self.load()?,
         };
         let fresh = if stored.due(life) {
-            self.refresh(&stored).await?
+            let fresh = self.refresh(&stored).await?;
+            // The refresh wrote the file anew.
+            file = self.signins.stored_id(&self.principal, &self.ns);
+            fresh
         } else {
             (stored, life)
         };
-        Ok(self.keep(&mut cached, fresh, epoch))
+        Ok(Self::keep(&mut cached, fresh, epoch, file))
     }
 
     /// A new token after the server refused `rejected` (401): refreshed once, unless the
@@ -1386,7 +1375,8 @@ impl PersonTokens {
             let life = stored.expires_at.map(|at| at.saturating_sub(now_secs()));
             (stored, life)
         };
-        Ok(self.keep(&mut cached, fresh, epoch))
+        let file = self.signins.stored_id(&self.principal, &self.ns);
+        Ok(Self::keep(&mut cached, fresh, epoch, file))
     }
 }
 
