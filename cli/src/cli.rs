@@ -235,30 +235,22 @@ fn secrets_command(command: &SecretsCommand) -> anyhow::Result<ExitCode> {
                 outln!("{n}");
             }
         }
-        SecretsCommand::Delete { name, .. } if sign_ins => {
-            if !store
-                .delete(&at.principal, name)
-                .map_err(|e| anyhow::anyhow!(e))?
-            {
-                bail!(
-                    "principal `{}` is not signed in to `{name}` (nothing in {})",
-                    at.principal,
-                    store.dir.display()
-                );
-            }
-            outln!(
-                "`{}` signed out of `{name}`: its next call there asks them to sign in again",
-                at.principal
-            );
-        }
         SecretsCommand::Delete { name, .. } => {
-            if !store
+            let removed = store
                 .delete(&at.principal, name)
-                .map_err(|e| anyhow::anyhow!(e))?
-            {
-                bail!("no secret `{name}` for principal `{}`", at.principal);
+                .map_err(|e| anyhow::anyhow!(e))?;
+            let principal = &at.principal;
+            match (removed, sign_ins) {
+                (false, true) => bail!(
+                    "principal `{principal}` is not signed in to `{name}` (nothing in {})",
+                    store.dir.display()
+                ),
+                (false, false) => bail!("no secret `{name}` for principal `{principal}`"),
+                (true, true) => outln!(
+                    "`{principal}` signed out of `{name}`: its next call there asks them to sign in again"
+                ),
+                (true, false) => outln!("secret `{name}` of `{principal}` removed"),
             }
-            outln!("secret `{name}` of `{}` removed", at.principal);
         }
     }
     Ok(ExitCode::SUCCESS)

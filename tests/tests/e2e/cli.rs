@@ -582,3 +582,44 @@ async fn column_compare_matrix_and_summary() {
     assert_eq!(code, 1);
     assert!(err.contains("no summaries or manifests"), "{err}");
 }
+
+/// `secrets … --sign-in(s)` reads the broker's sign-ins (`<record>.oauth`), never the secret
+/// store: without `--config` it is refused (a `--dir` is a secret store, not where sign-ins are),
+/// and a sign-out of a provider named like a secret leaves that secret where it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_in_commands_never_touch_the_secret_store() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let config = crate::kit::write_config(dir.path(), &Options::default());
+    crate::secrets::set_secret(&config, "alice", "gh", "a-secret-value");
+    let secrets = dir.path().join("secrets");
+    let cli = |args: &[&str], at: (&str, &std::path::Path)| {
+        let mut cmd = std::process::Command::new(bin("sharedos-broker"));
+        cmd.arg("secrets")
+            .args(args)
+            .arg(at.0)
+            .arg(at.1)
+            .args(["--principal", "alice"]);
+        run(cmd)
+    };
+    for args in [
+        &["list", "--sign-ins"][..],
+        &["delete", "--sign-in", "gh"][..],
+    ] {
+        let (code, out, err) = cli(args, ("--dir", &secrets)).await;
+        assert_eq!((code, out.as_str()), (1, ""), "{args:?}: {err}");
+        assert!(
+            err.contains("sign-ins are kept beside the broker's record (`<record>.oauth`): give --config FILE"),
+            "{args:?}: {err}"
+        );
+    }
+    let (code, out, err) = cli(&["list", "--sign-ins"], ("--config", &config)).await;
+    assert_eq!((code, out.as_str()), (0, ""), "{err}");
+    let (code, _, err) = cli(&["delete", "--sign-in", "gh"], ("--config", &config)).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("principal `alice` is not signed in to `gh`"),
+        "{err}"
+    );
+    let (code, out, err) = cli(&["list"], ("--config", &config)).await;
+    assert_eq!((code, out.as_str()), (0, "gh\n"), "the secret stays: {err}");
+}
