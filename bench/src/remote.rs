@@ -34,7 +34,7 @@ use crate::e2e;
 use crate::micro;
 use crate::procs::{self, Bins, BrokerProc, WAIT};
 use crate::report::{Report, Table, Target};
-use crate::stats::{Samples, Summary, delta, dur, ratio};
+use crate::stats::{MustAdd, Samples, Summary, delta, dur, ratio};
 
 pub const TITLE: &str = "9. Remote provider over Streamable HTTP: through the broker, direct, and through a byte-copying relay";
 
@@ -448,16 +448,6 @@ fn providers(plain: SocketAddr, relay: SocketAddr, tls_relay: SocketAddr, ca: &P
     .concat()
 }
 
-/// The work a boundary must add to a call on top of a relay hop, measured in this run's
-/// sections 3 and 5 and its fdatasync probe (medians): a decision, a record line, and (the
-/// broker here records `always`) one fdatasync before the answer.
-#[derive(Clone, Copy)]
-pub struct MustAdd {
-    pub decide: Duration,
-    pub append: Duration,
-    pub fsync: Duration,
-}
-
 pub async fn section(
     bins: &Bins,
     plan: Plan,
@@ -599,22 +589,10 @@ fn targets(paths: &[Path9], s: &[Summary], must_add: Option<MustAdd>) -> Vec<Tar
         );
         // As in section 2: what no boundary that decides and records durably can skip.
         if let Some(m) = must_add {
-            let required = floor + m.decide + m.append + m.fsync;
-            let rr = ratio(required, floor);
-            measured.push_str(&format!(
-                "; floor of what the boundary must add (record_sync `{RECORD_SYNC}`): the relay's \
-                 {} + a decision {} + a record line {} + an fdatasync {} = {} = {rr:.2}× the \
-                 relay's{}",
-                dur(floor),
-                dur(m.decide),
-                dur(m.append),
-                dur(m.fsync),
-                dur(required),
-                if rr > 1.0 {
-                    ", so this goal is out of reach here"
-                } else {
-                    ""
-                }
+            measured.push_str(&m.floor(
+                floor,
+                &format!(" (record_sync `{RECORD_SYNC}`)"),
+                RECORD_SYNC == "always",
             ));
         }
         (measured, r <= 1.0)

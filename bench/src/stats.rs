@@ -116,6 +116,46 @@ pub fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
 
+/// The work a boundary must add to a call on top of a relay hop, measured in this run's
+/// sections 3 and 5 and its fdatasync probe (medians): a decision, a record line, and where the
+/// record is `always`, one fdatasync before the answer (back to back: the smaller figure).
+#[derive(Clone, Copy)]
+pub struct MustAdd {
+    pub decide: Duration,
+    pub append: Duration,
+    pub fsync: Duration,
+}
+
+impl MustAdd {
+    /// "; floor of what the boundary must add{what}: the relay's hop + …", with the ratio of
+    /// that sum to the hop, and whether it alone puts a ≤ 1.0× goal out of reach.
+    pub fn floor(&self, relay: Duration, what: &str, durable: bool) -> String {
+        let sync = durable.then_some(self.fsync);
+        let required = relay + self.decide + self.append + sync.unwrap_or_default();
+        let rr = ratio(required, relay);
+        format!(
+            "; floor of what the boundary must add{what}: the relay's {} + a decision {} + a \
+             record line {}{} = {} = {rr:.2}× the relay's{}",
+            dur(relay),
+            dur(self.decide),
+            dur(self.append),
+            sync.map(|d| format!(" + an fdatasync {}", dur(d)))
+                .unwrap_or_default(),
+            dur(required),
+            reach(rr > 1.0)
+        )
+    }
+}
+
+/// The words a floor row ends with: whether that floor alone already misses the goal.
+pub fn reach(out_of_reach: bool) -> &'static str {
+    if out_of_reach {
+        ", so this goal is out of reach here"
+    } else {
+        ""
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +181,36 @@ mod tests {
         assert_eq!(
             delta(Duration::from_micros(10), Duration::from_micros(12)),
             "−2.0 µs"
+        );
+    }
+}
+
+#[cfg(test)]
+mod floor {
+    use std::time::Duration;
+
+    use super::MustAdd;
+
+    /// Sections 2 and 9 say their floor in the same words: a `batch` row without the
+    /// fdatasync, a durable row with it.
+    #[test]
+    fn the_floor_is_said_the_same_way_in_every_section() {
+        let us = Duration::from_micros;
+        let m = MustAdd {
+            decide: us(8),
+            append: us(2),
+            fsync: us(50),
+        };
+        assert_eq!(
+            m.floor(us(20), "", false),
+            "; floor of what the boundary must add: the relay's 20.0 µs + a decision 8.0 µs + a \
+             record line 2.0 µs = 30.0 µs = 1.50× the relay's, so this goal is out of reach here"
+        );
+        assert_eq!(
+            m.floor(us(20), " (record_sync `always`)", true),
+            "; floor of what the boundary must add (record_sync `always`): the relay's 20.0 µs + \
+             a decision 8.0 µs + a record line 2.0 µs + an fdatasync 50.0 µs = 80.0 µs = 4.00× \
+             the relay's, so this goal is out of reach here"
         );
     }
 }

@@ -19,7 +19,7 @@ use crate::memory;
 use crate::micro::{self, Budget, RecordMode, ToolKind};
 use crate::procs::{self, Bins, BrokerProc, Mem};
 use crate::report::{Machine, Report, Table, Target, loadavg, verdict};
-use crate::stats::{Samples, delta, dur, mib, rate, ratio, thousands};
+use crate::stats::{MustAdd, Samples, delta, dur, mib, rate, ratio, reach, thousands};
 use crate::{remote, sandboxed};
 
 /// The command that regenerates BENCHMARKS.md.
@@ -295,6 +295,17 @@ struct Shared {
     append: Option<Duration>,
 }
 
+impl Shared {
+    /// What a boundary must add, once sections 3 and 5 measured it.
+    fn must_add(&self) -> Option<MustAdd> {
+        Some(MustAdd {
+            decide: self.decide?,
+            append: self.append?,
+            fsync: self.fsync.summary().median,
+        })
+    }
+}
+
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut bins = Bins::build_and_locate()?;
     if let Some(shim) = &args.shim {
@@ -387,14 +398,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     if want(Section::Remote) {
         eprintln!("bench: 9. remote provider over Streamable HTTP…");
-        let must_add = shared
-            .decide
-            .zip(shared.append)
-            .map(|(decide, append)| remote::MustAdd {
-                decide,
-                append,
-                fsync: shared.fsync.summary().median,
-            });
+        let must_add = shared.must_add();
         remote::section(&bins, plan.remote, args.quick, must_add, &mut report).await?;
     }
     if args.only.is_empty() {
@@ -921,26 +925,9 @@ fn round_trip_targets(shared: &Shared) -> Vec<Target> {
             dur(d)
         );
         // Without a measurable relay hop (a --quick run can read 0) there is no ratio to give.
-        if let (Some(decide), Some(append), false) = (shared.decide, shared.append, floor.is_zero())
-        {
+        if let (Some(m), false) = (shared.must_add(), floor.is_zero()) {
             // `always` cannot answer before one fdatasync (back to back: the smaller figure).
-            let sync = match mode {
-                "always" => Some(fsync.median),
-                _ => None,
-            };
-            let required = floor + decide + append + sync.unwrap_or_default();
-            let rr = ratio(required, floor);
-            measured.push_str(&format!(
-                "; floor of what the boundary must add: the relay's {} + a decision {} + a record \
-                 line {}{} = {} = {rr:.2}× the relay's{}",
-                dur(floor),
-                dur(decide),
-                dur(append),
-                sync.map(|d| format!(" + an fdatasync {}", dur(d)))
-                    .unwrap_or_default(),
-                dur(required),
-                reach(rr > 1.0)
-            ));
+            measured.push_str(&m.floor(floor, "", mode == "always"));
         }
         targets.push(Target {
             what: format!(
@@ -1040,15 +1027,6 @@ fn throughput_target(pairs: &[(f64, f64)]) -> Option<Target> {
         ),
         met: median >= 0.9,
     })
-}
-
-/// The words a floor row ends with: whether that floor alone already misses the goal.
-fn reach(out_of_reach: bool) -> &'static str {
-    if out_of_reach {
-        ", so this goal is out of reach here"
-    } else {
-        ""
-    }
 }
 
 async fn decision(
