@@ -8,9 +8,10 @@ through Debian's chromedriver. Opens URL, signs in at oidc-provider's developmen
   session  reads the session cookie and the CSRF token of the signed-in page (for the tests'
            crafted requests).
 
-Env: CHROMEDRIVER (default /usr/bin/chromedriver); TRUST_SPKI (a test page's key, trusted); THEN_URL: once URL is done, the same browser
-(signed in where URL signed it in) opens THEN_URL, and the report is of that page. Prints one JSON
-object as its last line.
+Env: CHROMEDRIVER (default /usr/bin/chromedriver); TRUST_SPKI (a test page's key, the only one
+trusted besides the system's); THEN_URL: once URL is done, the same browser (signed in where URL
+signed it in) opens THEN_URL, and the report is of that page. Prints one JSON object as its last
+line.
 """
 import json
 import os
