@@ -44,10 +44,13 @@ def main():
     ap.add_argument("--sync", default="batch")
     ap.add_argument("--vg-broker", action="store_true")
     ap.add_argument("--vg-shims", type=int, default=0, help="how many shims run under callgrind")
+    ap.add_argument("--vg-demangle-no", action="store_true", help="callgrind names functions by their symbols (bench/shim-order.py)")
     ap.add_argument("--out", required=True, help="folder for callgrind files")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--smaps", action="store_true")
     ap.add_argument("--direct", action="store_true", help="direct-files-server processes instead of shims")
+    ap.add_argument("--protocol", default="2025-06-18",
+                    help="the client's MCP revision: 2026-07-28 opens with server/discover and names it in every request's _meta")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     shim = a.shim or os.path.join(a.bins, "sharedos-mcp-shim")
@@ -62,7 +65,7 @@ def main():
     run = f"{d}/run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHAREDOS_")}
     vg = lambda name: ["valgrind", "--tool=callgrind", f"--callgrind-out-file={a.out}/{name}.%p",
-                       "--dump-instr=no", "--compress-strings=no"]
+                       "--dump-instr=no", "--compress-strings=no"] + (["--demangle=no"] if a.vg_demangle_no else [])
     cmd = (vg("broker") if a.vg_broker else []) + [broker, "--runtime-dir", run, "serve", "--config", f"{d}/broker.toml"]
     blog = open(f"{d}/broker.log", "w")
     bp = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=blog, env=env)
@@ -99,22 +102,32 @@ def main():
     errors = []
     barrier = threading.Barrier(a.callers + 1)
     done = threading.Barrier(a.callers + 1)
+    stateless = a.protocol >= "2026-07-28"
+    meta = {"io.modelcontextprotocol/protocolVersion": a.protocol,
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "w46-probe", "version": "1"}}
+    def params(p):
+        return dict(p, _meta=meta) if stateless else p
     def caller(i, p):
         try:
-            rpc(p, {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-                "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "w46-probe", "version": "1"}}})
-            read(p)
-            rpc(p, {"jsonrpc": "2.0", "method": "notifications/initialized"})
-            rpc(p, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}); read(p)
+            if stateless:
+                rpc(p, {"jsonrpc": "2.0", "id": 0, "method": "server/discover", "params": params({})})
+                read(p)
+            else:
+                rpc(p, {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                    "protocolVersion": a.protocol, "capabilities": {}, "clientInfo": {"name": "w46-probe", "version": "1"}}})
+                read(p)
+                rpc(p, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+            rpc(p, {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": params({})}); read(p)
             n = 2
             for _ in range(a.warmup):
-                rpc(p, {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": "files.read", "arguments": {"path": "/public/hello.txt"}}})
+                rpc(p, {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": params({"name": "files.read", "arguments": {"path": "/public/hello.txt"}})})
                 r = read(p); n += 1
                 if "error" in r or r["result"].get("isError"):
                     raise RuntimeError(f"call failed: {r}")
             barrier.wait()
             for _ in range(a.calls):
-                rpc(p, {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": "files.read", "arguments": {"path": "/public/hello.txt"}}})
+                rpc(p, {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": params({"name": "files.read", "arguments": {"path": "/public/hello.txt"}})})
                 r = read(p); n += 1
                 if "error" in r or r["result"].get("isError"):
                     raise RuntimeError(f"call failed: {r}")

@@ -484,3 +484,48 @@ pub fn memory(pid: u32) -> anyhow::Result<Mem> {
         hwm_kib: field("VmHWM:")?,
     })
 }
+
+/// How many of the functions `shim/hot-functions.txt` lists are in `shim` (by `nm`), said as the
+/// memory section says it. The list names functions with rustc's per-build hashes: after a new
+/// toolchain or Cargo.lock few are found, and the shim's code is laid out as if there were none
+/// (`bench/shim-order.py` writes the list again).
+pub fn hot_functions_found(shim: &Path) -> String {
+    let list = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shim/hot-functions.txt");
+    let Ok(text) = std::fs::read_to_string(&list) else {
+        return "no list found at shim/hot-functions.txt".into();
+    };
+    let listed: std::collections::HashSet<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    let out = match std::process::Command::new("nm")
+        .arg("--defined-only")
+        .arg(shim)
+        .output()
+    {
+        Ok(out) if out.status.success() => out.stdout,
+        _ => {
+            return format!(
+                "{} functions listed, not counted in this shim (`nm` did not run)",
+                listed.len()
+            );
+        }
+    };
+    let text = String::from_utf8_lossy(&out);
+    let found = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .filter(|name| listed.contains(name))
+        .collect::<std::collections::HashSet<_>>()
+        .len();
+    let advice = if found * 10 < listed.len() * 9 {
+        " — fewer than 90 %: run `bench/shim-order.py` to write the list for this build"
+    } else {
+        ""
+    };
+    format!(
+        "{found} of its {} functions are in this shim{advice}",
+        listed.len()
+    )
+}
