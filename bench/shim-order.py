@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes shim/hot-functions.txt: the functions one shim session runs, for the linker to lay out
+"""Writes shim/hot-functions.txt: the functions shim sessions run, for the linker to lay out
 first (issue 46 item 3, the shim's peak memory; bench/NOTES.md).
 
 The shim's resident memory is mostly its own code: the kernel maps a file's pages around each
@@ -9,13 +9,13 @@ so nearly all of it becomes resident. Given this list (shim/build.rs passes it t
 the code a session never runs (error paths, clap's help, glibc's NSS, the backtrace printer)
 stays out of memory.
 
-How: the release shim, linked statically as the benchmark builds it, runs one session under
-`valgrind --tool=callgrind` (bench/cpu-probe.py: initialize, tools/list, calls through a real
-broker), and every function callgrind saw run is listed by its symbol (mangled), the most
-executed first. Functions are named with the hash rustc gives each crate build, so the list is
-for one toolchain and one Cargo.lock: a test (`shim_order::the_ordering_file_names_the_shim`)
-fails when most of its names no longer exist in the release shim, and this script writes it
-again:
+How: the release shim, linked statically as the benchmark builds it, runs one session of each
+revision in PROTOCOLS under `valgrind --tool=callgrind` (bench/cpu-probe.py: the opening,
+tools/list, calls through a real broker), and every function callgrind saw run is listed by its
+symbol (mangled), the most executed first. Functions are named with the hash rustc gives each
+crate build, so the list holds for one toolchain, one Cargo.lock and one release profile: the
+benchmark's memory section says how many of its names the measured shim has, and asks for the
+list to be written again below 90 %; this script writes it:
 
     cargo build --release -p sharedos-broker-cli -p sharedos-mcp-shim
     cargo rustc --release -p sharedos-mcp-shim --bin sharedos-mcp-shim -- -C target-feature=+crt-static
@@ -24,10 +24,10 @@ again:
 import argparse, collections, glob, os, re, subprocess, sys, tempfile
 
 HEADER = """\
-# The functions one shim session runs, most executed first: lld lays them out together at the
+# The functions shim sessions run, most executed first: lld lays them out together at the
 # start of the release shim's .text (shim/build.rs), so that the code a session never runs stays
-# out of memory. Written by bench/shim-order.py from a callgrind run of a real session; names
-# carry rustc's per-build hashes, so they hold for one toolchain and one Cargo.lock.
+# out of memory. Written by bench/shim-order.py from callgrind runs of real sessions; names
+# carry rustc's per-build hashes, so they hold for one toolchain, one Cargo.lock and one profile.
 """
 
 
@@ -52,7 +52,8 @@ def with_siblings(names, shim):
             families[a] = families[a] + families[b]
     seen, result = set(), []
     for n in names:
-        for sym in [n] + families.get(VARIANT.match(n).group(1), []) if VARIANT.match(n) else [n]:
+        m = VARIANT.match(n)
+        for sym in [n] + (families.get(m.group(1), []) if m else []):
             if sym not in seen:
                 seen.add(sym)
                 result.append(sym)

@@ -11,7 +11,7 @@
 //!   each fault, and with those functions spread over all of `.text` nearly all of it became
 //!   resident. Only where lld links: rustc's own on x86_64 Linux with glibc since 1.90, unless the
 //!   flags say otherwise (GNU ld does not know the option). A name the list has and the shim does
-//!   not (another toolchain, another Cargo.lock) is skipped without a warning.
+//!   not (another toolchain, Cargo.lock or profile) is skipped without a warning.
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=hot-functions.txt");

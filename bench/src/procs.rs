@@ -487,8 +487,8 @@ pub fn memory(pid: u32) -> anyhow::Result<Mem> {
 
 /// How many of the functions `shim/hot-functions.txt` lists are in `shim` (by `nm`), said as the
 /// memory section says it. The list names functions with rustc's per-build hashes: after a new
-/// toolchain or Cargo.lock few are found, and the shim's code is laid out as if there were none
-/// (`bench/shim-order.py` writes the list again).
+/// toolchain, Cargo.lock or profile few are found, and the shim's code is laid out as if there
+/// were none (`bench/shim-order.py` writes the list again).
 pub fn hot_functions_found(shim: &Path) -> String {
     let list = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shim/hot-functions.txt");
     let Ok(text) = std::fs::read_to_string(&list) else {
